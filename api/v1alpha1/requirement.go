@@ -1,0 +1,182 @@
+package v1alpha1
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// Strategy names how the exact GPUs are chosen among those that satisfy a
+// requirement.
+type Strategy string
+
+const (
+	// StrategyHighestBandwidth maximizes the bottleneck bandwidth of the
+	// chosen set (minimum pair, then best ring): model parallelism.
+	StrategyHighestBandwidth Strategy = "highest_bandwidth"
+	// StrategyNUMALocal crosses the fewest PCIe-switch, NUMA and socket
+	// boundaries ("min cut"): data parallelism.
+	StrategyNUMALocal Strategy = "numa_local"
+	// StrategyBalancedUtilization prefers the least-utilized GPUs.
+	StrategyBalancedUtilization Strategy = "balanced_utilization"
+	// StrategyLowestFragmentation keeps the largest free NVLink islands
+	// intact; a 1-GPU pod takes the worst-connected free GPU.
+	StrategyLowestFragmentation Strategy = "lowest_fragmentation"
+)
+
+// Strategies lists every known strategy, in documentation order.
+var Strategies = []Strategy{StrategyHighestBandwidth, StrategyNUMALocal, StrategyBalancedUtilization, StrategyLowestFragmentation}
+
+// Limits on requirement fields; values beyond them are certainly mistakes.
+const (
+	// MaxPairBandwidthGBps bounds minPairBandwidthGBps (NVLink 5 NVSwitch
+	// pairs are 1,800 GB/s bidirectional).
+	MaxPairBandwidthGBps = 100000
+	// MaxGPUMemoryMiB bounds gpuMemoryMiB (16 TiB).
+	MaxGPUMemoryMiB = 16 << 20
+)
+
+// Requirement is the value of AnnotationRequirement. The GPU count is not
+// part of it: it is the pod's nvidia.com/gpu request. Bandwidths are GB/s
+// bidirectional, the way NVIDIA quotes them (an NVLink4 link is 50 GB/s,
+// 18 of them through NVSwitch give 900 GB/s between any two H100s).
+type Requirement struct {
+	// RequireNVLink: every pair of chosen GPUs is joined by NVLink, directly
+	// or through NVSwitch. Ignored for 1-GPU pods. Default false.
+	RequireNVLink bool `json:"requireNVLink,omitempty"`
+	// MinPairBandwidthGBps: every pair of chosen GPUs has at least this
+	// bandwidth. 0 (default) means no minimum.
+	MinPairBandwidthGBps int `json:"minPairBandwidthGBps,omitempty"`
+	// Strategy chooses among the GPU sets that qualify. Default
+	// lowest_fragmentation.
+	Strategy Strategy `json:"strategy,omitempty"`
+	// GPUMemoryMiB: each chosen GPU has at least this much memory. 0
+	// (default) means any.
+	GPUMemoryMiB int64 `json:"gpuMemoryMiB,omitempty"`
+}
+
+// DefaultStrategy applies when a requirement names none.
+const DefaultStrategy = StrategyLowestFragmentation
+
+// EffectiveStrategy returns the strategy, defaulted.
+func (r Requirement) EffectiveStrategy() Strategy {
+	if r.Strategy == "" {
+		return DefaultStrategy
+	}
+	return r.Strategy
+}
+
+// RequirementPath is the field path of the requirement annotation, used in
+// every validation message about it.
+var RequirementPath = field.NewPath("metadata", "annotations").Key(AnnotationRequirement)
+
+// ParseRequirement decodes and validates a requirement annotation value.
+// Unknown fields, trailing data and every invalid field are reported, with
+// field paths under RequirementPath; the error lists all problems at once.
+func ParseRequirement(value string) (Requirement, error) {
+	var r Requirement
+	if strings.TrimSpace(value) == "" {
+		return r, field.ErrorList{field.Required(RequirementPath, `must be a JSON object such as {"requireNVLink":true,"strategy":"highest_bandwidth"}`)}.ToAggregate()
+	}
+	dec := json.NewDecoder(strings.NewReader(value))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil {
+		return Requirement{}, field.ErrorList{decodeError(value, err)}.ToAggregate()
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return Requirement{}, field.ErrorList{field.Invalid(RequirementPath, value, "unexpected data after the JSON object")}.ToAggregate()
+	}
+	if errs := r.Validate(RequirementPath); len(errs) > 0 {
+		return Requirement{}, errs.ToAggregate()
+	}
+	return r, nil
+}
+
+// decodeError turns a JSON decoding failure into a field error that names
+// the offending field and says what is accepted.
+func decodeError(value string, err error) *field.Error {
+	var typeErr *json.UnmarshalTypeError
+	if errors.As(err, &typeErr) && typeErr.Field != "" {
+		return field.Invalid(RequirementPath.Child(typeErr.Field), value,
+			fmt.Sprintf("must be a JSON %s, not %s", jsonKind(typeErr.Type.Kind().String()), typeErr.Value))
+	}
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
+		name = strings.Trim(name, `"`)
+		return field.NotSupported(RequirementPath.Child(name), name, knownFields)
+	}
+	return field.Invalid(RequirementPath, value, "must be a JSON object: "+strings.TrimPrefix(msg, "json: "))
+}
+
+var knownFields = []string{"requireNVLink", "minPairBandwidthGBps", "strategy", "gpuMemoryMiB"}
+
+func jsonKind(goKind string) string {
+	switch goKind {
+	case "bool":
+		return "boolean"
+	case "string":
+		return "string"
+	case "int", "int64":
+		return "integer"
+	}
+	return goKind
+}
+
+// Validate reports every invalid field of r under path.
+func (r Requirement) Validate(path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if r.MinPairBandwidthGBps < 0 {
+		errs = append(errs, field.Invalid(path.Child("minPairBandwidthGBps"), r.MinPairBandwidthGBps, "must be 0 (no minimum) or a positive bandwidth in GB/s, bidirectional"))
+	} else if r.MinPairBandwidthGBps > MaxPairBandwidthGBps {
+		errs = append(errs, field.Invalid(path.Child("minPairBandwidthGBps"), r.MinPairBandwidthGBps, fmt.Sprintf("must be at most %d GB/s", MaxPairBandwidthGBps)))
+	}
+	if r.GPUMemoryMiB < 0 {
+		errs = append(errs, field.Invalid(path.Child("gpuMemoryMiB"), r.GPUMemoryMiB, "must be 0 (any) or a positive amount of memory per GPU in MiB"))
+	} else if r.GPUMemoryMiB > MaxGPUMemoryMiB {
+		errs = append(errs, field.Invalid(path.Child("gpuMemoryMiB"), r.GPUMemoryMiB, fmt.Sprintf("must be at most %d MiB", MaxGPUMemoryMiB)))
+	}
+	if r.Strategy != "" && !ValidStrategy(r.Strategy) {
+		errs = append(errs, field.NotSupported(path.Child("strategy"), r.Strategy, strategyNames()))
+	}
+	return errs
+}
+
+// ValidStrategy reports whether s names a known strategy.
+func ValidStrategy(s Strategy) bool {
+	for _, k := range Strategies {
+		if s == k {
+			return true
+		}
+	}
+	return false
+}
+
+func strategyNames() []string {
+	out := make([]string, len(Strategies))
+	for i, s := range Strategies {
+		out[i] = string(s)
+	}
+	return out
+}
+
+// String encodes r as the compact JSON stored in AnnotationRequirement.
+func (r Requirement) String() string {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	_ = enc.Encode(r) // a struct of plain fields always encodes
+	return strings.TrimSpace(buf.String())
+}
+
+// ParseParallelism validates an intent value.
+func ParseParallelism(path *field.Path, value string) (Parallelism, *field.Error) {
+	switch p := Parallelism(strings.TrimSpace(value)); p {
+	case ParallelismData, ParallelismModel:
+		return p, nil
+	}
+	return "", field.NotSupported(path, value, []string{string(ParallelismData), string(ParallelismModel)})
+}

@@ -1,0 +1,63 @@
+package topology
+
+import (
+	"github.com/gputopo/gputopo/api/v1alpha1"
+)
+
+// This file fixes the package's exported contract, which the extender, the
+// node agent, the simulator and the demo are written against. The
+// implementation lives in the other files of the package.
+
+// MaxGPUs is the largest number of GPUs one Graph may hold (one Mask).
+const MaxGPUs = 64
+
+// Mask is a set of GPU indices: bit i set means GPU i is in the set.
+type Mask uint64
+
+// Request asks for Count GPUs under a requirement.
+type Request struct {
+	// Count of GPUs; must be >= 1.
+	Count int
+	// Requirement from the pod (strategy defaulted by the allocator).
+	Requirement v1alpha1.Requirement
+	// Utilization is the per-GPU compute utilization 0..100 indexed by GPU
+	// index; optional, read by balanced_utilization only.
+	Utilization []int32
+}
+
+// SetMetrics describe one chosen set and what it leaves behind.
+type SetMetrics struct {
+	// MinPairGBps is the lowest pair bandwidth inside the set (0 for k=1).
+	MinPairGBps int
+	// RingGBps is the bottleneck bandwidth of the best ring order through
+	// the set (0 for k=1).
+	RingGBps int
+	// SumGBps is the sum of pair bandwidths inside the set.
+	SumGBps int
+	// DomainsCrossed counts PCIe-switch, NUMA and socket boundaries the set
+	// spans (0 when all GPUs share one PCIe switch).
+	DomainsCrossed int
+	// Tier is the weakest link tier inside the set.
+	Tier v1alpha1.LinkTier
+	// LeftLargestIsland is the size of the largest NVLink-connected clique
+	// among the free GPUs left after the allocation.
+	LeftLargestIsland int
+	// LeftNVLinkPairs and LeftNVLinkQuads count the fully NVLink-connected
+	// sets of 2 and 4 among the free GPUs left.
+	LeftNVLinkPairs, LeftNVLinkQuads int
+}
+
+// Result is an allocation: GPU indices in ring order, and their metrics.
+type Result struct {
+	GPUs    []int
+	Metrics SetMetrics
+}
+
+// InfeasibleError is returned when no set of the free GPUs satisfies the
+// request. Reason is written for a person ("needs NVLink between 4 GPUs;
+// largest free NVLink-connected set has 2").
+type InfeasibleError struct {
+	Reason string
+}
+
+func (e *InfeasibleError) Error() string { return e.Reason }
