@@ -1,0 +1,581 @@
+package topology
+
+import (
+	"container/list"
+	"errors"
+	"fmt"
+	"math/bits"
+	"sync"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+)
+
+// SearchNodeLimit bounds the allocator's search: the number of partial sets
+// it extends. Every partial set has at most k GPUs, so a node of n GPUs
+// needs at most 2^n of them: up to 20 GPUs the search is always complete and
+// the answer exact. Beyond that the search stops after SearchNodeLimit
+// partial sets (tens of milliseconds) and answers with the best set found,
+// which is never worse than the first feasible set in index order.
+const SearchNodeLimit = 1 << 20
+
+// tablesMaxGPUs is the largest graph for which the allocator precomputes
+// the fragmentation of every free mask (2^n entries, 7 bytes each).
+const tablesMaxGPUs = 16
+
+// maxTables bounds how many distinct topologies' tables one Allocator keeps.
+const maxTables = 64
+
+// Allocator chooses GPUs for requests. It is safe for concurrent use. It
+// remembers answers by (topology hash, free GPUs, request) so that a
+// cluster of identical nodes pays for each distinct question once, and it
+// keeps per-topology tables of what every free mask leaves behind.
+type Allocator struct {
+	memoSize int
+
+	mu   sync.Mutex
+	memo map[memoKey]*list.Element
+	lru  *list.List // of *memoEntry, most recent first
+
+	tabMu    sync.Mutex
+	tabs     map[string]*tableEntry
+	tabOrder []string
+}
+
+type memoKey struct {
+	hash  string
+	free  Mask
+	count int
+	req   v1alpha1.Requirement
+	util  string // only for balanced_utilization, which reads it
+}
+
+type memoEntry struct {
+	key memoKey
+	res Result
+	err error
+}
+
+type tableEntry struct {
+	once sync.Once
+	t    *tables
+}
+
+// NewAllocator returns an Allocator remembering up to memoSize answers
+// (least recently used first out); memoSize <= 0 disables the memo.
+func NewAllocator(memoSize int) *Allocator {
+	return &Allocator{
+		memoSize: memoSize,
+		memo:     make(map[memoKey]*list.Element),
+		lru:      list.New(),
+		tabs:     make(map[string]*tableEntry),
+	}
+}
+
+// Allocate chooses req.Count GPUs among free (ANDed with g.Healthy()) that
+// satisfy req.Requirement and are best under its strategy (see Score).
+// Result.GPUs are in best ring order. Bad input is a plain error naming the
+// field; when the free GPUs cannot satisfy the request the error is an
+// *InfeasibleError whose reason a person can act on.
+func (a *Allocator) Allocate(g *Graph, free Mask, req Request) (Result, error) {
+	if g == nil {
+		return Result{}, errors.New("allocate: graph is nil")
+	}
+	if err := validateRequest(g, req); err != nil {
+		return Result{}, fmt.Errorf("allocate: %w", err)
+	}
+	free &= g.Healthy()
+	if a.memoSize <= 0 {
+		return a.allocate(g, free, req)
+	}
+	key := memoKey{hash: g.hash, free: free, count: req.Count, req: req.Requirement}
+	key.req.Strategy = req.Requirement.EffectiveStrategy()
+	if key.req.Strategy == v1alpha1.StrategyBalancedUtilization {
+		key.util = utilKey(req.Utilization)
+	}
+	a.mu.Lock()
+	if el, ok := a.memo[key]; ok {
+		a.lru.MoveToFront(el)
+		e := el.Value.(*memoEntry)
+		a.mu.Unlock()
+		return copyResult(e.res), e.err
+	}
+	a.mu.Unlock()
+
+	res, err := a.allocate(g, free, req)
+
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := a.memo[key]; !ok {
+		a.memo[key] = a.lru.PushFront(&memoEntry{key: key, res: copyResult(res), err: err})
+		for a.lru.Len() > a.memoSize {
+			old := a.lru.Remove(a.lru.Back()).(*memoEntry)
+			delete(a.memo, old.key)
+		}
+	}
+	return res, err
+}
+
+func copyResult(r Result) Result {
+	r.GPUs = append([]int(nil), r.GPUs...)
+	return r
+}
+
+func utilKey(util []int32) string {
+	b := make([]byte, len(util))
+	for i, u := range util {
+		b[i] = byte(u) // validated 0..100
+	}
+	return string(b)
+}
+
+// validateRequest reports the first invalid field of req for g.
+func validateRequest(g *Graph, req Request) error {
+	if req.Count <= 0 {
+		return fmt.Errorf("request count: %d; must be at least 1", req.Count)
+	}
+	if req.Count > g.n {
+		return fmt.Errorf("request count: %d GPUs requested but the node has %d", req.Count, g.n)
+	}
+	r := req.Requirement
+	if r.Strategy != "" && !v1alpha1.ValidStrategy(r.Strategy) {
+		return fmt.Errorf("request requirement.strategy: unknown strategy %q; want one of %v", r.Strategy, v1alpha1.Strategies)
+	}
+	if errs := r.Validate(nil); len(errs) > 0 {
+		return fmt.Errorf("request requirement: %w", errs.ToAggregate())
+	}
+	if req.Utilization != nil && len(req.Utilization) != g.n {
+		return fmt.Errorf("request utilization: %d entries; want none or one per GPU (%d)", len(req.Utilization), g.n)
+	}
+	for i, u := range req.Utilization {
+		if u < 0 || u > 100 {
+			return fmt.Errorf("request utilization[%d]: %d; must be a percentage 0..100", i, u)
+		}
+	}
+	return nil
+}
+
+// feasibility holds what the constraints leave: the GPUs that may be
+// chosen, which pairs may be chosen together (nil: any), and one feasible
+// set to start from.
+type feasibility struct {
+	eligible Mask
+	ok       []Mask
+	seed     Mask
+}
+
+// checkFeasible applies the constraints in the order a person would fix
+// them (count, memory, NVLink, bandwidth) and explains the first that the
+// free GPUs cannot meet.
+func checkFeasible(g *Graph, free Mask, req Request) (feasibility, error) {
+	k := req.Count
+	r := req.Requirement
+	free &= g.Healthy() & g.All()
+	if c := free.Count(); c < k {
+		unhealthy := (g.All() &^ g.Healthy()).Count()
+		reason := fmt.Sprintf("needs %d GPUs; %d of %d are free", k, c, g.n)
+		if unhealthy > 0 {
+			reason += fmt.Sprintf(" and healthy (%d unhealthy)", unhealthy)
+		}
+		return feasibility{}, &InfeasibleError{Reason: reason}
+	}
+	eligible := free
+	if r.GPUMemoryMiB > 0 {
+		var most int64
+		for m := free; m != 0; m &= m - 1 {
+			i := bits.TrailingZeros64(uint64(m))
+			mem := g.gpus[i].MemoryMiB
+			most = max(most, mem)
+			if mem < r.GPUMemoryMiB {
+				eligible &^= 1 << i
+			}
+		}
+		switch c := eligible.Count(); {
+		case c == 0:
+			return feasibility{}, &InfeasibleError{Reason: fmt.Sprintf("needs %d MiB per GPU; free GPUs have at most %d MiB", r.GPUMemoryMiB, most)}
+		case c < k:
+			return feasibility{}, &InfeasibleError{Reason: fmt.Sprintf("needs %d GPUs with %d MiB each; %d free GPUs have that much", k, r.GPUMemoryMiB, c)}
+		}
+	}
+	f := feasibility{eligible: eligible}
+	if k == 1 || (!r.RequireNVLink && r.MinPairBandwidthGBps <= 0) {
+		f.seed = firstK(eligible, k)
+		return f, nil
+	}
+	if r.RequireNVLink {
+		if c := maxClique(g.nv, eligible, nil); c < k {
+			return feasibility{}, &InfeasibleError{Reason: fmt.Sprintf("needs NVLink between %d GPUs; largest free NVLink-connected set has %d", k, c)}
+		}
+	}
+	f.ok = make([]Mask, g.n)
+	bestPair := 0
+	for a := 0; a < g.n; a++ {
+		for b := 0; b < g.n; b++ {
+			if a == b || (r.RequireNVLink && g.nv[a]&(1<<b) == 0) {
+				continue
+			}
+			bw := g.bw[a*g.n+b]
+			if eligible.Has(a) && eligible.Has(b) {
+				bestPair = max(bestPair, bw)
+			}
+			if bw >= r.MinPairBandwidthGBps {
+				f.ok[a] |= 1 << b
+			}
+		}
+	}
+	clique := maxCliqueSet(f.ok, eligible)
+	if c := clique.Count(); c < k {
+		what := "free GPUs"
+		if r.RequireNVLink {
+			what = "free NVLink-connected GPUs"
+		}
+		return feasibility{}, &InfeasibleError{Reason: fmt.Sprintf(
+			"needs at least %d GB/s between every pair of %d GPUs; largest set of %s meeting it has %d (best pair: %d GB/s)",
+			r.MinPairBandwidthGBps, k, what, c, bestPair)}
+	}
+	f.seed = firstK(clique, k)
+	return f, nil
+}
+
+// firstK is the k lowest GPUs of m.
+func firstK(m Mask, k int) Mask {
+	var out Mask
+	for ; k > 0 && m != 0; k-- {
+		low := m & -m
+		out |= low
+		m &^= low
+	}
+	return out
+}
+
+func (a *Allocator) allocate(g *Graph, free Mask, req Request) (Result, error) {
+	f, err := checkFeasible(g, free, req)
+	if err != nil {
+		return Result{}, err
+	}
+	s := &search{
+		g:     g,
+		k:     req.Count,
+		order: objectives[req.Requirement.EffectiveStrategy()],
+		free:  free & g.All(),
+		ok:    f.ok,
+		util:  req.Utilization,
+		tabs:  a.tables(g),
+	}
+	for a := 0; a < g.n; a++ {
+		for r := s.free &^ (1 << a); r != 0; r &= r - 1 {
+			s.row[a] += int64(g.bw[a*g.n+bits.TrailingZeros64(uint64(r))])
+		}
+	}
+	s.best = cand{set: f.seed}
+	s.dfs(partial{minPair: int(^uint(0) >> 1)}, f.eligible)
+	return g.result(s.best.set, free), nil
+}
+
+// result describes a chosen set: ring order and metrics.
+func (g *Graph) result(set, free Mask) Result {
+	ring, order := g.ring(set)
+	return Result{GPUs: order, Metrics: g.metrics(set, free&g.All(), ring)}
+}
+
+// tables returns the fragmentation tables for g's topology, building them
+// once per hash; nil for graphs too large to tabulate.
+func (a *Allocator) tables(g *Graph) *tables {
+	if g.n > tablesMaxGPUs {
+		return nil
+	}
+	a.tabMu.Lock()
+	e, ok := a.tabs[g.hash]
+	if !ok {
+		e = &tableEntry{}
+		a.tabs[g.hash] = e
+		a.tabOrder = append(a.tabOrder, g.hash)
+		if len(a.tabOrder) > maxTables {
+			delete(a.tabs, a.tabOrder[0])
+			a.tabOrder = a.tabOrder[1:]
+		}
+	}
+	a.tabMu.Unlock()
+	e.once.Do(func() { e.t = buildTables(g.nv, g.n) })
+	return e.t
+}
+
+// tables hold, for every subset S of a small graph's GPUs, the largest
+// NVLink clique and the numbers of NVLink pairs and 4-cliques inside S.
+type tables struct {
+	island []uint8
+	pairs  []uint16
+	quads  []uint16
+}
+
+// buildTables fills the tables in O(2^n): removing S's lowest GPU v gives
+// S', and every clique of S either avoids v (a clique of S') or is v plus a
+// clique of S' ∩ N(v). Both subsets are numerically smaller than S, so one
+// pass in increasing order suffices.
+func buildTables(nv []Mask, n int) *tables {
+	size := 1 << n
+	t := &tables{island: make([]uint8, size), pairs: make([]uint16, size), quads: make([]uint16, size)}
+	tri := make([]uint16, size)
+	for s := 1; s < size; s++ {
+		v := bits.TrailingZeros(uint(s))
+		rest := s &^ (1 << v)
+		nb := rest & int(nv[v])
+		t.pairs[s] = t.pairs[rest] + uint16(bits.OnesCount(uint(nb)))
+		tri[s] = tri[rest] + t.pairs[nb]
+		t.quads[s] = t.quads[rest] + tri[nb]
+		t.island[s] = max(t.island[rest], 1+t.island[nb])
+	}
+	return t
+}
+
+// search is one branch-and-bound run: a depth-first walk over sets in
+// increasing index order, extending only with GPUs that keep every pair
+// allowed, pruning partial sets that are already worse on the strategy's
+// first key (which only gets worse as GPUs are added), and comparing
+// complete sets key by key, computing a key only when the earlier ones tie.
+type search struct {
+	g     *Graph
+	k     int
+	order []keyKind
+	free  Mask
+	ok    []Mask
+	util  []int32
+	tabs  *tables
+	row   [MaxGPUs]int64 // bandwidth from each GPU to every other free GPU
+	best  cand
+	nodes int
+}
+
+// cand is a complete candidate whose keys are computed on demand.
+type cand struct {
+	set  Mask
+	have uint16
+	vals [numKeyKinds]int64
+}
+
+func (s *search) key(c *cand, k keyKind) int64 {
+	if c.have&(1<<k) == 0 {
+		c.vals[k] = s.compute(k, c.set)
+		c.have |= 1 << k
+	}
+	return c.vals[k]
+}
+
+func (s *search) compute(k keyKind, set Mask) int64 {
+	if s.tabs != nil {
+		left := s.free &^ set
+		switch k {
+		case keyLeftIsland:
+			return int64(s.tabs.island[left])
+		case keyLeftQuads:
+			return int64(s.tabs.quads[left])
+		case keyLeftPairs:
+			return int64(s.tabs.pairs[left])
+		}
+	}
+	return s.g.keyValue(k, set, s.free, s.util)
+}
+
+// better reports whether c beats the current best.
+func (s *search) better(c *cand) bool {
+	for _, k := range s.order {
+		if k == keyRing && c.have&(1<<keyRing) == 0 {
+			// Only a ring at least as good as the best's matters.
+			r, ok := s.g.ringAtLeast(c.set, int(s.key(&s.best, keyRing)))
+			if !ok {
+				return false
+			}
+			c.vals[keyRing] = int64(r)
+			c.have |= 1 << keyRing
+		}
+		x, y := s.key(c, k), s.key(&s.best, k)
+		if x != y {
+			return x > y
+		}
+	}
+	return lowerIndices(c.set, s.best.set)
+}
+
+// partial is a set being built and what is known of it so far.
+type partial struct {
+	chosen           Mask
+	cnt              int
+	minPair, maxPair int
+	sum              int
+	dom              [len(domainLevels)]Mask
+	util             int64
+	row              int64 // bandwidth from the chosen GPUs to every free GPU
+}
+
+// dfs extends p with GPUs from allowed.
+func (s *search) dfs(p partial, allowed Mask) {
+	if p.cnt == s.k {
+		s.leaf(&p)
+		return
+	}
+	if allowed.Count() < s.k-p.cnt {
+		return
+	}
+	if s.nodes++; s.nodes > SearchNodeLimit {
+		return
+	}
+	if p.cnt > 0 && s.prune(&p) {
+		return
+	}
+	g := s.g
+	for r := allowed; r != 0; r &= r - 1 {
+		v := bits.TrailingZeros64(uint64(r))
+		next := r &^ (Mask(2)<<v - 1)
+		if s.ok != nil {
+			next &= s.ok[v]
+		}
+		if next.Count() < s.k-p.cnt-1 {
+			// Later v only have fewer GPUs above them.
+			if s.ok == nil {
+				return
+			}
+			continue
+		}
+		q := p
+		q.chosen |= 1 << v
+		q.cnt++
+		for c := p.chosen; c != 0; c &= c - 1 {
+			bw := g.bw[v*g.n+bits.TrailingZeros64(uint64(c))]
+			q.sum += bw
+			q.minPair = min(q.minPair, bw)
+			q.maxPair = max(q.maxPair, bw)
+		}
+		for t := range q.dom {
+			q.dom[t] |= g.domBit[t][v]
+		}
+		if v < len(s.util) {
+			q.util += int64(s.util[v])
+		}
+		q.row += s.row[v]
+		s.dfs(q, next)
+	}
+}
+
+// leaf compares a complete set with the best, presetting the keys the walk
+// already knows.
+func (s *search) leaf(p *partial) {
+	c := cand{set: p.chosen, have: 1<<keyMinPair | 1<<keySum | 1<<keyNegDomains | 1<<keyNegUtil | 1<<keyNegCut}
+	minPair := p.minPair
+	if p.cnt < 2 {
+		minPair = 0
+	}
+	c.vals[keyMinPair], c.vals[keySum], c.vals[keyNegUtil] = int64(minPair), int64(p.sum), -p.util
+	// Every pair inside the set is counted twice in row.
+	c.vals[keyNegCut] = -(p.row - 2*int64(p.sum))
+	if p.cnt <= 3 || p.minPair == p.maxPair {
+		// Every ring's weakest link is the minimum pair.
+		c.vals[keyRing] = int64(minPair)
+		c.have |= 1 << keyRing
+	}
+	d := 0
+	for _, m := range p.dom {
+		d += m.Count() - 1
+	}
+	c.vals[keyNegDomains] = -int64(d)
+	if s.better(&c) {
+		s.best = c
+	}
+}
+
+// prune reports whether every completion of p is worse than the best on
+// the strategy's first key. Each first key can only get worse as GPUs are
+// added: the minimum pair falls, domains and utilization grow, and the free
+// GPUs left shrink.
+func (s *search) prune(p *partial) bool {
+	switch s.order[0] {
+	case keyMinPair:
+		return p.cnt >= 2 && int64(p.minPair) < s.key(&s.best, keyMinPair)
+	case keyNegDomains:
+		d := 0
+		for _, m := range p.dom {
+			d += m.Count() - 1
+		}
+		return -int64(d) < s.key(&s.best, keyNegDomains)
+	case keyNegUtil:
+		return -p.util < s.key(&s.best, keyNegUtil)
+	case keyLeftIsland:
+		if s.tabs == nil {
+			return false
+		}
+		return int64(s.tabs.island[s.free&^p.chosen]) < s.key(&s.best, keyLeftIsland)
+	}
+	return false
+}
+
+// BruteForce is the reference allocator: it scores every k-subset of the
+// free healthy GPUs that meets the requirement with Objective and keeps the
+// best. It shares no search code with Allocate; tests, benchmarks and the
+// simulator use it as the baseline.
+func BruteForce(g *Graph, free Mask, req Request) (Result, error) {
+	if g == nil {
+		return Result{}, errors.New("brute force: graph is nil")
+	}
+	if err := validateRequest(g, req); err != nil {
+		return Result{}, fmt.Errorf("brute force: %w", err)
+	}
+	free &= g.Healthy() & g.All()
+	r := req.Requirement
+	idx := free.Indices()
+	k := req.Count
+	var best Score
+	found := false
+	if k <= len(idx) {
+		pos := make([]int, k)
+		for i := range pos {
+			pos[i] = i
+		}
+		for {
+			var set Mask
+			for _, p := range pos {
+				set |= 1 << idx[p]
+			}
+			if meets(g, set, r) {
+				if sc := Objective(g, set, free, req); !found || sc.Better(best) {
+					best, found = sc, true
+				}
+			}
+			// Next combination in lexicographic order.
+			i := k - 1
+			for i >= 0 && pos[i] == len(idx)-k+i {
+				i--
+			}
+			if i < 0 {
+				break
+			}
+			pos[i]++
+			for j := i + 1; j < k; j++ {
+				pos[j] = pos[j-1] + 1
+			}
+		}
+	}
+	if !found {
+		if _, err := checkFeasible(g, free, req); err != nil {
+			return Result{}, err
+		}
+		return Result{}, &InfeasibleError{Reason: fmt.Sprintf("no set of %d free GPUs meets the requirement", k)}
+	}
+	return g.result(best.Set, free), nil
+}
+
+// meets checks the requirement's constraints pair by pair.
+func meets(g *Graph, set Mask, r v1alpha1.Requirement) bool {
+	idx := set.Indices()
+	for i, a := range idx {
+		if r.GPUMemoryMiB > 0 && g.gpus[a].MemoryMiB < r.GPUMemoryMiB {
+			return false
+		}
+		for _, b := range idx[i+1:] {
+			if r.RequireNVLink && !g.NVLinked(a, b) {
+				return false
+			}
+			if g.Bandwidth(a, b) < r.MinPairBandwidthGBps {
+				return false
+			}
+		}
+	}
+	return true
+}

@@ -1,0 +1,349 @@
+package topology
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/bits"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+)
+
+// Graph is the immutable description of one node's GPUs and the link between
+// every pair of them. It is built once per observed topology and then only
+// read, so one Graph is safe for any number of concurrent readers.
+type Graph struct {
+	n     int
+	gpus  []v1alpha1.GPU
+	links []v1alpha1.Link // n*n, symmetric; links[i*n+j] has A<B
+	bw    []int           // n*n pair bandwidth, GB/s bidirectional
+	nv    []Mask          // nv[i]: GPUs NVLinked to i
+	rank  []int8          // n*n PCIe level rank, see pcieRank
+	// domBit[t][i] is the bit of the PCIe/NUMA domain of GPU i at domain
+	// level t (see domainLevels); OR-ing them over a set and counting bits
+	// gives the number of domains the set spans at that level.
+	domBit  [len(domainLevels)][]Mask
+	healthy Mask
+	uuid    map[string]int
+	hash    string
+}
+
+// pcieRanks orders the PCIe levels from nearest to farthest, as NVML does.
+var pcieRanks = map[v1alpha1.PCIeLevel]int8{
+	v1alpha1.PCIeInternal:         0,
+	v1alpha1.PCIeSameSwitch:       1,
+	v1alpha1.PCIeMultipleSwitches: 2,
+	v1alpha1.PCIeHostBridge:       3,
+	v1alpha1.PCIeSameNUMA:         4,
+	v1alpha1.PCIeCrossSocket:      5,
+}
+
+var pcieLevelNames = []string{
+	string(v1alpha1.PCIeInternal), string(v1alpha1.PCIeSameSwitch), string(v1alpha1.PCIeMultipleSwitches),
+	string(v1alpha1.PCIeHostBridge), string(v1alpha1.PCIeSameNUMA), string(v1alpha1.PCIeCrossSocket),
+}
+
+// domainLevels are the boundaries DomainsCrossed counts: a PCIe switch, a
+// tree of PCIe switches, a host bridge (root complex) and a NUMA node. Two
+// GPUs are in the same domain at level t when their PCIe level ranks at most
+// t (transitively); every domain a set spans beyond the first at each level
+// is one boundary crossed. Crossing sockets crosses every level, so it costs
+// the most.
+var domainLevels = [...]int8{1, 2, 3, 4}
+
+// NewGraph validates GPUs and links and builds a Graph. GPUs may come in any
+// order; their indices must be exactly 0..n-1. Every pair of GPUs must be
+// described by exactly one link (A and B in either order). Every problem
+// found is reported, each naming the offending entry.
+func NewGraph(gpus []v1alpha1.GPU, links []v1alpha1.Link) (*Graph, error) {
+	n := len(gpus)
+	if n > MaxGPUs {
+		return nil, fmt.Errorf("gpus: %d GPUs listed; at most %d are supported per node", n, MaxGPUs)
+	}
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+
+	g := &Graph{n: n, gpus: make([]v1alpha1.GPU, n), uuid: make(map[string]int, n)}
+	seen := make([]int, n) // position in input + 1
+	for pos, gpu := range gpus {
+		switch {
+		case gpu.Index < 0 || gpu.Index >= n:
+			bad("gpus[%d].index: %d is out of range; indices must be 0..%d, one per GPU", pos, gpu.Index, n-1)
+			continue
+		case seen[gpu.Index] != 0:
+			bad("gpus[%d].index: %d is also used by gpus[%d]; indices must be unique", pos, gpu.Index, seen[gpu.Index]-1)
+			continue
+		}
+		seen[gpu.Index] = pos + 1
+		if gpu.UUID == "" {
+			bad("gpus[%d].uuid: must not be empty (GPU %d)", pos, gpu.Index)
+		} else if other, dup := g.uuid[gpu.UUID]; dup {
+			bad("gpus[%d].uuid: %q is also the UUID of GPU %d; UUIDs must be unique", pos, gpu.UUID, other)
+		} else {
+			g.uuid[gpu.UUID] = gpu.Index
+		}
+		if gpu.MemoryMiB < 0 {
+			bad("gpus[%d].memoryMiB: %d must not be negative", pos, gpu.MemoryMiB)
+		}
+		if gpu.NUMANode < -1 {
+			bad("gpus[%d].numaNode: %d must be -1 (unknown) or a NUMA node number", pos, gpu.NUMANode)
+		}
+		switch gpu.Health {
+		case "", v1alpha1.GPUHealthy, v1alpha1.GPUUnhealthy:
+		default:
+			bad("gpus[%d].health: %q is not one of %q, %q", pos, gpu.Health, v1alpha1.GPUHealthy, v1alpha1.GPUUnhealthy)
+		}
+		g.gpus[gpu.Index] = gpu
+	}
+
+	g.links = make([]v1alpha1.Link, n*n)
+	linkPos := make([]int, n*n) // position in input + 1
+	for pos, l := range links {
+		a, b := l.A, l.B
+		switch {
+		case a < 0 || a >= n || b < 0 || b >= n:
+			bad("links[%d]: GPU %d-GPU %d names a GPU that does not exist; indices must be 0..%d", pos, a, b, n-1)
+			continue
+		case a == b:
+			bad("links[%d]: links GPU %d to itself; a link joins two different GPUs", pos, a)
+			continue
+		}
+		if a > b {
+			a, b = b, a
+			l.A, l.B = a, b
+		}
+		if p := linkPos[a*n+b]; p != 0 {
+			what := "describes the same pair"
+			if links[p-1].A != links[pos].A {
+				what = "describes the same pair in the other direction"
+			}
+			bad("links[%d]: GPU %d-GPU %d %s as links[%d]; list every pair once", pos, a, b, what, p-1)
+			continue
+		}
+		linkPos[a*n+b] = pos + 1
+		if _, ok := pcieRanks[l.PCIe]; !ok {
+			bad("links[%d].pcie: %q is not a known PCIe level; want one of %v", pos, l.PCIe, pcieLevelNames)
+		}
+		if l.NVLinks < 0 {
+			bad("links[%d].nvlinks: %d must not be negative", pos, l.NVLinks)
+		}
+		if l.NVSwitch && l.NVLinks <= 0 {
+			bad("links[%d].nvswitch: set but nvlinks is %d; an NVSwitch path needs the GPU's NVLink count", pos, l.NVLinks)
+		}
+		if l.BandwidthGBps < 0 {
+			bad("links[%d].bandwidthGBps: %d must not be negative", pos, l.BandwidthGBps)
+		}
+		g.links[a*n+b] = l
+		g.links[b*n+a] = l
+	}
+	missing := 0
+	for a := 0; a < n; a++ {
+		for b := a + 1; b < n; b++ {
+			if linkPos[a*n+b] == 0 && seen[a] != 0 && seen[b] != 0 {
+				if missing < 5 {
+					bad("links: no link between GPU %d and GPU %d; every pair of GPUs needs exactly one link", a, b)
+				}
+				missing++
+			}
+		}
+	}
+	if missing > 5 {
+		bad("links: %d more pairs have no link", missing-5)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	g.index()
+	return g, nil
+}
+
+// FromStatus builds a Graph from a NodeGPUTopology status. Telemetry, times
+// and the stored hash are not read: the hash is recomputed from the facts.
+func FromStatus(st *v1alpha1.NodeGPUTopologyStatus) (*Graph, error) {
+	if st == nil {
+		return nil, errors.New("status: is nil")
+	}
+	g, err := NewGraph(st.GPUs, st.Links)
+	if err != nil {
+		return nil, fmt.Errorf("status: %w", err)
+	}
+	return g, nil
+}
+
+// index fills the derived tables of a validated graph.
+func (g *Graph) index() {
+	n := g.n
+	g.bw = make([]int, n*n)
+	g.rank = make([]int8, n*n)
+	g.nv = make([]Mask, n)
+	for a := 0; a < n; a++ {
+		if g.gpus[a].Health != v1alpha1.GPUUnhealthy {
+			g.healthy |= 1 << a
+		}
+		for b := 0; b < n; b++ {
+			if a == b {
+				continue
+			}
+			l := g.links[a*n+b]
+			g.bw[a*n+b] = l.BandwidthGBps
+			g.rank[a*n+b] = pcieRanks[l.PCIe]
+			if l.NVLinks > 0 {
+				g.nv[a] |= 1 << b
+			}
+		}
+	}
+	for t, level := range domainLevels {
+		g.domBit[t] = make([]Mask, n)
+		comp := make([]int, n)
+		for i := range comp {
+			comp[i] = -1
+		}
+		next := 0
+		for i := 0; i < n; i++ {
+			if comp[i] >= 0 {
+				continue
+			}
+			stack := []int{i}
+			comp[i] = next
+			for len(stack) > 0 {
+				v := stack[len(stack)-1]
+				stack = stack[:len(stack)-1]
+				for u := 0; u < n; u++ {
+					if u != v && comp[u] < 0 && g.rank[v*n+u] <= level {
+						comp[u] = next
+						stack = append(stack, u)
+					}
+				}
+			}
+			next++
+		}
+		for i := 0; i < n; i++ {
+			g.domBit[t][i] = 1 << comp[i]
+		}
+	}
+	g.hash = g.computeHash()
+}
+
+// computeHash identifies what the allocator's answers depend on: each GPU's
+// static facts and every link. UUIDs, health, fabric clique and telemetry
+// are left out so that identical machines share one hash (and so one memo
+// entry and one set of tables).
+func (g *Graph) computeHash() string {
+	h := sha256.New()
+	fmt.Fprintf(h, "gputopo-graph-v1 n=%d\n", g.n)
+	for _, gpu := range g.gpus {
+		fmt.Fprintf(h, "gpu %d %q %d %d %q\n", gpu.Index, gpu.Model, gpu.MemoryMiB, gpu.NUMANode, gpu.PCIBusID)
+	}
+	for a := 0; a < g.n; a++ {
+		for b := a + 1; b < g.n; b++ {
+			l := g.links[a*g.n+b]
+			fmt.Fprintf(h, "link %d %d %d %t %s %t %d\n", a, b, l.NVLinks, l.NVSwitch, l.PCIe, l.P2P, l.BandwidthGBps)
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// Status renders the graph as NodeGPUTopology status: GPUs in index order,
+// every pair once with A<B sorted by (A, B), and the topology hash. Driver
+// version, telemetry and times are the publisher's to fill.
+func (g *Graph) Status() v1alpha1.NodeGPUTopologyStatus {
+	links := make([]v1alpha1.Link, 0, g.n*(g.n-1)/2)
+	for a := 0; a < g.n; a++ {
+		for b := a + 1; b < g.n; b++ {
+			links = append(links, g.links[a*g.n+b])
+		}
+	}
+	return v1alpha1.NodeGPUTopologyStatus{GPUs: g.GPUs(), Links: links, TopologyHash: g.hash}
+}
+
+// Len is the number of GPUs.
+func (g *Graph) Len() int { return g.n }
+
+// GPUs returns a copy of the GPUs in index order.
+func (g *Graph) GPUs() []v1alpha1.GPU { return append([]v1alpha1.GPU(nil), g.gpus...) }
+
+// Link returns the link between a and b with A<B; the zero Link when a==b or
+// either index is out of range.
+func (g *Graph) Link(a, b int) v1alpha1.Link {
+	if !g.valid(a, b) {
+		return v1alpha1.Link{}
+	}
+	return g.links[a*g.n+b]
+}
+
+// Bandwidth is the pair's bandwidth in GB/s, bidirectional; 0 when a==b or
+// either index is out of range.
+func (g *Graph) Bandwidth(a, b int) int {
+	if !g.valid(a, b) {
+		return 0
+	}
+	return g.bw[a*g.n+b]
+}
+
+// NVLinked reports whether a and b are joined by NVLink, directly or through
+// an NVSwitch.
+func (g *Graph) NVLinked(a, b int) bool {
+	return g.valid(a, b) && g.nv[a]&(1<<b) != 0
+}
+
+func (g *Graph) valid(a, b int) bool { return a != b && a >= 0 && b >= 0 && a < g.n && b < g.n }
+
+// Hash identifies the topology (GPU models, memory, NUMA nodes, PCI bus IDs
+// and links; not UUIDs, health or telemetry): identical machines share it.
+func (g *Graph) Hash() string { return g.hash }
+
+// All is the set of every GPU.
+func (g *Graph) All() Mask {
+	if g.n == 64 {
+		return ^Mask(0)
+	}
+	return Mask(1)<<g.n - 1
+}
+
+// Healthy is the set of GPUs whose health is Healthy or not reported.
+func (g *Graph) Healthy() Mask { return g.healthy }
+
+// IndexOf finds a GPU by UUID.
+func (g *Graph) IndexOf(uuid string) (int, bool) {
+	i, ok := g.uuid[uuid]
+	return i, ok
+}
+
+// MaskOf is the set of the given indices; indices outside 0..63 are ignored.
+func MaskOf(indices ...int) Mask {
+	var m Mask
+	for _, i := range indices {
+		if i >= 0 && i < MaxGPUs {
+			m |= 1 << i
+		}
+	}
+	return m
+}
+
+// Count is the number of GPUs in the set.
+func (m Mask) Count() int { return bits.OnesCount64(uint64(m)) }
+
+// Has reports whether GPU i is in the set.
+func (m Mask) Has(i int) bool { return i >= 0 && i < MaxGPUs && m&(1<<i) != 0 }
+
+// Indices lists the set's GPU indices in increasing order.
+func (m Mask) Indices() []int {
+	out := make([]int, 0, m.Count())
+	for r := m; r != 0; r &= r - 1 {
+		out = append(out, bits.TrailingZeros64(uint64(r)))
+	}
+	return out
+}
+
+// String renders the set as "{0,3,4}".
+func (m Mask) String() string {
+	b := []byte{'{'}
+	for i, v := range m.Indices() {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = fmt.Appendf(b, "%d", v)
+	}
+	return string(append(b, '}'))
+}
