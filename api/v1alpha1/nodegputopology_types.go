@@ -134,7 +134,6 @@ type NodeGPUTopologyStatus struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:scope=Cluster,shortName=ngt
 // +kubebuilder:subresource:status
-// +kubebuilder:printcolumn:name="GPUs",type=integer,JSONPath=`.status.gpus.length()`,priority=1
 // +kubebuilder:printcolumn:name="Hash",type=string,JSONPath=`.status.topologyHash`
 // +kubebuilder:printcolumn:name="Stale",type=boolean,JSONPath=`.status.stale`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
