@@ -5,10 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	kjson "sigs.k8s.io/json"
 )
 
 // Strategy names how the exact GPUs are chosen among those that satisfy a
@@ -83,13 +83,24 @@ func ParseRequirement(value string) (Requirement, error) {
 	if strings.TrimSpace(value) == "" {
 		return r, field.ErrorList{field.Required(RequirementPath, `must be a JSON object such as {"requireNVLink":true,"strategy":"highest_bandwidth"}`)}.ToAggregate()
 	}
-	dec := json.NewDecoder(strings.NewReader(value))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&r); err != nil {
+	// sigs.k8s.io/json matches field names case-sensitively (encoding/json
+	// would take "requirenvlink" for "requireNVLink") and reports unknown
+	// and duplicate fields by path.
+	strictErrs, err := kjson.UnmarshalStrict([]byte(value), &r)
+	if err != nil {
+		// Decode again with encoding/json, whose type errors are public,
+		// to name the field and the expected type.
+		if stdErr := json.Unmarshal([]byte(value), &Requirement{}); stdErr != nil {
+			err = stdErr
+		}
 		return Requirement{}, field.ErrorList{decodeError(value, err)}.ToAggregate()
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return Requirement{}, field.ErrorList{field.Invalid(RequirementPath, value, "unexpected data after the JSON object")}.ToAggregate()
+	if len(strictErrs) > 0 {
+		errs := make(field.ErrorList, 0, len(strictErrs))
+		for _, e := range strictErrs {
+			errs = append(errs, strictError(e))
+		}
+		return Requirement{}, errs.ToAggregate()
 	}
 	if errs := r.Validate(RequirementPath); len(errs) > 0 {
 		return Requirement{}, errs.ToAggregate()
@@ -105,12 +116,25 @@ func decodeError(value string, err error) *field.Error {
 		return field.Invalid(RequirementPath.Child(typeErr.Field), value,
 			fmt.Sprintf("must be a JSON %s, not %s", jsonKind(typeErr.Type.Kind().String()), typeErr.Value))
 	}
+	return field.Invalid(RequirementPath, value, "must be a JSON object: "+strings.TrimPrefix(err.Error(), "json: "))
+}
+
+// strictError maps an unknown or duplicate field reported by
+// sigs.k8s.io/json to a field error on that field.
+func strictError(err error) *field.Error {
+	name := ""
+	var fe kjson.FieldError
+	if errors.As(err, &fe) {
+		name = fe.FieldPath()
+	}
 	msg := err.Error()
-	if name, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
-		name = strings.Trim(name, `"`)
+	switch {
+	case strings.HasPrefix(msg, "duplicate field"):
+		return field.Duplicate(RequirementPath.Child(name), name)
+	case strings.HasPrefix(msg, "unknown field"):
 		return field.NotSupported(RequirementPath.Child(name), name, knownFields)
 	}
-	return field.Invalid(RequirementPath, value, "must be a JSON object: "+strings.TrimPrefix(msg, "json: "))
+	return field.Invalid(RequirementPath, name, msg)
 }
 
 var knownFields = []string{"requireNVLink", "minPairBandwidthGBps", "strategy", "gpuMemoryMiB"}
