@@ -2,19 +2,15 @@ package harness
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"testing"
-	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/internal/localcluster"
 )
 
 // ControlPlane is a running etcd + kube-apiserver with gputopo's CRDs.
@@ -29,76 +25,39 @@ type ControlPlane struct {
 	Scheme    *runtime.Scheme
 	// Dir is a temp dir for kubeconfigs and configs, removed at cleanup.
 	Dir string
+
+	local *localcluster.ControlPlane
 }
 
 // Options tune Start.
-type Options struct {
-	// WebhookInstallOptions, when set, makes envtest generate serving certs
-	// and install webhook configurations pointing at a local server.
-	WebhookInstallOptions *envtest.WebhookInstallOptions
-	// APIServerArgs are extra kube-apiserver flags (name -> values).
-	APIServerArgs map[string][]string
-}
+type Options = localcluster.Options
 
 // Scheme returns a scheme with the built-in types and gputopo's.
-func Scheme() *runtime.Scheme {
-	s := runtime.NewScheme()
-	_ = clientgoscheme.AddToScheme(s)
-	_ = v1alpha1.AddToScheme(s)
-	return s
-}
+func Scheme() *runtime.Scheme { return localcluster.Scheme() }
 
 // Start starts etcd and kube-apiserver from BinDir, installs gputopo's CRDs
 // and registers the teardown in t.Cleanup. It fails the test with a message
 // saying how to build the binaries when they are missing.
 func Start(t testing.TB, opts Options) *ControlPlane {
 	t.Helper()
-	for _, b := range []string{"etcd", "kube-apiserver"} {
-		if _, err := Binary(b); err != nil {
-			t.Fatal(err)
-		}
-	}
-	dir, err := os.MkdirTemp("", "gputopo-cp-")
+	local, err := localcluster.StartControlPlane(opts)
 	if err != nil {
-		t.Fatalf("temp dir: %v", err)
-	}
-	scheme := Scheme()
-	env := &envtest.Environment{
-		BinaryAssetsDirectory:    BinDir(),
-		CRDDirectoryPaths:        []string{CRDDir()},
-		ErrorIfCRDPathMissing:    true,
-		Scheme:                   scheme,
-		ControlPlaneStartTimeout: 2 * time.Minute,
-		ControlPlaneStopTimeout:  time.Minute,
-	}
-	if opts.WebhookInstallOptions != nil {
-		env.WebhookInstallOptions = *opts.WebhookInstallOptions
-	}
-	args := env.ControlPlane.GetAPIServer().Configure()
-	for k, v := range opts.APIServerArgs {
-		args.Set(k, v...)
-	}
-	cfg, err := env.Start()
-	if err != nil {
-		_ = os.RemoveAll(dir)
-		t.Fatalf("start control plane (etcd, kube-apiserver from %s): %v", BinDir(), err)
+		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := env.Stop(); err != nil {
-			t.Logf("stop control plane: %v", err)
+		if err := local.Stop(); err != nil {
+			t.Log(err)
 		}
-		_ = os.RemoveAll(dir)
 	})
-	cfg.QPS, cfg.Burst = 500, 1000
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	c, err := client.New(local.Config, client.Options{Scheme: local.Scheme})
 	if err != nil {
 		t.Fatalf("client: %v", err)
 	}
-	cs, err := kubernetes.NewForConfig(cfg)
+	cs, err := kubernetes.NewForConfig(local.Config)
 	if err != nil {
 		t.Fatalf("clientset: %v", err)
 	}
-	return &ControlPlane{Env: env, Config: cfg, Client: c, Clientset: cs, Scheme: scheme, Dir: dir}
+	return &ControlPlane{Env: local.Env, Config: local.Config, Client: c, Clientset: cs, Scheme: local.Scheme, Dir: local.Dir, local: local}
 }
 
 // Kubeconfig writes a kubeconfig for a user authenticated by client
@@ -106,17 +65,9 @@ func Start(t testing.TB, opts Options) *ControlPlane {
 // RBAC: pass groups such as "system:masters" to grant everything.
 func (cp *ControlPlane) Kubeconfig(t testing.TB, user string, groups ...string) string {
 	t.Helper()
-	u, err := cp.Env.ControlPlane.AddUser(envtest.User{Name: user, Groups: groups}, nil)
+	p, err := cp.local.Kubeconfig(user, groups...)
 	if err != nil {
-		t.Fatalf("add user %s: %v", user, err)
-	}
-	b, err := u.KubeConfig()
-	if err != nil {
-		t.Fatalf("kubeconfig for %s: %v", user, err)
-	}
-	p := filepath.Join(cp.Dir, sanitize(user)+".kubeconfig")
-	if err := os.WriteFile(p, b, 0o600); err != nil {
-		t.Fatalf("write kubeconfig: %v", err)
+		t.Fatal(err)
 	}
 	return p
 }
@@ -125,23 +76,11 @@ func (cp *ControlPlane) Kubeconfig(t testing.TB, user string, groups ...string) 
 // certificate.
 func (cp *ControlPlane) UserConfig(t testing.TB, user string, groups ...string) *rest.Config {
 	t.Helper()
-	u, err := cp.Env.ControlPlane.AddUser(envtest.User{Name: user, Groups: groups}, nil)
+	cfg, err := cp.local.UserConfig(user, groups...)
 	if err != nil {
-		t.Fatalf("add user %s: %v", user, err)
+		t.Fatal(err)
 	}
-	cfg := rest.CopyConfig(u.Config())
-	cfg.QPS, cfg.Burst = 500, 1000
 	return cfg
-}
-
-func sanitize(s string) string {
-	out := []rune(s)
-	for i, r := range out {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-') {
-			out[i] = '_'
-		}
-	}
-	return string(out)
 }
 
 // Context returns a context cancelled at test cleanup.

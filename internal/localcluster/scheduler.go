@@ -1,0 +1,115 @@
+package localcluster
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+	schedconfigv1 "k8s.io/kube-scheduler/config/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
+)
+
+// SchedulerUser is the identity kube-scheduler gets; the apiserver's
+// bootstrap RBAC grants it exactly what a real scheduler has.
+const SchedulerUser = "system:kube-scheduler"
+
+// ParseSchedulerConfig strictly decodes a KubeSchedulerConfiguration
+// (kubescheduler.config.k8s.io/v1) document.
+func ParseSchedulerConfig(doc []byte) (*schedconfigv1.KubeSchedulerConfiguration, error) {
+	var cfg schedconfigv1.KubeSchedulerConfiguration
+	if err := yaml.UnmarshalStrict(doc, &cfg); err != nil {
+		return nil, fmt.Errorf("decode KubeSchedulerConfiguration: %w", err)
+	}
+	if cfg.APIVersion != "kubescheduler.config.k8s.io/v1" || cfg.Kind != "KubeSchedulerConfiguration" {
+		return nil, fmt.Errorf("want apiVersion kubescheduler.config.k8s.io/v1, kind KubeSchedulerConfiguration; got %q %q", cfg.APIVersion, cfg.Kind)
+	}
+	return &cfg, nil
+}
+
+// StartScheduler runs the real kube-scheduler binary with cfg (nil: the
+// default profile only) against the cluster that kubeconfig names, writing
+// its config and log into dir. Leader election is off unless cfg turns it
+// on. It returns once /healthz answers.
+func StartScheduler(cfg *schedconfigv1.KubeSchedulerConfiguration, kubeconfig, dir string) (*Process, error) {
+	bin, err := Binary("kube-scheduler")
+	if err != nil {
+		return nil, err
+	}
+	if cfg == nil {
+		cfg = &schedconfigv1.KubeSchedulerConfiguration{}
+	} else {
+		cfg = cfg.DeepCopy()
+	}
+	cfg.APIVersion, cfg.Kind = "kubescheduler.config.k8s.io/v1", "KubeSchedulerConfiguration"
+	cfg.ClientConnection.Kubeconfig = kubeconfig
+	cfg.ClientConnection.QPS, cfg.ClientConnection.Burst = 500, 1000
+	if cfg.LeaderElection.LeaderElect == nil {
+		cfg.LeaderElection.LeaderElect = ptr.To(false)
+	}
+	doc, err := yaml.Marshal(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("encode scheduler config: %w", err)
+	}
+	stamp := time.Now().UnixNano()
+	path := filepath.Join(dir, fmt.Sprintf("scheduler-%d.yaml", stamp))
+	if err := os.WriteFile(path, doc, 0o600); err != nil {
+		return nil, fmt.Errorf("write scheduler config: %w", err)
+	}
+	port, err := FreePort()
+	if err != nil {
+		return nil, fmt.Errorf("free port: %w", err)
+	}
+	p, err := StartProcess("kube-scheduler", filepath.Join(dir, fmt.Sprintf("kube-scheduler-%d.log", stamp)), bin,
+		"--config="+path,
+		"--bind-address=127.0.0.1",
+		"--secure-port="+strconv.Itoa(port),
+		"--v=2",
+	)
+	if err != nil {
+		return nil, err
+	}
+	if err := WaitHealthy(p, fmt.Sprintf("https://127.0.0.1:%d/healthz", port), time.Minute); err != nil {
+		p.Stop()
+		return nil, fmt.Errorf("kube-scheduler did not become healthy: %w\n%s", err, p.Tail(30))
+	}
+	return p, nil
+}
+
+// FreePort asks the kernel for a free loopback TCP port.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// WaitHealthy polls url (HTTP or HTTPS with a self-signed certificate)
+// until it answers 200, the process exits, or timeout passes.
+func WaitHealthy(p *Process, url string, timeout time.Duration) error {
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // a local binary's self-signed serving cert
+	}}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(context.Context) (bool, error) {
+		if exited, err := p.Exited(); exited {
+			return false, fmt.Errorf("%s exited: %v", p.Name, err)
+		}
+		resp, err := hc.Get(url)
+		if err != nil {
+			return false, nil
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
+}
