@@ -46,3 +46,20 @@ var (
 	CRDDir   = localcluster.CRDDir
 	Binary   = localcluster.Binary
 )
+
+// StartControllerManager runs the real kube-controller-manager with only
+// the named controllers (e.g. "job") and stops it at test cleanup.
+func (cp *ControlPlane) StartControllerManager(t testing.TB, controllers ...string) *Process {
+	t.Helper()
+	p, err := localcluster.StartControllerManager(cp.Kubeconfig(t, "gputopo-test-controller-manager", "system:masters"), t.TempDir(), controllers...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.Stop()
+		if t.Failed() {
+			t.Logf("last lines of kube-controller-manager log (%s):\n%s", p.LogPath, p.Tail(40))
+		}
+	})
+	return p
+}
