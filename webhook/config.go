@@ -1,0 +1,291 @@
+package webhook
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apiserver/pkg/authentication/serviceaccount"
+	kjson "sigs.k8s.io/json"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+)
+
+// ConfigAPIVersion and ConfigKind identify a webhook configuration file.
+// Both may be omitted; when present they must match, so a file written for
+// another component or another version is refused rather than misread.
+const (
+	ConfigAPIVersion = "config.gputopo.io/v1alpha1"
+	ConfigKind       = "WebhookConfiguration"
+)
+
+// Default service accounts of the components that write system
+// annotations, as installed by the chart in its default namespace.
+const (
+	DefaultExtenderServiceAccount  = "system:serviceaccount:gputopo-system:gputopo-extender"
+	DefaultNodeAgentServiceAccount = "system:serviceaccount:gputopo-system:gputopo-nodeagent"
+)
+
+// Config is the webhook's configuration file. A file states only what it
+// changes: LoadConfig decodes it over DefaultConfig, field by field.
+type Config struct {
+	// APIVersion is ConfigAPIVersion, or empty.
+	APIVersion string `json:"apiVersion,omitempty"`
+	// Kind is ConfigKind, or empty.
+	Kind string `json:"kind,omitempty"`
+
+	// SchedulerName is written into spec.schedulerName of GPU pods whose
+	// schedulerName is empty or "default-scheduler"; pods that name another
+	// scheduler keep it. Default "gputopo-scheduler".
+	SchedulerName string `json:"schedulerName"`
+
+	// PolicyTable maps a workload's intent to the requirement the webhook
+	// derives for it. Defaults: model -> requireNVLink when the pod requests
+	// more than 1 GPU, strategy highest_bandwidth; data -> numa_local;
+	// none -> lowest_fragmentation.
+	PolicyTable PolicyTable `json:"policyTable"`
+
+	// SystemServiceAccounts are the user names allowed to set, change or
+	// remove gputopo.io/assigned-gpus, gputopo.io/placement and
+	// gputopo.io/allocated-gpus. Default: the extender's and the node
+	// agent's service accounts in gputopo-system
+	// ("system:serviceaccount:gputopo-system:gputopo-extender",
+	// "system:serviceaccount:gputopo-system:gputopo-nodeagent"). Installs
+	// in another namespace must change both.
+	SystemServiceAccounts []string `json:"systemServiceAccounts"`
+
+	// ExcludedNamespaces are never mutated, whatever their labels; the
+	// registration's namespaceSelector leaves them out too. Default
+	// ["kube-system"]; the release namespace is always added by
+	// Registration.
+	ExcludedNamespaces []string `json:"excludedNamespaces"`
+
+	// NamespaceDefaultAnnotation is the Namespace annotation whose value
+	// ("data" or "model") is the intent of pods that state none themselves
+	// and have no controlling Job that does. Default
+	// "gputopo.io/parallelism".
+	NamespaceDefaultAnnotation string `json:"namespaceDefaultAnnotation"`
+}
+
+// PolicyTable holds one Policy per intent. Intents are fixed (the values of
+// gputopo.io/parallelism plus "none"), so the table is a struct: an unknown
+// intent in a file is an error, not a silently ignored key.
+type PolicyTable struct {
+	// Model applies to intent "model". Default: requireNVLinkFromGPUs 2,
+	// strategy highest_bandwidth.
+	Model Policy `json:"model"`
+	// Data applies to intent "data". Default: strategy numa_local.
+	Data Policy `json:"data"`
+	// None applies to pods with no intent anywhere. Default: strategy
+	// lowest_fragmentation.
+	None Policy `json:"none"`
+}
+
+// Policy is how one intent becomes a requirement.
+type Policy struct {
+	// Strategy chooses among the GPU sets that qualify. Empty means the
+	// extender's default, lowest_fragmentation.
+	Strategy v1alpha1.Strategy `json:"strategy"`
+	// RequireNVLinkFromGPUs sets requireNVLink for pods requesting at least
+	// this many GPUs; 0 never sets it. Default 2 for model, 0 otherwise
+	// (a lone GPU has no peer to link to).
+	RequireNVLinkFromGPUs int `json:"requireNVLinkFromGPUs"`
+	// MinPairBandwidthGBps is copied into the requirement of pods that
+	// request more than one GPU; GB/s bidirectional. Default 0 (no
+	// minimum).
+	MinPairBandwidthGBps int `json:"minPairBandwidthGBps"`
+}
+
+// Requirement derives the requirement for a pod that requests gpus GPUs.
+func (p Policy) Requirement(gpus int64) v1alpha1.Requirement {
+	r := v1alpha1.Requirement{Strategy: p.Strategy}
+	if p.RequireNVLinkFromGPUs > 0 && gpus >= int64(p.RequireNVLinkFromGPUs) {
+		r.RequireNVLink = true
+	}
+	if gpus > 1 {
+		r.MinPairBandwidthGBps = p.MinPairBandwidthGBps
+	}
+	return r
+}
+
+// For returns the policy of an intent; the empty intent is "none".
+func (t PolicyTable) For(intent v1alpha1.Parallelism) Policy {
+	switch intent {
+	case v1alpha1.ParallelismModel:
+		return t.Model
+	case v1alpha1.ParallelismData:
+		return t.Data
+	}
+	return t.None
+}
+
+// DefaultConfig returns the configuration used when no file is given.
+// testdata/defaults.json pins it.
+func DefaultConfig() Config {
+	return Config{
+		SchedulerName: v1alpha1.DefaultSchedulerName,
+		PolicyTable: PolicyTable{
+			Model: Policy{Strategy: v1alpha1.StrategyHighestBandwidth, RequireNVLinkFromGPUs: 2},
+			Data:  Policy{Strategy: v1alpha1.StrategyNUMALocal},
+			None:  Policy{Strategy: v1alpha1.StrategyLowestFragmentation},
+		},
+		SystemServiceAccounts:      []string{DefaultExtenderServiceAccount, DefaultNodeAgentServiceAccount},
+		ExcludedNamespaces:         []string{"kube-system"},
+		NamespaceDefaultAnnotation: v1alpha1.AnnotationParallelism,
+	}
+}
+
+// LoadConfig reads a YAML or JSON configuration file over DefaultConfig
+// and validates the result. Unknown fields are errors, so a misspelt key
+// is reported instead of silently keeping its default. An empty path
+// returns the validated defaults.
+func LoadConfig(path string) (Config, error) {
+	cfg := DefaultConfig()
+	if path == "" {
+		return cfg, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("read webhook config: %w", err)
+	}
+	cfg, err = ParseConfig(data)
+	if err != nil {
+		return Config{}, fmt.Errorf("webhook config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// ParseConfig decodes data (YAML or JSON) over DefaultConfig and validates
+// the result.
+func ParseConfig(data []byte) (Config, error) {
+	cfg := DefaultConfig()
+	if len(bytes.TrimSpace(data)) > 0 {
+		js, err := yaml.YAMLToJSON(data)
+		if err != nil {
+			return Config{}, fmt.Errorf("decode: %w", err)
+		}
+		// Case-sensitive and strict, as the apiserver decodes its own
+		// objects: "schedulername" is a typo, not schedulerName.
+		strict, err := kjson.UnmarshalStrict(js, &cfg)
+		if err != nil {
+			return Config{}, fmt.Errorf("decode: %w", err)
+		}
+		if len(strict) > 0 {
+			return Config{}, fmt.Errorf("decode: %w", errors.Join(strict...))
+		}
+	}
+	if errs := cfg.Validate(); len(errs) > 0 {
+		return Config{}, errs.ToAggregate()
+	}
+	return cfg, nil
+}
+
+// Validate reports every invalid field, with its path, at once.
+func (c Config) Validate() field.ErrorList {
+	var errs field.ErrorList
+	if c.APIVersion != "" && c.APIVersion != ConfigAPIVersion {
+		errs = append(errs, field.NotSupported(field.NewPath("apiVersion"), c.APIVersion, []string{ConfigAPIVersion}))
+	}
+	if c.Kind != "" && c.Kind != ConfigKind {
+		errs = append(errs, field.NotSupported(field.NewPath("kind"), c.Kind, []string{ConfigKind}))
+	}
+
+	p := field.NewPath("schedulerName")
+	if c.SchedulerName == "" {
+		errs = append(errs, field.Required(p, "name the scheduler profile that runs the gputopo extender, e.g. "+v1alpha1.DefaultSchedulerName))
+	} else {
+		for _, msg := range validation.IsDNS1123Subdomain(c.SchedulerName) {
+			errs = append(errs, field.Invalid(p, c.SchedulerName, msg))
+		}
+	}
+
+	pt := field.NewPath("policyTable")
+	errs = append(errs, c.PolicyTable.Model.validate(pt.Child("model"))...)
+	errs = append(errs, c.PolicyTable.Data.validate(pt.Child("data"))...)
+	errs = append(errs, c.PolicyTable.None.validate(pt.Child("none"))...)
+
+	p = field.NewPath("systemServiceAccounts")
+	if len(c.SystemServiceAccounts) == 0 {
+		errs = append(errs, field.Required(p, "list the node agent's service account user name (system:serviceaccount:<namespace>:<name>), or it cannot record allocated GPUs"))
+	}
+	seen := sets.New[string]()
+	for i, u := range c.SystemServiceAccounts {
+		ip := p.Index(i)
+		if seen.Has(u) {
+			errs = append(errs, field.Duplicate(ip, u))
+			continue
+		}
+		seen.Insert(u)
+		ns, name, err := serviceaccount.SplitUsername(u)
+		if err != nil {
+			errs = append(errs, field.Invalid(ip, u, "must be a service account user name: system:serviceaccount:<namespace>:<name>"))
+			continue
+		}
+		for _, msg := range validation.IsDNS1123Label(ns) {
+			errs = append(errs, field.Invalid(ip, u, "namespace: "+msg))
+		}
+		for _, msg := range validation.IsDNS1123Subdomain(name) {
+			errs = append(errs, field.Invalid(ip, u, "name: "+msg))
+		}
+	}
+
+	p = field.NewPath("excludedNamespaces")
+	seen = sets.New[string]()
+	for i, ns := range c.ExcludedNamespaces {
+		if seen.Has(ns) {
+			errs = append(errs, field.Duplicate(p.Index(i), ns))
+			continue
+		}
+		seen.Insert(ns)
+		for _, msg := range validation.IsDNS1123Label(ns) {
+			errs = append(errs, field.Invalid(p.Index(i), ns, msg))
+		}
+	}
+
+	p = field.NewPath("namespaceDefaultAnnotation")
+	if c.NamespaceDefaultAnnotation == "" {
+		errs = append(errs, field.Required(p, "name the Namespace annotation holding the default intent, e.g. "+v1alpha1.AnnotationParallelism))
+	} else {
+		for _, msg := range validation.IsQualifiedName(c.NamespaceDefaultAnnotation) {
+			errs = append(errs, field.Invalid(p, c.NamespaceDefaultAnnotation, msg))
+		}
+	}
+	return errs
+}
+
+func (p Policy) validate(path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if p.RequireNVLinkFromGPUs < 0 {
+		errs = append(errs, field.Invalid(path.Child("requireNVLinkFromGPUs"), p.RequireNVLinkFromGPUs, "must be 0 (never) or the GPU count from which NVLink is required"))
+	}
+	// The requirement the policy produces for a multi-GPU pod carries every
+	// field, so validating it checks strategy and bandwidth with the same
+	// rules and messages the extender's input gets.
+	errs = append(errs, p.Requirement(2).Validate(path)...)
+	return errs
+}
+
+// isSystem reports whether user may write system annotations.
+func (c Config) isSystem(user string) bool {
+	for _, u := range c.SystemServiceAccounts {
+		if u == user {
+			return true
+		}
+	}
+	return false
+}
+
+// isExcluded reports whether namespace ns is never mutated.
+func (c Config) isExcluded(ns string) bool {
+	for _, e := range c.ExcludedNamespaces {
+		if e == ns {
+			return true
+		}
+	}
+	return false
+}

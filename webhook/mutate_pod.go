@@ -1,0 +1,227 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+
+	"gomodules.xyz/jsonpatch/v2"
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+)
+
+// Paths the handlers are served under; Registration points the
+// configurations at them.
+const (
+	PathMutatePod   = "/mutate-pod"
+	PathMutateJob   = "/mutate-job"
+	PathValidatePod = "/validate-pod"
+)
+
+// intentNone names the policy of pods that state no intent anywhere.
+const intentNone = "none"
+
+// voidEnvEntry is the env entry that hides every GPU from a container.
+var voidEnvEntry = json.RawMessage(`{"name":"` + v1alpha1.EnvVisibleDevices + `","value":"` + envVoid + `"}`)
+
+// PodMutator mutates pods on CREATE in opted-in namespaces: it derives the
+// topology requirement, routes GPU pods to the gputopo scheduler, labels
+// them with their job, and hides GPUs from containers that requested none.
+// It never denies on content: that is PodValidator's job, which sees the
+// object after every mutating webhook has run. On UPDATE of the
+// ephemeralcontainers subresource it hides GPUs from the new ephemeral
+// containers.
+type PodMutator struct {
+	cfg  Config
+	meta metadataReader
+}
+
+var _ admission.Handler = (*PodMutator)(nil)
+
+// NewPodMutator returns a PodMutator that reads Namespaces and Jobs through
+// reader (a cache in the server; the reader is asked for
+// PartialObjectMetadata only).
+func NewPodMutator(cfg Config, reader client.Reader) *PodMutator {
+	return &PodMutator{cfg: cfg, meta: metadataReader{reader: reader}}
+}
+
+// Handle implements admission.Handler.
+func (m *PodMutator) Handle(ctx context.Context, req admission.Request) admission.Response {
+	ephemeral := req.Operation == admissionv1.Update && req.SubResource == "ephemeralcontainers"
+	if !(req.Operation == admissionv1.Create && req.SubResource == "") && !ephemeral {
+		return admission.Allowed("")
+	}
+	pod, shape, err := decodePod(req.Object)
+	if err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	ns := req.Namespace
+	if ns == "" {
+		ns = pod.Namespace
+	}
+	if m.cfg.isExcluded(ns) {
+		return admission.Allowed("namespace is excluded from gputopo")
+	}
+	info, err := m.meta.namespace(ctx, ns, m.cfg.NamespaceDefaultAnnotation)
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	if !info.optedIn {
+		return admission.Allowed("namespace has not opted in to gputopo")
+	}
+
+	var ops []jsonpatch.JsonPatchOperation
+	if ephemeral {
+		old := &corev1.Pod{}
+		if err := decodeInto(req.OldObject, "old pod", old, nil); err != nil {
+			return admission.Errored(http.StatusBadRequest, err)
+		}
+		ops = m.mutateEphemeral(pod, shape, old)
+	} else {
+		ops = m.mutateCreate(ctx, pod, shape, info)
+	}
+	if len(ops) == 0 {
+		return admission.Allowed("")
+	}
+	return admission.Patched("", ops...)
+}
+
+func (m *PodMutator) mutateCreate(ctx context.Context, pod *corev1.Pod, shape *rawPod, info namespaceInfo) []jsonpatch.JsonPatchOperation {
+	var ops []jsonpatch.JsonPatchOperation
+	for i := range pod.Spec.InitContainers {
+		c := &pod.Spec.InitContainers[i]
+		if containerGPUs(c.Resources) == 0 {
+			ops = voidEnv(ops, indexPath("/spec/initContainers", i), c.Env, shape.Spec.InitContainers[i].Env)
+		}
+	}
+	for i := range pod.Spec.Containers {
+		c := &pod.Spec.Containers[i]
+		if containerGPUs(c.Resources) == 0 {
+			ops = voidEnv(ops, indexPath("/spec/containers", i), c.Env, shape.Spec.Containers[i].Env)
+		}
+	}
+
+	gpus := podGPUs(&pod.Spec)
+	if gpus == 0 {
+		return ops
+	}
+	log := logf.FromContext(ctx).WithValues("pod", klog.KObj(pod), "gpus", gpus)
+
+	annotations := map[string]string{}
+	if _, ok := pod.Annotations[v1alpha1.AnnotationRequirement]; !ok {
+		// A requirement the user wrote is kept; a malformed one is left
+		// for PodValidator to deny with its field path.
+		if intent, source, ok := m.intent(ctx, pod, info); ok {
+			req := m.cfg.PolicyTable.For(intent).Requirement(gpus)
+			annotations[v1alpha1.AnnotationRequirement] = req.String()
+			log.V(2).Info("derived topology requirement", "intent", intentName(intent), "source", source, "requirement", req.String())
+		}
+	}
+	labels := map[string]string{}
+	if _, ok := pod.Labels[v1alpha1.LabelJob]; !ok {
+		if job := jobIdentity(pod); job != "" {
+			labels[v1alpha1.LabelJob] = job
+		}
+	}
+	ops = setMetadata(ops, "/metadata", shape.Metadata.shape(), annotations, labels)
+
+	if pod.Spec.SchedulerName == "" || pod.Spec.SchedulerName == corev1.DefaultSchedulerName {
+		ops = append(ops, opSet("/spec/schedulerName", m.cfg.SchedulerName))
+	}
+	return ops
+}
+
+// intent finds the pod's intent: its own annotation, else its controlling
+// Job's, else the namespace default. ok is false only when the pod's own
+// annotation is invalid: then nothing is derived and PodValidator denies.
+// A bad Job or namespace value is logged and skipped, since the pod's
+// author may not own either.
+func (m *PodMutator) intent(ctx context.Context, pod *corev1.Pod, info namespaceInfo) (intent v1alpha1.Parallelism, source string, ok bool) {
+	log := logf.FromContext(ctx)
+	if v, has := pod.Annotations[v1alpha1.AnnotationParallelism]; has {
+		p, ferr := v1alpha1.ParseParallelism(intentPath, v)
+		return p, "pod", ferr == nil
+	}
+	if ref := controllingJob(pod); ref != nil {
+		v, found, err := m.meta.jobIntent(ctx, pod.Namespace, ref.Name)
+		switch {
+		case err != nil:
+			log.Error(err, "reading the controlling Job failed; using the namespace default", "job", ref.Name)
+		case found:
+			if p, ferr := v1alpha1.ParseParallelism(intentPath, v); ferr == nil {
+				return p, "job", true
+			}
+			log.Info("ignoring invalid intent on the controlling Job", "job", ref.Name, "value", v)
+		}
+	}
+	if info.intent != "" {
+		if p, ferr := v1alpha1.ParseParallelism(intentPath, info.intent); ferr == nil {
+			return p, "namespace", true
+		}
+		log.Info("ignoring invalid default intent on the namespace", "namespace", pod.Namespace, "value", info.intent)
+	}
+	return "", intentNone, true
+}
+
+func intentName(p v1alpha1.Parallelism) string {
+	if p == "" {
+		return intentNone
+	}
+	return string(p)
+}
+
+// mutateEphemeral hides GPUs from ephemeral containers being added. They
+// cannot request GPUs, and existing ones cannot be changed, so only the new
+// ones are touched.
+func (m *PodMutator) mutateEphemeral(pod *corev1.Pod, shape *rawPod, old *corev1.Pod) []jsonpatch.JsonPatchOperation {
+	existing := sets.New[string]()
+	for i := range old.Spec.EphemeralContainers {
+		existing.Insert(old.Spec.EphemeralContainers[i].Name)
+	}
+	var ops []jsonpatch.JsonPatchOperation
+	for i := range pod.Spec.EphemeralContainers {
+		c := &pod.Spec.EphemeralContainers[i]
+		if existing.Has(c.Name) {
+			continue
+		}
+		ops = voidEnv(ops, indexPath("/spec/ephemeralContainers", i), c.Env, shape.Spec.EphemeralContainers[i].Env)
+	}
+	return ops
+}
+
+// voidEnv makes NVIDIA_VISIBLE_DEVICES=void the container's only setting
+// of the variable: every entry for it becomes void (whatever its value or
+// valueFrom), or one is appended. Appending rewrites the whole env list
+// from its raw entries, because inserting into an array is not idempotent.
+func voidEnv(ops []jsonpatch.JsonPatchOperation, containerPath string, env []corev1.EnvVar, raw []json.RawMessage) []jsonpatch.JsonPatchOperation {
+	found := false
+	for j := range env {
+		if env[j].Name != v1alpha1.EnvVisibleDevices {
+			continue
+		}
+		found = true
+		if env[j].Value != envVoid || env[j].ValueFrom != nil {
+			ops = append(ops, opReplace(indexPath(containerPath+"/env", j), voidEnvEntry))
+		}
+	}
+	if found {
+		return ops
+	}
+	entries := make([]json.RawMessage, 0, len(raw)+1)
+	entries = append(entries, raw...)
+	entries = append(entries, voidEnvEntry)
+	return append(ops, opSet(containerPath+"/env", entries))
+}
+
+var (
+	annotationsPath = field.NewPath("metadata", "annotations")
+	intentPath      = annotationsPath.Key(v1alpha1.AnnotationParallelism)
+)

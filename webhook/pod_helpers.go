@@ -1,0 +1,161 @@
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"strings"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+)
+
+// envVoid is the NVIDIA_VISIBLE_DEVICES value that makes the NVIDIA
+// container runtime expose no GPU at all, whatever the image says.
+const envVoid = "void"
+
+// containerGPUs returns the nvidia.com/gpu count a container asks for. For
+// extended resources requests default to limits and must equal them, so
+// the limit wins when both are present; negative counts count as none.
+func containerGPUs(r corev1.ResourceRequirements) int64 {
+	q, ok := r.Limits[v1alpha1.ResourceGPU]
+	if !ok {
+		q, ok = r.Requests[v1alpha1.ResourceGPU]
+	}
+	if !ok {
+		return 0
+	}
+	if n := q.Value(); n > 0 {
+		return n
+	}
+	return 0
+}
+
+// podGPUs returns the pod's effective GPU count, computed the way
+// kube-scheduler computes an effective request: the larger of the app
+// containers plus sidecars, and the largest one-shot init container plus the
+// sidecars started before it.
+func podGPUs(spec *corev1.PodSpec) int64 {
+	var sidecars, initPeak int64
+	for i := range spec.InitContainers {
+		c := &spec.InitContainers[i]
+		n := containerGPUs(c.Resources)
+		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+			sidecars += n
+			continue
+		}
+		initPeak = max(initPeak, sidecars+n)
+	}
+	app := sidecars
+	for i := range spec.Containers {
+		app += containerGPUs(spec.Containers[i].Resources)
+	}
+	return max(app, initPeak)
+}
+
+// labelValue turns a name into a valid label value. Object names may be
+// longer than the 63 characters a label value allows; a long name keeps a
+// readable prefix and gains a hash of the whole, so two long names that
+// share a prefix stay distinct.
+func labelValue(name string) string {
+	name = strings.Trim(name, "-._")
+	if len(name) > validation.LabelValueMaxLength {
+		h := fnv.New32a()
+		_, _ = h.Write([]byte(name)) // hash.Hash writes never fail
+		suffix := fmt.Sprintf("-%08x", h.Sum32())
+		name = strings.TrimRight(name[:validation.LabelValueMaxLength-len(suffix)], "-._") + suffix
+	}
+	if len(validation.IsValidLabelValue(name)) > 0 {
+		return ""
+	}
+	return name
+}
+
+// jobIdentity is the gputopo.io/job value for a pod: its controlling Job's
+// name, else its own name, else its generateName stem (the apiserver may
+// not have generated the name yet when admission runs).
+func jobIdentity(pod *corev1.Pod) string {
+	if ref := controllingJob(pod); ref != nil {
+		return labelValue(ref.Name)
+	}
+	if pod.Name != "" {
+		return labelValue(pod.Name)
+	}
+	return labelValue(pod.GenerateName)
+}
+
+// controllingJob returns the pod's controller reference when it is a
+// batch Job.
+func controllingJob(pod *corev1.Pod) *metav1.OwnerReference {
+	ref := metav1.GetControllerOfNoCopy(pod)
+	if ref == nil || ref.Kind != "Job" || !strings.HasPrefix(ref.APIVersion, batchv1.GroupName+"/") || ref.Name == "" {
+		return nil
+	}
+	return ref
+}
+
+// namespaceInfo is what admission needs from a Namespace.
+type namespaceInfo struct {
+	optedIn bool
+	// intent is the namespace's default intent, raw (validated by the
+	// caller, which knows whether a bad value should be reported).
+	intent string
+}
+
+// metadataReader reads object metadata through a client.Reader: in the
+// server a metadata-only informer cache, so admission never calls the
+// apiserver and the cache holds no pod specs or Job templates.
+type metadataReader struct {
+	reader client.Reader
+}
+
+var (
+	namespaceGVK = corev1.SchemeGroupVersion.WithKind("Namespace")
+	jobGVK       = batchv1.SchemeGroupVersion.WithKind("Job")
+)
+
+func (m metadataReader) get(ctx context.Context, gvk metav1.GroupVersionKind, key client.ObjectKey) (*metav1.PartialObjectMetadata, error) {
+	obj := &metav1.PartialObjectMetadata{}
+	obj.APIVersion, obj.Kind = metav1.GroupVersion{Group: gvk.Group, Version: gvk.Version}.String(), gvk.Kind
+	if err := m.reader.Get(ctx, key, obj); err != nil {
+		return nil, err
+	}
+	return obj, nil
+}
+
+// namespace reads a namespace's opt-in label and default intent. A
+// namespace that does not exist has not opted in (the create that asked
+// will fail on its own).
+func (m metadataReader) namespace(ctx context.Context, name, defaultAnnotation string) (namespaceInfo, error) {
+	ns, err := m.get(ctx, metav1.GroupVersionKind(namespaceGVK), client.ObjectKey{Name: name})
+	if apierrors.IsNotFound(err) {
+		return namespaceInfo{}, nil
+	}
+	if err != nil {
+		return namespaceInfo{}, fmt.Errorf("get namespace %s: %w", name, err)
+	}
+	return namespaceInfo{
+		optedIn: ns.Labels[v1alpha1.LabelInjection] == v1alpha1.InjectionEnabled,
+		intent:  ns.Annotations[defaultAnnotation],
+	}, nil
+}
+
+// jobIntent reads the intent annotation of a Job; found is false when the
+// Job is not (or no longer, or not yet) in the cache.
+func (m metadataReader) jobIntent(ctx context.Context, namespace, name string) (intent string, found bool, err error) {
+	job, err := m.get(ctx, metav1.GroupVersionKind(jobGVK), client.ObjectKey{Namespace: namespace, Name: name})
+	if apierrors.IsNotFound(err) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("get job %s/%s: %w", namespace, name, err)
+	}
+	v, ok := job.Annotations[v1alpha1.AnnotationParallelism]
+	return v, ok, nil
+}

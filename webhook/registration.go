@@ -1,0 +1,215 @@
+package webhook
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/ptr"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+)
+
+// Names of the individual webhooks inside the configurations; they appear
+// in every denial ("admission webhook "vpod.gputopo.io" denied the
+// request: ...").
+const (
+	WebhookMutatePod       = "mpod.gputopo.io"
+	WebhookMutateJob       = "mjob.gputopo.io"
+	WebhookValidatePod     = "vpod.gputopo.io"
+	WebhookValidatePodStat = "vpodstatus.gputopo.io"
+)
+
+// MaxTimeoutSeconds bounds the webhooks' timeout: pod creation waits on
+// them, and a Job controller creating hundreds of pods multiplies it.
+const MaxTimeoutSeconds = 5
+
+// RegistrationOptions say where the apiserver reaches the webhook server.
+// Set either the Service fields or URL.
+type RegistrationOptions struct {
+	// Name of both configuration objects. Default "gputopo-webhook".
+	Name string
+	// ServiceName and ServiceNamespace name the webhook Service; the
+	// service namespace is the release namespace unless ReleaseNamespace
+	// says otherwise.
+	ServiceName      string
+	ServiceNamespace string
+	// ServicePort is the Service port. Default 443.
+	ServicePort int32
+	// URL is the server's base URL (https://host:port) when it is not
+	// behind a Service; the handler paths are appended.
+	URL string
+	// CABundle is the PEM CA that signed the serving certificate. Empty
+	// leaves it for cert-manager's CA injector to fill.
+	CABundle []byte
+	// ReleaseNamespace is where gputopo itself runs; it is never
+	// admitted, so a webhook outage cannot block its own restart. Default
+	// ServiceNamespace.
+	ReleaseNamespace string
+	// ExcludedNamespaces are left out besides kube-system and the release
+	// namespace (Config.ExcludedNamespaces).
+	ExcludedNamespaces []string
+	// TimeoutSeconds for each webhook, 1 to MaxTimeoutSeconds. Default 5.
+	TimeoutSeconds int32
+}
+
+// systemAnnotationChanged is the CEL match condition of the status webhook:
+// the apiserver calls it only when a pods/status write sets, changes or
+// removes a system annotation, so kubelet status traffic never waits on it.
+func systemAnnotationChanged() string {
+	keys := make([]string, len(v1alpha1.SystemAnnotations))
+	for i, k := range v1alpha1.SystemAnnotations {
+		keys[i] = "'" + k + "'"
+	}
+	return "[" + strings.Join(keys, ", ") + "].exists(k, object.metadata.?annotations[?k] != oldObject.metadata.?annotations[?k])"
+}
+
+// Registration returns the webhook configurations the chart installs and
+// the tests use.
+//
+// Every webhook fails closed (failurePolicy Fail): failing open would let a
+// user write assigned-gpus or run a pod with every GPU visible whenever the
+// webhook is down. The mutating webhooks see only opted-in namespaces; the
+// pod validator sees every namespace but the excluded ones, because the
+// system annotations are protected everywhere. Bindings (pods/binding) are
+// a subresource that no rule here matches: that is how the extender writes
+// assigned-gpus and placement together with nodeName.
+func Registration(o RegistrationOptions) (*admissionregistrationv1.MutatingWebhookConfiguration, *admissionregistrationv1.ValidatingWebhookConfiguration, error) {
+	if errs := o.validate(); len(errs) > 0 {
+		return nil, nil, fmt.Errorf("webhook registration: %w", errs.ToAggregate())
+	}
+	name := o.Name
+	if name == "" {
+		name = "gputopo-webhook"
+	}
+	timeout := o.TimeoutSeconds
+	if timeout == 0 {
+		timeout = MaxTimeoutSeconds
+	}
+	release := o.ReleaseNamespace
+	if release == "" {
+		release = o.ServiceNamespace
+	}
+	excluded := []string{"kube-system"}
+	for _, ns := range append([]string{release}, o.ExcludedNamespaces...) {
+		if ns != "" && !slices.Contains(excluded, ns) {
+			excluded = append(excluded, ns)
+		}
+	}
+	notExcluded := metav1.LabelSelectorRequirement{Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: excluded}
+	optedIn := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+		notExcluded,
+		{Key: v1alpha1.LabelInjection, Operator: metav1.LabelSelectorOpIn, Values: []string{v1alpha1.InjectionEnabled}},
+	}}
+	everywhere := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{notExcluded}}
+
+	client := func(path string) admissionregistrationv1.WebhookClientConfig {
+		cc := admissionregistrationv1.WebhookClientConfig{CABundle: o.CABundle}
+		if o.URL != "" {
+			cc.URL = ptr.To(strings.TrimRight(o.URL, "/") + path)
+			return cc
+		}
+		port := o.ServicePort
+		if port == 0 {
+			port = 443
+		}
+		cc.Service = &admissionregistrationv1.ServiceReference{Name: o.ServiceName, Namespace: o.ServiceNamespace, Port: ptr.To(port), Path: ptr.To(path)}
+		return cc
+	}
+	rule := func(group, version string, resources []string, ops ...admissionregistrationv1.OperationType) admissionregistrationv1.RuleWithOperations {
+		return admissionregistrationv1.RuleWithOperations{
+			Operations: ops,
+			Rule: admissionregistrationv1.Rule{
+				APIGroups: []string{group}, APIVersions: []string{version}, Resources: resources,
+				Scope: ptr.To(admissionregistrationv1.NamespacedScope),
+			},
+		}
+	}
+	const (
+		create = admissionregistrationv1.Create
+		update = admissionregistrationv1.Update
+	)
+	fail := ptr.To(admissionregistrationv1.Fail)
+	none := ptr.To(admissionregistrationv1.SideEffectClassNone)
+	equivalent := ptr.To(admissionregistrationv1.Equivalent)
+	versions := []string{"v1"}
+
+	mutating := &admissionregistrationv1.MutatingWebhookConfiguration{
+		TypeMeta:   metav1.TypeMeta{APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "MutatingWebhookConfiguration"},
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Webhooks: []admissionregistrationv1.MutatingWebhook{{
+			Name:         WebhookMutatePod,
+			ClientConfig: client(PathMutatePod),
+			Rules: []admissionregistrationv1.RuleWithOperations{
+				rule("", "v1", []string{"pods"}, create),
+				rule("", "v1", []string{"pods/ephemeralcontainers"}, update),
+			},
+			FailurePolicy: fail, SideEffects: none, TimeoutSeconds: ptr.To(timeout), MatchPolicy: equivalent,
+			NamespaceSelector:       optedIn,
+			AdmissionReviewVersions: versions,
+			ReinvocationPolicy:      ptr.To(admissionregistrationv1.IfNeededReinvocationPolicy),
+		}, {
+			Name:                    WebhookMutateJob,
+			ClientConfig:            client(PathMutateJob),
+			Rules:                   []admissionregistrationv1.RuleWithOperations{rule(batchv1.GroupName, "v1", []string{"jobs"}, create)},
+			FailurePolicy:           fail,
+			SideEffects:             none,
+			TimeoutSeconds:          ptr.To(timeout),
+			MatchPolicy:             equivalent,
+			NamespaceSelector:       optedIn,
+			AdmissionReviewVersions: versions,
+			ReinvocationPolicy:      ptr.To(admissionregistrationv1.IfNeededReinvocationPolicy),
+		}},
+	}
+	validating := &admissionregistrationv1.ValidatingWebhookConfiguration{
+		TypeMeta:   metav1.TypeMeta{APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "ValidatingWebhookConfiguration"},
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name:         WebhookValidatePod,
+			ClientConfig: client(PathValidatePod),
+			Rules: []admissionregistrationv1.RuleWithOperations{
+				rule("", "v1", []string{"pods"}, create, update),
+				rule("", "v1", []string{"pods/ephemeralcontainers"}, update),
+			},
+			FailurePolicy: fail, SideEffects: none, TimeoutSeconds: ptr.To(timeout), MatchPolicy: equivalent,
+			NamespaceSelector:       everywhere,
+			AdmissionReviewVersions: versions,
+		}, {
+			Name:          WebhookValidatePodStat,
+			ClientConfig:  client(PathValidatePod),
+			Rules:         []admissionregistrationv1.RuleWithOperations{rule("", "v1", []string{"pods/status"}, update)},
+			FailurePolicy: fail, SideEffects: none, TimeoutSeconds: ptr.To(timeout), MatchPolicy: equivalent,
+			NamespaceSelector:       everywhere,
+			AdmissionReviewVersions: versions,
+			MatchConditions: []admissionregistrationv1.MatchCondition{{
+				Name: "system-annotation-changed", Expression: systemAnnotationChanged(),
+			}},
+		}},
+	}
+	return mutating, validating, nil
+}
+
+func (o RegistrationOptions) validate() field.ErrorList {
+	var errs field.ErrorList
+	root := field.NewPath("registration")
+	switch {
+	case o.URL != "" && (o.ServiceName != "" || o.ServiceNamespace != ""):
+		errs = append(errs, field.Invalid(root.Child("url"), o.URL, "set either url or serviceName and serviceNamespace, not both"))
+	case o.URL != "" && !strings.HasPrefix(o.URL, "https://"):
+		errs = append(errs, field.Invalid(root.Child("url"), o.URL, "must start with https://; the apiserver calls webhooks over TLS only"))
+	case o.URL == "" && (o.ServiceName == "" || o.ServiceNamespace == ""):
+		errs = append(errs, field.Required(root.Child("serviceName"), "set serviceName and serviceNamespace of the webhook Service, or url"))
+	}
+	if o.TimeoutSeconds < 0 || o.TimeoutSeconds > MaxTimeoutSeconds {
+		errs = append(errs, field.Invalid(root.Child("timeoutSeconds"), o.TimeoutSeconds, fmt.Sprintf("must be between 1 and %d (0 for the default, %d)", MaxTimeoutSeconds, MaxTimeoutSeconds)))
+	}
+	if o.ServicePort < 0 || o.ServicePort > 65535 {
+		errs = append(errs, field.Invalid(root.Child("servicePort"), o.ServicePort, "must be a port number (0 for the default, 443)"))
+	}
+	return errs
+}
