@@ -1,0 +1,117 @@
+package extender
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+)
+
+// benchCluster is n nodes of three machine types, a quarter of them with
+// some GPUs held, like a busy cluster: most nodes share a (topology, free
+// GPUs) answer, some do not.
+func benchCluster(b *testing.B, n int) (*Extender, []string) {
+	b.Helper()
+	x, _ := newTestExtender(b, nil)
+	fixtures := []string{"dgx1-v100", "dgx-a100", "hgx-h100"}
+	names := make([]string, n)
+	for i := range names {
+		name := fmt.Sprintf("gpu-node-%05d", i)
+		names[i] = name
+		x.ledger.UpsertTopology(withTelemetry(topo(b, fixtures[i%len(fixtures)], name), int32(i%100), 40+int32(i%30), 200, 400))
+		x.ledger.UpsertNode(gpuNode(name, 8))
+		if i%4 == 0 {
+			holdOn(x, "held-"+name, name, i%8, (i+3)%8)
+		}
+	}
+	return x, names
+}
+
+func benchArgs(names []string) *extenderv1.ExtenderArgs {
+	pod := makePod("bench").gpus(4).req(modelParallel).job("train").obj()
+	ns := append([]string(nil), names...)
+	return &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &ns}
+}
+
+var benchSizes = []int{100, 1000, 5000}
+
+// BenchmarkFilterPrioritize is the extender's own work for one pod: filter
+// then prioritize over the candidate names, on decoded arguments.
+func BenchmarkFilterPrioritize(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
+			x, names := benchCluster(b, n)
+			args := benchArgs(names)
+			b.ReportAllocs()
+			for b.Loop() {
+				res := x.Filter(args)
+				if _, err := x.Prioritize(&extenderv1.ExtenderArgs{Pod: args.Pod, NodeNames: res.NodeNames}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkHTTPFilterPrioritize is the same through the HTTP handlers:
+// decode, decide, encode.
+func BenchmarkHTTPFilterPrioritize(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
+			x, names := benchCluster(b, n)
+			h := x.Handler()
+			body, _ := json.Marshal(benchArgs(names))
+			b.ReportAllocs()
+			for b.Loop() {
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/filter", bytes.NewReader(body)))
+				var res extenderv1.ExtenderFilterResult
+				if err := json.Unmarshal(rec.Body.Bytes(), &res); err != nil || res.Error != "" {
+					b.Fatalf("filter: %v %s", err, res.Error)
+				}
+				pbody, _ := json.Marshal(extenderv1.ExtenderArgs{Pod: benchArgs(nil).Pod, NodeNames: res.NodeNames})
+				rec = httptest.NewRecorder()
+				h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/prioritize", bytes.NewReader(pbody)))
+				if rec.Code != http.StatusOK {
+					b.Fatalf("prioritize: %d", rec.Code)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkBaselineDecodeEncode is the floor any extender pays for the same
+// two calls: decode the request and encode an answer of the same size
+// (every node passes, every score 0), with no decision at all.
+func BenchmarkBaselineDecodeEncode(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
+			_, names := benchCluster(b, n)
+			body, _ := json.Marshal(benchArgs(names))
+			b.ReportAllocs()
+			for b.Loop() {
+				for range 2 {
+					args, err := DecodeExtenderArgs(bytes.NewReader(body))
+					if err != nil {
+						b.Fatal(err)
+					}
+					list := make(extenderv1.HostPriorityList, len(*args.NodeNames))
+					for i, name := range *args.NodeNames {
+						list[i].Host = name
+					}
+					var buf bytes.Buffer
+					if err := json.NewEncoder(&buf).Encode(&extenderv1.ExtenderFilterResult{NodeNames: args.NodeNames}); err != nil {
+						b.Fatal(err)
+					}
+					if err := json.NewEncoder(&buf).Encode(list); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+}

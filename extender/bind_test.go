@@ -1,0 +1,305 @@
+package extender
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/topology"
+)
+
+func bindArgs(p *corev1.Pod, node string) *extenderv1.ExtenderBindingArgs {
+	return &extenderv1.ExtenderBindingArgs{PodName: p.Name, PodNamespace: p.Namespace, PodUID: p.UID, Node: node}
+}
+
+func getPod(t *testing.T, cs *fake.Clientset, name string) *corev1.Pod {
+	t.Helper()
+	p, err := cs.CoreV1().Pods("default").Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func assignedOf(t *testing.T, p *corev1.Pod) []string {
+	t.Helper()
+	uuids, err := v1alpha1.ParseGPUList(v1alpha1.AnnotationAssignedGPUs, p.Annotations[v1alpha1.AnnotationAssignedGPUs])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return uuids
+}
+
+func TestBindWritesAssignmentAndPlacementInTheBinding(t *testing.T) {
+	pod := makePod("mp").gpus(4).req(modelParallel).obj()
+	x, cs := newTestExtender(t, nil, pod)
+	x.ledger.UpsertTopology(topo(t, "dgx1-v100", "a"))
+	x.ledger.UpsertPod(pod)
+
+	if res := x.Bind(bindArgs(pod, "a")); res.Error != "" {
+		t.Fatalf("bind: %s", res.Error)
+	}
+	got := getPod(t, cs, "mp")
+	if got.Spec.NodeName != "a" {
+		t.Fatalf("nodeName = %q, want a", got.Spec.NodeName)
+	}
+	uuids := assignedOf(t, got)
+	set := indicesOf(t, "dgx1-v100", "a", uuids)
+	if set != topology.MaskOf(0, 1, 2, 3) && set != topology.MaskOf(4, 5, 6, 7) {
+		t.Errorf("assigned GPUs %v: want one of the two fully NVLinked quads", set)
+	}
+	pl, err := v1alpha1.ParsePlacement(got.Annotations[v1alpha1.AnnotationPlacement])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pl.Node != "a" || pl.Tier != v1alpha1.TierNVLink || pl.Strategy != v1alpha1.StrategyHighestBandwidth || topology.MaskOf(pl.GPUIndices...) != set {
+		t.Errorf("placement = %+v, want node a, nvlink tier, highest_bandwidth, indices %v", pl, set)
+	}
+	if pl.MinPairBandwidthGBps != 50 {
+		t.Errorf("placement minPairBandwidthGBps = %d, want 50 (single NVLink2 links inside a DGX-1 quad)", pl.MinPairBandwidthGBps)
+	}
+	// Bound but not yet seen by the informer: held, not reserved.
+	if c := x.ledger.Counts(); c.Held != 4 || c.Reserved != 0 || c.Free != 4 {
+		t.Errorf("ledger after bind: %s; want held=4 reserved=0 free=4", c)
+	}
+	// The informer delivers the bound pod: nothing changes.
+	x.ledger.UpsertPod(got)
+	if diff := cmp.Diff([]Holding{{PodUID: pod.UID, Pod: keyOf(pod), Node: "a", GPUs: uuids}}, x.ledger.Holdings()); diff != "" {
+		t.Errorf("holdings (-want +got):\n%s", diff)
+	}
+}
+
+func TestBindIsIdempotentPerPodUID(t *testing.T) {
+	pod := makePod("p").gpus(2).obj()
+	x, cs := newTestExtender(t, nil, pod)
+	x.ledger.UpsertTopology(topo(t, "dgx1-v100", "a"))
+	// The first Binding times out at the client although the API server
+	// applies it; kube-scheduler retries.
+	var calls int
+	cs.PrependReactor("create", "pods", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		if action.GetSubresource() != "binding" {
+			return false, nil, nil
+		}
+		calls++
+		if calls == 1 {
+			_, _, _ = apiserverBinding(cs)(action)
+			return true, nil, apierrors.NewServerTimeout(podsGVR.GroupResource(), "create", 1)
+		}
+		return false, nil, nil
+	})
+	if res := x.Bind(bindArgs(pod, "a")); res.Error != "" {
+		t.Fatalf("first bind (ambiguous, settled by reading the pod): %s", res.Error)
+	}
+	first := assignedOf(t, getPod(t, cs, "p"))
+	if res := x.Bind(bindArgs(pod, "a")); res.Error != "" {
+		t.Fatalf("retried bind: %s", res.Error)
+	}
+	if diff := cmp.Diff(first, assignedOf(t, getPod(t, cs, "p"))); diff != "" {
+		t.Errorf("retry changed the GPUs (-first +now):\n%s", diff)
+	}
+	if c := x.ledger.Counts(); c.Held != 2 || c.Free != 6 {
+		t.Errorf("ledger: %s; want held=2 free=6", c)
+	}
+}
+
+func TestBindAmbiguousUnboundKeepsReservationForTheRetry(t *testing.T) {
+	pod := makePod("p").gpus(2).obj()
+	x, cs := newTestExtender(t, nil, pod)
+	x.ledger.UpsertTopology(topo(t, "dgx1-v100", "a"))
+	fail := true
+	cs.PrependReactor("create", "pods", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		if action.GetSubresource() == "binding" && fail && action.(k8stesting.CreateAction).GetObject().(*corev1.Binding).Name == "p" {
+			return true, nil, context.DeadlineExceeded
+		}
+		return false, nil, nil
+	})
+	res := x.Bind(bindArgs(pod, "a"))
+	if !strings.Contains(res.Error, "outcome unknown") || !strings.Contains(res.Error, "stay reserved") {
+		t.Fatalf("bind error = %q, want an outcome-unknown error", res.Error)
+	}
+	reserved := x.ledger.Holdings()
+	if len(reserved) != 1 || !reserved[0].Reserved {
+		t.Fatalf("holdings = %+v, want one reservation", reserved)
+	}
+	// Another pod cannot take the reserved GPUs meanwhile.
+	other := makePod("q").gpus(6).obj()
+	if _, err := cs.CoreV1().Pods("default").Create(context.Background(), other, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	x.ledger.UpsertPod(other)
+	if res := x.Bind(bindArgs(other, "a")); res.Error != "" {
+		t.Fatalf("bind other: %s", res.Error)
+	}
+	otherGPUs := assignedOf(t, getPod(t, cs, "q"))
+	fail = false
+	if res := x.Bind(bindArgs(pod, "a")); res.Error != "" {
+		t.Fatalf("retry: %s", res.Error)
+	}
+	got := assignedOf(t, getPod(t, cs, "p"))
+	if diff := cmp.Diff(reserved[0].GPUs, got); diff != "" {
+		t.Errorf("retry got other GPUs than reserved (-reserved +got):\n%s", diff)
+	}
+	if indicesOf(t, "dgx1-v100", "a", got)&indicesOf(t, "dgx1-v100", "a", otherGPUs) != 0 {
+		t.Errorf("pods share GPUs: %v and %v", got, otherGPUs)
+	}
+}
+
+func TestBindFailures(t *testing.T) {
+	tests := []struct {
+		name string
+		// reactor answers the Binding; nil binds as the API server does.
+		reactor  k8stesting.ReactionFunc
+		mutate   func(t *testing.T, x *Extender, cs *fake.Clientset, pod *corev1.Pod) *extenderv1.ExtenderBindingArgs
+		wantErr  string
+		wantHeld int
+	}{{
+		name: "definite API failure releases the reservation",
+		reactor: func(k8stesting.Action) (bool, runtime.Object, error) {
+			return true, nil, apierrors.NewForbidden(podsGVR.GroupResource(), "p", errors.New("RBAC says no"))
+		},
+		wantErr: "forbidden",
+	}, {
+		name: "pod recreated with the same name is refused and releases",
+		mutate: func(t *testing.T, x *Extender, cs *fake.Clientset, pod *corev1.Pod) *extenderv1.ExtenderBindingArgs {
+			a := bindArgs(pod, "a")
+			a.PodUID = "uid-of-the-deleted-pod"
+			return a
+		},
+		wantErr: "it was deleted and recreated",
+	}, {
+		name: "pod recreated between reserve and Binding: UID precondition conflict releases",
+		mutate: func(t *testing.T, x *Extender, cs *fake.Clientset, pod *corev1.Pod) *extenderv1.ExtenderBindingArgs {
+			// The cache still has the old pod; the API server has a new one.
+			fresh := pod.DeepCopy()
+			fresh.UID = "uid-new"
+			if err := cs.Tracker().Update(podsGVR, fresh, "default"); err != nil {
+				t.Fatal(err)
+			}
+			return bindArgs(pod, "a")
+		},
+		wantErr: "it was deleted and recreated",
+	}, {
+		name: "missing pod is an error",
+		mutate: func(t *testing.T, x *Extender, cs *fake.Clientset, pod *corev1.Pod) *extenderv1.ExtenderBindingArgs {
+			a := bindArgs(pod, "a")
+			a.PodName, a.PodUID = "ghost", "uid-ghost"
+			return a
+		},
+		wantErr: "pod default/ghost not found",
+	}, {
+		name: "node that cannot fit is refused with the filter reason",
+		mutate: func(t *testing.T, x *Extender, cs *fake.Clientset, pod *corev1.Pod) *extenderv1.ExtenderBindingArgs {
+			holdOn(x, "h", "a", 0, 1, 2, 3, 4, 5, 6)
+			return bindArgs(pod, "a")
+		},
+		wantErr:  "needs 2 GPUs; 1 of 8 are free",
+		wantHeld: 7,
+	}, {
+		name: "unknown node is refused",
+		mutate: func(t *testing.T, x *Extender, cs *fake.Clientset, pod *corev1.Pod) *extenderv1.ExtenderBindingArgs {
+			return bindArgs(pod, "nowhere")
+		},
+		wantErr: "has no NodeGPUTopology",
+	}, {
+		name: "pod bound elsewhere by someone else after an ambiguous failure releases",
+		reactor: func(k8stesting.Action) (bool, runtime.Object, error) {
+			return true, nil, apierrors.NewInternalError(errors.New("etcd leader changed"))
+		},
+		mutate: func(t *testing.T, x *Extender, cs *fake.Clientset, pod *corev1.Pod) *extenderv1.ExtenderBindingArgs {
+			cs.PrependReactor("get", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+				p := pod.DeepCopy()
+				p.Spec.NodeName = "b"
+				return true, p, nil
+			})
+			return bindArgs(pod, "a")
+		},
+		wantErr: "the pod is bound to node b",
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := makePod("p").gpus(2).obj()
+			x, cs := newTestExtender(t, nil, pod)
+			x.ledger.UpsertTopology(topo(t, "dgx1-v100", "a"))
+			x.ledger.UpsertPod(pod)
+			if tc.reactor != nil {
+				cs.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+					if a.GetSubresource() != "binding" {
+						return false, nil, nil
+					}
+					return tc.reactor(a)
+				})
+			}
+			args := bindArgs(pod, "a")
+			if tc.mutate != nil {
+				args = tc.mutate(t, x, cs, pod)
+			}
+			res := x.Bind(args)
+			if !strings.Contains(res.Error, tc.wantErr) {
+				t.Fatalf("bind error = %q, want it to contain %q", res.Error, tc.wantErr)
+			}
+			if c := x.ledger.Counts(); c.Held != tc.wantHeld || c.Reserved != 0 {
+				t.Errorf("ledger after failed bind: %s; want held=%d reserved=0", c, tc.wantHeld)
+			}
+		})
+	}
+}
+
+func TestConcurrentBindsToOneNodeNeverShareAGPU(t *testing.T) {
+	const pods = 24 // three times the node's 8 GPUs
+	var objs []runtime.Object
+	var list []*corev1.Pod
+	for i := range pods {
+		p := makePod(fmt.Sprintf("p%02d", i)).gpus(int64(1 + i%2)).obj()
+		objs = append(objs, p)
+		list = append(list, p)
+	}
+	x, cs := newTestExtender(t, nil, objs...)
+	x.ledger.UpsertTopology(topo(t, "dgx1-v100", "a"))
+	for _, p := range list {
+		x.ledger.UpsertPod(p)
+	}
+	var wg sync.WaitGroup
+	for _, p := range list {
+		wg.Go(func() { x.Bind(bindArgs(p, "a")) })
+	}
+	wg.Wait()
+	owner := map[string]string{}
+	total := 0
+	for _, p := range list {
+		got := getPod(t, cs, p.Name)
+		if got.Spec.NodeName == "" {
+			continue
+		}
+		uuids := assignedOf(t, got)
+		if len(uuids) != GPUCount(p) {
+			t.Errorf("pod %s got %d GPUs, want %d", p.Name, len(uuids), GPUCount(p))
+		}
+		for _, u := range uuids {
+			if o, dup := owner[u]; dup {
+				t.Errorf("GPU %s given to %s and %s", u, o, p.Name)
+			}
+			owner[u] = p.Name
+		}
+		total += len(uuids)
+	}
+	c := x.ledger.Counts()
+	if total > 8 || c.Held != total || c.Free != 8-total || c.Reserved != 0 {
+		t.Errorf("bound %d GPUs, ledger %s; want at most 8, all held, the rest free", total, c)
+	}
+	if total < 7 {
+		t.Errorf("only %d of 8 GPUs bound by 24 pods of 1-2 GPUs", total)
+	}
+}

@@ -1,0 +1,14 @@
+// Package extender is gputopo's kube-scheduler extender: the HTTP verbs
+// filter, prioritize and bind over the k8s.io/kube-scheduler/extender/v1
+// types, the GPU ledger that makes bind atomic and idempotent, the scoring,
+// the versioned ExtenderConfiguration, metrics, and leader election.
+//
+// Every decision is made from informer state kept in memory: topology,
+// telemetry, nodes and GPU pods arrive as events, per-node state (graph,
+// free mask, telemetry sums) is precomputed on those events, and a request
+// never reads the API server. Only bind writes (one Binding) and, when the
+// outcome of that write is unknown, reads the pod back.
+//
+// It imports topology and api/v1alpha1. It must never import another gputopo
+// component (webhook, nodeagent) nor the test harness; cmd wires it.
+package extender

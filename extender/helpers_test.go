@@ -1,0 +1,178 @@
+package extender
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/topology"
+)
+
+// podBuilder builds GPU pods for tests.
+type podBuilder struct{ p *corev1.Pod }
+
+func makePod(name string) *podBuilder {
+	return &podBuilder{p: &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID("uid-" + name)},
+		Spec:       corev1.PodSpec{SchedulerName: v1alpha1.DefaultSchedulerName, Containers: []corev1.Container{{Name: "main", Image: "busybox"}}},
+		Status:     corev1.PodStatus{Phase: corev1.PodPending},
+	}}
+}
+
+func (b *podBuilder) gpus(n int64) *podBuilder {
+	b.p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{v1alpha1.ResourceGPU: *resource.NewQuantity(n, resource.DecimalSI)}
+	return b
+}
+
+func (b *podBuilder) annotate(k, v string) *podBuilder {
+	if b.p.Annotations == nil {
+		b.p.Annotations = map[string]string{}
+	}
+	b.p.Annotations[k] = v
+	return b
+}
+
+func (b *podBuilder) req(json string) *podBuilder {
+	return b.annotate(v1alpha1.AnnotationRequirement, json)
+}
+
+func (b *podBuilder) job(j string) *podBuilder {
+	if b.p.Labels == nil {
+		b.p.Labels = map[string]string{}
+	}
+	b.p.Labels[v1alpha1.LabelJob] = j
+	return b
+}
+
+func (b *podBuilder) uid(u string) *podBuilder { b.p.UID = types.UID(u); return b }
+
+func (b *podBuilder) node(n string) *podBuilder { b.p.Spec.NodeName = n; return b }
+
+func (b *podBuilder) phase(p corev1.PodPhase) *podBuilder { b.p.Status.Phase = p; return b }
+
+func (b *podBuilder) assigned(uuids ...string) *podBuilder {
+	return b.annotate(v1alpha1.AnnotationAssignedGPUs, v1alpha1.FormatGPUList(uuids))
+}
+
+func (b *podBuilder) obj() *corev1.Pod { return b.p.DeepCopy() }
+
+// topo returns a fresh NodeGPUTopology for a fixture machine.
+func topo(t testing.TB, fixture, node string) *v1alpha1.NodeGPUTopology {
+	t.Helper()
+	f, err := topology.FixtureByName(fixture)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := f.Graph(node).Status()
+	st.ObservedTime = metav1.NewTime(testNow)
+	return &v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: node}, Status: st}
+}
+
+// withTelemetry sets every GPU's telemetry.
+func withTelemetry(o *v1alpha1.NodeGPUTopology, util, tempC, powerW, limitW int32) *v1alpha1.NodeGPUTopology {
+	o.Status.TelemetryTime = metav1.NewTime(testNow)
+	o.Status.Telemetry = nil
+	for _, g := range o.Status.GPUs {
+		o.Status.Telemetry = append(o.Status.Telemetry, v1alpha1.Telemetry{Index: g.Index, UtilizationPercent: util, TemperatureC: tempC, PowerWatts: powerW, PowerLimitWatts: limitW})
+	}
+	return o
+}
+
+func gpuNode(name string, gpus int64) *corev1.Node {
+	return &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Status: corev1.NodeStatus{Allocatable: corev1.ResourceList{
+			v1alpha1.ResourceGPU: *resource.NewQuantity(gpus, resource.DecimalSI),
+		}},
+	}
+}
+
+var testNow = time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+
+// newTestExtender is a Ready extender whose clock is testNow, on a fake
+// clientset that binds like kube-apiserver does.
+func newTestExtender(t testing.TB, cfg *Configuration, objs ...runtime.Object) (*Extender, *fake.Clientset) {
+	t.Helper()
+	if cfg == nil {
+		cfg = DefaultConfiguration()
+	}
+	cs := fake.NewClientset(objs...)
+	cs.PrependReactor("create", "pods", apiserverBinding(cs))
+	x := newExtender(cfg, cs)
+	x.now = func() time.Time { return testNow }
+	x.ledger.now = x.now
+	x.synced.Store(true)
+	x.leading.Store(true)
+	return x, cs
+}
+
+var podsGVR = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+
+// apiserverBinding emulates kube-apiserver's pods/binding: UID
+// precondition, conflict when already bound, and the Binding's annotations
+// copied onto the pod in the same write as nodeName.
+func apiserverBinding(cs *fake.Clientset) k8stesting.ReactionFunc {
+	var mu sync.Mutex
+	return func(action k8stesting.Action) (bool, runtime.Object, error) {
+		ca, ok := action.(k8stesting.CreateAction)
+		if !ok || ca.GetSubresource() != "binding" {
+			return false, nil, nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		b := ca.GetObject().(*corev1.Binding)
+		obj, err := cs.Tracker().Get(podsGVR, b.Namespace, b.Name)
+		if err != nil {
+			return true, nil, err
+		}
+		pod := obj.(*corev1.Pod).DeepCopy()
+		if b.UID != "" && b.UID != pod.UID {
+			return true, nil, apierrors.NewConflict(podsGVR.GroupResource(), b.Name, fmt.Errorf("precondition failed: UID in precondition: %s, UID in object meta: %s", b.UID, pod.UID))
+		}
+		if pod.Spec.NodeName != "" {
+			return true, nil, apierrors.NewConflict(podsGVR.GroupResource(), b.Name, fmt.Errorf("pod %s is already assigned to node %q", b.Name, pod.Spec.NodeName))
+		}
+		pod.Spec.NodeName = b.Target.Name
+		for k, v := range b.Annotations {
+			if pod.Annotations == nil {
+				pod.Annotations = map[string]string{}
+			}
+			pod.Annotations[k] = v
+		}
+		return true, b, cs.Tracker().Update(podsGVR, pod, pod.Namespace)
+	}
+}
+
+// indicesOf maps UUIDs back to GPU indices on a fixture node.
+func indicesOf(t testing.TB, fixture, node string, uuids []string) topology.Mask {
+	t.Helper()
+	f, _ := topology.FixtureByName(fixture)
+	g := f.Graph(node)
+	var m topology.Mask
+	for _, u := range uuids {
+		i, ok := g.IndexOf(u)
+		if !ok {
+			t.Fatalf("GPU %s is not on node %s", u, node)
+		}
+		m |= topology.MaskOf(i)
+	}
+	return m
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func keyOf(p *corev1.Pod) types.NamespacedName {
+	return types.NamespacedName{Namespace: p.Namespace, Name: p.Name}
+}

@@ -1,0 +1,620 @@
+package extender
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/topology"
+)
+
+// Ledger is the extender's memory of the cluster's GPUs: every node's
+// topology and telemetry, and which pod holds which GPU. It is fed by
+// informer events (and, for reservations, by bind) and read by every
+// request; per-node values that requests need (graph, free mask, telemetry
+// sums) are computed here, on events, so that a request only reads them.
+//
+// A GPU is held by a pod UID. Holdings come from live pods (allocated-gpus,
+// the node agent's record of what kubelet gave, wins over assigned-gpus,
+// the plan) and from reservations that bind makes before it writes the
+// Binding. A bound pod's holding goes away only when the pod is deleted or
+// finishes: binding cannot be undone, so no reordering of events can free a
+// GPU that a live pod holds.
+type Ledger struct {
+	mu       sync.RWMutex
+	nodes    map[string]*nodeState
+	topos    map[string]*topoEntry
+	holdings map[types.UID]*holding
+	pods     map[types.NamespacedName]*podInfo
+	// jobs counts live bound pods per job (namespace/label) per node.
+	jobs map[string]map[string]int
+	now  func() time.Time
+	// onTelemetry, when set, is told of every topology update and removal
+	// (status nil) so that metrics follow the ledger.
+	onTelemetry func(node string, st *v1alpha1.NodeGPUTopologyStatus)
+}
+
+// NewLedger returns an empty ledger.
+func NewLedger() *Ledger {
+	return &Ledger{
+		nodes:    make(map[string]*nodeState),
+		topos:    make(map[string]*topoEntry),
+		holdings: make(map[types.UID]*holding),
+		pods:     make(map[types.NamespacedName]*podInfo),
+		jobs:     make(map[string]map[string]int),
+		now:      time.Now,
+	}
+}
+
+// topoEntry is shared by every node of one topology hash.
+type topoEntry struct {
+	// pristine is the topology with every GPU healthy and free: what the
+	// node could ever offer, used to tell "not now" from "never".
+	pristine *topology.Graph
+	// maxIsland is the largest NVLink-connected clique of the machine.
+	maxIsland int
+}
+
+// nodeState is one node as the requests see it. The fields every request
+// reads come first and are plain values, so that a request touches one
+// small block per node rather than chasing the graph.
+type nodeState struct {
+	// size is the number of GPUs (0 without a valid topology).
+	size int
+	// freeMask is the healthy GPUs nobody holds; usedCount counts held ones.
+	freeMask  topology.Mask
+	usedCount int
+	// observedNs is the topology's observedTime in Unix nanoseconds, 0 when
+	// unset.
+	observedNs int64
+
+	name string
+	// allocatable is the Node's nvidia.com/gpu allocatable, -1 when no Node
+	// object has been seen.
+	allocatable int
+
+	hasTopology bool
+	graph       *topology.Graph // nil when the topology is missing or invalid
+	topo        *topoEntry
+	topoErr     string
+	statusHash  string
+	gpuSig      string
+	stale       bool
+	staleReason string
+	observed    time.Time
+	clique      string
+
+	// telemetryNs is the telemetry time in Unix nanoseconds, 0 when unset.
+	telemetryNs int64
+	util        []int32 // compute utilization by GPU index; nil: none
+	thermal     []gpuThermal
+
+	holdings map[types.UID]*holding
+	// used is the union of the known GPUs held on this node.
+	used topology.Mask
+	// unknownHeld counts GPUs held whose identity is not known: pods bound
+	// without an assignment, or UUIDs not in the node's topology.
+	unknownHeld int
+	// utilFree sums the telemetry utilization of healthy GPUs not held.
+	utilFree int32
+}
+
+func (n *nodeState) empty() bool {
+	return n.allocatable < 0 && !n.hasTopology && len(n.holdings) == 0
+}
+
+// free is the healthy GPUs nobody holds.
+func (n *nodeState) free() topology.Mask { return n.freeMask }
+
+// gpuThermal is one GPU's temperature and power, by GPU index.
+type gpuThermal struct {
+	tempC, powerW, limitW int32
+}
+
+// holding is the GPUs one pod holds or has been promised.
+type holding struct {
+	uid     types.UID
+	pod     types.NamespacedName
+	node    string
+	uuids   []string
+	unknown int // GPUs held whose identity is not known
+	// reserved: made by bind and not yet confirmed by the API (in flight,
+	// or outcome unknown); such a holding expires after the reservation TTL.
+	reserved  bool
+	since     time.Time
+	placement v1alpha1.Placement
+}
+
+// podInfo is what the extender keeps of a GPU pod.
+type podInfo struct {
+	uid         types.UID
+	key         types.NamespacedName
+	node        string
+	gpus        int
+	job         string // namespace/job label, "" without one
+	requirement string
+	hasReq      bool
+	assigned    []string // allocated-gpus, else assigned-gpus
+	assignedRaw string   // the assigned-gpus annotation as written
+	assignErr   string   // why the GPU annotation could not be read
+}
+
+// GPUCount is the number of nvidia.com/gpu a pod needs: the largest of the
+// containers' sum and any one init container (they run one at a time).
+// Limits win over requests: extended resources must set limits, and
+// requests default to them.
+func GPUCount(pod *corev1.Pod) int {
+	get := func(c *corev1.Container) int64 {
+		if q, ok := c.Resources.Limits[v1alpha1.ResourceGPU]; ok {
+			return q.Value()
+		}
+		if q, ok := c.Resources.Requests[v1alpha1.ResourceGPU]; ok {
+			return q.Value()
+		}
+		return 0
+	}
+	var sum, most int64
+	for i := range pod.Spec.Containers {
+		sum += get(&pod.Spec.Containers[i])
+	}
+	for i := range pod.Spec.InitContainers {
+		most = max(most, get(&pod.Spec.InitContainers[i]))
+	}
+	n := max(sum, most)
+	if n > 1<<16 || n < 0 {
+		return 1 << 16 // far above any node; filter reports it
+	}
+	return int(n)
+}
+
+func newPodInfo(p *corev1.Pod) *podInfo {
+	info := &podInfo{
+		uid:  p.UID,
+		key:  types.NamespacedName{Namespace: p.Namespace, Name: p.Name},
+		node: p.Spec.NodeName,
+		gpus: GPUCount(p),
+	}
+	if j := p.Labels[v1alpha1.LabelJob]; j != "" {
+		info.job = p.Namespace + "/" + j
+	}
+	info.requirement, info.hasReq = p.Annotations[v1alpha1.AnnotationRequirement]
+	info.assignedRaw = p.Annotations[v1alpha1.AnnotationAssignedGPUs]
+	for _, key := range []string{v1alpha1.AnnotationAllocatedGPUs, v1alpha1.AnnotationAssignedGPUs} {
+		v, ok := p.Annotations[key]
+		if !ok {
+			continue
+		}
+		uuids, err := v1alpha1.ParseGPUList(key, v)
+		if err != nil {
+			info.assignErr = err.Error()
+			continue
+		}
+		if len(uuids) > 0 {
+			info.assigned = uuids
+			break
+		}
+	}
+	return info
+}
+
+func terminal(p *corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+}
+
+// UpsertTopology records a NodeGPUTopology. The graph is rebuilt only when
+// the topology or the GPUs' health changed, not on every telemetry round.
+func (l *Ledger) UpsertTopology(obj *v1alpha1.NodeGPUTopology) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := l.nodeLocked(obj.Name)
+	st := &obj.Status
+	n.hasTopology = true
+	sig := gpuSignature(st.GPUs)
+	if n.graph == nil || st.TopologyHash == "" || st.TopologyHash != n.statusHash || sig != n.gpuSig {
+		g, err := topology.FromStatus(st)
+		if err != nil {
+			n.graph, n.topo = nil, nil
+			n.topoErr = err.Error()
+		} else {
+			n.graph, n.topoErr = g, ""
+			n.topo = l.topoLocked(g, st)
+		}
+		n.statusHash, n.gpuSig = st.TopologyHash, sig
+	}
+	n.stale, n.staleReason = st.Stale, st.StaleReason
+	n.observed = st.ObservedTime.Time
+	n.observedNs = 0
+	if !n.observed.IsZero() {
+		n.observedNs = n.observed.UnixNano()
+	}
+	n.clique = ""
+	for i := range st.GPUs {
+		if c := st.GPUs[i].FabricClique; c != "" {
+			n.clique = c
+			break
+		}
+	}
+	n.telemetryNs = 0
+	if !st.TelemetryTime.IsZero() {
+		n.telemetryNs = st.TelemetryTime.UnixNano()
+	}
+	n.util, n.thermal = nil, nil
+	if n.graph != nil && len(st.Telemetry) > 0 {
+		size := n.graph.Len()
+		n.util, n.thermal = make([]int32, size), make([]gpuThermal, size)
+		for _, t := range st.Telemetry {
+			if t.Index < 0 || t.Index >= size {
+				continue
+			}
+			n.util[t.Index] = min(max(t.UtilizationPercent, 0), 100)
+			n.thermal[t.Index] = gpuThermal{tempC: t.TemperatureC, powerW: max(t.PowerWatts, 0), limitW: max(t.PowerLimitWatts, 0)}
+		}
+	}
+	l.recomputeLocked(n)
+	if l.onTelemetry != nil {
+		l.onTelemetry(obj.Name, st)
+	}
+}
+
+func gpuSignature(gpus []v1alpha1.GPU) string {
+	b := make([]byte, 0, len(gpus)*64)
+	for i := range gpus {
+		b = strconv.AppendInt(b, int64(gpus[i].Index), 10)
+		b = append(b, ' ')
+		b = append(b, gpus[i].UUID...)
+		b = append(b, ' ')
+		b = append(b, gpus[i].Health...)
+		b = append(b, ' ')
+		b = append(b, gpus[i].FabricClique...)
+		b = append(b, '\n')
+	}
+	return string(b)
+}
+
+// topoLocked returns the shared entry for g's topology hash.
+func (l *Ledger) topoLocked(g *topology.Graph, st *v1alpha1.NodeGPUTopologyStatus) *topoEntry {
+	if e, ok := l.topos[g.Hash()]; ok {
+		return e
+	}
+	healthy := *st
+	healthy.GPUs = append([]v1alpha1.GPU(nil), st.GPUs...)
+	for i := range healthy.GPUs {
+		healthy.GPUs[i].Health = v1alpha1.GPUHealthy
+	}
+	p, err := topology.FromStatus(&healthy)
+	if err != nil {
+		p = g // health never makes a topology invalid; keep going
+	}
+	e := &topoEntry{pristine: p, maxIsland: p.Metrics(0, p.All()).LeftLargestIsland}
+	l.topos[g.Hash()] = e
+	return e
+}
+
+// DeleteTopology forgets a node's NodeGPUTopology.
+func (l *Ledger) DeleteTopology(name string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n, ok := l.nodes[name]
+	if !ok {
+		return
+	}
+	n.hasTopology, n.graph, n.topo, n.topoErr = false, nil, nil, ""
+	n.statusHash, n.gpuSig = "", ""
+	n.util, n.thermal, n.telemetryNs = nil, nil, 0
+	l.recomputeLocked(n)
+	l.dropIfEmptyLocked(n)
+	if l.onTelemetry != nil {
+		l.onTelemetry(name, nil)
+	}
+}
+
+// UpsertNode records a Node's GPU allocatable.
+func (l *Ledger) UpsertNode(node *corev1.Node) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := l.nodeLocked(node.Name)
+	n.allocatable = 0
+	if q, ok := node.Status.Allocatable[v1alpha1.ResourceGPU]; ok {
+		n.allocatable = int(min(q.Value(), 1<<16))
+	}
+}
+
+// DeleteNode forgets a Node object (its topology and holdings stay until
+// their own objects go).
+func (l *Ledger) DeleteNode(name string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if n, ok := l.nodes[name]; ok {
+		n.allocatable = -1
+		l.dropIfEmptyLocked(n)
+	}
+}
+
+func (l *Ledger) nodeLocked(name string) *nodeState {
+	n, ok := l.nodes[name]
+	if !ok {
+		n = &nodeState{name: name, allocatable: -1, holdings: make(map[types.UID]*holding)}
+		l.nodes[name] = n
+	}
+	return n
+}
+
+func (l *Ledger) dropIfEmptyLocked(n *nodeState) {
+	if n.empty() {
+		delete(l.nodes, n.name)
+	}
+}
+
+// recomputeLocked refreshes the values requests read from a node: the used
+// mask, GPUs held but not identified, and the utilization of free GPUs.
+func (l *Ledger) recomputeLocked(n *nodeState) {
+	n.used, n.unknownHeld, n.utilFree = 0, 0, 0
+	for _, h := range n.holdings {
+		n.unknownHeld += h.unknown
+		for _, u := range h.uuids {
+			if n.graph == nil {
+				n.unknownHeld++
+				continue
+			}
+			i, ok := n.graph.IndexOf(u)
+			if !ok {
+				n.unknownHeld++
+				continue
+			}
+			n.used |= topology.MaskOf(i)
+		}
+	}
+	n.size, n.freeMask, n.usedCount = 0, 0, n.used.Count()
+	if n.graph != nil {
+		n.size, n.freeMask = n.graph.Len(), n.graph.Healthy()&^n.used
+	}
+	if n.util != nil {
+		for _, i := range n.free().Indices() {
+			n.utilFree += n.util[i]
+		}
+	}
+}
+
+// UpsertPod records a pod from the informer (or from the rebuild list).
+func (l *Ledger) UpsertPod(p *corev1.Pod) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if terminal(p) {
+		l.forgetPodLocked(p.UID, types.NamespacedName{Namespace: p.Namespace, Name: p.Name})
+		return
+	}
+	info := newPodInfo(p)
+	if info.gpus == 0 && len(info.assigned) == 0 {
+		l.forgetPodLocked(p.UID, info.key)
+		return
+	}
+	if old, ok := l.pods[info.key]; ok {
+		l.jobDeltaLocked(old, -1)
+	}
+	l.pods[info.key] = info
+	l.jobDeltaLocked(info, +1)
+	if info.node == "" {
+		return // a reservation, if any, stays: its bind may be in flight
+	}
+	h := l.holdings[info.uid]
+	switch {
+	case len(info.assigned) > 0:
+		if h != nil && h.node == info.node && !h.reserved && equalStrings(h.uuids, info.assigned) {
+			return
+		}
+		nh := &holding{uid: info.uid, pod: info.key, node: info.node, uuids: info.assigned, since: l.now()}
+		if h != nil {
+			nh.placement = h.placement
+		}
+		l.setHoldingLocked(nh)
+	case h != nil && h.node == info.node:
+		// Bound by our Binding but seen without the annotation: keep the
+		// GPUs we reserved, now confirmed.
+		if h.reserved {
+			h.reserved = false
+			l.recomputeLocked(l.nodeLocked(h.node))
+		}
+	default:
+		if h != nil && h.uuids == nil && h.node == info.node && h.unknown == info.gpus {
+			return
+		}
+		// Bound by someone else with no record of which GPUs: they count
+		// against the node's capacity until the node agent records them.
+		l.setHoldingLocked(&holding{uid: info.uid, pod: info.key, node: info.node, unknown: info.gpus, since: l.now()})
+	}
+}
+
+// DeletePod forgets a deleted pod and frees what it held. It accepts the
+// informer's tombstones.
+func (l *Ledger) DeletePod(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.forgetPodLocked(p.UID, types.NamespacedName{Namespace: p.Namespace, Name: p.Name})
+}
+
+func (l *Ledger) forgetPodLocked(uid types.UID, key types.NamespacedName) {
+	if info, ok := l.pods[key]; ok && info.uid == uid {
+		l.jobDeltaLocked(info, -1)
+		delete(l.pods, key)
+	}
+	l.releaseLocked(uid)
+}
+
+func (l *Ledger) jobDeltaLocked(info *podInfo, d int) {
+	if info.job == "" || info.node == "" {
+		return
+	}
+	m := l.jobs[info.job]
+	if m == nil {
+		if d < 0 {
+			return
+		}
+		m = make(map[string]int)
+		l.jobs[info.job] = m
+	}
+	m[info.node] += d
+	if m[info.node] <= 0 {
+		delete(m, info.node)
+	}
+	if len(m) == 0 {
+		delete(l.jobs, info.job)
+	}
+}
+
+func (l *Ledger) setHoldingLocked(h *holding) {
+	l.releaseLocked(h.uid)
+	l.holdings[h.uid] = h
+	n := l.nodeLocked(h.node)
+	n.holdings[h.uid] = h
+	l.recomputeLocked(n)
+}
+
+func (l *Ledger) releaseLocked(uid types.UID) {
+	h, ok := l.holdings[uid]
+	if !ok {
+		return
+	}
+	delete(l.holdings, uid)
+	if n, ok := l.nodes[h.node]; ok {
+		delete(n.holdings, uid)
+		l.recomputeLocked(n)
+		l.dropIfEmptyLocked(n)
+	}
+}
+
+// Release frees whatever pod uid holds or was promised.
+func (l *Ledger) Release(uid types.UID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.releaseLocked(uid)
+}
+
+// confirm marks a reservation as bound: the Binding was written.
+func (l *Ledger) confirm(uid types.UID, node string, uuids []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if h, ok := l.holdings[uid]; ok && h.node == node && equalStrings(h.uuids, uuids) {
+		h.reserved = false
+	}
+}
+
+// SweepReservations frees reservations older than ttl (binds whose outcome
+// stayed unknown and were never retried) and returns how many it freed.
+func (l *Ledger) SweepReservations(ttl time.Duration) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	cutoff := l.now().Add(-ttl)
+	var freed int
+	for uid, h := range l.holdings {
+		if h.reserved && h.since.Before(cutoff) {
+			l.releaseLocked(uid)
+			freed++
+		}
+	}
+	return freed
+}
+
+// pod returns what the ledger knows of a pod.
+func (l *Ledger) pod(key types.NamespacedName) (podInfo, bool) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	p, ok := l.pods[key]
+	if !ok {
+		return podInfo{}, false
+	}
+	return *p, true
+}
+
+// Holding is one pod's GPUs, as the ledger reports it for audits.
+type Holding struct {
+	PodUID   types.UID
+	Pod      types.NamespacedName
+	Node     string
+	GPUs     []string
+	Unknown  int
+	Reserved bool
+}
+
+// Holdings lists every holding, sorted by node then pod.
+func (l *Ledger) Holdings() []Holding {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	out := make([]Holding, 0, len(l.holdings))
+	for _, h := range l.holdings {
+		out = append(out, Holding{PodUID: h.uid, Pod: h.pod, Node: h.node, GPUs: append([]string(nil), h.uuids...), Unknown: h.unknown, Reserved: h.reserved})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Node != out[j].Node {
+			return out[i].Node < out[j].Node
+		}
+		return out[i].Pod.String() < out[j].Pod.String()
+	})
+	return out
+}
+
+// Counts are GPU totals over the nodes with a valid topology.
+type Counts struct {
+	// Total GPUs.
+	Total int
+	// Free: healthy and neither held nor reserved.
+	Free int
+	// Held by live pods (bound), Reserved by binds in flight.
+	Held, Reserved int
+	// Unhealthy GPUs (whether held or not).
+	Unhealthy int
+}
+
+// Counts totals the ledger.
+func (l *Ledger) Counts() Counts {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	var c Counts
+	for _, n := range l.nodes {
+		if n.graph == nil {
+			continue
+		}
+		c.Total += n.size
+		c.Unhealthy += (n.graph.All() &^ n.graph.Healthy()).Count()
+		c.Free += max(n.free().Count()-n.unknownHeld, 0)
+	}
+	for _, h := range l.holdings {
+		k := len(h.uuids) + h.unknown
+		if h.reserved {
+			c.Reserved += k
+		} else {
+			c.Held += k
+		}
+	}
+	return c
+}
+
+// String summarises the ledger for logs and test failures.
+func (c Counts) String() string {
+	return fmt.Sprintf("total=%d free=%d held=%d reserved=%d unhealthy=%d", c.Total, c.Free, c.Held, c.Reserved, c.Unhealthy)
+}
+
+func equalStrings(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,170 @@
+package extender
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/topology"
+)
+
+func uuidsOn(node string, idx ...int) []string {
+	out := make([]string, len(idx))
+	for i, j := range idx {
+		out[i] = topology.FixtureUUID(node, j)
+	}
+	return out
+}
+
+func TestLedgerHoldings(t *testing.T) {
+	tests := []struct {
+		name   string
+		events func(l *Ledger)
+		want   []Holding
+		counts Counts
+	}{{
+		name: "bound pod holds its assigned GPUs",
+		events: func(l *Ledger) {
+			l.UpsertPod(makePod("p").gpus(2).node("a").assigned(uuidsOn("a", 0, 1)...).obj())
+		},
+		want:   []Holding{{PodUID: "uid-p", Pod: types.NamespacedName{Namespace: "default", Name: "p"}, Node: "a", GPUs: uuidsOn("a", 0, 1)}},
+		counts: Counts{Total: 8, Free: 6, Held: 2},
+	}, {
+		name: "allocated-gpus (what kubelet gave) wins over assigned-gpus (the plan)",
+		events: func(l *Ledger) {
+			l.UpsertPod(makePod("p").gpus(2).node("a").assigned(uuidsOn("a", 0, 1)...).
+				annotate(v1alpha1.AnnotationAllocatedGPUs, v1alpha1.FormatGPUList(uuidsOn("a", 4, 5))).obj())
+		},
+		want:   []Holding{{PodUID: "uid-p", Pod: types.NamespacedName{Namespace: "default", Name: "p"}, Node: "a", GPUs: uuidsOn("a", 4, 5)}},
+		counts: Counts{Total: 8, Free: 6, Held: 2},
+	}, {
+		name: "finished pod releases",
+		events: func(l *Ledger) {
+			l.UpsertPod(makePod("p").gpus(2).node("a").assigned(uuidsOn("a", 0, 1)...).obj())
+			l.UpsertPod(makePod("p").gpus(2).node("a").assigned(uuidsOn("a", 0, 1)...).phase(corev1.PodFailed).obj())
+		},
+		counts: Counts{Total: 8, Free: 8},
+	}, {
+		name: "deleted pod releases, also from a tombstone",
+		events: func(l *Ledger) {
+			p := makePod("p").gpus(2).node("a").assigned(uuidsOn("a", 0, 1)...).obj()
+			l.UpsertPod(p)
+			l.DeletePod(cache.DeletedFinalStateUnknown{Key: "default/p", Obj: p})
+		},
+		counts: Counts{Total: 8, Free: 8},
+	}, {
+		name: "an older unbound event after the bound one does not free the GPUs",
+		events: func(l *Ledger) {
+			l.UpsertPod(makePod("p").gpus(2).node("a").assigned(uuidsOn("a", 0, 1)...).obj())
+			l.UpsertPod(makePod("p").gpus(2).obj())
+		},
+		want:   []Holding{{PodUID: "uid-p", Pod: types.NamespacedName{Namespace: "default", Name: "p"}, Node: "a", GPUs: uuidsOn("a", 0, 1)}},
+		counts: Counts{Total: 8, Free: 6, Held: 2},
+	}, {
+		name: "pod bound without an assignment holds an unknown count",
+		events: func(l *Ledger) {
+			l.UpsertPod(makePod("p").gpus(3).node("a").obj())
+		},
+		want:   []Holding{{PodUID: "uid-p", Pod: types.NamespacedName{Namespace: "default", Name: "p"}, Node: "a", Unknown: 3}},
+		counts: Counts{Total: 8, Free: 5, Held: 3},
+	}, {
+		name: "holdings recorded before the topology arrives count once it does",
+		events: func(l *Ledger) {
+			l.DeleteTopology("a")
+			l.UpsertPod(makePod("p").gpus(1).node("a").assigned(uuidsOn("a", 2)...).obj())
+			l.UpsertTopology(topo(t, "dgx1-v100", "a"))
+		},
+		want:   []Holding{{PodUID: "uid-p", Pod: types.NamespacedName{Namespace: "default", Name: "p"}, Node: "a", GPUs: uuidsOn("a", 2)}},
+		counts: Counts{Total: 8, Free: 7, Held: 1},
+	}, {
+		name: "pods without GPUs are ignored",
+		events: func(l *Ledger) {
+			l.UpsertPod(makePod("cpu").node("a").obj())
+		},
+		counts: Counts{Total: 8, Free: 8},
+	}, {
+		name: "unhealthy GPUs are not free",
+		events: func(l *Ledger) {
+			o := topo(t, "dgx1-v100", "a")
+			o.Status.GPUs[0].Health = v1alpha1.GPUUnhealthy
+			l.UpsertTopology(o)
+		},
+		counts: Counts{Total: 8, Free: 7, Unhealthy: 1},
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			l := NewLedger()
+			l.UpsertTopology(topo(t, "dgx1-v100", "a"))
+			tc.events(l)
+			if diff := cmp.Diff(tc.want, l.Holdings(), cmpEmptyHoldings); diff != "" {
+				t.Errorf("holdings (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.counts, l.Counts()); diff != "" {
+				t.Errorf("counts (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+var cmpEmptyHoldings = cmp.FilterValues(func(a, b []Holding) bool { return len(a) == 0 && len(b) == 0 }, cmp.Ignore())
+
+func TestSweepReleasesOnlyExpiredReservations(t *testing.T) {
+	x, _ := newTestExtender(t, nil)
+	x.ledger.UpsertTopology(topo(t, "dgx1-v100", "a"))
+	clock := testNow
+	x.ledger.now = func() time.Time { return clock }
+	pr := podRequest{count: 2}
+	if _, _, err := x.reserve("uid-old", types.NamespacedName{Namespace: "default", Name: "old"}, "a", pr); err != nil {
+		t.Fatal(err)
+	}
+	clock = clock.Add(time.Minute)
+	if _, _, err := x.reserve("uid-new", types.NamespacedName{Namespace: "default", Name: "new"}, "a", pr); err != nil {
+		t.Fatal(err)
+	}
+	// A bound pod's holding never expires.
+	x.ledger.UpsertPod(makePod("bound").gpus(1).node("a").assigned(uuidsOn("a", 7)...).obj())
+	clock = clock.Add(90 * time.Second)
+	if n := x.ledger.SweepReservations(2 * time.Minute); n != 1 {
+		t.Errorf("swept %d reservations, want 1 (the one older than the TTL)", n)
+	}
+	var left []types.UID
+	for _, h := range x.ledger.Holdings() {
+		left = append(left, h.PodUID)
+	}
+	if diff := cmp.Diff([]types.UID{"uid-bound", "uid-new"}, left); diff != "" {
+		t.Errorf("holdings left (-want +got):\n%s", diff)
+	}
+}
+
+func TestGPUCount(t *testing.T) {
+	tests := []struct {
+		name string
+		pod  *corev1.Pod
+		want int
+	}{
+		{"no GPUs", makePod("p").obj(), 0},
+		{"limits", makePod("p").gpus(4).obj(), 4},
+		{"init container larger than containers", func() *corev1.Pod {
+			p := makePod("p").gpus(1).obj()
+			p.Spec.InitContainers = []corev1.Container{{Name: "init", Resources: makePod("x").gpus(3).obj().Spec.Containers[0].Resources}}
+			return p
+		}(), 3},
+		{"requests only", func() *corev1.Pod {
+			p := makePod("p").obj()
+			p.Spec.Containers[0].Resources.Requests = makePod("x").gpus(2).obj().Spec.Containers[0].Resources.Limits
+			return p
+		}(), 2},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := GPUCount(tc.pod); got != tc.want {
+				t.Errorf("GPUCount = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}

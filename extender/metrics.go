@@ -1,0 +1,148 @@
+package extender
+
+import (
+	"strconv"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+)
+
+// Metrics are the extender's Prometheus metrics, on a registry of their own
+// so that tests and several in-process extenders never collide. The
+// gpu_extender_* names are those dashboards written for the design expect.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	latency       *prometheus.HistogramVec
+	filterResults *prometheus.CounterVec
+	scores        prometheus.Histogram
+	utilization   *prometheus.GaugeVec
+	errors        *prometheus.CounterVec
+	placements    *prometheus.CounterVec
+
+	telMu     sync.Mutex
+	published map[string][][2]string // node -> (gpu_index, metric) series set
+}
+
+// Phases and error types used as label values.
+const (
+	phaseFilter     = "filter"
+	phasePrioritize = "prioritize"
+	phaseBind       = "bind"
+
+	errDecode      = "decode"
+	errTooLarge    = "request_too_large"
+	errBadRequest  = "bad_request"
+	errNotReady    = "not_ready"
+	errInfeasible  = "infeasible"
+	errAPIDefinite = "api_definite"
+	errAPIUnknown  = "api_ambiguous"
+	errConflict    = "conflict"
+)
+
+// NewMetrics registers the extender's metrics on a fresh registry, with the
+// Go and process collectors.
+func NewMetrics(l *Ledger) *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "gpu_extender_scheduling_latency_seconds",
+			Help:    "Time to answer a scheduler extender call, by phase (filter, prioritize, bind), including decoding.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+		}, []string{"phase"}),
+		filterResults: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpu_extender_filter_results_total",
+			Help: "Nodes passed or failed by filter; reason is a bounded code (the pod sees the full text).",
+		}, []string{"result", "reason"}),
+		scores: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "gpu_extender_prioritize_scores",
+			Help:    "Distribution of prioritize scores 0..10. No node label: thousands of nodes would explode cardinality.",
+			Buckets: prometheus.LinearBuckets(0, 1, 11),
+		}),
+		utilization: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "gpu_extender_gpu_utilization_percent",
+			Help: "GPU telemetry as the extender sees it: metric=compute|memory (percent), temperature (degrees C), power (percent of limit).",
+		}, []string{"node", "gpu_index", "metric"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpu_extender_errors_total",
+			Help: "Errors by phase and type.",
+		}, []string{"phase", "error_type"}),
+		placements: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gputopo_placements_total",
+			Help: "Bound placements by the link tier the requirement asked for and the tier achieved.",
+		}, []string{"requested_tier", "achieved_tier"}),
+	}
+	m.Registry.MustRegister(m.latency, m.filterResults, m.scores, m.utilization, m.errors, m.placements,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		&ledgerCollector{l: l, desc: prometheus.NewDesc("gputopo_ledger_gpus",
+			"GPUs in the extender's ledger by state (free, held, reserved, unhealthy, total).", []string{"state"}, nil)})
+	return m
+}
+
+// setTelemetry mirrors a node's telemetry into the utilization gauge; a nil
+// status removes the node's series. It deletes exactly the series it made
+// before (DeletePartialMatch scans every series: quadratic over a cluster).
+func (m *Metrics) setTelemetry(node string, st *v1alpha1.NodeGPUTopologyStatus) {
+	m.telMu.Lock()
+	defer m.telMu.Unlock()
+	if m.published == nil {
+		m.published = make(map[string][][2]string)
+	}
+	var now [][2]string
+	if st != nil {
+		memTotal := make(map[int]int64, len(st.GPUs))
+		for _, g := range st.GPUs {
+			memTotal[g.Index] = g.MemoryMiB
+		}
+		for _, t := range st.Telemetry {
+			idx := strconv.Itoa(t.Index)
+			set := func(metric string, v float64) {
+				m.utilization.WithLabelValues(node, idx, metric).Set(v)
+				now = append(now, [2]string{idx, metric})
+			}
+			set("compute", float64(t.UtilizationPercent))
+			set("temperature", float64(t.TemperatureC))
+			if total := memTotal[t.Index]; total > 0 {
+				set("memory", 100*float64(t.MemoryUsedMiB)/float64(total))
+			}
+			if t.PowerLimitWatts > 0 {
+				set("power", 100*float64(t.PowerWatts)/float64(t.PowerLimitWatts))
+			}
+		}
+	}
+	keep := make(map[[2]string]bool, len(now))
+	for _, k := range now {
+		keep[k] = true
+	}
+	for _, k := range m.published[node] {
+		if !keep[k] {
+			m.utilization.DeleteLabelValues(node, k[0], k[1])
+		}
+	}
+	if len(now) == 0 {
+		delete(m.published, node)
+	} else {
+		m.published[node] = now
+	}
+}
+
+// ledgerCollector reads the ledger's counts at scrape time, so the gauge is
+// never out of step and costs nothing between scrapes.
+type ledgerCollector struct {
+	l    *Ledger
+	desc *prometheus.Desc
+}
+
+var _ prometheus.Collector = (*ledgerCollector)(nil)
+
+func (c *ledgerCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
+	n := c.l.Counts()
+	for state, v := range map[string]int{"total": n.Total, "free": n.Free, "held": n.Held, "reserved": n.Reserved, "unhealthy": n.Unhealthy} {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(v), state)
+	}
+}

@@ -1,0 +1,125 @@
+package extender
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/spf13/pflag"
+	"k8s.io/client-go/rest"
+)
+
+// Options are the extender's per-deployment settings (flags). Decisions are
+// shaped by the ExtenderConfiguration file instead.
+type Options struct {
+	// BindAddress is the IP the verbs and probes listen on; default all.
+	BindAddress string
+	// Port for the verbs, /healthz and /readyz. Default 8080; 0 picks a free
+	// port (see Extender.APIAddr).
+	Port int
+	// MetricsBindAddress serves /metrics; "0" turns it off. Default :9090.
+	MetricsBindAddress string
+	// ConfigFile is an ExtenderConfiguration; empty uses the defaults.
+	ConfigFile string
+	// Config, when set, is used instead of ConfigFile (in-process use).
+	Config *Configuration
+
+	// TLSCertFile and TLSPrivateKeyFile turn on HTTPS for the verbs.
+	TLSCertFile, TLSPrivateKeyFile string
+	// ClientCAFile makes the verbs require a client certificate signed by
+	// this CA (kube-scheduler's extender tlsConfig can present one).
+	ClientCAFile string
+
+	// LeaderElect runs Lease-based leader election: only the holder is
+	// Ready and serves.
+	LeaderElect bool
+	// LeaderElectionNamespace and LeaderElectionID name the Lease.
+	LeaderElectionNamespace, LeaderElectionID string
+	// LeaderElectionIdentity defaults to hostname_random.
+	LeaderElectionIdentity string
+	// LeaseDuration, RenewDeadline and RetryPeriod tune the election
+	// (defaults 15s, 10s, 2s, as kube-scheduler's).
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+}
+
+// Option defaults.
+const (
+	DefaultPort                    = 8080
+	DefaultMetricsBindAddress      = ":9090"
+	DefaultLeaderElectionNamespace = "gputopo-system"
+	DefaultLeaderElectionID        = "gputopo-extender"
+)
+
+// NewOptions returns the defaults.
+func NewOptions() Options {
+	o := Options{Port: DefaultPort, MetricsBindAddress: DefaultMetricsBindAddress}
+	o.setDefaults()
+	return o
+}
+
+func (o *Options) setDefaults() {
+	if o.LeaderElectionNamespace == "" {
+		o.LeaderElectionNamespace = DefaultLeaderElectionNamespace
+	}
+	if o.LeaderElectionID == "" {
+		o.LeaderElectionID = DefaultLeaderElectionID
+	}
+	if o.LeaseDuration == 0 {
+		o.LeaseDuration = 15 * time.Second
+	}
+	if o.RenewDeadline == 0 {
+		o.RenewDeadline = 10 * time.Second
+	}
+	if o.RetryPeriod == 0 {
+		o.RetryPeriod = 2 * time.Second
+	}
+}
+
+// AddFlags registers the options' flags, with the current values as
+// defaults (call on NewOptions()).
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.BindAddress, "bind-address", o.BindAddress, "IP address for the verbs, /healthz and /readyz (empty: all interfaces)")
+	fs.IntVar(&o.Port, "port", o.Port, "port for /filter, /prioritize, /bind (also under /scheduler/), /healthz and /readyz")
+	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, `address for /metrics; "0" turns it off`)
+	fs.StringVar(&o.ConfigFile, "config", o.ConfigFile, "path of an ExtenderConfiguration (gputopo.io/v1alpha1); empty uses the documented defaults")
+	fs.StringVar(&o.TLSCertFile, "tls-cert-file", o.TLSCertFile, "serving certificate (PEM); with --tls-private-key-file turns on HTTPS, reloaded when the file changes")
+	fs.StringVar(&o.TLSPrivateKeyFile, "tls-private-key-file", o.TLSPrivateKeyFile, "serving private key (PEM)")
+	fs.StringVar(&o.ClientCAFile, "client-ca-file", o.ClientCAFile, "CA bundle (PEM); when set the verbs require a client certificate it signed (probes do not)")
+	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "run Lease-based leader election; only the leader is Ready and serves")
+	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace, "namespace of the leader election Lease")
+	fs.StringVar(&o.LeaderElectionID, "leader-election-id", o.LeaderElectionID, "name of the leader election Lease")
+	fs.DurationVar(&o.LeaseDuration, "leader-elect-lease-duration", o.LeaseDuration, "how long a standby waits before taking an unrenewed Lease")
+	fs.DurationVar(&o.RenewDeadline, "leader-elect-renew-deadline", o.RenewDeadline, "how long the leader retries renewing before it stops serving")
+	fs.DurationVar(&o.RetryPeriod, "leader-elect-retry-period", o.RetryPeriod, "interval between leader election attempts")
+}
+
+// Validate checks flag combinations.
+func (o *Options) Validate() error {
+	if (o.TLSCertFile == "") != (o.TLSPrivateKeyFile == "") {
+		return fmt.Errorf("--tls-cert-file and --tls-private-key-file must be given together")
+	}
+	if o.ClientCAFile != "" && o.TLSCertFile == "" {
+		return fmt.Errorf("--client-ca-file needs --tls-cert-file and --tls-private-key-file: client certificates only exist over TLS")
+	}
+	if o.Port < 0 || o.Port > 65535 {
+		return fmt.Errorf("--port %d: must be 0..65535", o.Port)
+	}
+	if o.LeaderElect && o.RenewDeadline >= o.LeaseDuration {
+		return fmt.Errorf("--leader-elect-renew-deadline (%s) must be shorter than --leader-elect-lease-duration (%s)", o.RenewDeadline, o.LeaseDuration)
+	}
+	return nil
+}
+
+// Run builds and runs the extender until ctx ends (nil) or it fails,
+// including losing the Lease (ErrLeadershipLost).
+func Run(ctx context.Context, restCfg *rest.Config, o Options) error {
+	o.setDefaults()
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	x, err := New(restCfg, o)
+	if err != nil {
+		return err
+	}
+	return x.Start(ctx)
+}

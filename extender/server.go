@@ -1,0 +1,307 @@
+package extender
+
+import (
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+)
+
+// Handler serves the verbs at /filter, /prioritize and /bind, the same under
+// /scheduler/ (the prefix the design's users configured), and /healthz and
+// /readyz.
+func (x *Extender) Handler() http.Handler {
+	mux := http.NewServeMux()
+	for _, prefix := range []string{"", "/scheduler"} {
+		mux.HandleFunc("POST "+prefix+"/filter", x.verb(phaseFilter, x.serveFilter))
+		mux.HandleFunc("POST "+prefix+"/prioritize", x.verb(phasePrioritize, x.servePrioritize))
+		mux.HandleFunc("POST "+prefix+"/bind", x.verb(phaseBind, x.serveBind))
+	}
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = io.WriteString(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if msg := x.notReadyReason(); msg != "" {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, msg)
+			return
+		}
+		_, _ = io.WriteString(w, "ok")
+	})
+	return mux
+}
+
+// MetricsHandler serves the extender's registry.
+func (x *Extender) MetricsHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(x.metrics.Registry, promhttp.HandlerOpts{Registry: x.metrics.Registry}))
+	return mux
+}
+
+func (x *Extender) notReadyReason() string {
+	switch {
+	case !x.synced.Load():
+		return "not ready: informer caches are syncing"
+	case !x.leading.Load():
+		return "not ready: not the leader (another replica holds the lease) or ledger rebuild pending"
+	}
+	return ""
+}
+
+// httpError is a request the extender refuses before deciding anything.
+type httpError struct {
+	status int
+	kind   string
+	msg    string
+}
+
+func (e *httpError) Error() string { return e.msg }
+
+// verb wraps a verb's handler with readiness, client-certificate,
+// body-size and latency handling. The handler returns the value to encode
+// as the response, or an *httpError.
+func (x *Extender) verb(phase string, h func(body io.Reader) (any, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		defer func() { x.metrics.latency.WithLabelValues(phase).Observe(time.Since(start).Seconds()) }()
+		var resp any
+		var err error
+		switch {
+		case x.requireClientCert() && (r.TLS == nil || len(r.TLS.VerifiedChains) == 0):
+			err = &httpError{http.StatusUnauthorized, errBadRequest, "a client certificate signed by the configured client CA is required"}
+		case x.notReadyReason() != "":
+			err = &httpError{http.StatusServiceUnavailable, errNotReady, x.notReadyReason()}
+		default:
+			resp, err = h(http.MaxBytesReader(w, r.Body, x.cfg.MaxRequestBytes))
+		}
+		if err != nil {
+			var he *httpError
+			if !errors.As(err, &he) {
+				he = &httpError{http.StatusInternalServerError, "internal", err.Error()}
+			}
+			x.metrics.errors.WithLabelValues(phase, he.kind).Inc()
+			klog.FromContext(r.Context()).V(2).Info("extender request refused", "phase", phase, "status", he.status, "reason", he.msg)
+			writeJSON(w, he.status, errorBody(phase, he.msg))
+			return
+		}
+		writeJSON(w, http.StatusOK, resp)
+	}
+}
+
+// errorBody is the verb's own result type carrying the error, so a client
+// that decodes it regardless of status still finds a message.
+func errorBody(phase, msg string) any {
+	switch phase {
+	case phaseFilter:
+		return &extenderv1.ExtenderFilterResult{Error: msg}
+	case phaseBind:
+		return &extenderv1.ExtenderBindingResult{Error: msg}
+	}
+	return map[string]string{"error": msg}
+}
+
+var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	buf := bufPool.Get().(*bytes.Buffer)
+	buf.Reset()
+	defer bufPool.Put(buf)
+	if err := json.NewEncoder(buf).Encode(v); err != nil {
+		http.Error(w, "encode response: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}
+
+// decodeJSON decodes one JSON value, mapping an oversized body to 413 and
+// anything else malformed to 400.
+func decodeJSON(body io.Reader, v any) error {
+	dec := json.NewDecoder(body)
+	if err := dec.Decode(v); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return &httpError{http.StatusRequestEntityTooLarge, errTooLarge, fmt.Sprintf("request body over %d bytes; raise maxRequestBytes in the ExtenderConfiguration or use nodeCacheCapable: true", tooBig.Limit)}
+		}
+		return &httpError{http.StatusBadRequest, errDecode, "malformed request: " + err.Error()}
+	}
+	if dec.More() {
+		return &httpError{http.StatusBadRequest, errDecode, "malformed request: unexpected data after the JSON object"}
+	}
+	return nil
+}
+
+// DecodeExtenderArgs decodes and checks a filter or prioritize request: a
+// pod and either node names or nodes are required.
+func DecodeExtenderArgs(body io.Reader) (*extenderv1.ExtenderArgs, error) {
+	var args extenderv1.ExtenderArgs
+	if err := decodeJSON(body, &args); err != nil {
+		return nil, err
+	}
+	switch {
+	case args.Pod == nil:
+		return nil, &httpError{http.StatusBadRequest, errBadRequest, "malformed request: Pod is required"}
+	case args.NodeNames == nil && args.Nodes == nil:
+		return nil, &httpError{http.StatusBadRequest, errBadRequest, "malformed request: one of NodeNames (nodeCacheCapable: true) or Nodes is required"}
+	}
+	return &args, nil
+}
+
+// DecodeBindingArgs decodes and checks a bind request.
+func DecodeBindingArgs(body io.Reader) (*extenderv1.ExtenderBindingArgs, error) {
+	var args extenderv1.ExtenderBindingArgs
+	if err := decodeJSON(body, &args); err != nil {
+		return nil, err
+	}
+	var missing []string
+	if args.PodName == "" {
+		missing = append(missing, "PodName")
+	}
+	if args.PodNamespace == "" {
+		missing = append(missing, "PodNamespace")
+	}
+	if args.PodUID == "" {
+		missing = append(missing, "PodUID")
+	}
+	if args.Node == "" {
+		missing = append(missing, "Node")
+	}
+	if len(missing) > 0 {
+		return nil, &httpError{http.StatusBadRequest, errBadRequest, fmt.Sprintf("malformed request: %v required", missing)}
+	}
+	return &args, nil
+}
+
+func (x *Extender) serveFilter(body io.Reader) (any, error) {
+	args, err := DecodeExtenderArgs(body)
+	if err != nil {
+		return nil, err
+	}
+	return x.Filter(args), nil
+}
+
+func (x *Extender) servePrioritize(body io.Reader) (any, error) {
+	args, err := DecodeExtenderArgs(body)
+	if err != nil {
+		return nil, err
+	}
+	list, err := x.Prioritize(args)
+	if err != nil {
+		return nil, &httpError{http.StatusBadRequest, errBadRequest, err.Error()}
+	}
+	return &list, nil
+}
+
+func (x *Extender) serveBind(body io.Reader) (any, error) {
+	args, err := DecodeBindingArgs(body)
+	if err != nil {
+		return nil, err
+	}
+	return x.Bind(args), nil
+}
+
+// nodeNames lists the candidate nodes of a request in either mode.
+func nodeNames(args *extenderv1.ExtenderArgs) []string {
+	if args.NodeNames != nil {
+		return *args.NodeNames
+	}
+	names := make([]string, len(args.Nodes.Items))
+	for i := range args.Nodes.Items {
+		names[i] = args.Nodes.Items[i].Name
+	}
+	return names
+}
+
+// filteredNodes returns the Node objects of passed, for clients that sent
+// full nodes.
+func filteredNodes(args *extenderv1.ExtenderArgs, passed []string) *corev1.NodeList {
+	keep := make(map[string]bool, len(passed))
+	for _, n := range passed {
+		keep[n] = true
+	}
+	out := &corev1.NodeList{Items: make([]corev1.Node, 0, len(passed))}
+	for i := range args.Nodes.Items {
+		if keep[args.Nodes.Items[i].Name] {
+			out.Items = append(out.Items, args.Nodes.Items[i])
+		}
+	}
+	return out
+}
+
+func (x *Extender) requireClientCert() bool { return x.opts.ClientCAFile != "" }
+
+// tlsConfig serves the certificate (reloaded when the files change, as
+// cert-manager rotates them) and, with a client CA, verifies client
+// certificates when given. Probes carry no certificate, so the verbs check
+// for a verified one themselves.
+func (x *Extender) tlsConfig() (*tls.Config, error) {
+	if x.opts.TLSCertFile == "" || x.opts.TLSPrivateKeyFile == "" {
+		return nil, errors.New("--tls-cert-file and --tls-private-key-file must be given together")
+	}
+	r := &certReloader{certFile: x.opts.TLSCertFile, keyFile: x.opts.TLSPrivateKeyFile}
+	if _, err := r.get(nil); err != nil {
+		return nil, err
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: r.get}
+	if x.opts.ClientCAFile != "" {
+		pem, err := os.ReadFile(x.opts.ClientCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("read --client-ca-file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--client-ca-file %s holds no PEM certificate", x.opts.ClientCAFile)
+		}
+		tc.ClientCAs = pool
+		tc.ClientAuth = tls.VerifyClientCertIfGiven
+	}
+	return tc, nil
+}
+
+func tlsListener(ln net.Listener, tc *tls.Config) net.Listener { return tls.NewListener(ln, tc) }
+
+// certReloader reloads a key pair when its files' modification time
+// changes.
+type certReloader struct {
+	certFile, keyFile string
+	mu                sync.Mutex
+	cert              *tls.Certificate
+	modTime           time.Time
+}
+
+func (r *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	st, err := os.Stat(r.certFile)
+	if err != nil {
+		return nil, fmt.Errorf("stat --tls-cert-file: %w", err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cert != nil && st.ModTime().Equal(r.modTime) {
+		return r.cert, nil
+	}
+	c, err := tls.LoadX509KeyPair(r.certFile, r.keyFile)
+	if err != nil {
+		if r.cert != nil {
+			return r.cert, nil // mid-rotation: keep serving the last good pair
+		}
+		return nil, fmt.Errorf("load TLS key pair: %w", err)
+	}
+	r.cert, r.modTime = &c, st.ModTime()
+	return r.cert, nil
+}

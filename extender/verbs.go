@@ -1,0 +1,306 @@
+package extender
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+)
+
+// Filter keeps the nodes whose currently free healthy GPUs satisfy the pod.
+// Every other node gets a reason a person can act on; nodes that could not
+// take the pod even with all their GPUs free and healthy go to
+// FailedAndUnresolvableNodes, so that kube-scheduler does not preempt for
+// them. A malformed requirement is an Error naming the field.
+func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFilterResult {
+	names := nodeNames(args)
+	pr, err := parsePodRequest(args.Pod)
+	if err != nil {
+		x.metrics.errors.WithLabelValues(phaseFilter, errBadRequest).Inc()
+		return &extenderv1.ExtenderFilterResult{Error: err.Error()}
+	}
+	passed := names
+	res := &extenderv1.ExtenderFilterResult{}
+	if pr.count > 0 {
+		passed = make([]string, 0, len(names))
+		var failed [numReasonCodes]int
+		e := newEvaluator(x.alloc, x.cfg, pr, x.now())
+		l := x.ledger
+		l.mu.RLock()
+		for _, name := range names {
+			v := e.check(l.nodes[name])
+			switch {
+			case v.ok:
+				passed = append(passed, name)
+			case v.unresolvable:
+				if res.FailedAndUnresolvableNodes == nil {
+					res.FailedAndUnresolvableNodes = make(extenderv1.FailedNodesMap)
+				}
+				res.FailedAndUnresolvableNodes[name] = ReasonPrefix + v.reason
+				failed[v.code]++
+			default:
+				if res.FailedNodes == nil {
+					res.FailedNodes = make(extenderv1.FailedNodesMap)
+				}
+				res.FailedNodes[name] = ReasonPrefix + v.reason
+				failed[v.code]++
+			}
+		}
+		l.mu.RUnlock()
+		for code, n := range failed {
+			if n > 0 {
+				x.metrics.filterResults.WithLabelValues("failed", reasonNames[code]).Add(float64(n))
+			}
+		}
+	}
+	if len(passed) > 0 {
+		x.metrics.filterResults.WithLabelValues("passed", "").Add(float64(len(passed)))
+	}
+	if args.NodeNames != nil {
+		res.NodeNames = &passed
+	} else {
+		res.Nodes = filteredNodes(args, passed)
+	}
+	return res
+}
+
+// Prioritize scores each node 0..10 for the placement bind would make
+// there. Nodes that would not pass filter score 0.
+func (x *Extender) Prioritize(args *extenderv1.ExtenderArgs) (extenderv1.HostPriorityList, error) {
+	names := nodeNames(args)
+	pr, err := parsePodRequest(args.Pod)
+	if err != nil {
+		return nil, err
+	}
+	list := make(extenderv1.HostPriorityList, len(names))
+	if pr.count == 0 {
+		for i, name := range names {
+			list[i] = extenderv1.HostPriority{Host: name}
+		}
+		return list, nil
+	}
+	e := newEvaluator(x.alloc, x.cfg, pr, x.now())
+	l := x.ledger
+	l.mu.RLock()
+	aff := l.affinityLocked(pr.job)
+	for i, name := range names {
+		list[i].Host = name
+		n := l.nodes[name]
+		if v := e.check(n); v.ok {
+			list[i].Score, _ = e.score(n, v, aff.of(n))
+		}
+		x.metrics.scores.Observe(float64(list[i].Score))
+	}
+	l.mu.RUnlock()
+	return list, nil
+}
+
+// Bind picks the pod's GPUs on the node, reserves them in the ledger and
+// writes one Binding carrying assigned-gpus and placement; kube-apiserver
+// copies its annotations onto the pod in the same write that sets nodeName.
+func (x *Extender) Bind(args *extenderv1.ExtenderBindingArgs) *extenderv1.ExtenderBindingResult {
+	ctx := context.Background()
+	if err := x.bind(ctx, args); err != nil {
+		var be *bindError
+		kind := "internal"
+		if errors.As(err, &be) {
+			kind = be.kind
+		}
+		x.metrics.errors.WithLabelValues(phaseBind, kind).Inc()
+		klog.V(2).InfoS("bind failed", "pod", klog.KRef(args.PodNamespace, args.PodName), "node", args.Node, "err", err)
+		return &extenderv1.ExtenderBindingResult{Error: err.Error()}
+	}
+	return &extenderv1.ExtenderBindingResult{}
+}
+
+// bindError carries an error type for the errors metric.
+type bindError struct {
+	kind string
+	err  error
+}
+
+func (e *bindError) Error() string { return e.err.Error() }
+func (e *bindError) Unwrap() error { return e.err }
+
+func bindErr(kind string, format string, a ...any) error {
+	return &bindError{kind: kind, err: fmt.Errorf(format, a...)}
+}
+
+func (x *Extender) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs) error {
+	key := types.NamespacedName{Namespace: args.PodNamespace, Name: args.PodName}
+	info, ok := x.ledger.pod(key)
+	if !ok || info.uid != args.PodUID {
+		// Not (or not yet) in the cache, or the cache holds another pod of
+		// that name: ask the API server, the only read bind makes
+		// besides settling.
+		p, err := x.getPod(ctx, key)
+		switch {
+		case apierrors.IsNotFound(err):
+			x.ledger.Release(args.PodUID)
+			return bindErr(errBadRequest, "pod %s not found: it was deleted before binding", key)
+		case err != nil:
+			return bindErr(errAPIUnknown, "read pod %s: %w", key, err)
+		case p.UID != args.PodUID:
+			x.ledger.Release(args.PodUID)
+			return bindErr(errConflict, "pod %s has UID %s, not %s: it was deleted and recreated; the scheduler will retry with the new pod", key, p.UID, args.PodUID)
+		}
+		info = *newPodInfo(p)
+	}
+	if info.node != "" {
+		if info.node == args.Node && info.assignedRaw != "" {
+			return nil // bound by an earlier attempt whose answer was lost
+		}
+		return bindErr(errConflict, "pod %s is already bound to node %s", key, info.node)
+	}
+	pr := podRequest{count: info.gpus, job: info.job}
+	if info.hasReq {
+		req, err := v1alpha1.ParseRequirement(info.requirement)
+		if err != nil {
+			x.ledger.Release(args.PodUID)
+			return bindErr(errBadRequest, "pod %s: %w", key, err)
+		}
+		pr.req = req
+	}
+	binding := &corev1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Name: args.PodName, Namespace: args.PodNamespace, UID: args.PodUID},
+		Target:     corev1.ObjectReference{Kind: "Node", Name: args.Node},
+	}
+	var uuids []string
+	var placement v1alpha1.Placement
+	if pr.count > 0 {
+		var err error
+		if uuids, placement, err = x.reserve(args.PodUID, key, args.Node, pr); err != nil {
+			return err
+		}
+		binding.Annotations = map[string]string{
+			v1alpha1.AnnotationAssignedGPUs: v1alpha1.FormatGPUList(uuids),
+			v1alpha1.AnnotationPlacement:    placement.String(),
+		}
+	}
+	bctx, cancel := context.WithTimeout(ctx, x.cfg.BindTimeout.Duration)
+	err := x.client.CoreV1().Pods(args.PodNamespace).Bind(bctx, binding, metav1.CreateOptions{})
+	cancel()
+	if err == nil {
+		x.bound(args, pr, uuids, placement)
+		return nil
+	}
+	if definiteFailure(err) {
+		x.ledger.Release(args.PodUID)
+		return bindErr(errAPIDefinite, "bind pod %s to node %s: %w", key, args.Node, err)
+	}
+	return x.settle(ctx, args, pr, uuids, placement, err)
+}
+
+// settle decides a bind whose outcome is unknown (timeout, 5xx, conflict)
+// by reading the pod back.
+func (x *Extender) settle(ctx context.Context, args *extenderv1.ExtenderBindingArgs, pr podRequest, uuids []string, placement v1alpha1.Placement, bindErrIn error) error {
+	key := types.NamespacedName{Namespace: args.PodNamespace, Name: args.PodName}
+	p, err := x.getPod(ctx, key)
+	switch {
+	case apierrors.IsNotFound(err):
+		x.ledger.Release(args.PodUID)
+		return bindErr(errAPIDefinite, "bind pod %s to node %s: %v; the pod is gone", key, args.Node, bindErrIn)
+	case err != nil:
+		return bindErr(errAPIUnknown, "bind pod %s to node %s: outcome unknown (%v) and reading the pod failed: %w; its GPUs stay reserved for the retry", key, args.Node, bindErrIn, err)
+	case p.UID != args.PodUID:
+		x.ledger.Release(args.PodUID)
+		return bindErr(errConflict, "bind pod %s: pod has UID %s, not %s: it was deleted and recreated", key, p.UID, args.PodUID)
+	case p.Spec.NodeName == args.Node && p.Annotations[v1alpha1.AnnotationAssignedGPUs] == v1alpha1.FormatGPUList(uuids):
+		x.bound(args, pr, uuids, placement)
+		return nil
+	case p.Spec.NodeName != "":
+		x.ledger.Release(args.PodUID)
+		return bindErr(errConflict, "bind pod %s to node %s: %v; the pod is bound to node %s with GPUs %q instead", key, args.Node, bindErrIn, p.Spec.NodeName, p.Annotations[v1alpha1.AnnotationAssignedGPUs])
+	case apierrors.IsConflict(bindErrIn):
+		x.ledger.Release(args.PodUID)
+		return bindErr(errConflict, "bind pod %s to node %s: %w", key, args.Node, bindErrIn)
+	}
+	// Unbound and the write may still land: keep the reservation so the
+	// retry gets the same GPUs; it expires after the reservation TTL.
+	return bindErr(errAPIUnknown, "bind pod %s to node %s: outcome unknown (%v) and the pod is not bound yet; its GPUs stay reserved for the retry", key, args.Node, bindErrIn)
+}
+
+func (x *Extender) bound(args *extenderv1.ExtenderBindingArgs, pr podRequest, uuids []string, placement v1alpha1.Placement) {
+	if pr.count == 0 {
+		return
+	}
+	x.ledger.confirm(args.PodUID, args.Node, uuids)
+	x.metrics.placements.WithLabelValues(requestedTier(pr), string(placement.Tier)).Inc()
+	klog.V(2).InfoS("pod bound", "pod", klog.KRef(args.PodNamespace, args.PodName), "node", args.Node, "gpus", placement.GPUIndices, "tier", placement.Tier)
+}
+
+func (x *Extender) getPod(ctx context.Context, key types.NamespacedName) (*corev1.Pod, error) {
+	gctx, cancel := context.WithTimeout(ctx, x.cfg.BindTimeout.Duration)
+	defer cancel()
+	return x.client.CoreV1().Pods(key.Namespace).Get(gctx, key.Name, metav1.GetOptions{})
+}
+
+// definiteFailure reports whether the API server certainly did not apply
+// the Binding: it answered with a client error. Conflicts (the pod may
+// already be bound by an earlier attempt), timeouts and server errors are
+// settled by reading the pod.
+func definiteFailure(err error) bool {
+	var st apierrors.APIStatus
+	if !errors.As(err, &st) {
+		return false
+	}
+	code := int(st.Status().Code)
+	switch {
+	case code == http.StatusConflict, code == http.StatusRequestTimeout, code >= 500:
+		return false
+	case apierrors.IsTimeout(err), apierrors.IsServerTimeout(err):
+		return false
+	}
+	return code >= 400
+}
+
+// reserve chooses the pod's GPUs on node and records them in the ledger,
+// under the ledger's lock: two binds to one node never get the same GPU.
+// A pod that already holds a reservation on node gets the same GPUs.
+func (x *Extender) reserve(uid types.UID, key types.NamespacedName, node string, pr podRequest) ([]string, v1alpha1.Placement, error) {
+	l := x.ledger
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if h := l.holdings[uid]; h != nil {
+		if h.node == node && len(h.uuids) > 0 {
+			return h.uuids, h.placement, nil
+		}
+		if !h.reserved {
+			return nil, v1alpha1.Placement{}, bindErr(errConflict, "pod %s already holds GPUs on node %s", key, h.node)
+		}
+		l.releaseLocked(uid) // a retry that kube-scheduler sent to another node
+	}
+	n := l.nodes[node]
+	e := newEvaluator(x.alloc, x.cfg, pr, l.now())
+	v := e.check(n)
+	if !v.ok {
+		return nil, v1alpha1.Placement{}, bindErr(errInfeasible, "pod %s cannot bind to node %s: %s", key, node, v.reason)
+	}
+	score, _ := e.score(n, v, l.affinityLocked(pr.job).of(n))
+	gpus := n.graph.GPUs()
+	uuids := make([]string, len(v.res.GPUs))
+	for i, idx := range v.res.GPUs {
+		uuids[i] = gpus[idx].UUID
+	}
+	m := v.res.Metrics
+	placement := v1alpha1.Placement{
+		Node:                 node,
+		Strategy:             pr.req.EffectiveStrategy(),
+		GPUIndices:           append([]int(nil), v.res.GPUs...),
+		Tier:                 m.Tier,
+		MinPairBandwidthGBps: m.MinPairGBps,
+		RingBandwidthGBps:    m.RingGBps,
+		Score:                int(score),
+	}
+	l.setHoldingLocked(&holding{uid: uid, pod: key, node: node, uuids: uuids, reserved: true, since: l.now(), placement: placement})
+	return uuids, placement, nil
+}

@@ -1,0 +1,244 @@
+//go:build integration
+
+// Package extender_test runs gputopo's extender against the real
+// kube-apiserver and the real kube-scheduler binary configured with the
+// chart's scheduler config. Run: go test -tags integration ./test/extender/...
+package extender_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/test/harness"
+)
+
+// TestModelParallelPodsLandOnNVLinkedSets: on DGX-1 V100 nodes only 2 of
+// the 70 4-GPU sets are fully NVLinked. Eight model-parallel pods fill
+// exactly those sets on four nodes; a pod no node can ever satisfy stays
+// Pending with the extender's reason on it.
+func TestModelParallelPodsLandOnNVLinkedSets(t *testing.T) {
+	e := newEnv(t, 4)
+	x := startExtender(t, e, 0, false)
+	waitReady(t, x)
+	sched := startScheduler(t, e, x.url())
+	ctx := harness.Context(t)
+
+	// First the impossible pod, while every node has all 8 GPUs free (so
+	// that kube-scheduler's own GPU count passes and the extender decides).
+	createAll(t, e, []*corev1.Pod{gpuPod("impossible", 8, modelParallel)})
+	var msg string
+	poll(t, time.Minute, "the impossible pod to be marked unschedulable", func() (bool, string) {
+		p, err := e.cp.Clientset.CoreV1().Pods("default").Get(ctx, "impossible", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
+				msg = c.Message
+				return strings.Contains(msg, "gputopo:"), "condition: " + msg
+			}
+		}
+		return false, fmt.Sprintf("conditions %v", p.Status.Conditions)
+	})
+	for _, want := range []string{"0/4 nodes are available", "gputopo: can never fit this node", "needs NVLink between 8 GPUs; largest free NVLink-connected set has 4"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("PodScheduled message %q lacks %q", msg, want)
+		}
+	}
+	events, err := e.cp.Clientset.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=impossible"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sawEvent bool
+	for _, ev := range events.Items {
+		sawEvent = sawEvent || ev.Reason == "FailedScheduling" && strings.Contains(ev.Message, "needs NVLink between 8 GPUs")
+	}
+	if !sawEvent {
+		t.Errorf("no FailedScheduling event carries the extender's reason; events: %v", events.Items)
+	}
+	if err := e.cp.Clientset.CoreV1().Pods("default").Delete(ctx, "impossible", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	var pods []*corev1.Pod
+	for i := range 8 {
+		pods = append(pods, gpuPod(fmt.Sprintf("mp-%d", i), 4, modelParallel))
+	}
+	createAll(t, e, pods)
+	poll(t, 2*time.Minute, "8 model-parallel pods bound", func() (bool, string) {
+		n := boundGPUs(listPods(t, e))
+		return n == 32, fmt.Sprintf("%d of 32 GPUs bound; ledger %s", n, x.Ledger().Counts())
+	})
+	live := listPods(t, e)
+	auditPods(t, live)
+	g := mustFixture(t)
+	for i := range live {
+		p := &live[i]
+		graph := g.Graph(p.Spec.NodeName)
+		uuids, _ := v1alpha1.ParseGPUList(v1alpha1.AnnotationAssignedGPUs, p.Annotations[v1alpha1.AnnotationAssignedGPUs])
+		var idx []int
+		for _, u := range uuids {
+			i, _ := graph.IndexOf(u)
+			idx = append(idx, i)
+		}
+		for a := range idx {
+			for b := a + 1; b < len(idx); b++ {
+				if !graph.NVLinked(idx[a], idx[b]) {
+					t.Errorf("pod %s on %s: GPUs %d and %d are not NVLinked (set %v)", p.Name, p.Spec.NodeName, idx[a], idx[b], idx)
+				}
+			}
+		}
+		pl, err := v1alpha1.ParsePlacement(p.Annotations[v1alpha1.AnnotationPlacement])
+		if err != nil || pl.Tier != v1alpha1.TierNVLink || pl.Node != p.Spec.NodeName {
+			t.Errorf("pod %s placement %+v (err %v), want nvlink tier on %s", p.Name, pl, err, p.Spec.NodeName)
+		}
+	}
+	if t.Failed() {
+		t.Logf("scheduler log:\n%s", sched.Tail(30))
+	}
+}
+
+// stormPods is three times more GPU pods than the cluster's GPUs: 1- and
+// 2-GPU pods, a third of them model-parallel pairs.
+func stormPods(prefix string, gpus int) []*corev1.Pod {
+	var pods []*corev1.Pod
+	for i := range 3 * gpus {
+		var p *corev1.Pod
+		switch i % 3 {
+		case 0:
+			p = gpuPod(fmt.Sprintf("%s-%03d", prefix, i), 1, "")
+		case 1:
+			p = gpuPod(fmt.Sprintf("%s-%03d", prefix, i), 2, `{"requireNVLink":true}`)
+		default:
+			p = gpuPod(fmt.Sprintf("%s-%03d", prefix, i), 1, `{"strategy":"numa_local"}`)
+		}
+		pods = append(pods, p)
+	}
+	return pods
+}
+
+// TestBindStorm creates all pods at once. No GPU may be issued twice and no
+// node go over capacity; once every pod is deleted the ledger is whole.
+func TestBindStorm(t *testing.T) {
+	e := newEnv(t, 4)
+	x := startExtender(t, e, 0, false)
+	waitReady(t, x)
+	startScheduler(t, e, x.url())
+
+	total := 4 * gpusPerNode
+	createAll(t, e, stormPods("storm", total))
+	poll(t, 3*time.Minute, "every GPU bound", func() (bool, string) {
+		n := boundGPUs(listPods(t, e))
+		return n == total, fmt.Sprintf("%d of %d GPUs bound; ledger %s", n, total, x.Ledger().Counts())
+	})
+	owner := auditPods(t, listPods(t, e))
+	if len(owner) != total {
+		t.Errorf("%d distinct GPUs assigned, want %d", len(owner), total)
+	}
+	// The ledger agrees with the pods.
+	poll(t, 30*time.Second, "ledger to match the pods", func() (bool, string) {
+		c := x.Ledger().Counts()
+		return c.Held == total && c.Free == 0 && c.Reserved == 0, c.String()
+	})
+
+	deleteAll(t, e)
+	poll(t, time.Minute, "every GPU free after deleting the pods", func() (bool, string) {
+		c := x.Ledger().Counts()
+		return c.Total == total && c.Free == c.Total && c.Held == 0 && c.Reserved == 0, c.String()
+	})
+}
+
+// TestExtenderRestartMidStorm stops the extender while the scheduler is
+// binding a storm and starts a new one on the same port: it rebuilds from
+// the pods and never issues a GPU a live pod holds.
+func TestExtenderRestartMidStorm(t *testing.T) {
+	e := newEnv(t, 4)
+	x := startExtender(t, e, 0, false)
+	waitReady(t, x)
+	startScheduler(t, e, x.url())
+
+	total := 4 * gpusPerNode
+	created := make(chan error, 1)
+	go func() { created <- createAllErr(harness.Context(t), e, stormPods("crash", total)) }()
+	// Stop it as soon as its ledger shows the storm under way: a tight loop
+	// on in-memory counts, so that binds are still in flight.
+	pollEvery(t, 2*time.Millisecond, 2*time.Minute, "the storm to start", func() (bool, string) {
+		c := x.Ledger().Counts()
+		return c.Held+c.Reserved >= 4, c.String()
+	})
+	if err := x.stop(); err != nil {
+		t.Fatalf("stop first extender: %v", err)
+	}
+	before := boundGPUs(listPods(t, e))
+	if before == total {
+		t.Errorf("every GPU was bound before the first extender stopped: the test did not stop it mid-storm")
+	}
+	t.Logf("first extender stopped with %d of %d GPUs bound", before, total)
+	if err := <-created; err != nil {
+		t.Fatal(err)
+	}
+	y := startExtender(t, e, x.port, false)
+	waitReady(t, y)
+	if c := y.Ledger().Counts(); c.Held+c.Reserved < before {
+		t.Errorf("restarted extender holds %s, fewer than the %d GPUs bound before it started", c, before)
+	}
+	poll(t, 3*time.Minute, "every GPU bound after the restart", func() (bool, string) {
+		n := boundGPUs(listPods(t, e))
+		return n == total, fmt.Sprintf("%d of %d GPUs bound (%d before the restart); ledger %s", n, total, before, y.Ledger().Counts())
+	})
+	auditPods(t, listPods(t, e))
+	deleteAll(t, e)
+	poll(t, time.Minute, "every GPU free after deleting the pods", func() (bool, string) {
+		c := y.Ledger().Counts()
+		return c.Free == total && c.Held == 0 && c.Reserved == 0, c.String()
+	})
+}
+
+// TestTwoReplicasExactlyOneReady: with leader election only the Lease
+// holder is Ready; when it goes, the other takes over.
+func TestTwoReplicasExactlyOneReady(t *testing.T) {
+	e := newEnv(t, 1)
+	a := startExtender(t, e, 0, true)
+	b := startExtender(t, e, 0, true)
+	ready := func() (n int, who *runningExtender) {
+		for _, r := range []*runningExtender{a, b} {
+			if readyz(r) {
+				n++
+				who = r
+			}
+		}
+		return n, who
+	}
+	var leader *runningExtender
+	poll(t, time.Minute, "one replica Ready", func() (bool, string) {
+		n, who := ready()
+		leader = who
+		return n == 1, fmt.Sprintf("%d Ready", n)
+	})
+	// Stays exactly one over several lease renewals.
+	for range 20 {
+		if n, who := ready(); n != 1 || who != leader {
+			t.Fatalf("%d replicas Ready (leader changed: %v); want exactly the first leader", n, who != leader)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	other := a
+	if leader == a {
+		other = b
+	}
+	if err := leader.stop(); err != nil {
+		t.Fatalf("stop leader: %v", err)
+	}
+	poll(t, 30*time.Second, "the standby to take over", func() (bool, string) {
+		return readyz(other), "standby not Ready"
+	})
+	if n, _ := ready(); n != 1 {
+		t.Errorf("%d replicas Ready after failover, want 1", n)
+	}
+}

@@ -1,0 +1,366 @@
+//go:build integration
+
+package extender_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/extender"
+	"github.com/gputopo/gputopo/test/harness"
+	"github.com/gputopo/gputopo/topology"
+)
+
+const (
+	fixture       = "dgx1-v100"
+	gpusPerNode   = 8
+	extenderUser  = "gputopo-extender"
+	modelParallel = `{"requireNVLink":true,"strategy":"highest_bandwidth"}`
+)
+
+// extenderRules is the RBAC docs/extender.md documents for the extender;
+// the tests run the extender with exactly these rights.
+var extenderRules = []rbacv1.PolicyRule{
+	{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
+	{APIGroups: []string{""}, Resources: []string{"pods/binding"}, Verbs: []string{"create"}},
+	{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"list", "watch"}},
+	{APIGroups: []string{"gputopo.io"}, Resources: []string{"nodegputopologies"}, Verbs: []string{"list", "watch"}},
+	{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update"}},
+}
+
+// env is a control plane with GPU nodes from a fixture and the extender's
+// RBAC installed.
+type env struct {
+	cp    *harness.ControlPlane
+	nodes []string
+}
+
+func newEnv(t *testing.T, nodes int) *env {
+	t.Helper()
+	cp := harness.Start(t, harness.Options{})
+	ctx := harness.Context(t)
+	cs := cp.Clientset
+	if _, err := cs.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: extenderUser}, Rules: extenderRules,
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create ClusterRole: %v", err)
+	}
+	if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: extenderUser},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: extenderUser},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: extenderUser}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create ClusterRoleBinding: %v", err)
+	}
+	f, err := topology.FixtureByName(fixture)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{cp: cp}
+	for i := range nodes {
+		name := fmt.Sprintf("dgx-%d", i)
+		e.nodes = append(e.nodes, name)
+		createNode(t, cp, name)
+		obj := &v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		if err := cp.Client.Create(ctx, obj); err != nil {
+			t.Fatalf("create NodeGPUTopology %s: %v", name, err)
+		}
+		obj.Status = f.Graph(name).Status()
+		obj.Status.ObservedTime = metav1.Now()
+		if err := cp.Client.Status().Update(ctx, obj); err != nil {
+			t.Fatalf("update NodeGPUTopology status %s: %v", name, err)
+		}
+	}
+	return e
+}
+
+// createNode registers a Node with GPUs and removes the not-ready taint a
+// bare control plane (no node lifecycle controller) leaves on it.
+func createNode(t *testing.T, cp *harness.ControlPlane, name string) {
+	t.Helper()
+	ctx := harness.Context(t)
+	n, err := cp.Clientset.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create node %s: %v", name, err)
+	}
+	res := corev1.ResourceList{
+		corev1.ResourceCPU:    resource.MustParse("96"),
+		corev1.ResourceMemory: resource.MustParse("512Gi"),
+		corev1.ResourcePods:   resource.MustParse("110"),
+		v1alpha1.ResourceGPU:  *resource.NewQuantity(gpusPerNode, resource.DecimalSI),
+	}
+	n.Status.Capacity, n.Status.Allocatable = res, res
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: metav1.Now()}}
+	if n, err = cp.Clientset.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("update node status %s: %v", name, err)
+	}
+	n.Spec.Taints = nil
+	if _, err := cp.Clientset.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("remove taints of node %s: %v", name, err)
+	}
+}
+
+// runningExtender is an in-process extender replica.
+type runningExtender struct {
+	*extender.Extender
+	cancel context.CancelFunc
+	done   chan error
+	port   int
+	once   sync.Once
+	err    error
+}
+
+// stop ends the replica and returns what Start returned; safe to call
+// more than once.
+func (r *runningExtender) stop() error {
+	r.once.Do(func() {
+		r.cancel()
+		r.err = <-r.done
+	})
+	return r.err
+}
+
+func (r *runningExtender) url() string { return "http://127.0.0.1:" + strconv.Itoa(r.port) }
+
+// startExtender runs an extender as the extenderUser on port (0: a free
+// one).
+func startExtender(t *testing.T, e *env, port int, leaderElect bool) *runningExtender {
+	t.Helper()
+	if port == 0 {
+		var err error
+		if port, err = harness.FreePort(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o := extender.NewOptions()
+	o.BindAddress, o.Port, o.MetricsBindAddress = "127.0.0.1", port, "127.0.0.1:0"
+	o.LeaderElect, o.LeaderElectionNamespace = leaderElect, metav1.NamespaceDefault
+	o.LeaseDuration, o.RenewDeadline, o.RetryPeriod = 4*time.Second, 3*time.Second, 500*time.Millisecond
+	x, err := extender.New(e.cp.UserConfig(t, extenderUser), o)
+	if err != nil {
+		t.Fatalf("new extender: %v", err)
+	}
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), klog.Background()))
+	r := &runningExtender{Extender: x, cancel: cancel, done: make(chan error, 1), port: port}
+	go func() { r.done <- x.Start(ctx) }()
+	t.Cleanup(func() { _ = r.stop() })
+	return r
+}
+
+func waitReady(t *testing.T, rs ...*runningExtender) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(harness.Context(t), 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		for _, r := range rs {
+			if !r.Ready() {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("extender not ready: %v", err)
+	}
+}
+
+// readyz asks the replica's HTTP probe, as kubelet would.
+func readyz(r *runningExtender) bool {
+	resp, err := http.Get(r.url() + "/readyz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// startScheduler runs the real kube-scheduler with the chart's scheduler
+// config, pointed at extenderURL (the path of the file's urlPrefix kept).
+func startScheduler(t *testing.T, e *env, extenderURL string) *harness.Process {
+	t.Helper()
+	doc, err := os.ReadFile(filepath.Join(harness.RepoRoot(), "charts", "gputopo", "files", "scheduler-config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := harness.ParseSchedulerConfig(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Extenders) != 1 {
+		t.Fatalf("scheduler config has %d extenders, want 1", len(cfg.Extenders))
+	}
+	in, err := url.Parse(cfg.Extenders[0].URLPrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	to, _ := url.Parse(extenderURL)
+	in.Scheme, in.Host = to.Scheme, to.Host
+	cfg.Extenders[0].URLPrefix = in.String()
+	cfg.LeaderElection.LeaderElect = ptr.To(false)
+	return e.cp.StartScheduler(t, cfg)
+}
+
+// gpuPod is a pod for gputopo-scheduler requesting gpus GPUs.
+func gpuPod(name string, gpus int64, requirement string) *corev1.Pod {
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault},
+		Spec: corev1.PodSpec{
+			SchedulerName: v1alpha1.DefaultSchedulerName,
+			Containers: []corev1.Container{{
+				Name: "main", Image: "registry.k8s.io/pause:3.10",
+				Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{v1alpha1.ResourceGPU: *resource.NewQuantity(gpus, resource.DecimalSI)}},
+			}},
+			TerminationGracePeriodSeconds: ptr.To[int64](0),
+		},
+	}
+	if requirement != "" {
+		p.Annotations = map[string]string{v1alpha1.AnnotationRequirement: requirement}
+	}
+	return p
+}
+
+// createAll creates pods at once, from parallel clients' goroutines.
+func createAll(t *testing.T, e *env, pods []*corev1.Pod) {
+	t.Helper()
+	if err := createAllErr(harness.Context(t), e, pods); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func createAllErr(ctx context.Context, e *env, pods []*corev1.Pod) error {
+	errs := make(chan error, len(pods))
+	var wg sync.WaitGroup
+	for _, p := range pods {
+		wg.Go(func() {
+			if _, err := e.cp.Clientset.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+				errs <- fmt.Errorf("create pod %s: %w", p.Name, err)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return errors.Join(collect(errs)...)
+}
+
+func collect(ch chan error) []error {
+	var out []error
+	for err := range ch {
+		out = append(out, err)
+	}
+	return out
+}
+
+func listPods(t *testing.T, e *env) []corev1.Pod {
+	t.Helper()
+	l, err := e.cp.Clientset.CoreV1().Pods(metav1.NamespaceDefault).List(harness.Context(t), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l.Items
+}
+
+// boundGPUs sums the GPUs requested by bound pods.
+func boundGPUs(pods []corev1.Pod) int {
+	n := 0
+	for i := range pods {
+		if pods[i].Spec.NodeName != "" {
+			n += int(gpuLimit(&pods[i]))
+		}
+	}
+	return n
+}
+
+func gpuLimit(p *corev1.Pod) int64 {
+	q := p.Spec.Containers[0].Resources.Limits[v1alpha1.ResourceGPU]
+	return q.Value()
+}
+
+// auditPods checks the invariants users rely on: every bound GPU pod
+// carries assigned-gpus with as many GPUs as it asked for, all on its
+// node; no GPU is in two live pods; no node is over capacity.
+func auditPods(t *testing.T, pods []corev1.Pod) map[string]string {
+	t.Helper()
+	owner := map[string]string{}
+	perNode := map[string]int{}
+	for i := range pods {
+		p := &pods[i]
+		if p.Spec.NodeName == "" {
+			continue
+		}
+		uuids, err := v1alpha1.ParseGPUList(v1alpha1.AnnotationAssignedGPUs, p.Annotations[v1alpha1.AnnotationAssignedGPUs])
+		if err != nil || int64(len(uuids)) != gpuLimit(p) {
+			t.Errorf("bound pod %s: assigned-gpus %q (err %v), want %d GPUs", p.Name, p.Annotations[v1alpha1.AnnotationAssignedGPUs], err, gpuLimit(p))
+			continue
+		}
+		g := mustFixture(t).Graph(p.Spec.NodeName)
+		for _, u := range uuids {
+			if _, ok := g.IndexOf(u); !ok {
+				t.Errorf("pod %s on %s got GPU %s of another node", p.Name, p.Spec.NodeName, u)
+			}
+			if o, dup := owner[u]; dup {
+				t.Errorf("GPU %s issued to two live pods: %s and %s", u, o, p.Name)
+			}
+			owner[u] = p.Name
+		}
+		perNode[p.Spec.NodeName] += len(uuids)
+	}
+	for n, c := range perNode {
+		if c > gpusPerNode {
+			t.Errorf("node %s over capacity: %d GPUs assigned, has %d", n, c, gpusPerNode)
+		}
+	}
+	return owner
+}
+
+func mustFixture(t *testing.T) topology.Fixture {
+	t.Helper()
+	f, err := topology.FixtureByName(fixture)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func deleteAll(t *testing.T, e *env) {
+	t.Helper()
+	ctx := harness.Context(t)
+	if err := e.cp.Clientset.CoreV1().Pods(metav1.NamespaceDefault).DeleteCollection(ctx,
+		metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, metav1.ListOptions{}); err != nil {
+		t.Fatalf("delete pods: %v", err)
+	}
+}
+
+// poll waits up to timeout for cond.
+func poll(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	pollEvery(t, 200*time.Millisecond, timeout, what, cond)
+}
+
+func pollEvery(t *testing.T, interval, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(harness.Context(t), interval, timeout, true, func(context.Context) (bool, error) {
+		ok, msg := cond()
+		last = msg
+		return ok, nil
+	})
+	if err != nil {
+		t.Fatalf("timed out waiting for %s: %s", what, last)
+	}
+}
