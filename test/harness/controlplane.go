@@ -2,13 +2,16 @@ package harness
 
 import (
 	"context"
+	"sync"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/gputopo/gputopo/internal/localcluster"
 )
@@ -29,6 +32,8 @@ type ControlPlane struct {
 	local *localcluster.ControlPlane
 }
 
+var setLogger sync.Once
+
 // Options tune Start.
 type Options = localcluster.Options
 
@@ -40,6 +45,9 @@ func Scheme() *runtime.Scheme { return localcluster.Scheme() }
 // saying how to build the binaries when they are missing.
 func Start(t testing.TB, opts Options) *ControlPlane {
 	t.Helper()
+	// controller-runtime logs through klog, as in the gputopo binary;
+	// otherwise it prints a warning with a stack trace on first use.
+	setLogger.Do(func() { ctrllog.SetLogger(klog.NewKlogr()) })
 	local, err := localcluster.StartControlPlane(opts)
 	if err != nil {
 		t.Fatal(err)
