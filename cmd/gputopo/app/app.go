@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 // Version is stamped at build time with
@@ -25,6 +26,8 @@ func NewCommand(ctx context.Context) *cobra.Command {
 	klog.InitFlags(klogFlags)
 	root.PersistentFlags().AddGoFlagSet(klogFlags)
 	root.SetContext(ctx)
+	// controller-runtime logs through klog like the rest of the binary.
+	ctrllog.SetLogger(klog.NewKlogr())
 	root.AddCommand(newVersionCommand())
 	for _, add := range subcommands {
 		root.AddCommand(add())

@@ -1,0 +1,31 @@
+package app
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/gputopo/gputopo/demo"
+)
+
+func init() { subcommands = append(subcommands, newDemoCommand) }
+
+func newDemoCommand() *cobra.Command {
+	opts := demo.Options{OutDir: "_out/demo"}
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "Run the whole system on a simulated mixed GPU cluster and show where the GPUs landed",
+		Long: `demo starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler
+from bin/ (make tools), the webhook, the extender and a node agent on
+simulated NVML per node of a mixed cluster (2x DGX A100, 2x DGX-1 V100,
+2x 8-GPU PCIe), submits model-parallel, data-parallel and single-GPU work,
+and prints each pod's GPUs against what count-only scheduling would have
+given. It writes a picture of every node to <out>/placement.svg and tears
+everything down on exit or Ctrl-C.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			opts.Out = cmd.OutOrStdout()
+			return demo.Run(cmd.Context(), opts)
+		},
+	}
+	cmd.Flags().StringVar(&opts.OutDir, "out", opts.OutDir, "directory for placement.svg and component logs")
+	return cmd
+}

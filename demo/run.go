@@ -1,0 +1,517 @@
+package demo
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2"
+	schedconfigv1 "k8s.io/kube-scheduler/config/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/extender"
+	"github.com/gputopo/gputopo/internal/localcluster"
+	"github.com/gputopo/gputopo/nodeagent"
+	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/webhook"
+)
+
+// NodeSpec is one simulated node of the demo cluster.
+type NodeSpec struct {
+	Name    string
+	Fixture string
+}
+
+// DefaultCluster is the built-in mixed cluster: NVSwitch, hybrid cube-mesh
+// and PCIe-only machines side by side.
+var DefaultCluster = []NodeSpec{
+	{Name: "dgx-a100-1", Fixture: "dgx-a100"},
+	{Name: "dgx-a100-2", Fixture: "dgx-a100"},
+	{Name: "dgx1-v100-1", Fixture: "dgx1-v100"},
+	{Name: "dgx1-v100-2", Fixture: "dgx1-v100"},
+	{Name: "pcie-l40s-1", Fixture: "pcie-8x"},
+	{Name: "pcie-l40s-2", Fixture: "pcie-8x"},
+}
+
+// Workload is one step of the demo: a Job (Pods > 0 pods of GPUs each) or,
+// with Bare, that many standalone pods.
+type Workload struct {
+	Name   string
+	Intent v1alpha1.Parallelism // "" for none
+	Pods   int
+	GPUs   int
+	Bare   bool
+}
+
+// DefaultWorkloads fill most of the cluster: model-parallel jobs that need
+// NVLink, data-parallel jobs, and single-GPU notebooks that must not break
+// up NVLink islands.
+var DefaultWorkloads = []Workload{
+	{Name: "llm-pretrain", Intent: v1alpha1.ParallelismModel, Pods: 1, GPUs: 8},
+	{Name: "notebook", Pods: 4, GPUs: 1, Bare: true},
+	{Name: "resnet", Intent: v1alpha1.ParallelismData, Pods: 2, GPUs: 2},
+	{Name: "llm-finetune", Intent: v1alpha1.ParallelismModel, Pods: 3, GPUs: 4},
+}
+
+// Options configure Run.
+type Options struct {
+	Cluster   []NodeSpec
+	Workloads []Workload
+	// OutDir receives placement.svg and the component logs.
+	OutDir string
+	Out    io.Writer
+}
+
+const demoNamespace = "ml-team"
+
+// Run starts the local cluster and every gputopo component, submits the
+// workloads, waits for placement, prints the table and writes the picture.
+// Everything it started is stopped before it returns, also on ctx
+// cancellation (Ctrl-C).
+func Run(ctx context.Context, o Options) (err error) {
+	if len(o.Cluster) == 0 {
+		o.Cluster = DefaultCluster
+	}
+	if len(o.Workloads) == 0 {
+		o.Workloads = DefaultWorkloads
+	}
+	if o.Out == nil {
+		o.Out = os.Stdout
+	}
+	if err := os.MkdirAll(o.OutDir, 0o755); err != nil {
+		return fmt.Errorf("output dir %s: %w", o.OutDir, err)
+	}
+	say := func(format string, a ...any) { fmt.Fprintf(o.Out, "==> "+format+"\n", a...) }
+	// The components log as they would in a cluster; keep that out of the
+	// demo's story, in a file beside the picture.
+	logPath := filepath.Join(o.OutDir, "components.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return fmt.Errorf("create %s: %w", logPath, err)
+	}
+	defer logFile.Close()
+	klog.LogToStderr(false)
+	klog.SetOutput(logFile)
+	defer klog.LogToStderr(true)
+	say("component logs: %s", logPath)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var stops []func()
+	defer func() {
+		say("tearing down")
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}()
+
+	say("starting etcd and kube-apiserver")
+	mut, val, err := webhook.Registration(webhook.RegistrationOptions{ServiceName: "gputopo-webhook", ServiceNamespace: "gputopo-system"})
+	if err != nil {
+		return err
+	}
+	cp, err := localcluster.StartControlPlane(localcluster.Options{WebhookInstallOptions: &envtest.WebhookInstallOptions{
+		MutatingWebhooks:   []*admissionregistrationv1.MutatingWebhookConfiguration{mut},
+		ValidatingWebhooks: []*admissionregistrationv1.ValidatingWebhookConfiguration{val},
+	}})
+	if err != nil {
+		return err
+	}
+	stops = append(stops, func() { _ = cp.Stop() })
+	c, err := client.New(cp.Config, client.Options{Scheme: cp.Scheme})
+	if err != nil {
+		return fmt.Errorf("client: %w", err)
+	}
+
+	say("starting the webhook")
+	if err := startWebhook(ctx, cp, &stops); err != nil {
+		return err
+	}
+
+	say("starting the extender")
+	x, err := extender.New(cp.Config, extender.Options{Port: 0, BindAddress: "127.0.0.1", MetricsBindAddress: "0"})
+	if err != nil {
+		return fmt.Errorf("extender: %w", err)
+	}
+	xerr := goRun(ctx, &stops, x.Start)
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		select {
+		case err := <-xerr:
+			return false, fmt.Errorf("extender stopped: %w", err)
+		default:
+		}
+		return x.Ready(), nil
+	}); err != nil {
+		return fmt.Errorf("extender not ready: %w", err)
+	}
+
+	say("starting kube-scheduler (profile %s, extender at %s) and kube-controller-manager (job controller)", v1alpha1.DefaultSchedulerName, x.APIAddr())
+	schedCfg, err := SchedulerConfig("http://" + x.APIAddr())
+	if err != nil {
+		return err
+	}
+	schedKubeconfig, err := cp.Kubeconfig(localcluster.SchedulerUser)
+	if err != nil {
+		return err
+	}
+	sched, err := localcluster.StartScheduler(schedCfg, schedKubeconfig, o.OutDir)
+	if err != nil {
+		return err
+	}
+	stops = append(stops, sched.Stop)
+	kcmKubeconfig, err := cp.Kubeconfig("gputopo-demo-controller-manager", "system:masters")
+	if err != nil {
+		return err
+	}
+	kcm, err := localcluster.StartControllerManager(kcmKubeconfig, o.OutDir, "job-controller")
+	if err != nil {
+		return err
+	}
+	stops = append(stops, kcm.Stop)
+
+	say("creating %d simulated GPU nodes, each with a node agent on simulated NVML", len(o.Cluster))
+	nodes, err := startNodes(ctx, c, o.Cluster, &stops)
+	if err != nil {
+		return err
+	}
+
+	say("labelling namespace %s %s=%s", demoNamespace, v1alpha1.LabelInjection, v1alpha1.InjectionEnabled)
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: demoNamespace, Labels: map[string]string{v1alpha1.LabelInjection: v1alpha1.InjectionEnabled}}}); err != nil {
+		return fmt.Errorf("create namespace: %w", err)
+	}
+	order := 0
+	var placed []PodView
+	for _, w := range o.Workloads {
+		say("submitting %s", describe(w))
+		if err := submit(ctx, c, w); err != nil {
+			return err
+		}
+		pods, err := waitPlaced(ctx, c, w, nodes)
+		if err != nil {
+			return err
+		}
+		for i := range pods {
+			order++
+			pods[i].Order = order
+		}
+		placed = append(placed, pods...)
+	}
+
+	rows, err := Rows(nodes, placed)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(o.Out)
+	if err := WriteTable(o.Out, rows); err != nil {
+		return err
+	}
+	fmt.Fprintln(o.Out)
+	fmt.Fprintln(o.Out, Summary(rows))
+	svgPath := filepath.Join(o.OutDir, "placement.svg")
+	f, err := os.Create(svgPath)
+	if err != nil {
+		return fmt.Errorf("create %s: %w", svgPath, err)
+	}
+	if err := WriteSVG(f, nodes, placed); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", svgPath, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", svgPath, err)
+	}
+	fmt.Fprintf(o.Out, "picture of every node's GPUs and links, coloured by pod: %s\n", svgPath)
+	return nil
+}
+
+// goRun runs fn in the background; the returned channel yields its error.
+// The stop function registered cancels it and waits.
+func goRun(ctx context.Context, stops *[]func(), fn func(context.Context) error) <-chan error {
+	ctx, cancel := context.WithCancel(ctx)
+	out := make(chan error, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		out <- fn(ctx)
+	}()
+	*stops = append(*stops, func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+		}
+	})
+	return out
+}
+
+// SchedulerConfig reads the chart's KubeSchedulerConfiguration (the one a
+// Helm install runs) and points its extender at url.
+func SchedulerConfig(url string) (*schedconfigv1.KubeSchedulerConfiguration, error) {
+	doc, err := os.ReadFile(filepath.Join(localcluster.RepoRoot(), "charts", "gputopo", "files", "scheduler-config.yaml"))
+	if err != nil {
+		return nil, fmt.Errorf("read scheduler config: %w", err)
+	}
+	cfg, err := localcluster.ParseSchedulerConfig(doc)
+	if err != nil {
+		return nil, err
+	}
+	if len(cfg.Extenders) == 0 {
+		return nil, errors.New("scheduler config names no extender")
+	}
+	for i := range cfg.Extenders {
+		cfg.Extenders[i].URLPrefix = url + "/scheduler"
+	}
+	// One scheduler, no gputopo-system namespace for its Lease.
+	cfg.LeaderElection.LeaderElect = ptr.To(false)
+	return cfg, nil
+}
+
+func startWebhook(ctx context.Context, cp *localcluster.ControlPlane, stops *[]func()) error {
+	wio := cp.Env.WebhookInstallOptions
+	mgr, err := webhook.NewManager(webhook.DefaultConfig(), cp.Config, webhook.Options{
+		Host: wio.LocalServingHost, Port: wio.LocalServingPort, CertDir: wio.LocalServingCertDir,
+		CertName: "tls.crt", KeyName: "tls.key", MetricsBindAddress: "0", HealthProbeBindAddress: "0",
+	})
+	if err != nil {
+		return fmt.Errorf("webhook: %w", err)
+	}
+	errc := goRun(ctx, stops, mgr.Start)
+	addr := net.JoinHostPort(wio.LocalServingHost, strconv.Itoa(wio.LocalServingPort))
+	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		select {
+		case err := <-errc:
+			return false, fmt.Errorf("webhook stopped: %w", err)
+		default:
+		}
+		conn, err := tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", addr, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // readiness probe of a local server
+		if err != nil {
+			return false, nil
+		}
+		_ = conn.Close()
+		return mgr.GetCache().WaitForCacheSync(ctx), nil
+	})
+}
+
+// startNodes creates a Node per spec and runs a node agent publisher on a
+// simulated NVML built from the spec's fixture. There is no kubelet in the
+// demo, so the device plugin is not started: pods are placed and bound, not
+// run (test/e2e runs the kubelet path).
+func startNodes(ctx context.Context, c client.Client, specs []NodeSpec, stops *[]func()) ([]NodeView, error) {
+	views := make([]NodeView, 0, len(specs))
+	for _, s := range specs {
+		f, err := topology.FixtureByName(s.Fixture)
+		if err != nil {
+			return nil, fmt.Errorf("node %s: %w", s.Name, err)
+		}
+		if err := createNode(ctx, c, s.Name, f.GPUs); err != nil {
+			return nil, err
+		}
+		sim := nodeagent.NewSimulator(f, s.Name)
+		logger := klog.FromContext(ctx).WithValues("node", s.Name)
+		src := nodeagent.NewNVMLSource(sim.NVML(), logger, nil)
+		pub := nodeagent.NewPublisher(c, src, nodeagent.PublisherOptions{NodeName: s.Name}, nil, logger)
+		goRun(ctx, stops, pub.Run)
+		*stops = append(*stops, src.Close)
+		views = append(views, NodeView{Name: s.Name, Fixture: s.Fixture})
+	}
+	// The extender places on what the agents published: wait for it, and
+	// draw the same graphs.
+	for i := range views {
+		obj := &v1alpha1.NodeGPUTopology{}
+		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+			if err := c.Get(ctx, client.ObjectKey{Name: views[i].Name}, obj); err != nil {
+				return false, client.IgnoreNotFound(err)
+			}
+			return len(obj.Status.GPUs) > 0, nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("node agent of %s published no topology: %w", views[i].Name, err)
+		}
+		g, err := topology.FromStatus(&obj.Status)
+		if err != nil {
+			return nil, fmt.Errorf("topology of %s: %w", views[i].Name, err)
+		}
+		views[i].Graph = g
+	}
+	return views, nil
+}
+
+func createNode(ctx context.Context, c client.Client, name string, gpus int) error {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{corev1.LabelHostname: name, "nvidia.com/gpu.present": "true"}}}
+	if err := c.Create(ctx, node); err != nil {
+		return fmt.Errorf("create node %s: %w", name, err)
+	}
+	// No node lifecycle controller runs: clear the not-ready taint added at
+	// creation and report Ready with the GPUs as capacity, as kubelet would.
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(node), node); err != nil {
+			return false, err
+		}
+		node.Spec.Taints = nil
+		return c.Update(ctx, node) == nil, nil
+	}); err != nil {
+		return fmt.Errorf("clear taints of node %s: %w", name, err)
+	}
+	capacity := corev1.ResourceList{
+		corev1.ResourceCPU:                        resource.MustParse("128"),
+		corev1.ResourceMemory:                     resource.MustParse("1Ti"),
+		corev1.ResourcePods:                       resource.MustParse("110"),
+		corev1.ResourceName(v1alpha1.ResourceGPU): *resource.NewQuantity(int64(gpus), resource.DecimalSI),
+	}
+	node.Status.Capacity, node.Status.Allocatable = capacity, capacity
+	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
+	if err := c.Status().Update(ctx, node); err != nil {
+		return fmt.Errorf("set status of node %s: %w", name, err)
+	}
+	return nil
+}
+
+func describe(w Workload) string {
+	kind := "Job"
+	if w.Bare {
+		kind = "standalone pods"
+	}
+	intent := "no parallelism annotation"
+	if w.Intent != "" {
+		intent = fmt.Sprintf("%s: %s", v1alpha1.AnnotationParallelism, w.Intent)
+	}
+	return fmt.Sprintf("%s %s (%s): %d pod(s) x %d GPU(s)", kind, w.Name, intent, w.Pods, w.GPUs)
+}
+
+func podSpec(gpus int) corev1.PodSpec {
+	q := *resource.NewQuantity(int64(gpus), resource.DecimalSI)
+	return corev1.PodSpec{
+		RestartPolicy: corev1.RestartPolicyNever,
+		Containers: []corev1.Container{{
+			Name:  "main",
+			Image: "registry.example/train:1",
+			Resources: corev1.ResourceRequirements{
+				Requests: corev1.ResourceList{corev1.ResourceName(v1alpha1.ResourceGPU): q},
+				Limits:   corev1.ResourceList{corev1.ResourceName(v1alpha1.ResourceGPU): q},
+			},
+		}},
+	}
+}
+
+func submit(ctx context.Context, c client.Client, w Workload) error {
+	ann := map[string]string{}
+	if w.Intent != "" {
+		ann[v1alpha1.AnnotationParallelism] = string(w.Intent)
+	}
+	if w.Bare {
+		for i := 0; i < w.Pods; i++ {
+			pod := &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Namespace: demoNamespace, Name: fmt.Sprintf("%s-%d", w.Name, i), Annotations: ann, Labels: map[string]string{"demo": w.Name}},
+				Spec:       podSpec(w.GPUs),
+			}
+			if err := c.Create(ctx, pod); err != nil {
+				return fmt.Errorf("create pod %s: %w", pod.Name, err)
+			}
+		}
+		return nil
+	}
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Namespace: demoNamespace, Name: w.Name, Annotations: ann},
+		Spec: batchv1.JobSpec{
+			Parallelism: ptr.To(int32(w.Pods)),
+			Completions: ptr.To(int32(w.Pods)),
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"demo": w.Name}},
+				Spec:       podSpec(w.GPUs),
+			},
+		},
+	}
+	if err := c.Create(ctx, job); err != nil {
+		return fmt.Errorf("create job %s: %w", w.Name, err)
+	}
+	return nil
+}
+
+// waitPlaced waits until the workload's pods are all bound with an
+// assignment, and returns them in bind order.
+func waitPlaced(ctx context.Context, c client.Client, w Workload, nodes []NodeView) ([]PodView, error) {
+	var pods corev1.PodList
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		if err := c.List(ctx, &pods, client.InNamespace(demoNamespace), client.MatchingLabels{"demo": w.Name}); err != nil {
+			return false, err
+		}
+		if len(pods.Items) < w.Pods {
+			return false, nil
+		}
+		for _, p := range pods.Items {
+			if p.Spec.NodeName == "" || p.Annotations[v1alpha1.AnnotationAssignedGPUs] == "" {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: pods not placed: %w%s", w.Name, err, pending(pods.Items))
+	}
+	graphs := map[string]*topology.Graph{}
+	for _, n := range nodes {
+		graphs[n.Name] = n.Graph
+	}
+	sort.Slice(pods.Items, func(i, j int) bool { return scheduledAt(&pods.Items[i]).Before(scheduledAt(&pods.Items[j])) })
+	out := make([]PodView, 0, len(pods.Items))
+	for _, p := range pods.Items {
+		uuids, err := v1alpha1.ParseGPUList(v1alpha1.AnnotationAssignedGPUs, p.Annotations[v1alpha1.AnnotationAssignedGPUs])
+		if err != nil {
+			return nil, fmt.Errorf("pod %s: %w", p.Name, err)
+		}
+		g := graphs[p.Spec.NodeName]
+		if g == nil {
+			return nil, fmt.Errorf("pod %s bound to unknown node %q", p.Name, p.Spec.NodeName)
+		}
+		idx := make([]int, 0, len(uuids))
+		for _, u := range uuids {
+			i, ok := g.IndexOf(u)
+			if !ok {
+				return nil, fmt.Errorf("pod %s: GPU %s is not on node %s", p.Name, u, p.Spec.NodeName)
+			}
+			idx = append(idx, i)
+		}
+		out = append(out, PodView{Name: p.Name, Node: p.Spec.NodeName, Intent: string(w.Intent), GPUs: idx})
+	}
+	return out, nil
+}
+
+func scheduledAt(p *corev1.Pod) time.Time {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled {
+			return c.LastTransitionTime.Time
+		}
+	}
+	return p.CreationTimestamp.Time
+}
+
+func pending(pods []corev1.Pod) string {
+	var b strings.Builder
+	for _, p := range pods {
+		if p.Spec.NodeName != "" {
+			continue
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
+				fmt.Fprintf(&b, "\n  %s: %s", p.Name, c.Message)
+			}
+		}
+	}
+	return b.String()
+}
