@@ -1,0 +1,71 @@
+{{/*
+Configuration files of the components, rendered from values. Each is also
+hashed into its Deployment's pod template so that a change rolls the pods.
+*/}}
+
+{{/* WebhookConfiguration, decoded strictly by webhook.ParseConfig. */}}
+{{- define "gputopo.webhook.config" -}}
+apiVersion: config.gputopo.io/v1alpha1
+kind: WebhookConfiguration
+schedulerName: {{ .Values.webhook.schedulerName | quote }}
+policyTable:
+  {{- range $intent := list "model" "data" "none" }}
+  {{- $p := index $.Values.webhook.policyTable $intent }}
+  {{ $intent }}:
+    strategy: {{ $p.strategy | quote }}
+    requireNVLinkFromGPUs: {{ int $p.requireNVLinkFromGPUs }}
+    minPairBandwidthGBps: {{ int $p.minPairBandwidthGBps }}
+  {{- end }}
+systemServiceAccounts:
+  - {{ include "gputopo.extender.user" . | quote }}
+  - {{ include "gputopo.nodeagent.user" . | quote }}
+  {{- range .Values.webhook.extraSystemServiceAccounts }}
+  - {{ . | quote }}
+  {{- end }}
+excludedNamespaces: {{ include "gputopo.webhook.excludedNamespaces" . }}
+namespaceDefaultAnnotation: {{ .Values.webhook.namespaceDefaultAnnotation | quote }}
+{{- end }}
+
+{{/* ExtenderConfiguration, decoded strictly by extender.ParseConfiguration. */}}
+{{- define "gputopo.extender.config" -}}
+apiVersion: gputopo.io/v1alpha1
+kind: ExtenderConfiguration
+weights:
+  utilizationBalance: {{ int .Values.extender.weights.utilizationBalance }}
+  taskAffinity: {{ int .Values.extender.weights.taskAffinity }}
+  thermalPowerHeadroom: {{ int .Values.extender.weights.thermalPowerHeadroom }}
+  fragmentation: {{ int .Values.extender.weights.fragmentation }}
+thermal:
+  idleTemperatureC: {{ int .Values.extender.thermal.idleTemperatureC }}
+  limitTemperatureC: {{ int .Values.extender.thermal.limitTemperatureC }}
+topologyMaxAge: {{ .Values.extender.topologyMaxAge | quote }}
+telemetryMaxAge: {{ .Values.extender.telemetryMaxAge | quote }}
+bindTimeout: {{ .Values.extender.bindTimeout | quote }}
+reservationTTL: {{ .Values.extender.reservationTTL | quote }}
+{{- end }}
+
+{{/*
+KubeSchedulerConfiguration of gputopo-scheduler: files/scheduler-config.yaml
+with the release's names and the values applied. The file stays the one
+source of the extender wiring (verbs, nodeCacheCapable, managedResources).
+*/}}
+{{- define "gputopo.scheduler.config" -}}
+{{- $cfg := .Files.Get "files/scheduler-config.yaml" | fromYaml }}
+{{- if hasKey $cfg "Error" }}
+{{- fail (printf "files/scheduler-config.yaml: %s" $cfg.Error) }}
+{{- end }}
+{{- $_ := set $cfg.leaderElection "resourceName" (include "gputopo.scheduler.name" .) }}
+{{- $_ := set $cfg.leaderElection "resourceNamespace" .Release.Namespace }}
+{{- $profile := first $cfg.profiles }}
+{{- $_ := set $profile "schedulerName" .Values.scheduler.schedulerName }}
+{{- $ext := first $cfg.extenders }}
+{{- $url := printf "http://%s.%s.svc:%d/scheduler" (include "gputopo.extender.name" .) .Release.Namespace (int .Values.extender.port) }}
+{{- $_ := set $ext "urlPrefix" $url }}
+{{- $_ := set $ext "ignorable" .Values.scheduler.ignorable }}
+{{- $_ := set $ext "httpTimeout" .Values.scheduler.extenderHTTPTimeout }}
+{{- $_ := set $ext "weight" (int .Values.scheduler.extenderWeight) }}
+{{- range $ext.managedResources }}
+{{- $_ := set . "name" $.Values.nodeAgent.resourceName }}
+{{- end }}
+{{- toYaml $cfg }}
+{{- end }}

@@ -1,0 +1,636 @@
+//go:build integration
+
+package chart
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	schedconfigv1 "k8s.io/kube-scheduler/config/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/cmd/gputopo/app"
+	"github.com/gputopo/gputopo/extender"
+	"github.com/gputopo/gputopo/nodeagent"
+	"github.com/gputopo/gputopo/test/harness"
+	"github.com/gputopo/gputopo/webhook"
+)
+
+// The chart's defaults, installed the way docs/install.md says.
+var defaultRelease = release{name: "gputopo", namespace: "gputopo-system"}
+
+// Every value that changes a rendered object differs from its default.
+var customRelease = release{name: "topo", namespace: "gpu-platform", values: `
+certManager:
+  issuer: {name: corp-ca, kind: ClusterIssuer, group: cert-manager.io}
+serviceMonitor:
+  enabled: true
+  labels: {release: prometheus}
+webhook:
+  replicas: 3
+  timeoutSeconds: 3
+  excludedNamespaces: [monitoring, kube-system]
+  policyTable:
+    model: {strategy: highest_bandwidth, requireNVLinkFromGPUs: 4, minPairBandwidthGBps: 300}
+  extraSystemServiceAccounts: ["system:serviceaccount:ops:gpu-admin"]
+extender:
+  replicas: 3
+  antiAffinity: hard
+  weights: {utilizationBalance: 10, taskAffinity: 20, thermalPowerHeadroom: 30, fragmentation: 40}
+scheduler:
+  ignorable: true
+  extenderHTTPTimeout: 8s
+  image: {tag: v1.36.4}
+nodeAgent:
+  nvmlAccess: privileged
+  topologyInterval: 2m
+  kubeletRootDir: /var/lib/k0s/kubelet
+image:
+  repository: registry.example/gputopo
+  tag: v9.9.9
+`}
+
+// want is what a release must render to.
+type want struct {
+	weights          [4]int32 // utilization, affinity, thermal, fragmentation
+	ignorable        bool
+	httpTimeout      time.Duration
+	extenderReplicas int32
+	// issuer of the serving certificate; the chart's own CA when name is
+	// "<fullname>-ca".
+	issuerName, issuerKind string
+	ownCA                  bool
+	serviceMonitors        int
+	excludedNamespaces     []string // beyond kube-system and the release namespace
+	timeoutSeconds         int32
+	extraSystemUsers       []string
+	privilegedAgent        bool
+	kubeletRoot            string
+	image                  string
+	schedulerImage         string
+	modelPolicy            webhook.Policy
+}
+
+func wants() map[string]struct {
+	rel  release
+	want want
+} {
+	return map[string]struct {
+		rel  release
+		want want
+	}{
+		"default values": {rel: defaultRelease, want: want{
+			weights: [4]int32{40, 30, 20, 10}, httpTimeout: 5 * time.Second, extenderReplicas: 2,
+			issuerName: "gputopo-ca", issuerKind: "Issuer", ownCA: true,
+			timeoutSeconds: 5, kubeletRoot: "/var/lib/kubelet",
+			image: "ghcr.io/gputopo/gputopo:0.1.0", schedulerImage: "registry.k8s.io/kube-scheduler:v1.37.2",
+			modelPolicy: webhook.DefaultConfig().PolicyTable.Model,
+		}},
+		"existing issuer, ServiceMonitors, other weights, ignorable, 3 extenders": {rel: customRelease, want: want{
+			weights: [4]int32{10, 20, 30, 40}, ignorable: true, httpTimeout: 8 * time.Second, extenderReplicas: 3,
+			issuerName: "corp-ca", issuerKind: "ClusterIssuer",
+			serviceMonitors: 4, excludedNamespaces: []string{"monitoring"}, timeoutSeconds: 3,
+			extraSystemUsers: []string{"system:serviceaccount:ops:gpu-admin"},
+			privilegedAgent:  true, kubeletRoot: "/var/lib/k0s/kubelet",
+			image: "registry.example/gputopo:v9.9.9", schedulerImage: "registry.k8s.io/kube-scheduler:v1.36.4",
+			modelPolicy: webhook.Policy{Strategy: v1alpha1.StrategyHighestBandwidth, RequireNVLinkFromGPUs: 4, MinPairBandwidthGBps: 300},
+		}},
+	}
+}
+
+func TestChartLintsAndRendersWhatTheComponentsRead(t *testing.T) {
+	for name, tc := range wants() {
+		t.Run(name, func(t *testing.T) {
+			tc.rel.lint(t)
+			objs := tc.rel.render(t)
+			r, w := tc.rel, tc.want
+			for _, check := range []func(*testing.T, release, want, []*unstructured.Unstructured){
+				checkSchedulerConfig, checkExtenderConfig, checkWebhookConfig, checkWebhookRegistration,
+				checkCertificates, checkNodeAgentRBAC, checkLeaseRBAC, checkDeploymentArgs,
+				checkNodeAgentDaemonSet, checkExtenderHA, checkMonitoring,
+			} {
+				check(t, r, w, objs)
+			}
+			if got := len(ofKind(objs, "CustomResourceDefinition")); got != 1 {
+				t.Errorf("rendered %d CRDs, want 1 (nodegputopologies.gputopo.io from crds/)", got)
+			}
+		})
+	}
+}
+
+func checkSchedulerConfig(t *testing.T, r release, w want, objs []*unstructured.Unstructured) {
+	fn := r.fullname()
+	cfg, err := harness.ParseSchedulerConfig(configData(t, objs, fn+"-scheduler", "config.yaml"))
+	if err != nil {
+		t.Fatalf("scheduler ConfigMap: %v", err)
+	}
+	if got := len(cfg.Profiles); got != 1 || cfg.Profiles[0].SchedulerName == nil || *cfg.Profiles[0].SchedulerName != v1alpha1.DefaultSchedulerName {
+		t.Errorf("profiles = %s, want one named %s", mustYAML(cfg.Profiles), v1alpha1.DefaultSchedulerName)
+	}
+	le := cfg.LeaderElection
+	if le.LeaderElect == nil || !*le.LeaderElect || le.ResourceName != fn+"-scheduler" || le.ResourceNamespace != r.namespace {
+		t.Errorf("leaderElection = %s, want its own Lease %s/%s-scheduler", mustYAML(le), r.namespace, fn)
+	}
+	wantExt := []schedconfigv1.Extender{{
+		URLPrefix:        fmt.Sprintf("http://%s-extender.%s.svc:8080/scheduler", fn, r.namespace),
+		FilterVerb:       "filter",
+		PrioritizeVerb:   "prioritize",
+		BindVerb:         "bind",
+		Weight:           10,
+		EnableHTTPS:      false,
+		HTTPTimeout:      metav1.Duration{Duration: w.httpTimeout},
+		NodeCacheCapable: true,
+		ManagedResources: []schedconfigv1.ExtenderManagedResource{{Name: v1alpha1.ResourceGPU, IgnoredByScheduler: false}},
+		Ignorable:        w.ignorable,
+	}}
+	if diff := cmp.Diff(wantExt, cfg.Extenders); diff != "" {
+		t.Errorf("scheduler extenders (-want +got):\n%s", diff)
+	}
+}
+
+func checkExtenderConfig(t *testing.T, r release, w want, objs []*unstructured.Unstructured) {
+	cfg, err := extender.ParseConfiguration(configData(t, objs, r.fullname()+"-extender", "config.yaml"))
+	if err != nil {
+		t.Fatalf("extender ConfigMap is refused by the extender: %v", err)
+	}
+	got := [4]int32{*cfg.Weights.UtilizationBalance, *cfg.Weights.TaskAffinity, *cfg.Weights.ThermalPowerHeadroom, *cfg.Weights.Fragmentation}
+	if got != w.weights {
+		t.Errorf("extender weights = %v, want %v", got, w.weights)
+	}
+	// Everything but the weights is the extender's own default.
+	def := extender.DefaultConfiguration()
+	def.Weights = cfg.Weights
+	if diff := cmp.Diff(def, cfg); diff != "" {
+		t.Errorf("extender configuration beyond weights differs from the extender's defaults (-defaults +rendered):\n%s", diff)
+	}
+}
+
+func checkWebhookConfig(t *testing.T, r release, w want, objs []*unstructured.Unstructured) {
+	fn := r.fullname()
+	cfg, err := webhook.ParseConfig(configData(t, objs, fn+"-webhook", "config.yaml"))
+	if err != nil {
+		t.Fatalf("webhook ConfigMap is refused by the webhook: %v", err)
+	}
+	// The users allowed to write system annotations are the chart's own
+	// service accounts, whatever the release is called.
+	users := []string{
+		"system:serviceaccount:" + r.namespace + ":" + find(t, objs, "ServiceAccount", fn+"-extender").GetName(),
+		"system:serviceaccount:" + r.namespace + ":" + find(t, objs, "ServiceAccount", fn+"-nodeagent").GetName(),
+	}
+	users = append(users, w.extraSystemUsers...)
+	if diff := cmp.Diff(users, cfg.SystemServiceAccounts); diff != "" {
+		t.Errorf("systemServiceAccounts (-want +got):\n%s", diff)
+	}
+	excluded := append([]string{"kube-system", r.namespace}, w.excludedNamespaces...)
+	if diff := cmp.Diff(excluded, cfg.ExcludedNamespaces); diff != "" {
+		t.Errorf("excludedNamespaces (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(w.modelPolicy, cfg.PolicyTable.Model); diff != "" {
+		t.Errorf("policyTable.model (-want +got):\n%s", diff)
+	}
+	def := webhook.DefaultConfig().PolicyTable
+	if diff := cmp.Diff(def.Data, cfg.PolicyTable.Data); diff != "" {
+		t.Errorf("policyTable.data differs from the webhook default (-want +got):\n%s", diff)
+	}
+	if cfg.SchedulerName != v1alpha1.DefaultSchedulerName {
+		t.Errorf("schedulerName = %q, want %q", cfg.SchedulerName, v1alpha1.DefaultSchedulerName)
+	}
+}
+
+// The chart's webhook configurations are webhook.Registration's, field for
+// field; only the CA bundle is left to cert-manager's injector.
+func checkWebhookRegistration(t *testing.T, r release, w want, objs []*unstructured.Unstructured) {
+	fn := r.fullname()
+	wantM, wantV, err := webhook.Registration(webhook.RegistrationOptions{
+		Name: fn + "-webhook", ServiceName: fn + "-webhook", ServiceNamespace: r.namespace,
+		ExcludedNamespaces: append([]string{"kube-system"}, w.excludedNamespaces...), TimeoutSeconds: w.timeoutSeconds,
+	})
+	if err != nil {
+		t.Fatalf("webhook.Registration: %v", err)
+	}
+	injectFrom := r.namespace + "/" + fn + "-webhook"
+	var gotM admissionregistrationv1.MutatingWebhookConfiguration
+	into(t, find(t, objs, "MutatingWebhookConfiguration", fn+"-webhook"), &gotM)
+	var gotV admissionregistrationv1.ValidatingWebhookConfiguration
+	into(t, find(t, objs, "ValidatingWebhookConfiguration", fn+"-webhook"), &gotV)
+	for _, meta := range []*metav1.ObjectMeta{&gotM.ObjectMeta, &gotV.ObjectMeta} {
+		if got := meta.Annotations["cert-manager.io/inject-ca-from"]; got != injectFrom {
+			t.Errorf("%s: cert-manager.io/inject-ca-from = %q, want %q", meta.Name, got, injectFrom)
+		}
+		meta.Annotations, meta.Labels = nil, nil
+	}
+	if diff := cmp.Diff(wantM, &gotM); diff != "" {
+		t.Errorf("MutatingWebhookConfiguration differs from webhook.Registration (-code +chart):\n%s", diff)
+	}
+	if diff := cmp.Diff(wantV, &gotV); diff != "" {
+		t.Errorf("ValidatingWebhookConfiguration differs from webhook.Registration (-code +chart):\n%s", diff)
+	}
+	for _, h := range gotM.Webhooks {
+		if *h.FailurePolicy != admissionregistrationv1.Fail || *h.TimeoutSeconds > webhook.MaxTimeoutSeconds {
+			t.Errorf("webhook %s: failurePolicy %s timeout %d; want Fail and at most %d", h.Name, *h.FailurePolicy, *h.TimeoutSeconds, webhook.MaxTimeoutSeconds)
+		}
+	}
+}
+
+func checkCertificates(t *testing.T, r release, w want, objs []*unstructured.Unstructured) {
+	fn := r.fullname()
+	cert := find(t, objs, "Certificate", fn+"-webhook")
+	svc := fn + "-webhook"
+	find(t, objs, "Service", svc)
+	dns, _, _ := unstructured.NestedStringSlice(cert.Object, "spec", "dnsNames")
+	wantDNS := []string{svc, svc + "." + r.namespace, svc + "." + r.namespace + ".svc", svc + "." + r.namespace + ".svc.cluster.local"}
+	if diff := cmp.Diff(wantDNS, dns); diff != "" {
+		t.Errorf("serving certificate dnsNames (-want +got):\n%s", diff)
+	}
+	issuer, _, _ := unstructured.NestedStringMap(cert.Object, "spec", "issuerRef")
+	if diff := cmp.Diff(map[string]string{"name": w.issuerName, "kind": w.issuerKind, "group": "cert-manager.io"}, issuer); diff != "" {
+		t.Errorf("serving certificate issuerRef (-want +got):\n%s", diff)
+	}
+	// The webhook mounts the Secret the Certificate writes.
+	secret, _, _ := unstructured.NestedString(cert.Object, "spec", "secretName")
+	var dep appsv1.Deployment
+	into(t, find(t, objs, "Deployment", fn+"-webhook"), &dep)
+	if !slices.ContainsFunc(dep.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool { return v.Secret != nil && v.Secret.SecretName == secret }) {
+		t.Errorf("webhook Deployment does not mount Secret %q of its Certificate", secret)
+	}
+	if w.ownCA {
+		ca := find(t, objs, "Certificate", fn+"-ca")
+		if isCA, _, _ := unstructured.NestedBool(ca.Object, "spec", "isCA"); !isCA {
+			t.Errorf("Certificate %s-ca: isCA is not true", fn)
+		}
+		caIssuer := find(t, objs, "Issuer", fn+"-ca")
+		caSecret, _, _ := unstructured.NestedString(ca.Object, "spec", "secretName")
+		if got, _, _ := unstructured.NestedString(caIssuer.Object, "spec", "ca", "secretName"); got != caSecret {
+			t.Errorf("CA Issuer uses Secret %q, the CA Certificate writes %q", got, caSecret)
+		}
+		self := find(t, objs, "Issuer", fn+"-selfsigned")
+		if _, ok, _ := unstructured.NestedMap(self.Object, "spec", "selfSigned"); !ok {
+			t.Errorf("Issuer %s-selfsigned is not selfSigned", fn)
+		}
+	} else if n := len(ofKind(objs, "Issuer")); n != 0 {
+		t.Errorf("with an existing issuer the chart rendered %d Issuers, want none", n)
+	}
+}
+
+func checkNodeAgentRBAC(t *testing.T, r release, _ want, objs []*unstructured.Unstructured) {
+	var role rbacv1.ClusterRole
+	into(t, find(t, objs, "ClusterRole", r.fullname()+"-nodeagent"), &role)
+	if diff := cmp.Diff(nodeagent.RBACRules(), role.Rules); diff != "" {
+		t.Errorf("node agent ClusterRole differs from nodeagent.RBACRules (-code +chart):\n%s", diff)
+	}
+}
+
+// Each leader-elected component may renew exactly the Lease its flags or
+// configuration name.
+func checkLeaseRBAC(t *testing.T, r release, _ want, objs []*unstructured.Unstructured) {
+	fn := r.fullname()
+	for _, lease := range []string{fn + "-extender", fn + "-scheduler"} {
+		var role rbacv1.Role
+		into(t, find(t, objs, "Role", lease), &role)
+		wantRules := []rbacv1.PolicyRule{
+			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
+			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{lease}, Verbs: []string{"get", "update"}},
+		}
+		if diff := cmp.Diff(wantRules, role.Rules); diff != "" {
+			t.Errorf("Role %s (-want +got):\n%s", lease, diff)
+		}
+		if role.Namespace != r.namespace {
+			t.Errorf("Role %s in namespace %q, want %q", lease, role.Namespace, r.namespace)
+		}
+	}
+	var dep appsv1.Deployment
+	into(t, find(t, objs, "Deployment", fn+"-extender"), &dep)
+	args := dep.Spec.Template.Spec.Containers[0].Args
+	for _, a := range []string{"--leader-elect=true", "--leader-election-namespace=" + r.namespace, "--leader-election-id=" + fn + "-extender"} {
+		if !slices.Contains(args, a) {
+			t.Errorf("extender args %q lack %q", args, a)
+		}
+	}
+	want := map[string][]string{
+		fn + "-scheduler-kube-scheduler":   {"ClusterRole", "system:kube-scheduler"},
+		fn + "-scheduler-volume-scheduler": {"ClusterRole", "system:volume-scheduler"},
+	}
+	for name, ref := range want {
+		var b rbacv1.ClusterRoleBinding
+		into(t, find(t, objs, "ClusterRoleBinding", name), &b)
+		if b.RoleRef.Kind != ref[0] || b.RoleRef.Name != ref[1] || len(b.Subjects) != 1 || b.Subjects[0].Name != fn+"-scheduler" || b.Subjects[0].Namespace != r.namespace {
+			t.Errorf("ClusterRoleBinding %s = %s", name, mustYAML(b))
+		}
+	}
+}
+
+// Every container's arguments parse with the gputopo command itself: a
+// renamed or removed flag, or a wrong subcommand, fails here, not in a
+// crash-looping pod.
+func checkDeploymentArgs(t *testing.T, r release, w want, objs []*unstructured.Unstructured) {
+	fn := r.fullname()
+	for _, c := range []struct{ kind, name, subcommand string }{
+		{"Deployment", fn + "-webhook", "webhook"},
+		{"Deployment", fn + "-extender", "extender"},
+		{"DaemonSet", fn + "-nodeagent", "nodeagent"},
+	} {
+		var spec corev1.PodSpec
+		switch c.kind {
+		case "Deployment":
+			var d appsv1.Deployment
+			into(t, find(t, objs, c.kind, c.name), &d)
+			spec = d.Spec.Template.Spec
+		default:
+			var d appsv1.DaemonSet
+			into(t, find(t, objs, c.kind, c.name), &d)
+			spec = d.Spec.Template.Spec
+		}
+		ctr := spec.Containers[0]
+		if ctr.Image != w.image {
+			t.Errorf("%s %s: image %q, want %q", c.kind, c.name, ctr.Image, w.image)
+		}
+		if len(ctr.Command) != 0 {
+			t.Errorf("%s %s: command %q overrides the image's entrypoint", c.kind, c.name, ctr.Command)
+		}
+		root := app.NewCommand(context.Background())
+		sub, rest, err := root.Find(ctr.Args)
+		if err != nil || sub.Name() != c.subcommand {
+			t.Errorf("%s %s: args %q do not select `gputopo %s` (got %q, %v)", c.kind, c.name, ctr.Args, c.subcommand, sub.Name(), err)
+			continue
+		}
+		if err := sub.ParseFlags(rest); err != nil {
+			t.Errorf("%s %s: args %q do not parse with `gputopo %s` flags: %v", c.kind, c.name, ctr.Args, c.subcommand, err)
+		}
+		if n := sub.Flags().NArg(); n != 0 {
+			t.Errorf("%s %s: stray arguments %q", c.kind, c.name, sub.Flags().Args())
+		}
+	}
+	var sched appsv1.Deployment
+	into(t, find(t, objs, "Deployment", fn+"-scheduler"), &sched)
+	ctr := sched.Spec.Template.Spec.Containers[0]
+	if ctr.Image != w.schedulerImage {
+		t.Errorf("scheduler image %q, want %q", ctr.Image, w.schedulerImage)
+	}
+	if !slices.Contains(ctr.Command, "--config=/etc/kubernetes/gputopo-scheduler/config.yaml") {
+		t.Errorf("scheduler command %q does not read the mounted configuration", ctr.Command)
+	}
+}
+
+func checkNodeAgentDaemonSet(t *testing.T, r release, w want, objs []*unstructured.Unstructured) {
+	var ds appsv1.DaemonSet
+	into(t, find(t, objs, "DaemonSet", r.fullname()+"-nodeagent"), &ds)
+	spec := ds.Spec.Template.Spec
+	if spec.NodeSelector["nvidia.com/gpu.present"] != "true" {
+		t.Errorf("node agent nodeSelector %v does not select GPU nodes", spec.NodeSelector)
+	}
+	ctr := spec.Containers[0]
+	env := map[string]corev1.EnvVar{}
+	for _, e := range ctr.Env {
+		env[e.Name] = e
+	}
+	if e := env["NODE_NAME"]; e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
+		t.Errorf("NODE_NAME env = %+v, want fieldRef spec.nodeName", e)
+	}
+	hostPaths := map[string]string{}
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil {
+			hostPaths[v.Name] = v.HostPath.Path
+		}
+	}
+	for _, p := range []string{w.kubeletRoot + "/device-plugins", w.kubeletRoot + "/pod-resources"} {
+		if !slices.Contains(mapsValues(hostPaths), p) {
+			t.Errorf("node agent hostPath volumes %v lack %s", hostPaths, p)
+		}
+	}
+	for _, a := range []string{"--device-plugin-dir=" + w.kubeletRoot + "/device-plugins", "--pod-resources-socket=" + w.kubeletRoot + "/pod-resources/kubelet.sock"} {
+		if !slices.Contains(ctr.Args, a) {
+			t.Errorf("node agent args %q lack %q", ctr.Args, a)
+		}
+	}
+	if slices.ContainsFunc(ctr.Args, func(a string) bool { return strings.HasPrefix(a, "--simulate") }) {
+		t.Errorf("node agent simulates GPUs by default: %q", ctr.Args)
+	}
+	privileged := ctr.SecurityContext != nil && ptr.Deref(ctr.SecurityContext.Privileged, false)
+	if privileged != w.privilegedAgent {
+		t.Errorf("node agent privileged = %v, want %v", privileged, w.privilegedAgent)
+	}
+	if !w.privilegedAgent && (spec.RuntimeClassName == nil || *spec.RuntimeClassName != "nvidia" || env["NVIDIA_VISIBLE_DEVICES"].Value != "all") {
+		t.Errorf("node agent without privileges must run with runtimeClassName nvidia and NVIDIA_VISIBLE_DEVICES=all; got %v %+v", spec.RuntimeClassName, env["NVIDIA_VISIBLE_DEVICES"])
+	}
+}
+
+func mapsValues(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for _, v := range m {
+		out = append(out, v)
+	}
+	return out
+}
+
+func checkExtenderHA(t *testing.T, r release, w want, objs []*unstructured.Unstructured) {
+	fn := r.fullname()
+	var dep appsv1.Deployment
+	into(t, find(t, objs, "Deployment", fn+"-extender"), &dep)
+	if ptr.Deref(dep.Spec.Replicas, 0) != w.extenderReplicas {
+		t.Errorf("extender replicas = %d, want %d", ptr.Deref(dep.Spec.Replicas, 0), w.extenderReplicas)
+	}
+	aa := dep.Spec.Template.Spec.Affinity
+	if aa == nil || aa.PodAntiAffinity == nil || len(aa.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution)+len(aa.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution) == 0 {
+		t.Errorf("extender has no pod anti-affinity: %s", mustYAML(aa))
+	}
+	var pdb policyv1.PodDisruptionBudget
+	into(t, find(t, objs, "PodDisruptionBudget", fn+"-extender"), &pdb)
+	if diff := cmp.Diff(dep.Spec.Selector, pdb.Spec.Selector); diff != "" {
+		t.Errorf("extender PDB selects other pods than the Deployment (-deployment +pdb):\n%s", diff)
+	}
+	// The scheduler calls the Service; it must reach the verbs port, and
+	// readiness must be the extender's leader-aware /readyz.
+	var svc corev1.Service
+	into(t, find(t, objs, "Service", fn+"-extender"), &svc)
+	if diff := cmp.Diff(dep.Spec.Template.Labels, svc.Spec.Selector); diff != "" {
+		t.Errorf("extender Service selector (-pod labels +selector):\n%s", diff)
+	}
+	ctr := dep.Spec.Template.Spec.Containers[0]
+	if p := ctr.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" {
+		t.Errorf("extender readiness probe = %s, want GET /readyz", mustYAML(p))
+	}
+	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != extender.DefaultPort || svc.Spec.Ports[0].TargetPort.StrVal != "http" {
+		t.Errorf("extender Service ports = %s, want %d -> http", mustYAML(svc.Spec.Ports), extender.DefaultPort)
+	}
+}
+
+func checkMonitoring(t *testing.T, r release, w want, objs []*unstructured.Unstructured) {
+	if got := len(ofKind(objs, "ServiceMonitor")); got != w.serviceMonitors {
+		t.Errorf("rendered %d ServiceMonitors, want %d", got, w.serviceMonitors)
+	}
+	// Every ServiceMonitor selects exactly one rendered Service, which has
+	// the port it scrapes.
+	for _, sm := range ofKind(objs, "ServiceMonitor") {
+		sel, _, _ := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
+		eps, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+		port := eps[0].(map[string]any)["port"]
+		var matched []string
+		for _, s := range ofKind(objs, "Service") {
+			if labelsMatch(sel, s.GetLabels()) {
+				matched = append(matched, s.GetName())
+				ports, _, _ := unstructured.NestedSlice(s.Object, "spec", "ports")
+				if !slices.ContainsFunc(ports, func(p any) bool { return p.(map[string]any)["name"] == port }) {
+					t.Errorf("ServiceMonitor %s scrapes port %v that Service %s lacks", sm.GetName(), port, s.GetName())
+				}
+			}
+		}
+		if len(matched) != 1 {
+			t.Errorf("ServiceMonitor %s selects Services %v, want exactly one", sm.GetName(), matched)
+		}
+	}
+	cm := find(t, objs, "ConfigMap", r.fullname()+"-dashboard")
+	dash, _, _ := unstructured.NestedString(cm.Object, "data", "gputopo.json")
+	var parsed map[string]any
+	if err := yaml.Unmarshal([]byte(dash), &parsed); err != nil || parsed["panels"] == nil {
+		t.Fatalf("dashboard is not a Grafana dashboard JSON: %v", err)
+	}
+	for _, metric := range []string{
+		"gpu_extender_scheduling_latency_seconds", "gpu_extender_filter_results_total", "gpu_extender_prioritize_scores",
+		"gpu_extender_gpu_utilization_percent", "gpu_extender_errors_total", "gputopo_placements_total",
+	} {
+		if !strings.Contains(dash, metric) {
+			t.Errorf("dashboard does not chart %s", metric)
+		}
+	}
+}
+
+func labelsMatch(sel, labels map[string]string) bool {
+	for k, v := range sel {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// Bad values stop helm with a message that names the value and the fix,
+// before anything reaches the cluster.
+func TestChartRefusesBadValues(t *testing.T) {
+	for name, tc := range map[string]struct {
+		values, want string
+	}{
+		"webhook timeout above 5 seconds": {"webhook: {timeoutSeconds: 9}", "webhook.timeoutSeconds: 9 is out of range; must be between 1 and 5"},
+		"unknown NVML access mode":        {"nodeAgent: {nvmlAccess: hostPath}", `nodeAgent.nvmlAccess: "hostPath" is not supported; use runtimeClass or privileged`},
+		"unknown anti-affinity":           {"extender: {antiAffinity: always}", `extender.antiAffinity: "always" is not supported; use soft or hard`},
+		"issuer of an unknown kind":       {"certManager: {issuer: {name: x, kind: Vault}}", `certManager.issuer.kind: "Vault" is not supported; use Issuer or ClusterIssuer`},
+		"webhook and scheduler disagree":  {"scheduler: {schedulerName: other}", `webhook.schedulerName ("gputopo-scheduler") must equal scheduler.schedulerName ("other")`},
+		"no extender":                     {"extender: {replicas: 0}", "extender.replicas: must be at least 1"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			rel := release{name: "gputopo", namespace: "gputopo-system", values: tc.values}
+			out, err := rel.helm(t, "template", rel.name, chartDir(), "--namespace", rel.namespace, "--kube-version", kubeVersion)
+			if err == nil {
+				t.Fatalf("helm template accepted %q:\n%.400s", tc.values, out)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q does not say %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// certs/ holds the chart's cert-manager objects for the default release,
+// for installs without Helm; the two must not drift apart.
+func TestCertsDirMatchesChart(t *testing.T) {
+	objs := defaultRelease.render(t)
+	dir := filepath.Join(harness.RepoRoot(), "certs")
+	certsObjs := loadKustomization(t, dir)
+	key := func(u *unstructured.Unstructured) string {
+		return u.GetKind() + "/" + u.GetNamespace() + "/" + u.GetName()
+	}
+	fromChart := map[string]any{}
+	for _, o := range objs {
+		if strings.HasSuffix(o.GetAPIVersion(), "cert-manager.io/v1") {
+			fromChart[key(o)] = o.Object["spec"]
+		}
+	}
+	fromCerts := map[string]any{}
+	for _, o := range certsObjs {
+		if o.GetKind() == "Namespace" {
+			if o.GetName() != defaultRelease.namespace {
+				t.Errorf("certs/ creates namespace %q, want %q", o.GetName(), defaultRelease.namespace)
+			}
+			continue
+		}
+		fromCerts[key(o)] = o.Object["spec"]
+	}
+	if len(fromChart) != 4 {
+		t.Fatalf("chart renders %d cert-manager objects, want 4 (self-signed Issuer, CA Certificate, CA Issuer, serving Certificate)", len(fromChart))
+	}
+	if diff := cmp.Diff(fromChart, fromCerts); diff != "" {
+		t.Errorf("certs/ differs from the chart's default cert-manager objects (-chart +certs):\n%s", diff)
+	}
+}
+
+// kustomization is the part of kustomize's format certs/ uses.
+type kustomization struct {
+	APIVersion string           `json:"apiVersion"`
+	Kind       string           `json:"kind"`
+	Namespace  string           `json:"namespace"`
+	Labels     []map[string]any `json:"labels"`
+	Resources  []string         `json:"resources"`
+}
+
+// loadKustomization reads the resources a kustomization lists, with its
+// namespace applied, as `kubectl apply -k` would.
+func loadKustomization(t testing.TB, dir string) []*unstructured.Unstructured {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+	if err != nil {
+		t.Fatalf("read kustomization: %v", err)
+	}
+	var k kustomization
+	if err := yaml.UnmarshalStrict(data, &k); err != nil {
+		t.Fatalf("certs/kustomization.yaml uses more than namespace, labels and resources: %v", err)
+	}
+	if k.APIVersion != "kustomize.config.k8s.io/v1beta1" || k.Kind != "Kustomization" {
+		t.Fatalf("certs/kustomization.yaml: apiVersion %q kind %q", k.APIVersion, k.Kind)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatalf("read certs/: %v", err)
+	}
+	for _, e := range entries {
+		n := e.Name()
+		if strings.HasSuffix(n, ".yaml") && n != "kustomization.yaml" && !slices.Contains(k.Resources, n) {
+			t.Errorf("certs/%s is not listed in kustomization.yaml resources", n)
+		}
+	}
+	var out []*unstructured.Unstructured
+	for _, res := range k.Resources {
+		b, err := os.ReadFile(filepath.Join(dir, res))
+		if err != nil {
+			t.Fatalf("kustomization resource: %v", err)
+		}
+		objs, err := decodeObjects(b)
+		if err != nil {
+			t.Fatalf("certs/%s: %v", res, err)
+		}
+		for _, o := range objs {
+			if o.GetKind() != "Namespace" && k.Namespace != "" {
+				if o.GetNamespace() != "" && o.GetNamespace() != k.Namespace {
+					t.Errorf("certs/%s: %s %s in namespace %q, kustomization says %q", res, o.GetKind(), o.GetName(), o.GetNamespace(), k.Namespace)
+				}
+				o.SetNamespace(k.Namespace)
+			}
+		}
+		out = append(out, objs...)
+	}
+	return out
+}
