@@ -17,7 +17,6 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
@@ -319,7 +318,7 @@ func startNodes(ctx context.Context, c client.Client, specs []NodeSpec, stops *[
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", s.Name, err)
 		}
-		if err := createNode(ctx, c, s.Name, f.GPUs); err != nil {
+		if _, err := localcluster.CreateGPUNode(ctx, c, s.Name, f.GPUs, map[string]string{"nvidia.com/gpu.present": "true"}); err != nil {
 			return nil, err
 		}
 		sim := nodeagent.NewSimulator(f, s.Name)
@@ -352,36 +351,6 @@ func startNodes(ctx context.Context, c client.Client, specs []NodeSpec, stops *[
 	return views, nil
 }
 
-func createNode(ctx context.Context, c client.Client, name string, gpus int) error {
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{corev1.LabelHostname: name, "nvidia.com/gpu.present": "true"}}}
-	if err := c.Create(ctx, node); err != nil {
-		return fmt.Errorf("create node %s: %w", name, err)
-	}
-	// No node lifecycle controller runs: clear the not-ready taint added at
-	// creation and report Ready with the GPUs as capacity, as kubelet would.
-	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
-		if err := c.Get(ctx, client.ObjectKeyFromObject(node), node); err != nil {
-			return false, err
-		}
-		node.Spec.Taints = nil
-		return c.Update(ctx, node) == nil, nil
-	}); err != nil {
-		return fmt.Errorf("clear taints of node %s: %w", name, err)
-	}
-	capacity := corev1.ResourceList{
-		corev1.ResourceCPU:                        resource.MustParse("128"),
-		corev1.ResourceMemory:                     resource.MustParse("1Ti"),
-		corev1.ResourcePods:                       resource.MustParse("110"),
-		corev1.ResourceName(v1alpha1.ResourceGPU): *resource.NewQuantity(int64(gpus), resource.DecimalSI),
-	}
-	node.Status.Capacity, node.Status.Allocatable = capacity, capacity
-	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
-	if err := c.Status().Update(ctx, node); err != nil {
-		return fmt.Errorf("set status of node %s: %w", name, err)
-	}
-	return nil
-}
-
 func describe(w Workload) string {
 	kind := "Job"
 	if w.Bare {
@@ -394,21 +363,6 @@ func describe(w Workload) string {
 	return fmt.Sprintf("%s %s (%s): %d pod(s) x %d GPU(s)", kind, w.Name, intent, w.Pods, w.GPUs)
 }
 
-func podSpec(gpus int) corev1.PodSpec {
-	q := *resource.NewQuantity(int64(gpus), resource.DecimalSI)
-	return corev1.PodSpec{
-		RestartPolicy: corev1.RestartPolicyNever,
-		Containers: []corev1.Container{{
-			Name:  "main",
-			Image: "registry.example/train:1",
-			Resources: corev1.ResourceRequirements{
-				Requests: corev1.ResourceList{corev1.ResourceName(v1alpha1.ResourceGPU): q},
-				Limits:   corev1.ResourceList{corev1.ResourceName(v1alpha1.ResourceGPU): q},
-			},
-		}},
-	}
-}
-
 func submit(ctx context.Context, c client.Client, w Workload) error {
 	ann := map[string]string{}
 	if w.Intent != "" {
@@ -418,7 +372,7 @@ func submit(ctx context.Context, c client.Client, w Workload) error {
 		for i := 0; i < w.Pods; i++ {
 			pod := &corev1.Pod{
 				ObjectMeta: metav1.ObjectMeta{Namespace: demoNamespace, Name: fmt.Sprintf("%s-%d", w.Name, i), Annotations: ann, Labels: map[string]string{"demo": w.Name}},
-				Spec:       podSpec(w.GPUs),
+				Spec:       localcluster.GPUPodSpec(w.GPUs),
 			}
 			if err := c.Create(ctx, pod); err != nil {
 				return fmt.Errorf("create pod %s: %w", pod.Name, err)
@@ -433,7 +387,7 @@ func submit(ctx context.Context, c client.Client, w Workload) error {
 			Completions: ptr.To(int32(w.Pods)),
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"demo": w.Name}},
-				Spec:       podSpec(w.GPUs),
+				Spec:       localcluster.GPUPodSpec(w.GPUs),
 			},
 		},
 	}

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/spf13/cobra"
@@ -40,73 +41,49 @@ func kubeconfigFlag(fs *pflag.FlagSet) func() (*rest.Config, error) {
 
 func newWebhookCommand() *cobra.Command {
 	opts := webhook.DefaultOptions()
-	cmd := &cobra.Command{
-		Use:   "webhook",
-		Short: "Serve the mutating and validating admission webhook",
-		Args:  cobra.NoArgs,
-	}
-	opts.AddFlags(cmd.Flags())
+	return component("webhook", "Serve the mutating and validating admission webhook",
+		opts.AddFlags, func() error { return opts.Validate() },
+		func(ctx context.Context, rc *rest.Config) error {
+			cfg := webhook.DefaultConfig()
+			if opts.ConfigFile != "" {
+				var err error
+				if cfg, err = webhook.LoadConfig(opts.ConfigFile); err != nil {
+					return err
+				}
+			}
+			return webhook.Run(ctx, cfg, rc, opts)
+		})
+}
+
+// component builds a subcommand that validates its options, loads the
+// cluster connection and runs one component.
+func component(use, short string, addFlags func(*pflag.FlagSet), validate func() error, run func(context.Context, *rest.Config) error) *cobra.Command {
+	cmd := &cobra.Command{Use: use, Short: short, Args: cobra.NoArgs}
+	addFlags(cmd.Flags())
 	restConfig := kubeconfigFlag(cmd.Flags())
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		if err := opts.Validate(); err != nil {
+		if err := validate(); err != nil {
 			return err
-		}
-		cfg := webhook.DefaultConfig()
-		if opts.ConfigFile != "" {
-			var err error
-			if cfg, err = webhook.LoadConfig(opts.ConfigFile); err != nil {
-				return err
-			}
 		}
 		rc, err := restConfig()
 		if err != nil {
 			return err
 		}
-		return webhook.Run(cmd.Context(), cfg, rc, opts)
+		return run(cmd.Context(), rc)
 	}
 	return cmd
 }
 
 func newExtenderCommand() *cobra.Command {
 	opts := extender.NewOptions()
-	cmd := &cobra.Command{
-		Use:   "extender",
-		Short: "Serve the kube-scheduler extender (filter, prioritize, bind)",
-		Args:  cobra.NoArgs,
-	}
-	opts.AddFlags(cmd.Flags())
-	restConfig := kubeconfigFlag(cmd.Flags())
-	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		if err := opts.Validate(); err != nil {
-			return err
-		}
-		rc, err := restConfig()
-		if err != nil {
-			return err
-		}
-		return extender.Run(cmd.Context(), rc, opts)
-	}
-	return cmd
+	return component("extender", "Serve the kube-scheduler extender (filter, prioritize, bind)",
+		opts.AddFlags, func() error { return opts.Validate() },
+		func(ctx context.Context, rc *rest.Config) error { return extender.Run(ctx, rc, opts) })
 }
 
 func newNodeAgentCommand() *cobra.Command {
 	var opts nodeagent.Options
-	cmd := &cobra.Command{
-		Use:   "nodeagent",
-		Short: "Discover GPUs with NVML, publish NodeGPUTopology, and serve the kubelet device plugin",
-		Args:  cobra.NoArgs,
-	}
-	opts.AddFlags(cmd.Flags())
-	restConfig := kubeconfigFlag(cmd.Flags())
-	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		if err := opts.Validate(); err != nil {
-			return err
-		}
-		rc, err := restConfig()
-		if err != nil {
-			return err
-		}
-		return nodeagent.Run(cmd.Context(), rc, opts)
-	}
-	return cmd
+	return component("nodeagent", "Discover GPUs with NVML, publish NodeGPUTopology, and serve the kubelet device plugin",
+		opts.AddFlags, func() error { return opts.Validate() },
+		func(ctx context.Context, rc *rest.Config) error { return nodeagent.Run(ctx, rc, opts) })
 }
