@@ -14,7 +14,7 @@ import (
 // benchCluster is n nodes of three machine types, a quarter of them with
 // some GPUs held, like a busy cluster: most nodes share a (topology, free
 // GPUs) answer, some do not.
-func benchCluster(b *testing.B, n int) (*Extender, []string) {
+func benchCluster(b testing.TB, n int) (*Extender, []string) {
 	b.Helper()
 	x, _ := newTestExtender(b, nil)
 	fixtures := []string{"dgx1-v100", "dgx-a100", "hgx-h100"}

@@ -96,11 +96,39 @@ type evaluator struct {
 	staleBeforeNs int64
 	// telemetryAfterNs is the oldest telemetry time still steered by.
 	telemetryAfterNs int64
-	memo             map[evalKey]*verdict
+	// slots is a direct-mapped cache in front of memo: most lookups are a
+	// multiply and one compare instead of hashing a struct key.
+	slots [evalSlots]evalSlot
+	memo  map[evalKey]*verdict
+	// Score constants, read once per request rather than per node.
+	wU, wA, wH, wF, wSum float64
+	idleC, limitC        float64
+}
+
+// evalSlots is the size of the evaluator's direct-mapped cache (a power of
+// two); a request rarely sees more distinct (topology, free GPUs) pairs.
+const evalSlots = 64
+
+type evalSlot struct {
+	key evalKey
+	v   *verdict
+}
+
+// slot picks the cache slot of k.
+func (k evalKey) slot() int {
+	h := uint64(k.free)*0x9E3779B97F4A7C15 ^ (k.topo.id+1)*0xC2B2AE3D27D4EB4F
+	if k.pristine {
+		h ^= 0x165667B19E3779F9
+	}
+	return int(h >> (64 - 6))
 }
 
 func newEvaluator(alloc *topology.Allocator, cfg *Configuration, pr podRequest, now time.Time) *evaluator {
-	e := &evaluator{alloc: alloc, cfg: cfg, pr: pr, now: now, maxAge: cfg.topologyMaxAge(), memo: make(map[evalKey]*verdict, 8)}
+	e := &evaluator{alloc: alloc, cfg: cfg, pr: pr, now: now, maxAge: cfg.topologyMaxAge()}
+	w := cfg.Weights
+	e.wU, e.wA, e.wH, e.wF = float64(*w.UtilizationBalance), float64(*w.TaskAffinity), float64(*w.ThermalPowerHeadroom), float64(*w.Fragmentation)
+	e.wSum = e.wU + e.wA + e.wH + e.wF
+	e.idleC, e.limitC = float64(*cfg.Thermal.IdleTemperatureC), float64(*cfg.Thermal.LimitTemperatureC)
 	e.telemetryAfterNs = now.Add(-cfg.TelemetryMaxAge.Duration).UnixNano()
 	if e.maxAge > 0 {
 		e.staleBeforeNs = now.Add(-e.maxAge).UnixNano()
@@ -152,7 +180,12 @@ func (e *evaluator) check(n *nodeState) *verdict {
 func (e *evaluator) allocate(n *nodeState, free topology.Mask, pristine bool) *verdict {
 	shared := pristine || e.pr.req.EffectiveStrategy() != v1alpha1.StrategyBalancedUtilization
 	key := evalKey{topo: n.topo, free: free, pristine: pristine}
+	var slot *evalSlot
 	if shared {
+		slot = &e.slots[key.slot()]
+		if slot.v != nil && slot.key == key {
+			return slot.v
+		}
 		if v, ok := e.memo[key]; ok {
 			return v
 		}
@@ -174,7 +207,14 @@ func (e *evaluator) allocate(n *nodeState, free topology.Mask, pristine bool) *v
 		}
 	}
 	if shared {
-		e.memo[key] = v
+		if slot.v == nil {
+			slot.key, slot.v = key, v
+		} else {
+			if e.memo == nil {
+				e.memo = make(map[evalKey]*verdict, 8)
+			}
+			e.memo[key] = v
+		}
 	}
 	return v
 }
@@ -208,10 +248,8 @@ func (n *nodeState) freshUtil(afterNs int64) []int32 {
 // v.res (see docs/extender.md for the formula).
 func (e *evaluator) score(n *nodeState, v *verdict, affinity float64) (int64, components) {
 	c := e.components(n, v, affinity)
-	w := e.cfg.Weights
-	wu, wa, wh, wf := float64(*w.UtilizationBalance), float64(*w.TaskAffinity), float64(*w.ThermalPowerHeadroom), float64(*w.Fragmentation)
-	total := wu*c.utilization + wa*c.affinity + wh*c.headroom + wf*c.fragmentation
-	s := int64(math.Round(10 * total / (wu + wa + wh + wf)))
+	total := e.wU*c.utilization + e.wA*c.affinity + e.wH*c.headroom + e.wF*c.fragmentation
+	s := int64(math.Round(10 * total / e.wSum))
 	return min(max(s, 0), 10), c
 }
 
@@ -222,39 +260,38 @@ type components struct {
 
 func (e *evaluator) components(n *nodeState, v *verdict, affinity float64) components {
 	size := n.size
-	util := n.freshUtil(e.telemetryAfterNs)
+	fresh := n.tel != nil && n.telemetryNs != 0 && n.telemetryNs >= e.telemetryAfterNs
+	gpus := v.res.GPUs
 	// Utilization balance: 1 - the node's busy fraction after placement.
 	// A held GPU is fully busy; a free one is as busy as its telemetry says.
 	busy := float64(n.usedCount + n.unknownHeld)
-	if util != nil {
+	c := components{affinity: affinity, headroom: 0.5}
+	if fresh {
 		busy += float64(n.utilFree) / 100
-	}
-	for _, i := range v.res.GPUs {
-		busy++
-		if util != nil {
-			busy -= float64(util[i]) / 100
-		}
-	}
-	c := components{utilization: clamp01(1 - busy/float64(size)), affinity: affinity}
-	// Thermal and power headroom of the chosen GPUs; neutral without
-	// recent telemetry.
-	c.headroom = 0.5
-	if util != nil && len(v.res.GPUs) > 0 {
-		idle, limit := float64(*e.cfg.Thermal.IdleTemperatureC), float64(*e.cfg.Thermal.LimitTemperatureC)
+		// Thermal and power headroom of the chosen GPUs, in the same pass.
+		idle, limit := e.idleC, e.limitC
 		var sum float64
-		for _, i := range v.res.GPUs {
-			th := n.thermal[i]
+		for _, i := range gpus {
+			th := n.tel[i]
+			busy++
+			busy -= float64(th.util) / 100
 			h := clamp01((limit - float64(th.tempC)) / (limit - idle))
 			if th.limitW > 0 {
 				h = min(h, clamp01(1-float64(th.powerW)/float64(th.limitW)))
 			}
 			sum += h
 		}
-		c.headroom = sum / float64(len(v.res.GPUs))
+		if len(gpus) > 0 {
+			c.headroom = sum / float64(len(gpus))
+		}
+	} else {
+		// Neutral headroom without recent telemetry.
+		busy += float64(len(gpus))
 	}
+	c.utilization = clamp01(1 - busy/float64(size))
 	// Fragmentation left: the largest free NVLink island after placement,
 	// against the largest the free GPUs left could form on this machine.
-	left := n.free().Count() - len(v.res.GPUs)
+	left := n.freeMask.Count() - len(gpus)
 	c.fragmentation = 1
 	if want := min(left, n.topo.maxIsland); want > 0 {
 		c.fragmentation = clamp01(float64(v.res.Metrics.LeftLargestIsland) / float64(want))

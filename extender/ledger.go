@@ -60,6 +60,9 @@ type topoEntry struct {
 	pristine *topology.Graph
 	// maxIsland is the largest NVLink-connected clique of the machine.
 	maxIsland int
+	// id numbers the entry (entries are never removed), for the
+	// evaluator's per-request cache.
+	id uint64
 }
 
 // nodeState is one node as the requests see it. The fields every request
@@ -71,39 +74,41 @@ type nodeState struct {
 	// freeMask is the healthy GPUs nobody holds; usedCount counts held ones.
 	freeMask  topology.Mask
 	usedCount int
+	// unknownHeld counts GPUs held whose identity is not known: pods bound
+	// without an assignment, or UUIDs not in the node's topology.
+	unknownHeld int
 	// observedNs is the topology's observedTime in Unix nanoseconds, 0 when
 	// unset.
 	observedNs int64
-
-	name string
+	// telemetryNs is the telemetry time in Unix nanoseconds, 0 when unset.
+	telemetryNs int64
 	// allocatable is the Node's nvidia.com/gpu allocatable, -1 when no Node
 	// object has been seen.
 	allocatable int
-
+	// utilFree sums the telemetry utilization of healthy GPUs not held.
+	utilFree    int32
 	hasTopology bool
+	stale       bool
 	graph       *topology.Graph // nil when the topology is missing or invalid
 	topo        *topoEntry
+	// tel is the telemetry prioritize scores by, by GPU index; nil: none.
+	// Up to len(telInline) GPUs it points into telInline, so that scoring
+	// a node reads the node's own block instead of another allocation.
+	tel       []gpuTelemetry
+	telInline [8]gpuTelemetry
+	util      []int32 // compute utilization by GPU index for the allocator; nil: none
+
+	name        string
 	topoErr     string
 	statusHash  string
 	gpuSig      string
-	stale       bool
 	staleReason string
 	observed    time.Time
 	clique      string
 
-	// telemetryNs is the telemetry time in Unix nanoseconds, 0 when unset.
-	telemetryNs int64
-	util        []int32 // compute utilization by GPU index; nil: none
-	thermal     []gpuThermal
-
 	holdings map[types.UID]*holding
 	// used is the union of the known GPUs held on this node.
 	used topology.Mask
-	// unknownHeld counts GPUs held whose identity is not known: pods bound
-	// without an assignment, or UUIDs not in the node's topology.
-	unknownHeld int
-	// utilFree sums the telemetry utilization of healthy GPUs not held.
-	utilFree int32
 }
 
 func (n *nodeState) empty() bool {
@@ -113,9 +118,9 @@ func (n *nodeState) empty() bool {
 // free is the healthy GPUs nobody holds.
 func (n *nodeState) free() topology.Mask { return n.freeMask }
 
-// gpuThermal is one GPU's temperature and power, by GPU index.
-type gpuThermal struct {
-	tempC, powerW, limitW int32
+// gpuTelemetry is one GPU's utilization (0..100), temperature and power.
+type gpuTelemetry struct {
+	util, tempC, powerW, limitW int32
 }
 
 // holding is the GPUs one pod holds or has been promised.
@@ -245,16 +250,22 @@ func (l *Ledger) UpsertTopology(obj *v1alpha1.NodeGPUTopology) {
 	if !st.TelemetryTime.IsZero() {
 		n.telemetryNs = st.TelemetryTime.UnixNano()
 	}
-	n.util, n.thermal = nil, nil
+	n.util, n.tel = nil, nil
 	if n.graph != nil && len(st.Telemetry) > 0 {
 		size := n.graph.Len()
-		n.util, n.thermal = make([]int32, size), make([]gpuThermal, size)
+		n.util = make([]int32, size)
+		if size <= len(n.telInline) {
+			n.telInline = [len(n.telInline)]gpuTelemetry{}
+			n.tel = n.telInline[:size]
+		} else {
+			n.tel = make([]gpuTelemetry, size)
+		}
 		for _, t := range st.Telemetry {
 			if t.Index < 0 || t.Index >= size {
 				continue
 			}
 			n.util[t.Index] = min(max(t.UtilizationPercent, 0), 100)
-			n.thermal[t.Index] = gpuThermal{tempC: t.TemperatureC, powerW: max(t.PowerWatts, 0), limitW: max(t.PowerLimitWatts, 0)}
+			n.tel[t.Index] = gpuTelemetry{util: n.util[t.Index], tempC: t.TemperatureC, powerW: max(t.PowerWatts, 0), limitW: max(t.PowerLimitWatts, 0)}
 		}
 	}
 	l.recomputeLocked(n)
@@ -292,7 +303,7 @@ func (l *Ledger) topoLocked(g *topology.Graph, st *v1alpha1.NodeGPUTopologyStatu
 	if err != nil {
 		p = g // health never makes a topology invalid; keep going
 	}
-	e := &topoEntry{pristine: p, maxIsland: p.Metrics(0, p.All()).LeftLargestIsland}
+	e := &topoEntry{pristine: p, maxIsland: p.Metrics(0, p.All()).LeftLargestIsland, id: uint64(len(l.topos))}
 	l.topos[g.Hash()] = e
 	return e
 }
@@ -307,7 +318,7 @@ func (l *Ledger) DeleteTopology(name string) {
 	}
 	n.hasTopology, n.graph, n.topo, n.topoErr = false, nil, nil, ""
 	n.statusHash, n.gpuSig = "", ""
-	n.util, n.thermal, n.telemetryNs = nil, nil, 0
+	n.util, n.tel, n.telemetryNs = nil, nil, 0
 	l.recomputeLocked(n)
 	l.dropIfEmptyLocked(n)
 	if l.onTelemetry != nil {
@@ -617,4 +628,32 @@ func equalStrings(a, b []string) bool {
 		}
 	}
 	return true
+}
+
+// nodeList is a request's candidate nodes resolved to their state, nil for
+// unknown names.
+type nodeList struct{ s []*nodeState }
+
+var nodeListPool = sync.Pool{New: func() any { return new(nodeList) }}
+
+// lookupLocked resolves names in one pass before any node is evaluated:
+// the lookups do not depend on each other, so the CPU overlaps their cache
+// misses, and the evaluation pass then finds the nodes' state warm. The
+// caller holds the read lock and calls release when done.
+func (l *Ledger) lookupLocked(names []string) *nodeList {
+	nl := nodeListPool.Get().(*nodeList)
+	if cap(nl.s) < len(names) {
+		nl.s = make([]*nodeState, len(names))
+	}
+	nl.s = nl.s[:len(names)]
+	for i, name := range names {
+		nl.s[i] = l.nodes[name]
+	}
+	return nl
+}
+
+// release returns the list to the pool, dropping its pointers.
+func (nl *nodeList) release() {
+	clear(nl.s)
+	nodeListPool.Put(nl)
 }

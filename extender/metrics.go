@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
@@ -18,7 +19,7 @@ type Metrics struct {
 
 	latency       *prometheus.HistogramVec
 	filterResults *prometheus.CounterVec
-	scores        prometheus.Histogram
+	scores        *scoreHistogram
 	utilization   *prometheus.GaugeVec
 	errors        *prometheus.CounterVec
 	placements    *prometheus.CounterVec
@@ -57,11 +58,8 @@ func NewMetrics(l *Ledger) *Metrics {
 			Name: "gpu_extender_filter_results_total",
 			Help: "Nodes passed or failed by filter; reason is a bounded code (the pod sees the full text).",
 		}, []string{"result", "reason"}),
-		scores: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "gpu_extender_prioritize_scores",
-			Help:    "Distribution of prioritize scores 0..10. No node label: thousands of nodes would explode cardinality.",
-			Buckets: prometheus.LinearBuckets(0, 1, 11),
-		}),
+		scores: newScoreHistogram(prometheus.NewDesc("gpu_extender_prioritize_scores",
+			"Distribution of prioritize scores 0..10. No node label: thousands of nodes would explode cardinality.", nil, nil)),
 		utilization: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "gpu_extender_gpu_utilization_percent",
 			Help: "GPU telemetry as the extender sees it: metric=compute|memory (percent), temperature (degrees C), power (percent of limit).",
@@ -145,4 +143,47 @@ func (c *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
 	for state, v := range map[string]int{"total": n.Total, "free": n.Free, "held": n.Held, "reserved": n.Reserved, "unhealthy": n.Unhealthy} {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(v), state)
 	}
+}
+
+// scoreHistogram is the distribution of prioritize scores, buckets 0..10.
+// Scores are integers, so a request counts them per value and adds its
+// counts once: one lock per request instead of one observation per node.
+type scoreHistogram struct {
+	desc   *prometheus.Desc
+	mu     sync.Mutex
+	counts [extenderv1.MaxExtenderPriority + 1]uint64
+	sum    float64
+}
+
+var _ prometheus.Collector = (*scoreHistogram)(nil)
+
+func newScoreHistogram(desc *prometheus.Desc) *scoreHistogram { return &scoreHistogram{desc: desc} }
+
+// add records a request's scores: counts[s] nodes scored s.
+func (h *scoreHistogram) add(counts *[extenderv1.MaxExtenderPriority + 1]uint64) {
+	var sum float64
+	for s, n := range counts {
+		sum += float64(s) * float64(n)
+	}
+	h.mu.Lock()
+	for s, n := range counts {
+		h.counts[s] += n
+	}
+	h.sum += sum
+	h.mu.Unlock()
+}
+
+func (h *scoreHistogram) Describe(ch chan<- *prometheus.Desc) { ch <- h.desc }
+
+func (h *scoreHistogram) Collect(ch chan<- prometheus.Metric) {
+	h.mu.Lock()
+	buckets := make(map[float64]uint64, len(h.counts))
+	var cum uint64
+	for s, n := range h.counts {
+		cum += n
+		buckets[float64(s)] = cum
+	}
+	sum := h.sum
+	h.mu.Unlock()
+	ch <- prometheus.MustNewConstHistogram(h.desc, cum, sum, buckets)
 }

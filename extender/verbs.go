@@ -36,8 +36,9 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 		e := newEvaluator(x.alloc, x.cfg, pr, x.now())
 		l := x.ledger
 		l.mu.RLock()
-		for _, name := range names {
-			v := e.check(l.nodes[name])
+		nodes := l.lookupLocked(names)
+		for i, name := range names {
+			v := e.check(nodes.s[i])
 			switch {
 			case v.ok:
 				passed = append(passed, name)
@@ -56,6 +57,7 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 			}
 		}
 		l.mu.RUnlock()
+		nodes.release()
 		for code, n := range failed {
 			if n > 0 {
 				x.metrics.filterResults.WithLabelValues("failed", reasonNames[code]).Add(float64(n))
@@ -92,15 +94,19 @@ func (x *Extender) Prioritize(args *extenderv1.ExtenderArgs) (extenderv1.HostPri
 	l := x.ledger
 	l.mu.RLock()
 	aff := l.affinityLocked(pr.job)
+	nodes := l.lookupLocked(names)
+	var counts [extenderv1.MaxExtenderPriority + 1]uint64
 	for i, name := range names {
 		list[i].Host = name
-		n := l.nodes[name]
+		n := nodes.s[i]
 		if v := e.check(n); v.ok {
 			list[i].Score, _ = e.score(n, v, aff.of(n))
 		}
-		x.metrics.scores.Observe(float64(list[i].Score))
+		counts[list[i].Score]++
 	}
 	l.mu.RUnlock()
+	nodes.release()
+	x.metrics.scores.add(&counts)
 	return list, nil
 }
 

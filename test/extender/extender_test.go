@@ -154,50 +154,83 @@ func TestBindStorm(t *testing.T) {
 	})
 }
 
-// TestExtenderRestartMidStorm stops the extender while the scheduler is
-// binding a storm and starts a new one on the same port: it rebuilds from
-// the pods and never issues a GPU a live pod holds.
-func TestExtenderRestartMidStorm(t *testing.T) {
+// TestExtenderCrashMidStorm runs the extender as the gputopo binary,
+// SIGKILLs it while the real kube-scheduler is binding a storm (some pods
+// bound, binds in flight), and starts a new process on the same port. The
+// new one rebuilds its ledger from the pods before it serves: no GPU is
+// issued twice, no node goes over capacity, and every pod ends bound with
+// assigned-gpus or Pending with a reason.
+func TestExtenderCrashMidStorm(t *testing.T) {
 	e := newEnv(t, 4)
-	x := startExtender(t, e, 0, false)
-	waitReady(t, x)
-	startScheduler(t, e, x.url())
+	kubeconfig := e.cp.Kubeconfig(t, extenderUser)
+	port, err := harness.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := startExtenderProcess(t, "extender-1", kubeconfig, port)
+	waitProcessReady(t, first)
+	sched := startScheduler(t, e, first.url())
+	ctx := harness.Context(t)
 
 	total := 4 * gpusPerNode
 	created := make(chan error, 1)
-	go func() { created <- createAllErr(harness.Context(t), e, stormPods("crash", total)) }()
-	// Stop it as soon as its ledger shows the storm under way: a tight loop
-	// on in-memory counts, so that binds are still in flight.
+	go func() { created <- createAllErr(ctx, e, stormPods("crash", total)) }()
+	// SIGKILL as soon as the extender's ledger (its /metrics, read in a
+	// tight loop) shows the storm under way, so that kube-scheduler still
+	// has binds queued or in flight.
 	pollEvery(t, 2*time.Millisecond, 2*time.Minute, "the storm to start", func() (bool, string) {
-		c := x.Ledger().Counts()
-		return c.Held+c.Reserved >= 4, c.String()
+		c := ledgerGauges(t, first)
+		return c["held"]+c["reserved"] >= 4, fmt.Sprint(c)
 	})
-	if err := x.stop(); err != nil {
-		t.Fatalf("stop first extender: %v", err)
+	first.Kill()
+	if exited, _ := first.Exited(); !exited {
+		t.Fatal("extender process still running after SIGKILL")
 	}
 	before := boundGPUs(listPods(t, e))
 	if before == total {
-		t.Errorf("every GPU was bound before the first extender stopped: the test did not stop it mid-storm")
+		t.Errorf("every GPU was bound before the extender was killed: the test did not kill it mid-storm")
 	}
-	t.Logf("first extender stopped with %d of %d GPUs bound", before, total)
+	t.Logf("extender killed with %d of %d GPUs bound", before, total)
 	if err := <-created; err != nil {
 		t.Fatal(err)
 	}
-	y := startExtender(t, e, x.port, false)
-	waitReady(t, y)
-	if c := y.Ledger().Counts(); c.Held+c.Reserved < before {
-		t.Errorf("restarted extender holds %s, fewer than the %d GPUs bound before it started", c, before)
+
+	second := startExtenderProcess(t, "extender-2", kubeconfig, port)
+	waitProcessReady(t, second)
+	// Ready means rebuilt: its ledger already holds every GPU bound before
+	// it started (binds the killed process had sent may have landed since).
+	if c := ledgerGauges(t, second); c["held"]+c["reserved"] < float64(before) {
+		t.Errorf("restarted extender's ledger %v holds fewer than the %d GPUs bound before it started", c, before)
 	}
 	poll(t, 3*time.Minute, "every GPU bound after the restart", func() (bool, string) {
 		n := boundGPUs(listPods(t, e))
-		return n == total, fmt.Sprintf("%d of %d GPUs bound (%d before the restart); ledger %s", n, total, before, y.Ledger().Counts())
+		return n == total, fmt.Sprintf("%d of %d GPUs bound (%d before the crash)", n, total, before)
 	})
 	auditPods(t, listPods(t, e))
+	poll(t, 2*time.Minute, "every unbound pod Pending with a reason", func() (bool, string) {
+		for _, p := range listPods(t, e) {
+			if p.Spec.NodeName != "" {
+				continue
+			}
+			if p.Status.Phase != corev1.PodPending || scheduledFalseMessage(&p) == "" {
+				return false, fmt.Sprintf("pod %s: phase %s, conditions %v", p.Name, p.Status.Phase, p.Status.Conditions)
+			}
+		}
+		return true, ""
+	})
+	poll(t, 30*time.Second, "the restarted ledger to match the pods", func() (bool, string) {
+		c := ledgerGauges(t, second)
+		return c["held"] == float64(total) && c["free"] == 0 && c["reserved"] == 0, fmt.Sprint(c)
+	})
+
 	deleteAll(t, e)
 	poll(t, time.Minute, "every GPU free after deleting the pods", func() (bool, string) {
-		c := y.Ledger().Counts()
-		return c.Free == total && c.Held == 0 && c.Reserved == 0, c.String()
+		c := ledgerGauges(t, second)
+		return c["total"] == float64(total) && c["free"] == c["total"] && c["held"] == 0 && c["reserved"] == 0, fmt.Sprint(c)
 	})
+	if t.Failed() {
+		t.Logf("scheduler log:\n%s", sched.Tail(30))
+	}
 }
 
 // TestTwoReplicasExactlyOneReady: with leader election only the Lease

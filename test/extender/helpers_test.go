@@ -6,11 +6,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -363,4 +366,132 @@ func pollEvery(t *testing.T, interval, timeout time.Duration, what string, cond 
 	if err != nil {
 		t.Fatalf("timed out waiting for %s: %s", what, last)
 	}
+}
+
+// The gputopo binary is built once per test run, into a directory
+// TestMain removes.
+var (
+	binOnce sync.Once
+	binDir  string
+	binPath string
+	binErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// gputopoBinary builds cmd/gputopo (once per test run) and returns its path.
+func gputopoBinary(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		if binDir, binErr = os.MkdirTemp("", "gputopo-extender-test-"); binErr != nil {
+			return
+		}
+		binPath = filepath.Join(binDir, "gputopo")
+		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/gputopo")
+		cmd.Dir = harness.RepoRoot()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			binErr = fmt.Errorf("go build ./cmd/gputopo: %w\n%s", err, out)
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binPath
+}
+
+// extenderProcess is the extender running as the gputopo binary.
+type extenderProcess struct {
+	*harness.Process
+	port        int
+	metricsPort int
+}
+
+func (p *extenderProcess) url() string { return "http://127.0.0.1:" + strconv.Itoa(p.port) }
+
+// startExtenderProcess runs `gputopo extender` on port with kubeconfig's
+// user (the extenderUser and its RBAC) and /metrics on a free port.
+func startExtenderProcess(t *testing.T, name, kubeconfig string, port int) *extenderProcess {
+	t.Helper()
+	bin := gputopoBinary(t)
+	metricsPort, err := harness.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := harness.StartProcess(t, name, bin, "extender",
+		"--kubeconfig", kubeconfig,
+		"--bind-address", "127.0.0.1",
+		"--port", strconv.Itoa(port),
+		"--metrics-bind-address", "127.0.0.1:"+strconv.Itoa(metricsPort),
+		"--v=2")
+	return &extenderProcess{Process: p, port: port, metricsPort: metricsPort}
+}
+
+// waitProcessReady waits for /readyz, as kubelet's readiness probe would,
+// failing early if the process exits.
+func waitProcessReady(t *testing.T, p *extenderProcess) {
+	t.Helper()
+	poll(t, time.Minute, p.Name+" Ready", func() (bool, string) {
+		if exited, err := p.Exited(); exited {
+			t.Fatalf("%s exited (%v):\n%s", p.Name, err, p.Tail(30))
+		}
+		resp, err := http.Get(p.url() + "/readyz")
+		if err != nil {
+			return false, err.Error()
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, resp.Status
+	})
+}
+
+// ledgerGauges reads gputopo_ledger_gpus by state from the process's
+// /metrics.
+func ledgerGauges(t *testing.T, p *extenderProcess) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get("http://127.0.0.1:" + strconv.Itoa(p.metricsPort) + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape %s metrics: %v", p.Name, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("read %s metrics: %v", p.Name, err)
+	}
+	out := map[string]float64{}
+	const prefix = `gputopo_ledger_gpus{state="`
+	for _, line := range strings.Split(string(body), "\n") {
+		rest, ok := strings.CutPrefix(line, prefix)
+		if !ok {
+			continue
+		}
+		state, value, ok := strings.Cut(rest, `"} `)
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			t.Fatalf("metric line %q: %v", line, err)
+		}
+		out[state] = v
+	}
+	if len(out) == 0 {
+		t.Fatalf("%s /metrics has no gputopo_ledger_gpus", p.Name)
+	}
+	return out
+}
+
+// scheduledFalseMessage is the message of the pod's PodScheduled=False
+// condition, "" when it has none.
+func scheduledFalseMessage(p *corev1.Pod) string {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
+			return c.Message
+		}
+	}
+	return ""
 }

@@ -1,0 +1,109 @@
+package extender
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+)
+
+// TestSharedAnswersMatchPerNode: a request over many nodes shares answers
+// between nodes of one topology and free GPUs (the evaluator's cache); it
+// must decide exactly as one request per node, where nothing is shared.
+// The cluster has more distinct (topology, free GPUs) pairs than the
+// cache has slots, nodes without or with old telemetry, GPUs held by pods
+// whose GPUs are not recorded, and a stale node.
+func TestSharedAnswersMatchPerNode(t *testing.T) {
+	x, _ := newTestExtender(t, nil)
+	fixtures := []string{"dgx1-v100", "dgx-a100", "hgx-h100"}
+	var names []string
+	for i := range 240 {
+		name := fmt.Sprintf("gpu-node-%03d", i)
+		names = append(names, name)
+		o := topo(t, fixtures[i%len(fixtures)], name)
+		switch i % 5 {
+		case 0: // no telemetry
+		case 1:
+			o = withTelemetry(o, int32(i%100), 30+int32(i%70), int32(50+i%350), 400)
+			o.Status.TelemetryTime.Time = testNow.Add(-time.Hour) // too old to steer by
+		default:
+			o = withTelemetry(o, int32(i%100), 30+int32(i%70), int32(50+i%350), 400)
+		}
+		if i%37 == 0 {
+			o.Status.Stale, o.Status.StaleReason = true, "NVML stopped answering"
+		}
+		x.ledger.UpsertTopology(o)
+		x.ledger.UpsertNode(gpuNode(name, 8))
+		// Held GPU pairs vary with i: 28 pairs × 3 topologies.
+		if a, b := i%8, (i/8)%8; a != b {
+			holdOn(x, "held-"+name, name, a, b)
+		}
+		if i%11 == 0 {
+			x.ledger.UpsertPod(makePod("unrecorded-" + name).gpus(3).node(name).obj())
+		}
+	}
+	x.ledger.UpsertPod(makePod("peer").gpus(1).job("train").node("gpu-node-004").assigned().obj())
+	names = append(names, "no-such-node")
+
+	pods := map[string]*podBuilder{
+		"model parallel":       makePod("p").gpus(4).req(modelParallel).job("train"),
+		"pair, no requirement": makePod("p").gpus(2),
+		"single numa_local":    makePod("p").gpus(1).req(`{"strategy":"numa_local"}`),
+		"balanced utilization": makePod("p").gpus(3).req(`{"strategy":"balanced_utilization"}`),
+		"min bandwidth":        makePod("p").gpus(2).req(`{"minPairBandwidthGBps":100}`),
+	}
+	for name, pb := range pods {
+		t.Run(name, func(t *testing.T) {
+			pod := pb.obj()
+			all := append([]string(nil), names...)
+			gotFilter := x.Filter(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &all})
+			gotScores, err := x.Prioritize(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &all})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantFilter := &extenderv1.ExtenderFilterResult{NodeNames: &[]string{}}
+			var wantScores extenderv1.HostPriorityList
+			for _, n := range names {
+				one := []string{n}
+				r := x.Filter(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &one})
+				*wantFilter.NodeNames = append(*wantFilter.NodeNames, *r.NodeNames...)
+				for k, v := range r.FailedNodes {
+					if wantFilter.FailedNodes == nil {
+						wantFilter.FailedNodes = extenderv1.FailedNodesMap{}
+					}
+					wantFilter.FailedNodes[k] = v
+				}
+				for k, v := range r.FailedAndUnresolvableNodes {
+					if wantFilter.FailedAndUnresolvableNodes == nil {
+						wantFilter.FailedAndUnresolvableNodes = extenderv1.FailedNodesMap{}
+					}
+					wantFilter.FailedAndUnresolvableNodes[k] = v
+				}
+				s, err := x.Prioritize(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &one})
+				if err != nil {
+					t.Fatal(err)
+				}
+				wantScores = append(wantScores, s...)
+			}
+			if diff := cmp.Diff(wantFilter, gotFilter); diff != "" {
+				t.Errorf("filter over all nodes differs from per-node filter (-per node +all):\n%s", diff)
+			}
+			if diff := cmp.Diff(wantScores, gotScores); diff != "" {
+				t.Errorf("prioritize over all nodes differs from per-node prioritize (-per node +all):\n%s", diff)
+			}
+			// The cluster exercises what it claims to.
+			if len(*gotFilter.NodeNames) == 0 || len(gotFilter.FailedNodes) == 0 {
+				t.Errorf("passed %d, failed %d nodes: the cluster does not exercise both", len(*gotFilter.NodeNames), len(gotFilter.FailedNodes))
+			}
+			distinct := map[int64]bool{}
+			for _, s := range gotScores {
+				distinct[s.Score] = true
+			}
+			if len(distinct) < 3 {
+				t.Errorf("only %d distinct scores: the cluster does not discriminate", len(distinct))
+			}
+		})
+	}
+}
