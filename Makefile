@@ -51,8 +51,21 @@ test-unit: ## Unit tests (no API server)
 test-integration: tools ## Integration and e2e tests on the real control plane
 	$(GO) test $(INTEGRATION_FLAGS) ./...
 
-bench: ## Benchmarks (allocator, extender, webhook), ratios against in-run baselines
-	$(GO) test -run '^$$' -bench . -benchmem ./topology/ ./extender/ ./webhook/
+bench: ## Benchmarks (allocator, extender, webhook) and the simulator on the bundled traces; regenerates docs/benchmarks.md
+	@mkdir -p _out
+	{ echo "cores: $$(nproc)"; grep MemTotal /proc/meminfo; $(GO) version; echo "run: $$(date -u +%FT%TZ)"; } > _out/machine.txt
+	$(GO) test -run '^$$' -bench . -benchmem ./topology/ ./extender/ ./webhook/ | tee _out/bench.txt
+	$(GO) run ./cmd/gputopo simulate --trace bundled:mixed --out _out/sim-mixed
+	$(GO) run ./cmd/gputopo simulate --trace bundled:fragment --out _out/sim-fragment
+	$(GO) run ./test/schedbench/docsplice -doc docs/benchmarks.md machine=text:_out/machine.txt go-bench=text:_out/bench.txt \
+	  sim-mixed=_out/sim-mixed/report.md sim-fragment=_out/sim-fragment/report.md
+
+bench-scheduler: tools ## kube-scheduler throughput with and without the extender, N=500,1000 nodes; regenerates docs/benchmarks.md
+	@mkdir -p _out
+	SCHEDBENCH_OUT=_out/schedbench.md $(GO) test -tags schedbench -run TestSchedulerThroughput -count=1 -v -timeout 30m ./test/schedbench/ > _out/schedbench.log 2>&1 \
+	  || { tail -40 _out/schedbench.log; exit 1; }
+	cat _out/schedbench.md
+	$(GO) run ./test/schedbench/docsplice -doc docs/benchmarks.md schedbench=_out/schedbench.md
 
 demo: tools ## Run the whole system on a simulated mixed GPU cluster
 	$(GO) run -ldflags "$(LDFLAGS)" ./cmd/gputopo demo

@@ -1,0 +1,19 @@
+package extender
+
+import "k8s.io/client-go/kubernetes"
+
+// NewWithClient builds a ready extender core on an existing clientset,
+// without informers, servers or leader election: the caller feeds the
+// ledger (Ledger().UpsertTopology, UpsertNode, UpsertPod, DeletePod) as the
+// informers would, and calls Filter, Prioritize and Bind directly. The
+// simulator uses it to replay traces through the same decision code the
+// HTTP server runs. cfg nil means DefaultConfiguration.
+func NewWithClient(cfg *Configuration, cs kubernetes.Interface) *Extender {
+	if cfg == nil {
+		cfg = DefaultConfiguration()
+	}
+	x := newExtender(cfg, cs)
+	x.synced.Store(true)
+	x.leading.Store(true)
+	return x
+}

@@ -1,0 +1,205 @@
+package simulator
+
+import (
+	"encoding/json"
+	"fmt"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/extender"
+	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/webhook"
+)
+
+// simNamespace holds the simulated pods.
+const simNamespace = "sim"
+
+var podsGVR = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+
+// gputopoPolicy runs the extender's Filter, Prioritize and Bind, exactly
+// as kube-scheduler would call them, on a fake clientset. The pod carries
+// the requirement the webhook derives from the job's intent, and the
+// ledger is fed the pod updates its informers would deliver. The node
+// with the highest extender score wins, first in cluster order among
+// equals (kube-scheduler breaks ties at random and adds its own plugins'
+// scores; the simulator keeps the extender's view alone and stays
+// deterministic).
+type gputopoPolicy struct {
+	x     *extender.Extender
+	cs    *fake.Clientset
+	table webhook.PolicyTable
+	names []string
+	index map[string]int
+	pods  map[string]*corev1.Pod // pending or bound, by job ID
+}
+
+var _ Policy = (*gputopoPolicy)(nil)
+
+func newGputopoPolicy(nodes []Node, table webhook.PolicyTable) (*gputopoPolicy, error) {
+	cs := fake.NewClientset()
+	cs.PrependReactor("create", "pods", bindLikeAPIServer(cs))
+	// Simulated hours pass in wall-clock seconds and nothing refreshes the
+	// topologies: their age limit is switched off, the documented way.
+	cfg := extender.DefaultConfiguration()
+	cfg.TopologyMaxAge = metav1.Duration{Duration: -1}
+	p := &gputopoPolicy{x: extender.NewWithClient(cfg, cs), cs: cs, table: table, index: map[string]int{}, pods: map[string]*corev1.Pod{}}
+	l := p.x.Ledger()
+	now := metav1.Now()
+	for i, n := range nodes {
+		p.names = append(p.names, n.Name)
+		p.index[n.Name] = i
+		l.UpsertNode(&corev1.Node{
+			ObjectMeta: metav1.ObjectMeta{Name: n.Name},
+			Status: corev1.NodeStatus{Allocatable: corev1.ResourceList{
+				v1alpha1.ResourceGPU: *resource.NewQuantity(int64(n.Graph.Len()), resource.DecimalSI),
+			}},
+		})
+		st := n.Graph.Status()
+		st.ObservedTime = now
+		l.UpsertTopology(&v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: n.Name}, Status: st})
+	}
+	return p, nil
+}
+
+func (*gputopoPolicy) Name() string { return PolicyGputopo }
+
+// pod returns the job's pod, creating it in the API and the ledger the
+// first time (as the webhook-mutated pod arriving through the informer).
+func (p *gputopoPolicy) pod(job Job) (*corev1.Pod, error) {
+	if pod, ok := p.pods[job.ID]; ok {
+		return pod, nil
+	}
+	req := p.table.For(job.Parallelism).Requirement(int64(job.GPUs))
+	raw, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("job %s: encode requirement: %w", job.ID, err)
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: "job-" + job.ID, Namespace: simNamespace, UID: types.UID("uid-" + job.ID),
+			Labels:      map[string]string{v1alpha1.LabelJob: job.ID},
+			Annotations: map[string]string{v1alpha1.AnnotationRequirement: string(raw)},
+		},
+		Spec: corev1.PodSpec{SchedulerName: v1alpha1.DefaultSchedulerName, Containers: []corev1.Container{{
+			Name: "main", Image: "trainer",
+			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{
+				v1alpha1.ResourceGPU: *resource.NewQuantity(int64(job.GPUs), resource.DecimalSI),
+			}},
+		}}},
+		Status: corev1.PodStatus{Phase: corev1.PodPending},
+	}
+	if err := p.cs.Tracker().Add(pod); err != nil {
+		return nil, fmt.Errorf("job %s: create pod: %w", job.ID, err)
+	}
+	p.x.Ledger().UpsertPod(pod)
+	p.pods[job.ID] = pod
+	return pod, nil
+}
+
+func (p *gputopoPolicy) Place(job Job, _ []topology.Mask) (Placement, bool, error) {
+	pod, err := p.pod(job)
+	if err != nil {
+		return Placement{}, false, err
+	}
+	names := append([]string(nil), p.names...)
+	fr := p.x.Filter(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
+	if fr.Error != "" {
+		return Placement{}, false, fmt.Errorf("job %s: filter: %s", job.ID, fr.Error)
+	}
+	if fr.NodeNames == nil || len(*fr.NodeNames) == 0 {
+		return Placement{}, false, nil
+	}
+	passed := *fr.NodeNames
+	prio, err := p.x.Prioritize(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &passed})
+	if err != nil {
+		return Placement{}, false, fmt.Errorf("job %s: prioritize: %w", job.ID, err)
+	}
+	best := -1
+	for i, hp := range prio {
+		if best < 0 || hp.Score > prio[best].Score {
+			best = i
+		}
+	}
+	node := prio[best].Host
+	br := p.x.Bind(&extenderv1.ExtenderBindingArgs{PodName: pod.Name, PodNamespace: pod.Namespace, PodUID: pod.UID, Node: node})
+	if br.Error != "" {
+		return Placement{}, false, fmt.Errorf("job %s: bind to %s: %s", job.ID, node, br.Error)
+	}
+	obj, err := p.cs.Tracker().Get(podsGVR, pod.Namespace, pod.Name)
+	if err != nil {
+		return Placement{}, false, fmt.Errorf("job %s: read bound pod: %w", job.ID, err)
+	}
+	bound := obj.(*corev1.Pod)
+	p.x.Ledger().UpsertPod(bound)
+	p.pods[job.ID] = bound
+	pl, err := v1alpha1.ParsePlacement(bound.Annotations[v1alpha1.AnnotationPlacement])
+	if err != nil {
+		return Placement{}, false, fmt.Errorf("job %s: %w", job.ID, err)
+	}
+	return Placement{Node: p.index[node], GPUs: topology.MaskOf(pl.GPUIndices...)}, true, nil
+}
+
+// Release deletes the finished pod, as the informer would report it.
+func (p *gputopoPolicy) Release(job Job, _ Placement) error { return p.Drop(job) }
+
+func (p *gputopoPolicy) Drop(job Job) error {
+	pod, ok := p.pods[job.ID]
+	if !ok {
+		return nil
+	}
+	delete(p.pods, job.ID)
+	if err := p.cs.Tracker().Delete(podsGVR, pod.Namespace, pod.Name); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("job %s: delete pod: %w", job.ID, err)
+	}
+	p.x.Ledger().DeletePod(pod)
+	return nil
+}
+
+// bindLikeAPIServer answers pods/binding as kube-apiserver does: UID
+// precondition, conflict when already bound, and the Binding's annotations
+// copied onto the pod in the same write that sets nodeName.
+func bindLikeAPIServer(cs *fake.Clientset) k8stesting.ReactionFunc {
+	var mu sync.Mutex
+	return func(action k8stesting.Action) (bool, runtime.Object, error) {
+		ca, ok := action.(k8stesting.CreateAction)
+		if !ok || ca.GetSubresource() != "binding" {
+			return false, nil, nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		b, ok := ca.GetObject().(*corev1.Binding)
+		if !ok {
+			return true, nil, fmt.Errorf("binding: got %T", ca.GetObject())
+		}
+		obj, err := cs.Tracker().Get(podsGVR, b.Namespace, b.Name)
+		if err != nil {
+			return true, nil, err
+		}
+		pod := obj.(*corev1.Pod).DeepCopy()
+		if b.UID != "" && b.UID != pod.UID {
+			return true, nil, apierrors.NewConflict(podsGVR.GroupResource(), b.Name, fmt.Errorf("precondition failed: UID %s, pod has %s", b.UID, pod.UID))
+		}
+		if pod.Spec.NodeName != "" {
+			return true, nil, apierrors.NewConflict(podsGVR.GroupResource(), b.Name, fmt.Errorf("pod %s is already assigned to node %q", b.Name, pod.Spec.NodeName))
+		}
+		pod.Spec.NodeName = b.Target.Name
+		for k, v := range b.Annotations {
+			if pod.Annotations == nil {
+				pod.Annotations = map[string]string{}
+			}
+			pod.Annotations[k] = v
+		}
+		return true, b, cs.Tracker().Update(podsGVR, pod, pod.Namespace)
+	}
+}

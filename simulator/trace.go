@@ -1,0 +1,272 @@
+package simulator
+
+import (
+	"bufio"
+	"embed"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+)
+
+// Job is one entry of a trace: a single pod asking for GPUs.
+type Job struct {
+	// ID is unique within the trace.
+	ID string
+	// Arrival is when the job is submitted, from the start of the trace.
+	Arrival time.Duration
+	// Duration is how long it runs once placed.
+	Duration time.Duration
+	// GPUs is the number of GPUs, 1..64.
+	GPUs int
+	// Parallelism is the user's intent: model, data, or "" (none).
+	Parallelism v1alpha1.Parallelism
+}
+
+// Model reports whether the job is model-parallel with more than one GPU,
+// the jobs whose placement quality the NVLink share measures.
+func (j Job) Model() bool { return j.Parallelism == v1alpha1.ParallelismModel && j.GPUs > 1 }
+
+// TraceHeader is the first line of a trace file.
+const TraceHeader = "id,arrival_s,duration_s,gpus,parallelism"
+
+//go:embed traces/*.csv
+var bundled embed.FS
+
+// Trace is a loaded trace and the cluster it is meant for ("" when the
+// source does not say).
+type Trace struct {
+	Name    string
+	Cluster string
+	Jobs    []Job
+}
+
+// LoadTrace resolves a trace source: a bundled trace ("bundled:mixed",
+// "bundled:fragment"), a generator ("gen:mixed:seed=1:jobs=500", see
+// Generate), or a CSV file path.
+func LoadTrace(src string) (Trace, error) {
+	switch {
+	case strings.HasPrefix(src, "bundled:"):
+		name := strings.TrimPrefix(src, "bundled:")
+		cluster, ok := bundledClusters[name]
+		if !ok {
+			return Trace{}, fmt.Errorf("trace %q: unknown bundled trace; known: bundled:mixed, bundled:fragment", src)
+		}
+		f, err := bundled.Open("traces/" + name + ".csv")
+		if err != nil {
+			return Trace{}, fmt.Errorf("trace %q: %w", src, err)
+		}
+		defer f.Close()
+		jobs, err := ParseTrace(f)
+		if err != nil {
+			return Trace{}, fmt.Errorf("trace %q: %w", src, err)
+		}
+		return Trace{Name: src, Cluster: cluster, Jobs: jobs}, nil
+	case strings.HasPrefix(src, "gen:"):
+		return Generate(src)
+	}
+	f, err := os.Open(src)
+	if err != nil {
+		return Trace{}, fmt.Errorf("trace: %w", err)
+	}
+	defer f.Close()
+	jobs, err := ParseTrace(f)
+	if err != nil {
+		return Trace{}, fmt.Errorf("trace %s: %w", src, err)
+	}
+	return Trace{Name: src, Jobs: jobs}, nil
+}
+
+var bundledClusters = map[string]string{"mixed": ClusterMixed, "fragment": ClusterDGX1}
+
+// ParseTrace reads the CSV trace format: the header line TraceHeader, then
+// one job per line; blank lines and lines starting with '#' are ignored.
+// Times are seconds (decimals allowed); parallelism is model, data or
+// none. Jobs are returned ordered by arrival, ties by file order.
+func ParseTrace(r io.Reader) ([]Job, error) {
+	sc := bufio.NewScanner(r)
+	var jobs []Job
+	seen := map[string]int{}
+	header := false
+	line := 0
+	for sc.Scan() {
+		line++
+		text := strings.TrimSpace(sc.Text())
+		if text == "" || strings.HasPrefix(text, "#") {
+			continue
+		}
+		if !header {
+			if text != TraceHeader {
+				return nil, fmt.Errorf("line %d: header is %q, want %q", line, text, TraceHeader)
+			}
+			header = true
+			continue
+		}
+		f := strings.Split(text, ",")
+		if len(f) != 5 {
+			return nil, fmt.Errorf("line %d: %d fields, want 5 (%s)", line, len(f), TraceHeader)
+		}
+		j := Job{ID: strings.TrimSpace(f[0])}
+		if j.ID == "" {
+			return nil, fmt.Errorf("line %d: id: empty", line)
+		}
+		if prev, dup := seen[j.ID]; dup {
+			return nil, fmt.Errorf("line %d: id %q already used on line %d", line, j.ID, prev)
+		}
+		seen[j.ID] = line
+		var err error
+		if j.Arrival, err = seconds(f[1]); err != nil {
+			return nil, fmt.Errorf("line %d: arrival_s: %w", line, err)
+		}
+		if j.Duration, err = seconds(f[2]); err != nil {
+			return nil, fmt.Errorf("line %d: duration_s: %w", line, err)
+		}
+		if j.Duration == 0 {
+			return nil, fmt.Errorf("line %d: duration_s: must be > 0", line)
+		}
+		if j.GPUs, err = strconv.Atoi(strings.TrimSpace(f[3])); err != nil || j.GPUs < 1 || j.GPUs > 64 {
+			return nil, fmt.Errorf("line %d: gpus: %q must be an integer 1..64", line, f[3])
+		}
+		switch p := strings.TrimSpace(f[4]); p {
+		case "model", "data":
+			j.Parallelism = v1alpha1.Parallelism(p)
+		case "none", "":
+		default:
+			return nil, fmt.Errorf("line %d: parallelism: %q must be model, data or none", line, p)
+		}
+		jobs = append(jobs, j)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read: %w", err)
+	}
+	if !header {
+		return nil, fmt.Errorf("empty trace: want the header %q and at least one job", TraceHeader)
+	}
+	if len(jobs) == 0 {
+		return nil, fmt.Errorf("trace has no jobs")
+	}
+	sort.SliceStable(jobs, func(a, b int) bool { return jobs[a].Arrival < jobs[b].Arrival })
+	return jobs, nil
+}
+
+func seconds(s string) (time.Duration, error) {
+	v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+	if err != nil || v < 0 || math.IsInf(v, 0) || math.IsNaN(v) || v > 1e9 {
+		return 0, fmt.Errorf("%q must be a number of seconds 0..1e9", s)
+	}
+	return time.Duration(v * float64(time.Second)), nil
+}
+
+// WriteTrace writes jobs in the format ParseTrace reads, with comment
+// lines first.
+func WriteTrace(w io.Writer, comments []string, jobs []Job) error {
+	bw := bufio.NewWriter(w)
+	for _, c := range comments {
+		fmt.Fprintf(bw, "# %s\n", c)
+	}
+	fmt.Fprintln(bw, TraceHeader)
+	for _, j := range jobs {
+		p := string(j.Parallelism)
+		if p == "" {
+			p = "none"
+		}
+		fmt.Fprintf(bw, "%s,%s,%s,%d,%s\n", j.ID, strconv.FormatFloat(j.Arrival.Seconds(), 'f', -1, 64),
+			strconv.FormatFloat(j.Duration.Seconds(), 'f', -1, 64), j.GPUs, p)
+	}
+	return bw.Flush()
+}
+
+// Generate builds a synthetic trace from a spec
+// "gen:<kind>[:seed=N][:jobs=N][:load=F]":
+//
+//   - mixed: sizes 1/2/4/8 GPUs with weights 40/30/20/10, 60% data- and
+//     40% model-parallel, Poisson arrivals, exponential durations (mean 1
+//     h, clipped to 1 min..8 h); meant for ClusterMixed.
+//   - fragment: on ClusterDGX1, two 1-GPU data-parallel jobs of random
+//     length (mean 2 h) for every 4-GPU model-parallel job (mean 1 h): the
+//     pattern that leaves no NVLink quad free under count-only placement.
+//
+// load (default 0.9) is the offered GPU load on the intended cluster;
+// seed (default 1) makes the trace reproducible; jobs defaults to 500.
+func Generate(spec string) (Trace, error) {
+	parts := strings.Split(spec, ":")
+	if len(parts) < 2 || parts[0] != "gen" {
+		return Trace{}, fmt.Errorf("generator %q: want gen:<mixed|fragment>[:seed=N][:jobs=N][:load=F]", spec)
+	}
+	kind := parts[1]
+	seed, n, load := uint64(1), 500, 0.9
+	for _, kv := range parts[2:] {
+		k, v, ok := strings.Cut(kv, "=")
+		var err error
+		switch {
+		case !ok:
+			err = fmt.Errorf("want key=value")
+		case k == "seed":
+			seed, err = strconv.ParseUint(v, 10, 64)
+		case k == "jobs":
+			n, err = strconv.Atoi(v)
+			if err == nil && (n < 1 || n > 1000000) {
+				err = fmt.Errorf("must be 1..1000000")
+			}
+		case k == "load":
+			load, err = strconv.ParseFloat(v, 64)
+			if err == nil && (load <= 0 || load > 10) {
+				err = fmt.Errorf("must be in (0, 10]")
+			}
+		default:
+			err = fmt.Errorf("unknown key; known: seed, jobs, load")
+		}
+		if err != nil {
+			return Trace{}, fmt.Errorf("generator %q: parameter %q: %v", spec, kv, err)
+		}
+	}
+	rng := rand.New(rand.NewPCG(seed, 0x67707574))
+	expo := func(mean, lo, hi float64) time.Duration {
+		v := min(max(rng.ExpFloat64()*mean, lo), hi)
+		return time.Duration(math.Round(v)) * time.Second
+	}
+	var jobs []Job
+	var cluster string
+	var t float64
+	switch kind {
+	case "mixed":
+		cluster = ClusterMixed
+		const gpus, meanSize, meanDur = 128.0, 0.4*1 + 0.3*2 + 0.2*4 + 0.1*8, 3600.0
+		gap := meanSize * meanDur / (load * gpus)
+		for i := range n {
+			t += rng.ExpFloat64() * gap
+			size := []int{1, 1, 1, 1, 2, 2, 2, 4, 4, 8}[rng.IntN(10)]
+			par := v1alpha1.ParallelismData
+			if rng.Float64() < 0.4 {
+				par = v1alpha1.ParallelismModel
+			}
+			jobs = append(jobs, Job{ID: fmt.Sprintf("m%04d", i), Arrival: time.Duration(math.Round(t)) * time.Second,
+				Duration: expo(meanDur, 60, 8*3600), GPUs: size, Parallelism: par})
+		}
+	case "fragment":
+		cluster = ClusterDGX1
+		// Per cycle: two 1-GPU jobs (2 h mean) and one 4-GPU job (1 h).
+		const gpus, cycleGPUSeconds = 32.0, 2*7200.0 + 4*3600.0
+		gap := cycleGPUSeconds / 3 / (load * gpus)
+		for i := range n {
+			t += rng.ExpFloat64() * gap
+			j := Job{ID: fmt.Sprintf("f%04d", i), Arrival: time.Duration(math.Round(t)) * time.Second}
+			if i%3 == 2 {
+				j.GPUs, j.Parallelism, j.Duration = 4, v1alpha1.ParallelismModel, expo(3600, 60, 8*3600)
+			} else {
+				j.GPUs, j.Parallelism, j.Duration = 1, v1alpha1.ParallelismData, expo(7200, 60, 16*3600)
+			}
+			jobs = append(jobs, j)
+		}
+	default:
+		return Trace{}, fmt.Errorf("generator %q: unknown kind %q; known: mixed, fragment", spec, kind)
+	}
+	return Trace{Name: spec, Cluster: cluster, Jobs: jobs}, nil
+}
