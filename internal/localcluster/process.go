@@ -30,7 +30,17 @@ func StartProcess(name, logPath, bin string, args ...string) (*Process, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create log for %s: %w", name, err)
 	}
+	// Run in an empty directory of its own, never the caller's: kubelet,
+	// for one, deletes the files matching "<log path>*" relative to its
+	// working directory when it removes a container whose runtime reported
+	// no log path — "*" would be the caller's sources.
+	dir := logPath + ".cwd"
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("working directory for %s: %w", name, err)
+	}
 	cmd := exec.Command(bin, args...)
+	cmd.Dir = dir
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

@@ -1,0 +1,778 @@
+//go:build integration
+
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/textlogger"
+	schedconfigv1 "k8s.io/kube-scheduler/config/v1"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/extender"
+	"github.com/gputopo/gputopo/internal/localcluster"
+	"github.com/gputopo/gputopo/nodeagent"
+	"github.com/gputopo/gputopo/test/harness"
+	"github.com/gputopo/gputopo/test/kubelet"
+	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/webhook"
+)
+
+const (
+	// nodeName is the one real node: a kubelet whose device plugin is the
+	// node agent on a simulated DGX A100.
+	nodeName    = "dgx-a100-1"
+	fixtureName = "dgx-a100"
+	nodeGPUs    = 8
+	// nsTeam opted in to gputopo; nsPlain did not.
+	nsTeam  = "ml-team"
+	nsPlain = "plain"
+	// The components run as the service accounts the webhook trusts with
+	// the system annotations, with exactly the RBAC each documents.
+	extenderUser = webhook.DefaultExtenderServiceAccount
+	agentUser    = webhook.DefaultNodeAgentServiceAccount
+)
+
+// extenderRules is the extender's RBAC as docs/extender.md documents it.
+var extenderRules = []rbacv1.PolicyRule{
+	{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
+	{APIGroups: []string{""}, Resources: []string{"pods/binding"}, Verbs: []string{"create"}},
+	{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"list", "watch"}},
+	{APIGroups: []string{"gputopo.io"}, Resources: []string{"nodegputopologies"}, Verbs: []string{"list", "watch"}},
+	{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update"}},
+}
+
+// env is the whole system on one machine. The extender, the webhook, the
+// node agent and kube-scheduler can be stopped and started again on the
+// same addresses, as a crashed and rescheduled replica comes back behind
+// its Service.
+type env struct {
+	cp  *harness.ControlPlane
+	k   *kubelet.Kubelet
+	sim *nodeagent.Simulator
+	pr  *nodeagent.PodResourcesClient
+	// prAlloc asks kubelet which devices it can hand out now.
+	prAlloc podresourcesapi.PodResourcesListerClient
+
+	// dir outlives every scenario: logs and configs of restarted parts.
+	dir     string
+	logger  klog.Logger
+	logPath string
+
+	schedKubeconfig string
+	sched           *localcluster.Process
+
+	extPort int
+	ext     *extender.Extender
+	extRun  *running
+
+	hookRun *running
+
+	agent   *nodeagent.Agent
+	agentRn *running
+
+	// fault, when set, is applied to the next Binding an extender writes.
+	faultMu sync.Mutex
+	fault   *bindFault
+}
+
+// running is a component started in a goroutine.
+type running struct {
+	cancel context.CancelFunc
+	done   chan error
+	once   sync.Once
+	err    error
+}
+
+func goRun(ctx context.Context, fn func(context.Context) error) *running {
+	ctx, cancel := context.WithCancel(ctx)
+	r := &running{cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- fn(ctx) }()
+	return r
+}
+
+// stop cancels the component and returns what it returned; safe to call
+// more than once and on nil.
+func (r *running) stop() error {
+	if r == nil {
+		return nil
+	}
+	r.once.Do(func() {
+		r.cancel()
+		select {
+		case r.err = <-r.done:
+			r.done <- r.err
+		case <-time.After(30 * time.Second):
+			r.err = fmt.Errorf("did not stop within 30s")
+		}
+	})
+	return r.err
+}
+
+// exited reports whether the component stopped on its own.
+func (r *running) exited() (bool, error) {
+	select {
+	case err := <-r.done:
+		r.done <- err
+		return true, err
+	default:
+		return false, nil
+	}
+}
+
+// setup starts everything and returns once a GPU pod can go the whole way.
+func setup(t *testing.T) *env {
+	t.Helper()
+	start := time.Now()
+	e := &env{dir: t.TempDir()}
+	// kubelet runs in the test's working directory, and when it removes a
+	// container it deletes the files matching "<log path>*"; the fake
+	// runtime reports no log path, so the pattern is "*". Give it an empty
+	// directory rather than this package's sources.
+	cwd := filepath.Join(e.dir, "kubelet-cwd")
+	if err := os.Mkdir(cwd, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(cwd)
+	logFile, err := os.Create(filepath.Join(e.dir, "components.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.logPath = logFile.Name()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("last lines of the in-process components' log (%s):\n%s", e.logPath, tail(e.logPath, 60))
+		}
+		_ = logFile.Close()
+	})
+	e.logger = textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(logFile), textlogger.Verbosity(2)))
+
+	mut, val, err := webhook.Registration(webhook.RegistrationOptions{ServiceName: "gputopo-webhook", ServiceNamespace: "gputopo-system"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.cp = harness.Start(t, harness.Options{WebhookInstallOptions: &envtest.WebhookInstallOptions{
+		MutatingWebhooks:   []*admissionregistrationv1.MutatingWebhookConfiguration{mut},
+		ValidatingWebhooks: []*admissionregistrationv1.ValidatingWebhookConfiguration{val},
+	}})
+	ctx := context.Background()
+
+	for _, obj := range []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: nsTeam, Labels: map[string]string{v1alpha1.LabelInjection: v1alpha1.InjectionEnabled}}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: nsPlain}},
+		// No service account controller runs: pods need the account.
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: nsTeam, Name: "default"}},
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: nsPlain, Name: "default"}},
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceSystem, Name: "default"}},
+		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "gputopo-extender"}, Rules: extenderRules},
+		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "gputopo-nodeagent"}, Rules: nodeagent.RBACRules()},
+		binding("gputopo-extender", extenderUser),
+		binding("gputopo-nodeagent", agentUser),
+	} {
+		if err := e.cp.Client.Create(ctx, obj); err != nil {
+			t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
+		}
+	}
+
+	e.startWebhook(t)
+	if e.extPort, err = harness.FreePort(); err != nil {
+		t.Fatal(err)
+	}
+	e.startExtender(t)
+	t.Cleanup(func() {
+		if err := e.extRun.stop(); err != nil {
+			t.Errorf("extender: %v", err)
+		}
+		if err := e.hookRun.stop(); err != nil {
+			t.Errorf("webhook: %v", err)
+		}
+	})
+	e.schedKubeconfig = e.cp.Kubeconfig(t, harness.SchedulerUser)
+	t.Cleanup(func() {
+		if e.sched == nil {
+			return
+		}
+		e.sched.Stop()
+		if t.Failed() {
+			t.Logf("last lines of kube-scheduler log (%s):\n%s", e.sched.LogPath, e.sched.Tail(40))
+		}
+	})
+	e.startScheduler(t, false)
+	e.cp.StartControllerManager(t, "job-controller")
+
+	e.k = kubelet.Start(t, e.cp, kubelet.Options{NodeName: nodeName})
+	f, err := topology.FixtureByName(fixtureName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.sim = nodeagent.NewSimulator(f, nodeName)
+	e.sim.SetJitter(false)
+	e.startAgent(t)
+	t.Cleanup(func() { e.stopAgent(t) })
+	if e.pr, err = nodeagent.DialPodResources(e.k.PodResourcesSocket); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.pr.Close() })
+	conn, err := grpc.NewClient("unix://"+e.k.PodResourcesSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	e.prAlloc = podresourcesapi.NewPodResourcesListerClient(conn)
+	e.waitKubeletGPUs(t, nodeGPUs)
+	e.poll(t, time.Minute, "the extender to see the node's 8 GPUs", func() (bool, string) {
+		c := e.ext.Ledger().Counts()
+		return c.Total == nodeGPUs && c.Free == nodeGPUs, c.String()
+	})
+	t.Logf("setup: control plane, webhook, extender, kube-scheduler, kube-controller-manager (job), kubelet %s and node agent (%s) up in %v",
+		nodeName, fixtureName, time.Since(start).Round(time.Second))
+	return e
+}
+
+func binding(name, user string) *rbacv1.ClusterRoleBinding {
+	return &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
+	}
+}
+
+// schedulerConfig is the chart's KubeSchedulerConfiguration with the
+// extender's host replaced by the in-process extender's, as the chart
+// replaces it with its Service, and the extender's ignorable flag set.
+func (e *env) schedulerConfig(t *testing.T, ignorable bool) *schedconfigv1.KubeSchedulerConfiguration {
+	t.Helper()
+	doc, err := os.ReadFile(filepath.Join(harness.RepoRoot(), "charts", "gputopo", "files", "scheduler-config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := harness.ParseSchedulerConfig(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Extenders) != 1 {
+		t.Fatalf("chart scheduler config has %d extenders, want 1", len(cfg.Extenders))
+	}
+	if cfg.Extenders[0].Ignorable {
+		t.Fatal("the chart's extender is ignorable; GPU pods would run on GPUs the extender did not choose while it is down")
+	}
+	u, err := url.Parse(cfg.Extenders[0].URLPrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Scheme, u.Host = "http", "127.0.0.1:"+strconv.Itoa(e.extPort)
+	cfg.Extenders[0].URLPrefix = u.String()
+	cfg.Extenders[0].Ignorable = ignorable
+	// One scheduler; no gputopo-system namespace for its Lease.
+	cfg.LeaderElection.LeaderElect = ptr.To(false)
+	return cfg
+}
+
+// startScheduler (re)starts kube-scheduler with the chart's profile.
+func (e *env) startScheduler(t *testing.T, ignorable bool) {
+	t.Helper()
+	if e.sched != nil {
+		e.sched.Stop()
+	}
+	// The secure port is picked free and then bound by the new process;
+	// on a busy machine another process may take it in between: retry.
+	var errs []error
+	for range 3 {
+		p, err := localcluster.StartScheduler(e.schedulerConfig(t, ignorable), e.schedKubeconfig, e.dir)
+		if err == nil {
+			e.sched = p
+			return
+		}
+		errs = append(errs, err)
+	}
+	e.sched = nil
+	t.Fatal(errors.Join(errs...))
+}
+
+// startWebhook runs the webhook server where envtest registered it and
+// waits until it serves and its cache has seen the opted-in namespace.
+func (e *env) startWebhook(t *testing.T) {
+	t.Helper()
+	wio := e.cp.Env.WebhookInstallOptions
+	mgr, err := webhook.NewManager(webhook.DefaultConfig(), e.cp.Config, webhook.Options{
+		Host: wio.LocalServingHost, Port: wio.LocalServingPort, CertDir: wio.LocalServingCertDir,
+		CertName: "tls.crt", KeyName: "tls.key", MetricsBindAddress: "0", HealthProbeBindAddress: "0",
+	})
+	if err != nil {
+		t.Fatalf("webhook manager: %v", err)
+	}
+	e.hookRun = goRun(context.Background(), mgr.Start)
+	e.poll(t, time.Minute, "the webhook to serve TLS", func() (bool, string) {
+		if exited, err := e.hookRun.exited(); exited {
+			t.Fatalf("webhook stopped: %v", err)
+		}
+		_, err := e.servedCert()
+		return err == nil, fmt.Sprint(err)
+	})
+	// The webhook reads namespaces from its cache: a dry-run GPU pod is
+	// mutated once the cache has the opt-in label.
+	e.poll(t, time.Minute, "the webhook to mutate pods in "+nsTeam, func() (bool, string) {
+		probe := gpuPod(nsTeam, "probe", 1)
+		if err := e.cp.Client.Create(context.Background(), probe, client.DryRunAll); err != nil {
+			return false, err.Error()
+		}
+		return probe.Spec.SchedulerName == v1alpha1.DefaultSchedulerName, "schedulerName " + probe.Spec.SchedulerName
+	})
+}
+
+// servedCert is the leaf certificate the webhook server presents now.
+func (e *env) servedCert() ([]byte, error) {
+	wio := e.cp.Env.WebhookInstallOptions
+	addr := net.JoinHostPort(wio.LocalServingHost, strconv.Itoa(wio.LocalServingPort))
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", addr, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // reads the served certificate only
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	return conn.ConnectionState().PeerCertificates[0].Raw, nil
+}
+
+func (e *env) stopWebhook(t *testing.T) {
+	t.Helper()
+	if err := e.hookRun.stop(); err != nil {
+		t.Errorf("webhook: %v", err)
+	}
+}
+
+// startExtender runs a fresh extender on extPort and waits until Ready.
+func (e *env) startExtender(t *testing.T) {
+	t.Helper()
+	e.ext, e.extRun, _ = e.newExtender(t, extender.Options{Port: e.extPort})
+	e.waitExtenderReady(t, e.ext, e.extRun)
+}
+
+// newExtender starts an extender as its service account with o (bound to
+// loopback, no metrics), its API calls through a faultTransport.
+func (e *env) newExtender(t *testing.T, o extender.Options) (*extender.Extender, *running, *faultTransport) {
+	t.Helper()
+	o.BindAddress, o.MetricsBindAddress = "127.0.0.1", "0"
+	cfg := e.cp.UserConfig(t, extenderUser)
+	ft := &faultTransport{e: e}
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { ft.next = rt; return ft })
+	x, err := extender.New(cfg, o)
+	if err != nil {
+		t.Fatalf("extender: %v", err)
+	}
+	return x, goRun(klog.NewContext(context.Background(), e.logger), x.Start), ft
+}
+
+func (e *env) waitExtenderReady(t *testing.T, x *extender.Extender, r *running) {
+	t.Helper()
+	e.poll(t, time.Minute, "the extender to be Ready", func() (bool, string) {
+		if exited, err := r.exited(); exited {
+			t.Fatalf("extender stopped: %v", err)
+		}
+		return x.Ready(), "not ready"
+	})
+}
+
+func (e *env) stopExtender(t *testing.T) {
+	t.Helper()
+	if err := e.extRun.stop(); err != nil {
+		t.Errorf("extender: %v", err)
+	}
+}
+
+// bindFault acts on an extender's next Binding.
+type bindFault struct {
+	mode faultMode
+	// skip Bindings pass untouched before the fault acts.
+	skip       int
+	hit        chan struct{} // closed when the Binding is held
+	release    chan struct{} // closed by the test to let the held call go on
+	releaseOne sync.Once
+	// result is the apiserver's answer to the Binding (killAfterWrite and
+	// hold).
+	result error
+	done   chan struct{} // closed once result is set
+}
+
+type faultMode int
+
+const (
+	// killBeforeWrite: the extender dies after reserving the GPUs in its
+	// ledger, before the Binding reaches the apiserver.
+	killBeforeWrite faultMode = iota
+	// killAfterWrite: the extender dies right after the apiserver wrote
+	// the Binding; it never learns the outcome and never replies.
+	killAfterWrite
+	// hold: the Binding waits until released, then goes to the apiserver
+	// (a bind in flight while the test acts).
+	hold
+)
+
+func newBindFault(mode faultMode) *bindFault {
+	return &bindFault{mode: mode, hit: make(chan struct{}), release: make(chan struct{}), done: make(chan struct{})}
+}
+
+func (f *bindFault) free() { f.releaseOne.Do(func() { close(f.release) }) }
+
+var errKilled = errors.New("extender killed by the test")
+
+// faultTransport carries one extender instance's API calls. A killed
+// instance reaches the apiserver no more, as a dead process would not.
+type faultTransport struct {
+	next http.RoundTripper
+	e    *env
+	dead atomic.Bool
+}
+
+func (f *faultTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if f.dead.Load() {
+		return nil, errKilled
+	}
+	if r.Method != http.MethodPost || !strings.HasSuffix(r.URL.Path, "/binding") {
+		return f.next.RoundTrip(r)
+	}
+	f.e.faultMu.Lock()
+	fault := f.e.fault
+	if fault != nil && fault.skip > 0 {
+		fault.skip--
+		fault = nil
+	} else {
+		f.e.fault = nil
+	}
+	f.e.faultMu.Unlock()
+	if fault == nil {
+		return f.next.RoundTrip(r)
+	}
+	forward := func() (*http.Response, error) {
+		resp, err := f.next.RoundTrip(r)
+		switch {
+		case err != nil:
+			fault.result = err
+		case resp.StatusCode >= 300:
+			fault.result = fmt.Errorf("binding answered %s", resp.Status)
+		}
+		close(fault.done)
+		return resp, err
+	}
+	switch fault.mode {
+	case killBeforeWrite:
+		f.dead.Store(true)
+		close(fault.done)
+	case killAfterWrite:
+		f.dead.Store(true)
+		if resp, err := forward(); err == nil {
+			resp.Body.Close()
+		}
+	case hold:
+		close(fault.hit)
+		<-fault.release
+		return forward()
+	}
+	close(fault.hit)
+	<-fault.release
+	return nil, errKilled
+}
+
+func (e *env) injectBindFault(f *bindFault) {
+	e.faultMu.Lock()
+	defer e.faultMu.Unlock()
+	e.fault = f
+}
+
+// startAgent runs the node agent on the simulator and waits until it is
+// ready and registered with kubelet.
+func (e *env) startAgent(t *testing.T) {
+	t.Helper()
+	ready := make(chan *nodeagent.Agent, 1)
+	cfg := e.cp.UserConfig(t, agentUser)
+	e.agentRn = goRun(klog.NewContext(context.Background(), e.logger.WithName("nodeagent")), func(ctx context.Context) error {
+		return nodeagent.Run(ctx, cfg, nodeagent.Options{
+			NodeName: nodeName, Simulator: e.sim, ResourceName: v1alpha1.ResourceGPU,
+			DevicePluginDir: kubelet.DevicePluginDir, PodResourcesSocket: e.k.PodResourcesSocket,
+			TopologyInterval: 5 * time.Minute, TelemetryInterval: 30 * time.Second, ReconcileInterval: 2 * time.Second,
+			MetricsBindAddress: "0",
+			Ready:              func(a *nodeagent.Agent) { ready <- a },
+		})
+	})
+	select {
+	case e.agent = <-ready:
+	case err := <-e.agentRn.done:
+		t.Fatalf("node agent stopped before it was ready: %v", err)
+	case <-time.After(90 * time.Second):
+		t.Fatal("node agent not ready after 90s")
+	}
+	e.poll(t, time.Minute, "the device plugin to register with kubelet", func() (bool, string) {
+		return e.agent.Plugin.Registrations() > 0, "not registered"
+	})
+}
+
+func (e *env) stopAgent(t *testing.T) {
+	t.Helper()
+	if err := e.agentRn.stop(); err != nil {
+		t.Errorf("node agent: %v", err)
+	}
+}
+
+// waitKubeletGPUs waits until kubelet's device manager holds want healthy
+// GPUs from the node agent and the Node reports them allocatable: then a
+// pod bound to the node is admitted with its GPUs rather than failed,
+// also right after kubelet or the agent restarted.
+func (e *env) waitKubeletGPUs(t *testing.T, want int64) {
+	t.Helper()
+	e.poll(t, time.Minute, fmt.Sprintf("kubelet to hold %d healthy %s", want, v1alpha1.ResourceGPU), func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		resp, err := e.prAlloc.GetAllocatableResources(ctx, &podresourcesapi.AllocatableResourcesRequest{})
+		if err != nil {
+			return false, err.Error()
+		}
+		n := 0
+		for _, d := range resp.GetDevices() {
+			if d.ResourceName == v1alpha1.ResourceGPU {
+				n += len(d.DeviceIds)
+			}
+		}
+		return int64(n) == want, fmt.Sprintf("%d allocatable devices", n)
+	})
+	e.waitAllocatable(t, want)
+}
+
+func (e *env) waitAllocatable(t *testing.T, want int64) {
+	t.Helper()
+	e.poll(t, time.Minute, fmt.Sprintf("node %s to have %d allocatable %s", nodeName, want, v1alpha1.ResourceGPU), func() (bool, string) {
+		node := &corev1.Node{}
+		if err := e.cp.Client.Get(context.Background(), client.ObjectKey{Name: nodeName}, node); err != nil {
+			return false, err.Error()
+		}
+		q := node.Status.Allocatable[corev1.ResourceName(v1alpha1.ResourceGPU)]
+		return q.Value() == want, fmt.Sprintf("allocatable %s", q.String())
+	})
+}
+
+// poll waits up to timeout for cond, failing the test with cond's last
+// message.
+func (e *env) poll(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		ok, msg := cond()
+		last = msg
+		return ok, nil
+	})
+	if err != nil {
+		t.Fatalf("timed out after %v waiting for %s: %s", timeout, what, last)
+	}
+}
+
+// gpuPod is a pod (not created) with one container requesting gpus GPUs,
+// as a user writes it: no scheduler name, no gputopo annotations.
+func gpuPod(namespace, name string, gpus int64) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
+		Spec:       podSpec(gpus),
+	}
+}
+
+func podSpec(gpus int64) corev1.PodSpec {
+	spec := corev1.PodSpec{
+		RestartPolicy:                 corev1.RestartPolicyNever,
+		TerminationGracePeriodSeconds: ptr.To[int64](0),
+		AutomountServiceAccountToken:  ptr.To(false),
+		Containers:                    []corev1.Container{{Name: "main", Image: "registry.example/train:1"}},
+	}
+	if gpus > 0 {
+		q := *resource.NewQuantity(gpus, resource.DecimalSI)
+		spec.Containers[0].Resources = corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{v1alpha1.ResourceGPU: q},
+			Limits:   corev1.ResourceList{v1alpha1.ResourceGPU: q},
+		}
+	}
+	return spec
+}
+
+func (e *env) create(t *testing.T, obj client.Object) {
+	t.Helper()
+	if err := e.cp.Client.Create(context.Background(), obj); err != nil {
+		t.Fatalf("create %T %s/%s: %v", obj, obj.GetNamespace(), obj.GetName(), err)
+	}
+}
+
+func (e *env) getPod(t *testing.T, namespace, name string) *corev1.Pod {
+	t.Helper()
+	p := &corev1.Pod{}
+	if err := e.cp.Client.Get(context.Background(), client.ObjectKey{Namespace: namespace, Name: name}, p); err != nil {
+		t.Fatalf("get pod %s/%s: %v", namespace, name, err)
+	}
+	return p
+}
+
+func (e *env) waitPod(t *testing.T, p *corev1.Pod, timeout time.Duration, what string, cond func(*corev1.Pod) bool) *corev1.Pod {
+	t.Helper()
+	got, err := e.cp.WaitForPod(context.Background(), p.Namespace, p.Name, timeout, cond)
+	if err != nil {
+		t.Fatalf("waiting for %s: %v; annotations %v", what, err, got.Annotations)
+	}
+	return got
+}
+
+func isRunning(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning }
+
+// scheduledFalse is the PodScheduled=False condition, if the pod has one.
+func scheduledFalse(p *corev1.Pod) (corev1.PodCondition, bool) {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
+			return c, true
+		}
+	}
+	return corev1.PodCondition{}, false
+}
+
+// visible is the NVIDIA_VISIBLE_DEVICES the runtime received for the
+// pod's (this incarnation's) container, sorted; ok is false when the
+// runtime created none.
+func (e *env) visible(p *corev1.Pod) ([]string, bool) {
+	var env map[string]string
+	for _, c := range e.k.Runtime.ContainersOf(p.Namespace, p.Name) {
+		if c.PodUID == string(p.UID) {
+			env = c.Env
+		}
+	}
+	if env == nil {
+		return nil, false
+	}
+	return kubelet.EnvList(env[v1alpha1.EnvVisibleDevices]), true
+}
+
+func gpuList(t *testing.T, p *corev1.Pod, key string) []string {
+	t.Helper()
+	l, err := v1alpha1.ParseGPUList(key, p.Annotations[key])
+	if err != nil {
+		t.Fatalf("pod %s/%s: %v", p.Namespace, p.Name, err)
+	}
+	return v1alpha1.SortedGPUList(l)
+}
+
+// deletePods deletes the named pods (all pods of the namespace when none
+// are named) at once and waits until they are gone from the API, kubelet
+// and the extender's ledger.
+func (e *env) deletePods(t *testing.T, namespace string, names ...string) {
+	t.Helper()
+	ctx := context.Background()
+	list := &corev1.PodList{}
+	if err := e.cp.Client.List(ctx, list, client.InNamespace(namespace)); err != nil {
+		t.Fatal(err)
+	}
+	gone := map[types.UID]bool{}
+	for i := range list.Items {
+		p := &list.Items[i]
+		if len(names) > 0 && !slices.Contains(names, p.Name) {
+			continue
+		}
+		gone[p.UID] = true
+		if err := e.cp.Client.Delete(ctx, p, client.GracePeriodSeconds(0)); client.IgnoreNotFound(err) != nil {
+			t.Fatalf("delete pod %s: %v", p.Name, err)
+		}
+	}
+	e.poll(t, time.Minute, "deleted pods to be gone", func() (bool, string) {
+		list := &corev1.PodList{}
+		if err := e.cp.Client.List(ctx, list, client.InNamespace(namespace)); err != nil {
+			return false, err.Error()
+		}
+		for i := range list.Items {
+			p := &list.Items[i]
+			if !gone[p.UID] {
+				continue
+			}
+			// Job pods carry the Job controller's tracking finalizer;
+			// with the Job gone nobody else removes it.
+			if len(p.Finalizers) > 0 {
+				patch := client.MergeFrom(p.DeepCopy())
+				p.Finalizers = nil
+				_ = e.cp.Client.Patch(ctx, p, patch)
+			}
+			return false, "pod " + p.Name + " still in the API"
+		}
+		for _, h := range e.ext.Ledger().Holdings() {
+			if gone[h.PodUID] {
+				return false, "ledger still holds " + h.Pod.String()
+			}
+		}
+		prs, err := e.pr.List(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, p := range prs {
+			if p.Namespace == namespace && (len(names) == 0 || slices.Contains(names, p.Name)) {
+				return false, "kubelet still lists " + p.Name
+			}
+		}
+		return true, ""
+	})
+}
+
+// deleteJob deletes a Job, leaving its pods (no garbage collector runs);
+// deletePods removes them.
+func (e *env) deleteJob(t *testing.T, namespace, name string) {
+	t.Helper()
+	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}
+	if err := e.cp.Client.Delete(context.Background(), job, client.PropagationPolicy(metav1.DeletePropagationOrphan)); client.IgnoreNotFound(err) != nil {
+		t.Fatalf("delete job %s: %v", name, err)
+	}
+	e.poll(t, 30*time.Second, "job "+name+" to be gone", func() (bool, string) {
+		err := e.cp.Client.Get(context.Background(), client.ObjectKeyFromObject(job), job)
+		if err == nil && len(job.Finalizers) > 0 {
+			patch := client.MergeFrom(job.DeepCopy())
+			job.Finalizers = nil
+			_ = e.cp.Client.Patch(context.Background(), job, patch)
+		}
+		return err != nil && client.IgnoreNotFound(err) == nil, fmt.Sprint(err)
+	})
+}
+
+// tail returns the last n lines of a file.
+func tail(path string, n int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	var lines []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+		if len(lines) > n {
+			lines = lines[1:]
+		}
+	}
+	return strings.Join(lines, "\n")
+}
