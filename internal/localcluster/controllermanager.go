@@ -1,8 +1,6 @@
 package localcluster
 
 import (
-	"fmt"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -19,29 +17,19 @@ func StartControllerManager(kubeconfig, dir string, controllers ...string) (*Pro
 	if err != nil {
 		return nil, err
 	}
-	port, err := FreePort()
-	if err != nil {
-		return nil, fmt.Errorf("free port: %w", err)
-	}
-	p, err := StartProcess("kube-controller-manager", filepath.Join(dir, fmt.Sprintf("kube-controller-manager-%d.log", time.Now().UnixNano())), bin,
-		"--kubeconfig="+kubeconfig,
-		"--authentication-kubeconfig="+kubeconfig,
-		"--authorization-kubeconfig="+kubeconfig,
-		"--controllers="+strings.Join(controllers, ","),
-		"--leader-elect=false",
-		"--use-service-account-credentials=false",
-		"--bind-address=127.0.0.1",
-		"--secure-port="+strconv.Itoa(port),
-		"--kube-api-qps=200",
-		"--kube-api-burst=400",
-		"--v=1",
-	)
-	if err != nil {
-		return nil, err
-	}
-	if err := WaitHealthy(p, fmt.Sprintf("https://127.0.0.1:%d/healthz", port), time.Minute); err != nil {
-		p.Stop()
-		return nil, fmt.Errorf("kube-controller-manager did not become healthy: %w\n%s", err, p.Tail(30))
-	}
-	return p, nil
+	return startServing("kube-controller-manager", dir, time.Now().UnixNano(), bin, func(port int) []string {
+		return []string{
+			"--kubeconfig=" + kubeconfig,
+			"--authentication-kubeconfig=" + kubeconfig,
+			"--authorization-kubeconfig=" + kubeconfig,
+			"--controllers=" + strings.Join(controllers, ","),
+			"--leader-elect=false",
+			"--use-service-account-credentials=false",
+			"--bind-address=127.0.0.1",
+			"--secure-port=" + strconv.Itoa(port),
+			"--kube-api-qps=200",
+			"--kube-api-burst=400",
+			"--v=1",
+		}
+	})
 }

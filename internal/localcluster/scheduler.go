@@ -63,24 +63,42 @@ func StartScheduler(cfg *schedconfigv1.KubeSchedulerConfiguration, kubeconfig, d
 	if err := os.WriteFile(path, doc, 0o600); err != nil {
 		return nil, fmt.Errorf("write scheduler config: %w", err)
 	}
-	port, err := FreePort()
-	if err != nil {
-		return nil, fmt.Errorf("free port: %w", err)
-	}
-	p, err := StartProcess("kube-scheduler", filepath.Join(dir, fmt.Sprintf("kube-scheduler-%d.log", stamp)), bin,
-		"--config="+path,
-		"--bind-address=127.0.0.1",
-		"--secure-port="+strconv.Itoa(port),
-		"--v=2",
-	)
-	if err != nil {
-		return nil, err
-	}
-	if err := WaitHealthy(p, fmt.Sprintf("https://127.0.0.1:%d/healthz", port), time.Minute); err != nil {
+	return startServing("kube-scheduler", dir, stamp, bin, func(port int) []string {
+		return []string{
+			"--config=" + path,
+			"--bind-address=127.0.0.1",
+			"--secure-port=" + strconv.Itoa(port),
+			"--v=2",
+		}
+	})
+}
+
+// startServing starts a binary that serves /healthz over HTTPS on a free
+// port and waits until it answers. FreePort cannot reserve the port, so
+// when another process takes it first the binary exits with "address
+// already in use"; then it is started again on another port.
+func startServing(name, dir string, stamp int64, bin string, args func(port int) []string) (*Process, error) {
+	var last error
+	for attempt := 1; attempt <= 3; attempt++ {
+		port, err := FreePort()
+		if err != nil {
+			return nil, fmt.Errorf("free port: %w", err)
+		}
+		p, err := StartProcess(name, filepath.Join(dir, fmt.Sprintf("%s-%d-%d.log", name, stamp, attempt)), bin, args(port)...)
+		if err != nil {
+			return nil, err
+		}
+		err = WaitHealthy(p, fmt.Sprintf("https://127.0.0.1:%d/healthz", port), time.Minute)
+		if err == nil {
+			return p, nil
+		}
 		p.Stop()
-		return nil, fmt.Errorf("kube-scheduler did not become healthy: %w\n%s", err, p.Tail(30))
+		last = fmt.Errorf("%s did not become healthy: %w\n%s", name, err, p.Tail(30))
+		if !p.LogContains("address already in use") {
+			break
+		}
 	}
-	return p, nil
+	return nil, last
 }
 
 // FreePort asks the kernel for a free loopback TCP port.
