@@ -98,6 +98,12 @@ func Run(ctx context.Context, o Options) (err error) {
 	if err := os.MkdirAll(o.OutDir, 0o755); err != nil {
 		return fmt.Errorf("output dir %s: %w", o.OutDir, err)
 	}
+	// The control-plane binaries run in working directories of their own.
+	outDir, err := filepath.Abs(o.OutDir)
+	if err != nil {
+		return fmt.Errorf("output dir %s: %w", o.OutDir, err)
+	}
+	o.OutDir = outDir
 	say := func(format string, a ...any) { fmt.Fprintf(o.Out, "==> "+format+"\n", a...) }
 	// The components log as they would in a cluster; keep that out of the
 	// demo's story, in a file beside the picture.

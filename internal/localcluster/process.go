@@ -23,6 +23,8 @@ type Process struct {
 }
 
 // StartProcess starts bin with args, writing its output to logPath. The
+// process runs in an empty directory beside its log, so relative paths in
+// args do not resolve against the caller's working directory. The
 // process gets its own process group so that it and any children are killed
 // together, and it dies with its parent.
 func StartProcess(name, logPath, bin string, args ...string) (*Process, error) {

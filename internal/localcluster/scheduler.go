@@ -58,6 +58,11 @@ func StartScheduler(cfg *schedconfigv1.KubeSchedulerConfiguration, kubeconfig, d
 	if err != nil {
 		return nil, fmt.Errorf("encode scheduler config: %w", err)
 	}
+	// The binary runs in a working directory of its own: every path it is
+	// given must be absolute.
+	if dir, err = filepath.Abs(dir); err != nil {
+		return nil, fmt.Errorf("scheduler dir: %w", err)
+	}
 	stamp := time.Now().UnixNano()
 	path := filepath.Join(dir, fmt.Sprintf("scheduler-%d.yaml", stamp))
 	if err := os.WriteFile(path, doc, 0o600); err != nil {
