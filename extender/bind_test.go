@@ -95,7 +95,7 @@ func TestBindIsIdempotentPerPodUID(t *testing.T) {
 		}
 		calls++
 		if calls == 1 {
-			_, _, _ = apiserverBinding(cs)(action)
+			_, _, _ = FakeBindingReactor(cs)(action)
 			return true, nil, apierrors.NewServerTimeout(podsGVR.GroupResource(), "create", 1)
 		}
 		return false, nil, nil

@@ -1,20 +1,15 @@
 package extender
 
 import (
-	"fmt"
-	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology"
@@ -109,50 +104,13 @@ func newTestExtender(t testing.TB, cfg *Configuration, objs ...runtime.Object) (
 		cfg = DefaultConfiguration()
 	}
 	cs := fake.NewClientset(objs...)
-	cs.PrependReactor("create", "pods", apiserverBinding(cs))
+	cs.PrependReactor("create", "pods", FakeBindingReactor(cs))
 	x := newExtender(cfg, cs)
 	x.now = func() time.Time { return testNow }
 	x.ledger.now = x.now
 	x.synced.Store(true)
 	x.leading.Store(true)
 	return x, cs
-}
-
-var podsGVR = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
-
-// apiserverBinding emulates kube-apiserver's pods/binding: UID
-// precondition, conflict when already bound, and the Binding's annotations
-// copied onto the pod in the same write as nodeName.
-func apiserverBinding(cs *fake.Clientset) k8stesting.ReactionFunc {
-	var mu sync.Mutex
-	return func(action k8stesting.Action) (bool, runtime.Object, error) {
-		ca, ok := action.(k8stesting.CreateAction)
-		if !ok || ca.GetSubresource() != "binding" {
-			return false, nil, nil
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		b := ca.GetObject().(*corev1.Binding)
-		obj, err := cs.Tracker().Get(podsGVR, b.Namespace, b.Name)
-		if err != nil {
-			return true, nil, err
-		}
-		pod := obj.(*corev1.Pod).DeepCopy()
-		if b.UID != "" && b.UID != pod.UID {
-			return true, nil, apierrors.NewConflict(podsGVR.GroupResource(), b.Name, fmt.Errorf("precondition failed: UID in precondition: %s, UID in object meta: %s", b.UID, pod.UID))
-		}
-		if pod.Spec.NodeName != "" {
-			return true, nil, apierrors.NewConflict(podsGVR.GroupResource(), b.Name, fmt.Errorf("pod %s is already assigned to node %q", b.Name, pod.Spec.NodeName))
-		}
-		pod.Spec.NodeName = b.Target.Name
-		for k, v := range b.Annotations {
-			if pod.Annotations == nil {
-				pod.Annotations = map[string]string{}
-			}
-			pod.Annotations[k] = v
-		}
-		return true, b, cs.Tracker().Update(podsGVR, pod, pod.Namespace)
-	}
 }
 
 // indicesOf maps UUIDs back to GPU indices on a fixture node.
