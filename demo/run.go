@@ -3,7 +3,6 @@ package demo
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -20,7 +19,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
-	schedconfigv1 "k8s.io/kube-scheduler/config/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -168,7 +166,7 @@ func Run(ctx context.Context, o Options) (err error) {
 	}
 
 	say("starting kube-scheduler (profile %s, extender at %s) and kube-controller-manager (job controller)", v1alpha1.DefaultSchedulerName, x.APIAddr())
-	schedCfg, err := SchedulerConfig("http://" + x.APIAddr())
+	schedCfg, err := localcluster.ChartSchedulerConfig("http://" + x.APIAddr())
 	if err != nil {
 		return err
 	}
@@ -263,28 +261,6 @@ func goRun(ctx context.Context, stops *[]func(), fn func(context.Context) error)
 		}
 	})
 	return out
-}
-
-// SchedulerConfig reads the chart's KubeSchedulerConfiguration (the one a
-// Helm install runs) and points its extender at url.
-func SchedulerConfig(url string) (*schedconfigv1.KubeSchedulerConfiguration, error) {
-	doc, err := os.ReadFile(filepath.Join(localcluster.RepoRoot(), "charts", "gputopo", "files", "scheduler-config.yaml"))
-	if err != nil {
-		return nil, fmt.Errorf("read scheduler config: %w", err)
-	}
-	cfg, err := localcluster.ParseSchedulerConfig(doc)
-	if err != nil {
-		return nil, err
-	}
-	if len(cfg.Extenders) == 0 {
-		return nil, errors.New("scheduler config names no extender")
-	}
-	for i := range cfg.Extenders {
-		cfg.Extenders[i].URLPrefix = url + "/scheduler"
-	}
-	// One scheduler, no gputopo-system namespace for its Lease.
-	cfg.LeaderElection.LeaderElect = ptr.To(false)
-	return cfg, nil
 }
 
 func startWebhook(ctx context.Context, cp *localcluster.ControlPlane, stops *[]func()) error {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -135,4 +136,36 @@ func WaitHealthy(p *Process, url string, timeout time.Duration) error {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK, nil
 	})
+}
+
+// ChartSchedulerConfig is the Helm chart's KubeSchedulerConfiguration
+// (charts/gputopo/files/scheduler-config.yaml), the one a Helm install runs,
+// with its extender's scheme and host replaced by those of extenderURL (the
+// path of the file's urlPrefix kept), as the chart replaces them with its
+// Service. Leader election is off: one local scheduler, and no
+// gputopo-system namespace for its Lease.
+func ChartSchedulerConfig(extenderURL string) (*schedconfigv1.KubeSchedulerConfiguration, error) {
+	doc, err := os.ReadFile(filepath.Join(RepoRoot(), "charts", "gputopo", "files", "scheduler-config.yaml"))
+	if err != nil {
+		return nil, fmt.Errorf("read the chart's scheduler config: %w", err)
+	}
+	cfg, err := ParseSchedulerConfig(doc)
+	if err != nil {
+		return nil, err
+	}
+	if len(cfg.Extenders) != 1 {
+		return nil, fmt.Errorf("the chart's scheduler config has %d extenders, want 1", len(cfg.Extenders))
+	}
+	in, err := url.Parse(cfg.Extenders[0].URLPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("the chart's extender urlPrefix: %w", err)
+	}
+	to, err := url.Parse(extenderURL)
+	if err != nil || to.Host == "" {
+		return nil, fmt.Errorf("extender URL %q: want scheme://host:port", extenderURL)
+	}
+	in.Scheme, in.Host = to.Scheme, to.Host
+	cfg.Extenders[0].URLPrefix = in.String()
+	cfg.LeaderElection.LeaderElect = ptr.To(false)
+	return cfg, nil
 }

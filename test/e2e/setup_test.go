@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -63,15 +62,6 @@ const (
 	extenderUser = webhook.DefaultExtenderServiceAccount
 	agentUser    = webhook.DefaultNodeAgentServiceAccount
 )
-
-// extenderRules is the extender's RBAC as docs/extender.md documents it.
-var extenderRules = []rbacv1.PolicyRule{
-	{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
-	{APIGroups: []string{""}, Resources: []string{"pods/binding"}, Verbs: []string{"create"}},
-	{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"list", "watch"}},
-	{APIGroups: []string{"gputopo.io"}, Resources: []string{"nodegputopologies"}, Verbs: []string{"list", "watch"}},
-	{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update"}},
-}
 
 // env is the whole system on one machine. The extender, the webhook, the
 // node agent and kube-scheduler can be stopped and started again on the
@@ -195,7 +185,7 @@ func setup(t *testing.T) *env {
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: nsTeam, Name: "default"}},
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: nsPlain, Name: "default"}},
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceSystem, Name: "default"}},
-		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "gputopo-extender"}, Rules: extenderRules},
+		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "gputopo-extender"}, Rules: extender.RBACRules()},
 		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "gputopo-nodeagent"}, Rules: nodeagent.RBACRules()},
 		binding("gputopo-extender", extenderUser),
 		binding("gputopo-nodeagent", agentUser),
@@ -273,29 +263,11 @@ func binding(name, user string) *rbacv1.ClusterRoleBinding {
 // replaces it with its Service, and the extender's ignorable flag set.
 func (e *env) schedulerConfig(t *testing.T, ignorable bool) *schedconfigv1.KubeSchedulerConfiguration {
 	t.Helper()
-	doc, err := os.ReadFile(filepath.Join(harness.RepoRoot(), "charts", "gputopo", "files", "scheduler-config.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := harness.ParseSchedulerConfig(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(cfg.Extenders) != 1 {
-		t.Fatalf("chart scheduler config has %d extenders, want 1", len(cfg.Extenders))
-	}
+	cfg := harness.ChartSchedulerConfig(t, "http://127.0.0.1:"+strconv.Itoa(e.extPort))
 	if cfg.Extenders[0].Ignorable {
 		t.Fatal("the chart's extender is ignorable; GPU pods would run on GPUs the extender did not choose while it is down")
 	}
-	u, err := url.Parse(cfg.Extenders[0].URLPrefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.Scheme, u.Host = "http", "127.0.0.1:"+strconv.Itoa(e.extPort)
-	cfg.Extenders[0].URLPrefix = u.String()
 	cfg.Extenders[0].Ignorable = ignorable
-	// One scheduler; no gputopo-system namespace for its Lease.
-	cfg.LeaderElection.LeaderElect = ptr.To(false)
 	return cfg
 }
 

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,16 +38,6 @@ const (
 	modelParallel = `{"requireNVLink":true,"strategy":"highest_bandwidth"}`
 )
 
-// extenderRules is the RBAC docs/extender.md documents for the extender;
-// the tests run the extender with exactly these rights.
-var extenderRules = []rbacv1.PolicyRule{
-	{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
-	{APIGroups: []string{""}, Resources: []string{"pods/binding"}, Verbs: []string{"create"}},
-	{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"list", "watch"}},
-	{APIGroups: []string{"gputopo.io"}, Resources: []string{"nodegputopologies"}, Verbs: []string{"list", "watch"}},
-	{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update"}},
-}
-
 // env is a control plane with GPU nodes from a fixture and the extender's
 // RBAC installed.
 type env struct {
@@ -62,7 +51,7 @@ func newEnv(t *testing.T, nodes int) *env {
 	ctx := harness.Context(t)
 	cs := cp.Clientset
 	if _, err := cs.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{
-		ObjectMeta: metav1.ObjectMeta{Name: extenderUser}, Rules: extenderRules,
+		ObjectMeta: metav1.ObjectMeta{Name: extenderUser}, Rules: extender.RBACRules(),
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create ClusterRole: %v", err)
 	}
@@ -197,26 +186,7 @@ func readyz(r *runningExtender) bool {
 // config, pointed at extenderURL (the path of the file's urlPrefix kept).
 func startScheduler(t *testing.T, e *env, extenderURL string) *harness.Process {
 	t.Helper()
-	doc, err := os.ReadFile(filepath.Join(harness.RepoRoot(), "charts", "gputopo", "files", "scheduler-config.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := harness.ParseSchedulerConfig(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(cfg.Extenders) != 1 {
-		t.Fatalf("scheduler config has %d extenders, want 1", len(cfg.Extenders))
-	}
-	in, err := url.Parse(cfg.Extenders[0].URLPrefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	to, _ := url.Parse(extenderURL)
-	in.Scheme, in.Host = to.Scheme, to.Host
-	cfg.Extenders[0].URLPrefix = in.String()
-	cfg.LeaderElection.LeaderElect = ptr.To(false)
-	return e.cp.StartScheduler(t, cfg)
+	return e.cp.StartScheduler(t, harness.ChartSchedulerConfig(t, extenderURL))
 }
 
 // gpuPod is a pod for gputopo-scheduler requesting gpus GPUs.

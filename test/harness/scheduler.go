@@ -63,3 +63,15 @@ func (cp *ControlPlane) StartControllerManager(t testing.TB, controllers ...stri
 	})
 	return p
 }
+
+// ChartSchedulerConfig is the Helm chart's KubeSchedulerConfiguration with
+// its extender pointed at extenderURL and leader election off (see
+// localcluster.ChartSchedulerConfig).
+func ChartSchedulerConfig(t testing.TB, extenderURL string) *schedconfigv1.KubeSchedulerConfiguration {
+	t.Helper()
+	cfg, err := localcluster.ChartSchedulerConfig(extenderURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}

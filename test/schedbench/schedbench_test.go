@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -186,25 +185,7 @@ func waitLedger(t *testing.T, x *extender.Extender, nodes int) {
 // pointed at the in-process extender.
 func startGputopoScheduler(t *testing.T, cp *harness.ControlPlane, port int) *harness.Process {
 	t.Helper()
-	doc, err := os.ReadFile(filepath.Join(harness.RepoRoot(), "charts", "gputopo", "files", "scheduler-config.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := harness.ParseSchedulerConfig(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(cfg.Extenders) != 1 {
-		t.Fatalf("scheduler config has %d extenders, want 1", len(cfg.Extenders))
-	}
-	u, err := url.Parse(cfg.Extenders[0].URLPrefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.Scheme, u.Host = "http", "127.0.0.1:"+strconv.Itoa(port)
-	cfg.Extenders[0].URLPrefix = u.String()
-	cfg.LeaderElection.LeaderElect = ptr.To(false)
-	return cp.StartScheduler(t, cfg)
+	return cp.StartScheduler(t, harness.ChartSchedulerConfig(t, "http://127.0.0.1:"+strconv.Itoa(port)))
 }
 
 // createNodes registers nodes [from, to) with 8 GPUs each and their
