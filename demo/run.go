@@ -56,15 +56,21 @@ type Workload struct {
 	Pods   int
 	GPUs   int
 	Bare   bool
+	// Machine, when set, pins the pods to nodes of that fixture, as a team
+	// pins work to its own pool of machines.
+	Machine string
 }
+
+// labelMachine is the node label the demo sets to the node's fixture.
+const labelMachine = "demo.gputopo.io/machine"
 
 // DefaultWorkloads fill most of the cluster: model-parallel jobs that need
 // NVLink, data-parallel jobs, and single-GPU notebooks that must not break
 // up NVLink islands.
 var DefaultWorkloads = []Workload{
 	{Name: "llm-pretrain", Intent: v1alpha1.ParallelismModel, Pods: 1, GPUs: 8},
-	{Name: "notebook", Pods: 4, GPUs: 1, Bare: true},
-	{Name: "resnet", Intent: v1alpha1.ParallelismData, Pods: 2, GPUs: 2},
+	{Name: "notebook", Pods: 2, GPUs: 1, Bare: true, Machine: "dgx1-v100"},
+	{Name: "resnet", Intent: v1alpha1.ParallelismData, Pods: 2, GPUs: 2, Machine: "pcie-8x"},
 	{Name: "llm-finetune", Intent: v1alpha1.ParallelismModel, Pods: 3, GPUs: 4},
 }
 
@@ -300,7 +306,7 @@ func startNodes(ctx context.Context, c client.Client, specs []NodeSpec, stops *[
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", s.Name, err)
 		}
-		if _, err := localcluster.CreateGPUNode(ctx, c, s.Name, f.GPUs, map[string]string{"nvidia.com/gpu.present": "true"}); err != nil {
+		if _, err := localcluster.CreateGPUNode(ctx, c, s.Name, f.GPUs, map[string]string{"nvidia.com/gpu.present": "true", labelMachine: s.Fixture}); err != nil {
 			return nil, err
 		}
 		sim := nodeagent.NewSimulator(f, s.Name)
@@ -342,10 +348,18 @@ func describe(w Workload) string {
 	if w.Intent != "" {
 		intent = fmt.Sprintf("%s: %s", v1alpha1.AnnotationParallelism, w.Intent)
 	}
-	return fmt.Sprintf("%s %s (%s): %d pod(s) x %d GPU(s)", kind, w.Name, intent, w.Pods, w.GPUs)
+	where := ""
+	if w.Machine != "" {
+		where = " on " + w.Machine + " nodes"
+	}
+	return fmt.Sprintf("%s %s (%s): %d pod(s) x %d GPU(s)%s", kind, w.Name, intent, w.Pods, w.GPUs, where)
 }
 
 func submit(ctx context.Context, c client.Client, w Workload) error {
+	spec := localcluster.GPUPodSpec(w.GPUs)
+	if w.Machine != "" {
+		spec.NodeSelector = map[string]string{labelMachine: w.Machine}
+	}
 	ann := map[string]string{}
 	if w.Intent != "" {
 		ann[v1alpha1.AnnotationParallelism] = string(w.Intent)
@@ -354,7 +368,7 @@ func submit(ctx context.Context, c client.Client, w Workload) error {
 		for i := 0; i < w.Pods; i++ {
 			pod := &corev1.Pod{
 				ObjectMeta: metav1.ObjectMeta{Namespace: demoNamespace, Name: fmt.Sprintf("%s-%d", w.Name, i), Annotations: ann, Labels: map[string]string{"demo": w.Name}},
-				Spec:       localcluster.GPUPodSpec(w.GPUs),
+				Spec:       spec,
 			}
 			if err := c.Create(ctx, pod); err != nil {
 				return fmt.Errorf("create pod %s: %w", pod.Name, err)
@@ -369,7 +383,7 @@ func submit(ctx context.Context, c client.Client, w Workload) error {
 			Completions: ptr.To(int32(w.Pods)),
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"demo": w.Name}},
-				Spec:       localcluster.GPUPodSpec(w.GPUs),
+				Spec:       spec,
 			},
 		},
 	}
