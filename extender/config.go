@@ -2,9 +2,12 @@ package extender
 
 import (
 	"fmt"
+	"net/url"
 	"os"
+	"strings"
 	"time"
 
+	"github.com/prometheus/common/model"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/yaml"
@@ -64,6 +67,73 @@ type Configuration struct {
 	// (topology, free GPUs, request): identical nodes share them. Default
 	// 16384.
 	AllocatorMemoSize int `json:"allocatorMemoSize"`
+
+	// Telemetry chooses where prioritize reads GPU utilization,
+	// temperature and power.
+	Telemetry Telemetry `json:"telemetry"`
+}
+
+// Telemetry sources.
+const (
+	// TelemetryNodeGPUTopology reads the node agent's NodeGPUTopology
+	// status (the default).
+	TelemetryNodeGPUTopology = "nodeGPUTopology"
+	// TelemetryPrometheus reads DCGM exporter metrics from Prometheus and
+	// falls back to NodeGPUTopology, node by node, while that data is
+	// missing or stale.
+	TelemetryPrometheus = "prometheus"
+)
+
+// Telemetry is the telemetry source of prioritize.
+type Telemetry struct {
+	// Source is nodeGPUTopology (default) or prometheus.
+	Source string `json:"source"`
+	// Prometheus configures the prometheus source; required with it.
+	Prometheus *PrometheusTelemetry `json:"prometheus,omitempty"`
+}
+
+// PrometheusTelemetry reads DCGM exporter metrics from a Prometheus server.
+// Series are matched to GPUs by the node label and the GPU UUID label; a
+// node uses them only when every healthy GPU of its NodeGPUTopology has a
+// sample newer than MaxAge, and otherwise falls back to its NodeGPUTopology
+// telemetry (see docs/prometheus.md).
+type PrometheusTelemetry struct {
+	// URL of the Prometheus server (its HTTP API is under /api/v1).
+	URL string `json:"url"`
+	// Interval between query rounds. Default 30s.
+	Interval metav1.Duration `json:"interval"`
+	// Timeout of one query round. Default 10s.
+	Timeout metav1.Duration `json:"timeout"`
+	// MaxAge is how old a scraped sample may be before the node falls
+	// back to its NodeGPUTopology telemetry. Default 2m.
+	MaxAge metav1.Duration `json:"maxAge"`
+	// NodeLabel is the label carrying the Kubernetes node name. DCGM
+	// exporter sets Hostname from its NODE_NAME; a ServiceMonitor often
+	// relabels it to node. Default Hostname.
+	NodeLabel string `json:"nodeLabel"`
+	// UUIDLabel is the label carrying the GPU UUID. Default UUID.
+	UUIDLabel string `json:"uuidLabel"`
+	// Selector is added to every query as label matchers, for example
+	// job="dcgm-exporter" when several jobs export DCGM names. Default none.
+	Selector string `json:"selector"`
+	// Metrics are the metric names read. Defaults are DCGM exporter's.
+	Metrics DCGMMetrics `json:"metrics"`
+}
+
+// DCGMMetrics names the DCGM exporter metrics read.
+type DCGMMetrics struct {
+	// Utilization in percent. Default DCGM_FI_DEV_GPU_UTIL.
+	Utilization string `json:"utilization"`
+	// FramebufferUsed in MiB. Default DCGM_FI_DEV_FB_USED.
+	FramebufferUsed string `json:"framebufferUsed"`
+	// Temperature in degrees C. Default DCGM_FI_DEV_GPU_TEMP.
+	Temperature string `json:"temperature"`
+	// Power draw in watts. Default DCGM_FI_DEV_POWER_USAGE.
+	Power string `json:"power"`
+	// PowerLimit in watts; optional (not in DCGM exporter's default
+	// counters): without it the node agent's limit is used. Default
+	// DCGM_FI_DEV_POWER_MGMT_LIMIT.
+	PowerLimit string `json:"powerLimit"`
 }
 
 // Weights of the prioritize components (see docs/extender.md for the
@@ -134,6 +204,26 @@ func SetDefaults(c *Configuration) {
 	if c.AllocatorMemoSize == 0 {
 		c.AllocatorMemoSize = 16384
 	}
+	if c.Telemetry.Source == "" {
+		c.Telemetry.Source = TelemetryNodeGPUTopology
+	}
+	if p := c.Telemetry.Prometheus; p != nil {
+		setDuration(&p.Interval, 30*time.Second)
+		setDuration(&p.Timeout, 10*time.Second)
+		setDuration(&p.MaxAge, 2*time.Minute)
+		setString := func(s *string, v string) {
+			if *s == "" {
+				*s = v
+			}
+		}
+		setString(&p.NodeLabel, "Hostname")
+		setString(&p.UUIDLabel, "UUID")
+		setString(&p.Metrics.Utilization, "DCGM_FI_DEV_GPU_UTIL")
+		setString(&p.Metrics.FramebufferUsed, "DCGM_FI_DEV_FB_USED")
+		setString(&p.Metrics.Temperature, "DCGM_FI_DEV_GPU_TEMP")
+		setString(&p.Metrics.Power, "DCGM_FI_DEV_POWER_USAGE")
+		setString(&p.Metrics.PowerLimit, "DCGM_FI_DEV_POWER_MGMT_LIMIT")
+	}
 }
 
 // Validate reports every invalid field at once, with its path.
@@ -176,13 +266,13 @@ func (c *Configuration) Validate() field.ErrorList {
 			fmt.Sprintf("must be above idleTemperatureC (%d)", *c.Thermal.IdleTemperatureC)))
 	}
 	if c.TelemetryMaxAge.Duration <= 0 {
-		errs = append(errs, field.Invalid(field.NewPath("telemetryMaxAge"), c.TelemetryMaxAge.String(), "must be positive, e.g. 2m"))
+		errs = append(errs, field.Invalid(field.NewPath("telemetryMaxAge"), c.TelemetryMaxAge.Duration.String(), "must be positive, e.g. 2m"))
 	}
 	if c.BindTimeout.Duration <= 0 || c.BindTimeout.Duration > time.Minute {
-		errs = append(errs, field.Invalid(field.NewPath("bindTimeout"), c.BindTimeout.String(), "must be between 0 and 1m, and below the scheduler's extender httpTimeout"))
+		errs = append(errs, field.Invalid(field.NewPath("bindTimeout"), c.BindTimeout.Duration.String(), "must be between 0 and 1m, and below the scheduler's extender httpTimeout"))
 	}
 	if c.ReservationTTL.Duration < c.BindTimeout.Duration {
-		errs = append(errs, field.Invalid(field.NewPath("reservationTTL"), c.ReservationTTL.String(),
+		errs = append(errs, field.Invalid(field.NewPath("reservationTTL"), c.ReservationTTL.Duration.String(),
 			fmt.Sprintf("must be at least bindTimeout (%s) so that a reservation outlives the bind that made it", c.BindTimeout.Duration)))
 	}
 	if c.MaxRequestBytes < 1<<20 {
@@ -190,6 +280,59 @@ func (c *Configuration) Validate() field.ErrorList {
 	}
 	if c.AllocatorMemoSize < 0 {
 		errs = append(errs, field.Invalid(field.NewPath("allocatorMemoSize"), c.AllocatorMemoSize, "must be 0 (no memo) or positive"))
+	}
+	return append(errs, c.Telemetry.validate(field.NewPath("telemetry"))...)
+}
+
+func (t *Telemetry) validate(path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	switch t.Source {
+	case TelemetryNodeGPUTopology:
+		if t.Prometheus != nil {
+			errs = append(errs, field.Forbidden(path.Child("prometheus"), "only with source: prometheus; set source: prometheus or remove the prometheus block"))
+		}
+	case TelemetryPrometheus:
+		if t.Prometheus == nil {
+			errs = append(errs, field.Required(path.Child("prometheus"), "source: prometheus needs prometheus.url, e.g. http://prometheus.monitoring:9090"))
+			break
+		}
+		errs = append(errs, t.Prometheus.validate(path.Child("prometheus"))...)
+	default:
+		errs = append(errs, field.NotSupported(path.Child("source"), t.Source, []string{TelemetryNodeGPUTopology, TelemetryPrometheus}))
+	}
+	return errs
+}
+
+func (p *PrometheusTelemetry) validate(path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if u, err := url.Parse(p.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		errs = append(errs, field.Invalid(path.Child("url"), p.URL, "must be an http:// or https:// URL of the Prometheus server, e.g. http://prometheus.monitoring:9090"))
+	}
+	if p.Interval.Duration < time.Second {
+		errs = append(errs, field.Invalid(path.Child("interval"), p.Interval.Duration.String(), "must be at least 1s"))
+	}
+	if p.Timeout.Duration <= 0 || p.Timeout.Duration > p.Interval.Duration {
+		errs = append(errs, field.Invalid(path.Child("timeout"), p.Timeout.Duration.String(), fmt.Sprintf("must be positive and at most interval (%s)", p.Interval.Duration)))
+	}
+	if p.MaxAge.Duration < p.Interval.Duration {
+		errs = append(errs, field.Invalid(path.Child("maxAge"), p.MaxAge.Duration.String(), fmt.Sprintf("must be at least interval (%s), or every node falls back between rounds", p.Interval.Duration)))
+	}
+	for _, l := range []struct{ name, v string }{{"nodeLabel", p.NodeLabel}, {"uuidLabel", p.UUIDLabel}} {
+		if !model.LabelName(l.v).IsValidLegacy() {
+			errs = append(errs, field.Invalid(path.Child(l.name), l.v, "must be a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)"))
+		}
+	}
+	mp := path.Child("metrics")
+	for _, m := range []struct{ name, v string }{
+		{"utilization", p.Metrics.Utilization}, {"framebufferUsed", p.Metrics.FramebufferUsed},
+		{"temperature", p.Metrics.Temperature}, {"power", p.Metrics.Power}, {"powerLimit", p.Metrics.PowerLimit},
+	} {
+		if !model.IsValidLegacyMetricName(m.v) {
+			errs = append(errs, field.Invalid(mp.Child(m.name), m.v, "must be a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)"))
+		}
+	}
+	if strings.ContainsAny(p.Selector, "{}") {
+		errs = append(errs, field.Invalid(path.Child("selector"), p.Selector, `label matchers without braces, e.g. job="dcgm-exporter"`))
 	}
 	return errs
 }

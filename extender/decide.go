@@ -3,11 +3,13 @@ package extender
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology"
@@ -313,7 +315,11 @@ func (l *Ledger) affinityLocked(job string) affinityIndex {
 	if job == "" {
 		return affinityIndex{}
 	}
-	nodes := l.jobs[job]
+	return l.affinityOfLocked(l.jobs[job])
+}
+
+// affinityOfLocked indexes a job's pod counts by node.
+func (l *Ledger) affinityOfLocked(nodes map[string]int) affinityIndex {
 	idx := affinityIndex{nodes: nodes}
 	for name := range nodes {
 		if n, ok := l.nodes[name]; ok && n.clique != "" {
@@ -324,6 +330,38 @@ func (l *Ledger) affinityLocked(job string) affinityIndex {
 		}
 	}
 	return idx
+}
+
+// affinityExcludingLocked is affinityLocked without pod itself, for
+// deciding as if it were not bound yet.
+func (l *Ledger) affinityExcludingLocked(job string, pod *corev1.Pod) affinityIndex {
+	idx := l.affinityLocked(job)
+	info := l.pods[types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}]
+	if info == nil || info.uid != pod.UID || info.node == "" || info.job != job || idx.nodes[info.node] == 0 {
+		return idx
+	}
+	nodes := maps.Clone(idx.nodes)
+	if nodes[info.node]--; nodes[info.node] == 0 {
+		delete(nodes, info.node)
+	}
+	return l.affinityOfLocked(nodes)
+}
+
+// withoutLocked is n as if uid held nothing on it (a copy; n is left
+// alone).
+func (l *Ledger) withoutLocked(n *nodeState, uid types.UID) *nodeState {
+	if _, ok := n.holdings[uid]; !ok {
+		return n
+	}
+	c := *n
+	c.holdings = make(map[types.UID]*holding, len(n.holdings))
+	for k, h := range n.holdings {
+		if k != uid {
+			c.holdings[k] = h
+		}
+	}
+	l.recomputeLocked(&c)
+	return &c
 }
 
 func (a affinityIndex) of(n *nodeState) float64 {

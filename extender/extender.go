@@ -48,6 +48,13 @@ type Extender struct {
 	client  kubernetes.Interface
 	restCfg *rest.Config
 	now     func() time.Time
+	// prom reads telemetry from Prometheus (telemetry.source: prometheus).
+	prom *promTelemetry
+	// mirror sends filter and prioritize requests to a shadow extender
+	// (--shadow-url); nil when none.
+	mirror *mirror
+	// shadowLog is the sampled log of differing decisions (--shadow).
+	shadowLog *decisionLog
 
 	synced  atomic.Bool // informers synced and the initial ledger built
 	leading atomic.Bool // holds the Lease (or runs without election) and rebuilt
@@ -75,6 +82,19 @@ func New(restCfg *rest.Config, o Options) (*Extender, error) {
 	}
 	x := newExtender(cfg, cs)
 	x.opts, x.restCfg = o, restCfg
+	if cfg.Telemetry.Source == TelemetryPrometheus {
+		if x.prom, err = newPromTelemetry(cfg.Telemetry.Prometheus, x.ledger, x.metrics); err != nil {
+			return nil, err
+		}
+	}
+	if o.ShadowURL != "" {
+		if x.mirror, err = newMirror(o, x.metrics); err != nil {
+			return nil, err
+		}
+	}
+	if o.Shadow {
+		x.shadowLog = &decisionLog{rate: o.ShadowLogSampleRate}
+	}
 	return x, nil
 }
 
@@ -186,6 +206,12 @@ func (x *Extender) Start(ctx context.Context) error {
 	log.Info("extender caches synced", "ledger", x.ledger.Counts().String())
 
 	go x.sweep(ctx)
+	if x.prom != nil {
+		go x.prom.run(ctx)
+	}
+	if x.mirror != nil {
+		x.mirror.start(ctx)
+	}
 
 	lost := make(chan struct{})
 	if x.opts.LeaderElect {

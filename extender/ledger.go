@@ -36,9 +36,15 @@ type Ledger struct {
 	// jobs counts live bound pods per job (namespace/label) per node.
 	jobs map[string]map[string]int
 	now  func() time.Time
-	// onTelemetry, when set, is told of every topology update and removal
-	// (status nil) so that metrics follow the ledger.
-	onTelemetry func(node string, st *v1alpha1.NodeGPUTopologyStatus)
+	// onTelemetry, when set, is told of every node's telemetry as
+	// prioritize reads it (nil graph and telemetry: none) so that metrics
+	// follow the ledger.
+	onTelemetry func(node string, g *topology.Graph, tel []v1alpha1.Telemetry)
+	// extMaxAge > 0 prefers external (Prometheus) telemetry no older than
+	// it; 0 reads NodeGPUTopology telemetry only.
+	extMaxAge time.Duration
+	// extData is the last successful external query round.
+	extData ExternalTelemetry
 }
 
 // NewLedger returns an empty ledger.
@@ -97,6 +103,14 @@ type nodeState struct {
 	tel       []gpuTelemetry
 	telInline [8]gpuTelemetry
 	util      []int32 // compute utilization by GPU index for the allocator; nil: none
+
+	// statusTel and statusTelTime are the NodeGPUTopology telemetry.
+	// applyTelemetryLocked picks it or the external samples into tel and
+	// util; telSource and fallback say which and why.
+	statusTel     []v1alpha1.Telemetry
+	statusTelTime time.Time
+	telSource     string
+	fallback      string
 
 	name        string
 	topoErr     string
@@ -246,32 +260,8 @@ func (l *Ledger) UpsertTopology(obj *v1alpha1.NodeGPUTopology) {
 			break
 		}
 	}
-	n.telemetryNs = 0
-	if !st.TelemetryTime.IsZero() {
-		n.telemetryNs = st.TelemetryTime.UnixNano()
-	}
-	n.util, n.tel = nil, nil
-	if n.graph != nil && len(st.Telemetry) > 0 {
-		size := n.graph.Len()
-		n.util = make([]int32, size)
-		if size <= len(n.telInline) {
-			n.telInline = [len(n.telInline)]gpuTelemetry{}
-			n.tel = n.telInline[:size]
-		} else {
-			n.tel = make([]gpuTelemetry, size)
-		}
-		for _, t := range st.Telemetry {
-			if t.Index < 0 || t.Index >= size {
-				continue
-			}
-			n.util[t.Index] = min(max(t.UtilizationPercent, 0), 100)
-			n.tel[t.Index] = gpuTelemetry{util: n.util[t.Index], tempC: t.TemperatureC, powerW: max(t.PowerWatts, 0), limitW: max(t.PowerLimitWatts, 0)}
-		}
-	}
-	l.recomputeLocked(n)
-	if l.onTelemetry != nil {
-		l.onTelemetry(obj.Name, st)
-	}
+	n.statusTel, n.statusTelTime = st.Telemetry, st.TelemetryTime.Time
+	l.applyTelemetryLocked(n)
 }
 
 func gpuSignature(gpus []v1alpha1.GPU) string {
@@ -318,12 +308,9 @@ func (l *Ledger) DeleteTopology(name string) {
 	}
 	n.hasTopology, n.graph, n.topo, n.topoErr = false, nil, nil, ""
 	n.statusHash, n.gpuSig = "", ""
-	n.util, n.tel, n.telemetryNs = nil, nil, 0
-	l.recomputeLocked(n)
+	n.statusTel, n.statusTelTime = nil, time.Time{}
+	l.applyTelemetryLocked(n)
 	l.dropIfEmptyLocked(n)
-	if l.onTelemetry != nil {
-		l.onTelemetry(name, nil)
-	}
 }
 
 // UpsertNode records a Node's GPU allocatable.

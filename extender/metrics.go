@@ -9,6 +9,7 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/topology"
 )
 
 // Metrics are the extender's Prometheus metrics, on a registry of their own
@@ -24,6 +25,16 @@ type Metrics struct {
 	errors        *prometheus.CounterVec
 	placements    *prometheus.CounterVec
 
+	promQueries     *prometheus.CounterVec
+	promLastSuccess prometheus.Gauge
+
+	// Shadow mode: mirrors sent by a serving extender, and decisions
+	// compared by a shadow one.
+	shadowMirrors     *prometheus.CounterVec
+	shadowDecisions   *prometheus.CounterVec
+	shadowDifferences *prometheus.CounterVec
+	shadowFilterNodes *prometheus.CounterVec
+
 	telMu     sync.Mutex
 	published map[string][][2]string // node -> (gpu_index, metric) series set
 }
@@ -33,6 +44,7 @@ const (
 	phaseFilter     = "filter"
 	phasePrioritize = "prioritize"
 	phaseBind       = "bind"
+	phaseShadow     = "shadow"
 
 	errDecode      = "decode"
 	errTooLarge    = "request_too_large"
@@ -72,30 +84,57 @@ func NewMetrics(l *Ledger) *Metrics {
 			Name: "gputopo_placements_total",
 			Help: "Bound placements by the link tier the requirement asked for and the tier achieved.",
 		}, []string{"requested_tier", "achieved_tier"}),
+		promQueries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gputopo_extender_prometheus_query_rounds_total",
+			Help: "Telemetry query rounds against Prometheus (telemetry.source: prometheus) by result (success, error).",
+		}, []string{"result"}),
+		promLastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "gputopo_extender_prometheus_last_success_timestamp_seconds",
+			Help: "Unix time of the last successful telemetry query round against Prometheus; 0 before the first.",
+		}),
+		shadowMirrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gputopo_shadow_mirrored_requests_total",
+			Help: "Filter and prioritize requests mirrored to the shadow extender (--shadow-url), by verb and result: sent, error (shadow unreachable or refused), dropped (mirror queue full).",
+		}, []string{"verb", "result"}),
+		shadowDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gputopo_shadow_decisions_total",
+			Help: "Mirrored decisions this shadow extender (--shadow) compared, by verb and result (same, different).",
+		}, []string{"verb", "result"}),
+		shadowDifferences: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gputopo_shadow_differences_total",
+			Help: "Differing decisions by kind: filter (some node filtered differently), top_node (a different node ranked first), gpus (different GPUs on the serving extender's top node).",
+		}, []string{"kind"}),
+		shadowFilterNodes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gputopo_shadow_filter_node_differences_total",
+			Help: "Nodes filtered differently: shadow_rejects (the serving extender passed the node, the shadow would not), shadow_accepts (the reverse).",
+		}, []string{"direction"}),
 	}
 	m.Registry.MustRegister(m.latency, m.filterResults, m.scores, m.utilization, m.errors, m.placements,
+		m.promQueries, m.promLastSuccess, m.shadowMirrors, m.shadowDecisions, m.shadowDifferences, m.shadowFilterNodes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&ledgerCollector{l: l, desc: prometheus.NewDesc("gputopo_ledger_gpus",
-			"GPUs in the extender's ledger by state (free, held, reserved, unhealthy, total).", []string{"state"}, nil)})
+			"GPUs in the extender's ledger by state (free, held, reserved, unhealthy, total).", []string{"state"}, nil)},
+		&telemetrySourceCollector{l: l,
+			source: prometheus.NewDesc("gputopo_extender_telemetry_source_nodes",
+				"Nodes by the telemetry source prioritize reads (nodeGPUTopology, prometheus).", []string{"source"}, nil),
+			fallback: prometheus.NewDesc("gputopo_extender_telemetry_fallback_nodes",
+				"Warning: nodes reading NodeGPUTopology telemetry although telemetry.source is prometheus, by reason (no_data, incomplete, stale). Always 0 with source nodeGPUTopology.", []string{"reason"}, nil)})
 	return m
 }
 
 // setTelemetry mirrors a node's telemetry into the utilization gauge; a nil
-// status removes the node's series. It deletes exactly the series it made
+// graph removes the node's series. It deletes exactly the series it made
 // before (DeletePartialMatch scans every series: quadratic over a cluster).
-func (m *Metrics) setTelemetry(node string, st *v1alpha1.NodeGPUTopologyStatus) {
+func (m *Metrics) setTelemetry(node string, g *topology.Graph, tel []v1alpha1.Telemetry) {
 	m.telMu.Lock()
 	defer m.telMu.Unlock()
 	if m.published == nil {
 		m.published = make(map[string][][2]string)
 	}
 	var now [][2]string
-	if st != nil {
-		memTotal := make(map[int]int64, len(st.GPUs))
-		for _, g := range st.GPUs {
-			memTotal[g.Index] = g.MemoryMiB
-		}
-		for _, t := range st.Telemetry {
+	if g != nil {
+		gpus := g.GPUs()
+		for _, t := range tel {
 			idx := strconv.Itoa(t.Index)
 			set := func(metric string, v float64) {
 				m.utilization.WithLabelValues(node, idx, metric).Set(v)
@@ -103,8 +142,8 @@ func (m *Metrics) setTelemetry(node string, st *v1alpha1.NodeGPUTopologyStatus) 
 			}
 			set("compute", float64(t.UtilizationPercent))
 			set("temperature", float64(t.TemperatureC))
-			if total := memTotal[t.Index]; total > 0 {
-				set("memory", 100*float64(t.MemoryUsedMiB)/float64(total))
+			if t.Index >= 0 && t.Index < len(gpus) && gpus[t.Index].MemoryMiB > 0 {
+				set("memory", 100*float64(t.MemoryUsedMiB)/float64(gpus[t.Index].MemoryMiB))
 			}
 			if t.PowerLimitWatts > 0 {
 				set("power", 100*float64(t.PowerWatts)/float64(t.PowerLimitWatts))
@@ -142,6 +181,29 @@ func (c *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
 	n := c.l.Counts()
 	for state, v := range map[string]int{"total": n.Total, "free": n.Free, "held": n.Held, "reserved": n.Reserved, "unhealthy": n.Unhealthy} {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(v), state)
+	}
+}
+
+// telemetrySourceCollector counts nodes by telemetry source at scrape time.
+type telemetrySourceCollector struct {
+	l                *Ledger
+	source, fallback *prometheus.Desc
+}
+
+var _ prometheus.Collector = (*telemetrySourceCollector)(nil)
+
+func (c *telemetrySourceCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.source
+	ch <- c.fallback
+}
+
+func (c *telemetrySourceCollector) Collect(ch chan<- prometheus.Metric) {
+	bySource, fallback := c.l.TelemetrySources()
+	for s, n := range bySource {
+		ch <- prometheus.MustNewConstMetric(c.source, prometheus.GaugeValue, float64(n), s)
+	}
+	for r, n := range fallback {
+		ch <- prometheus.MustNewConstMetric(c.fallback, prometheus.GaugeValue, float64(n), r)
 	}
 }
 

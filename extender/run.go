@@ -40,6 +40,26 @@ type Options struct {
 	// LeaseDuration, RenewDeadline and RetryPeriod tune the election
 	// (defaults 15s, 10s, 2s, as kube-scheduler's).
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+
+	// ShadowURL, when set, mirrors every sampled filter and prioritize
+	// request, with this extender's answer, to an extender running with
+	// Shadow, in the background (see docs/rollout.md).
+	ShadowURL string
+	// ShadowSampleRate is the fraction of pods (by UID) mirrored, 0..1.
+	// Default 1.
+	ShadowSampleRate float64
+	// ShadowTimeout bounds one mirrored request. Default 2s.
+	ShadowTimeout time.Duration
+	// ShadowCAFile verifies an https ShadowURL; empty uses the system
+	// roots.
+	ShadowCAFile string
+
+	// Shadow makes this extender compare mirrored decisions with its own
+	// and never bind.
+	Shadow bool
+	// ShadowLogSampleRate is the fraction of pods (by UID) whose differing
+	// decisions are logged, 0..1; metrics count all. Default 0.1.
+	ShadowLogSampleRate float64
 }
 
 // Option defaults.
@@ -52,7 +72,7 @@ const (
 
 // NewOptions returns the defaults.
 func NewOptions() Options {
-	o := Options{Port: DefaultPort, MetricsBindAddress: DefaultMetricsBindAddress}
+	o := Options{Port: DefaultPort, MetricsBindAddress: DefaultMetricsBindAddress, ShadowSampleRate: 1, ShadowLogSampleRate: 0.1}
 	o.setDefaults()
 	return o
 }
@@ -73,6 +93,9 @@ func (o *Options) setDefaults() {
 	if o.RetryPeriod == 0 {
 		o.RetryPeriod = 2 * time.Second
 	}
+	if o.ShadowTimeout == 0 {
+		o.ShadowTimeout = 2 * time.Second
+	}
 }
 
 // AddFlags registers the options' flags, with the current values as
@@ -91,6 +114,12 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.LeaseDuration, "leader-elect-lease-duration", o.LeaseDuration, "how long a standby waits before taking an unrenewed Lease")
 	fs.DurationVar(&o.RenewDeadline, "leader-elect-renew-deadline", o.RenewDeadline, "how long the leader retries renewing before it stops serving")
 	fs.DurationVar(&o.RetryPeriod, "leader-elect-retry-period", o.RetryPeriod, "interval between leader election attempts")
+	fs.StringVar(&o.ShadowURL, "shadow-url", o.ShadowURL, "base URL of an extender running with --shadow; sampled filter and prioritize requests and their answers are mirrored there in the background, never delaying scheduling")
+	fs.Float64Var(&o.ShadowSampleRate, "shadow-sample-rate", o.ShadowSampleRate, "fraction of pods (by UID, 0..1) whose requests are mirrored to --shadow-url")
+	fs.DurationVar(&o.ShadowTimeout, "shadow-timeout", o.ShadowTimeout, "timeout of one mirrored request")
+	fs.StringVar(&o.ShadowCAFile, "shadow-ca-file", o.ShadowCAFile, "CA bundle (PEM) to verify an https --shadow-url; empty uses the system roots")
+	fs.BoolVar(&o.Shadow, "shadow", o.Shadow, "run as a shadow: take mirrored decisions at POST /shadow, compare them with this extender's own, export the differences (metrics, log, GET /shadow/decisions) and never bind")
+	fs.Float64Var(&o.ShadowLogSampleRate, "shadow-log-sample-rate", o.ShadowLogSampleRate, "with --shadow: fraction of pods (by UID, 0..1) whose differing decisions are logged; metrics count every one")
 }
 
 // Validate checks flag combinations.
@@ -103,6 +132,24 @@ func (o *Options) Validate() error {
 	}
 	if o.Port < 0 || o.Port > 65535 {
 		return fmt.Errorf("--port %d: must be 0..65535", o.Port)
+	}
+	if o.ShadowSampleRate < 0 || o.ShadowSampleRate > 1 {
+		return fmt.Errorf("--shadow-sample-rate %g: must be between 0 and 1", o.ShadowSampleRate)
+	}
+	if o.ShadowLogSampleRate < 0 || o.ShadowLogSampleRate > 1 {
+		return fmt.Errorf("--shadow-log-sample-rate %g: must be between 0 and 1", o.ShadowLogSampleRate)
+	}
+	if o.ShadowTimeout < 0 {
+		return fmt.Errorf("--shadow-timeout %s: must be positive", o.ShadowTimeout)
+	}
+	if o.Shadow && o.ShadowURL != "" {
+		return fmt.Errorf("--shadow and --shadow-url exclude each other: a shadow does not mirror further")
+	}
+	if o.Shadow && o.LeaderElect {
+		return fmt.Errorf("--shadow and --leader-elect exclude each other: a shadow never binds, so every replica may answer")
+	}
+	if o.ShadowCAFile != "" && o.ShadowURL == "" {
+		return fmt.Errorf("--shadow-ca-file needs --shadow-url")
 	}
 	if o.LeaderElect && o.RenewDeadline >= o.LeaseDuration {
 		return fmt.Errorf("--leader-elect-renew-deadline (%s) must be shorter than --leader-elect-lease-duration (%s)", o.RenewDeadline, o.LeaseDuration)

@@ -30,6 +30,10 @@ func (x *Extender) Handler() http.Handler {
 		mux.HandleFunc("POST "+prefix+"/prioritize", x.verb(phasePrioritize, x.servePrioritize))
 		mux.HandleFunc("POST "+prefix+"/bind", x.verb(phaseBind, x.serveBind))
 	}
+	if x.opts.Shadow {
+		mux.HandleFunc("POST "+ShadowPath, x.verb(phaseShadow, x.serveShadow))
+		mux.HandleFunc("GET "+ShadowDecisionsPath, x.serveShadowDecisions)
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = io.WriteString(w, "ok")
@@ -193,7 +197,9 @@ func (x *Extender) serveFilter(body io.Reader) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return x.Filter(args), nil
+	res := x.Filter(args)
+	x.mirrorFilter(args, res)
+	return res, nil
 }
 
 func (x *Extender) servePrioritize(body io.Reader) (any, error) {
@@ -201,14 +207,21 @@ func (x *Extender) servePrioritize(body io.Reader) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	list, err := x.Prioritize(args)
+	track := x.mirror.wants(args)
+	list, top, err := x.prioritize(args, track)
 	if err != nil {
 		return nil, &httpError{http.StatusBadRequest, errBadRequest, err.Error()}
+	}
+	if track {
+		x.mirrorPrioritize(args, list, top)
 	}
 	return &list, nil
 }
 
 func (x *Extender) serveBind(body io.Reader) (any, error) {
+	if x.opts.Shadow {
+		return nil, &httpError{http.StatusForbidden, errBadRequest, "this extender runs with --shadow and never binds; point kube-scheduler's bindVerb at the serving extender"}
+	}
 	args, err := DecodeBindingArgs(body)
 	if err != nil {
 		return nil, err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -78,17 +79,25 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 // Prioritize scores each node 0..10 for the placement bind would make
 // there. Nodes that would not pass filter score 0.
 func (x *Extender) Prioritize(args *extenderv1.ExtenderArgs) (extenderv1.HostPriorityList, error) {
+	list, _, err := x.prioritize(args, false)
+	return list, err
+}
+
+// prioritize scores the nodes and, with track, also returns the top node
+// (ties broken by name) and the GPUs bind would take there, for the
+// shadow mirror.
+func (x *Extender) prioritize(args *extenderv1.ExtenderArgs, track bool) (extenderv1.HostPriorityList, *ShadowPick, error) {
 	names := nodeNames(args)
 	pr, err := parsePodRequest(args.Pod)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	list := make(extenderv1.HostPriorityList, len(names))
 	if pr.count == 0 {
 		for i, name := range names {
 			list[i] = extenderv1.HostPriority{Host: name}
 		}
-		return list, nil
+		return list, nil, nil
 	}
 	e := newEvaluator(x.alloc, x.cfg, pr, x.now())
 	l := x.ledger
@@ -96,18 +105,26 @@ func (x *Extender) Prioritize(args *extenderv1.ExtenderArgs) (extenderv1.HostPri
 	aff := l.affinityLocked(pr.job)
 	nodes := l.lookupLocked(names)
 	var counts [extenderv1.MaxExtenderPriority + 1]uint64
+	best, bestGPUs := -1, []int(nil)
 	for i, name := range names {
 		list[i].Host = name
 		n := nodes.s[i]
 		if v := e.check(n); v.ok {
 			list[i].Score, _ = e.score(n, v, aff.of(n))
+			if track && (best < 0 || list[i].Score > list[best].Score || list[i].Score == list[best].Score && name < list[best].Host) {
+				best, bestGPUs = i, v.res.GPUs
+			}
 		}
 		counts[list[i].Score]++
 	}
 	l.mu.RUnlock()
 	nodes.release()
 	x.metrics.scores.add(&counts)
-	return list, nil
+	var top *ShadowPick
+	if best >= 0 {
+		top = &ShadowPick{Node: list[best].Host, Score: list[best].Score, GPUs: slices.Clone(bestGPUs)}
+	}
+	return list, top, nil
 }
 
 // Bind picks the pod's GPUs on the node, reserves them in the ledger and

@@ -1,0 +1,138 @@
+package extender
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+)
+
+func TestPrometheusTelemetryConfig(t *testing.T) {
+	head := "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\n"
+	for name, tc := range map[string]struct{ doc, want string }{
+		"unknown source":         {"telemetry: {source: dcgm}", `telemetry.source: Unsupported value: "dcgm"`},
+		"prometheus without url": {"telemetry: {source: prometheus}", "telemetry.prometheus: Required value: source: prometheus needs prometheus.url"},
+		"bad url":                {"telemetry: {source: prometheus, prometheus: {url: 'prometheus:9090'}}", "telemetry.prometheus.url: Invalid value"},
+		"block without source":   {"telemetry: {prometheus: {url: 'http://p:9090'}}", "telemetry.prometheus: Forbidden: only with source: prometheus"},
+		"maxAge below interval":  {"telemetry: {source: prometheus, prometheus: {url: 'http://p:9090', interval: 1m, maxAge: 30s}}", "telemetry.prometheus.maxAge: Invalid value: \"30s\": must be at least interval (1m0s)"},
+		"timeout above interval": {"telemetry: {source: prometheus, prometheus: {url: 'http://p:9090', interval: 5s, timeout: 10s}}", "telemetry.prometheus.timeout"},
+		"bad label":              {"telemetry: {source: prometheus, prometheus: {url: 'http://p:9090', nodeLabel: 'kubernetes.node'}}", "telemetry.prometheus.nodeLabel"},
+		"bad metric":             {"telemetry: {source: prometheus, prometheus: {url: 'http://p:9090', metrics: {temperature: 'gpu temp'}}}", "telemetry.prometheus.metrics.temperature"},
+		"braced selector":        {"telemetry: {source: prometheus, prometheus: {url: 'http://p:9090', selector: '{job=\"dcgm\"}'}}", "telemetry.prometheus.selector"},
+		"typo":                   {"telemetry: {source: prometheus, prometheus: {url: 'http://p:9090', intervall: 5s}}", `unknown field "intervall"`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := ParseConfiguration([]byte(head + tc.doc))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+	c, err := ParseConfiguration([]byte(head + "telemetry: {source: prometheus, prometheus: {url: 'http://prometheus.monitoring:9090'}}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := c.Telemetry.Prometheus
+	if p.Interval.Duration != 30*time.Second || p.MaxAge.Duration != 2*time.Minute || p.NodeLabel != "Hostname" || p.UUIDLabel != "UUID" || p.Metrics.Utilization != "DCGM_FI_DEV_GPU_UTIL" {
+		t.Errorf("prometheus defaults not applied: %+v", p)
+	}
+}
+
+// externalFor is a complete round of samples for every GPU of a node.
+func externalFor(t *testing.T, fixture, node string, util, tempC int32, at time.Time) map[string]ExternalSample {
+	t.Helper()
+	out := map[string]ExternalSample{}
+	for _, g := range topo(t, fixture, node).Status.GPUs {
+		out[g.UUID] = ExternalSample{UtilizationPercent: util, TemperatureC: tempC, PowerWatts: 100, Time: at}
+	}
+	return out
+}
+
+// TestExternalTelemetryScoresAndFallback: with the prometheus source the
+// scores follow Prometheus's numbers, and each node falls back to its
+// NodeGPUTopology telemetry when its samples are missing, incomplete or
+// stale, which the fallback gauge reports.
+func TestExternalTelemetryScoresAndFallback(t *testing.T) {
+	x, _ := newTestExtender(t, nil)
+	// The node agent says a is cool and idle, b hot and busy.
+	x.ledger.UpsertTopology(withTelemetry(topo(t, "dgx-a100", "a"), 0, 30, 100, 400))
+	x.ledger.UpsertTopology(withTelemetry(topo(t, "dgx-a100", "b"), 90, 84, 390, 400))
+	args := &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(2).obj(), NodeNames: &[]string{"a", "b"}}
+	scores := func() (a, b int64) {
+		t.Helper()
+		list, err := x.Prioritize(args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return list[0].Score, list[1].Score
+	}
+	if a, b := scores(); a <= b {
+		t.Fatalf("NodeGPUTopology telemetry: a (cool, idle) scores %d, b (hot, busy) %d; want a above b", a, b)
+	}
+
+	// Prometheus says the opposite.
+	x.ledger.useExternalTelemetry(time.Minute)
+	x.ledger.SetExternalTelemetry(ExternalTelemetry{
+		"a": externalFor(t, "dgx-a100", "a", 95, 83, testNow),
+		"b": externalFor(t, "dgx-a100", "b", 0, 31, testNow),
+	})
+	if a, b := scores(); b <= a {
+		t.Fatalf("Prometheus telemetry: a (hot, busy) scores %d, b (cool, idle) %d; want b above a", a, b)
+	}
+	if src, fb := x.ledger.NodeTelemetrySource("a"); src != TelemetryPrometheus || fb != "" {
+		t.Errorf("node a reads %q (fallback %q), want prometheus", src, fb)
+	}
+	if got := testutil.ToFloat64(x.metrics.utilization.WithLabelValues("a", "0", "compute")); got != 95 {
+		t.Errorf("utilization gauge of a/0 = %v, want Prometheus's 95", got)
+	}
+
+	// One GPU of b missing: b falls back (incomplete); a node Prometheus
+	// does not know at all falls back with no_data.
+	bSamples := externalFor(t, "dgx-a100", "b", 0, 31, testNow)
+	for u := range bSamples {
+		delete(bSamples, u)
+		break
+	}
+	x.ledger.UpsertTopology(withTelemetry(topo(t, "dgx-a100", "c"), 0, 30, 100, 400))
+	x.ledger.SetExternalTelemetry(ExternalTelemetry{"a": externalFor(t, "dgx-a100", "a", 95, 83, testNow), "b": bSamples})
+	for node, want := range map[string]string{"a": "", "b": fallbackIncomplete, "c": fallbackNoData} {
+		if _, fb := x.ledger.NodeTelemetrySource(node); fb != want {
+			t.Errorf("node %s fallback %q, want %q", node, fb, want)
+		}
+	}
+	if got := testutil.ToFloat64(x.metrics.utilization.WithLabelValues("b", "0", "compute")); got != 90 {
+		t.Errorf("utilization gauge of b/0 = %v, want the node agent's 90 after fallback", got)
+	}
+
+	// Prometheus stops answering: samples age past maxAge and every node
+	// falls back; scores follow the node agent again.
+	x.ledger.now = func() time.Time { return testNow.Add(61 * time.Second) }
+	x.ledger.RefreshExternalTelemetry()
+	bySource, fallback := x.ledger.TelemetrySources()
+	if bySource[TelemetryPrometheus] != 0 || fallback[fallbackStale] != 2 || fallback[fallbackNoData] != 1 {
+		t.Errorf("after maxAge: sources %v, fallback %v; want a and b stale (stale wins over incomplete), c no_data", bySource, fallback)
+	}
+	if a, b := scores(); a <= b {
+		t.Fatalf("after fallback: a scores %d, b %d; want the node agent's view (a above b) back", a, b)
+	}
+	want := `
+# HELP gputopo_extender_telemetry_fallback_nodes Warning: nodes reading NodeGPUTopology telemetry although telemetry.source is prometheus, by reason (no_data, incomplete, stale). Always 0 with source nodeGPUTopology.
+# TYPE gputopo_extender_telemetry_fallback_nodes gauge
+gputopo_extender_telemetry_fallback_nodes{reason="incomplete"} 0
+gputopo_extender_telemetry_fallback_nodes{reason="no_data"} 1
+gputopo_extender_telemetry_fallback_nodes{reason="stale"} 2
+`
+	if err := testutil.GatherAndCompare(x.metrics.Registry, strings.NewReader(want), "gputopo_extender_telemetry_fallback_nodes"); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestToInt32(t *testing.T) {
+	for in, want := range map[float64]int32{87.4: 87, 87.5: 88, -3: -3, 1e12: 1<<31 - 1} {
+		if got := toInt32(in); got != want {
+			t.Errorf("toInt32(%v) = %d, want %d", in, got, want)
+		}
+	}
+}
