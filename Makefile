@@ -16,7 +16,7 @@ export KUBEBUILDER_ASSETS := $(BIN)
 
 GENERATED := api/v1alpha1/zz_generated.deepcopy.go charts/gputopo/crds
 
-.PHONY: all build tools generate verify test test-unit test-integration bench bench-scheduler demo clean help
+.PHONY: all build tools prometheus generate verify test test-unit test-integration bench bench-scheduler demo clean help
 
 all: build
 
@@ -28,6 +28,9 @@ build: ## Build bin/gputopo
 
 tools: ## Build the control-plane binaries into bin/ (about 15 minutes cold, cached)
 	bash hack/tools/build.sh
+
+prometheus: ## Install Debian's prometheus package if missing (the Prometheus telemetry test skips without it)
+	bash hack/tools/prometheus.sh
 
 generate: tools ## Regenerate deepcopy and CRD YAML with controller-gen
 	$(BIN)/controller-gen object paths=./api/...

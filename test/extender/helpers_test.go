@@ -136,6 +136,12 @@ func (r *runningExtender) url() string { return "http://127.0.0.1:" + strconv.It
 // one).
 func startExtender(t *testing.T, e *env, port int, leaderElect bool) *runningExtender {
 	t.Helper()
+	return startExtenderWith(t, e, port, func(o *extender.Options) { o.LeaderElect = leaderElect })
+}
+
+// startExtenderWith is startExtender with options changed by mod.
+func startExtenderWith(t *testing.T, e *env, port int, mod func(*extender.Options)) *runningExtender {
+	t.Helper()
 	if port == 0 {
 		var err error
 		if port, err = harness.FreePort(); err != nil {
@@ -144,8 +150,9 @@ func startExtender(t *testing.T, e *env, port int, leaderElect bool) *runningExt
 	}
 	o := extender.NewOptions()
 	o.BindAddress, o.Port, o.MetricsBindAddress = "127.0.0.1", port, "127.0.0.1:0"
-	o.LeaderElect, o.LeaderElectionNamespace = leaderElect, metav1.NamespaceDefault
+	o.LeaderElectionNamespace = metav1.NamespaceDefault
 	o.LeaseDuration, o.RenewDeadline, o.RetryPeriod = 4*time.Second, 3*time.Second, 500*time.Millisecond
+	mod(&o)
 	x, err := extender.New(e.cp.UserConfig(t, extenderUser), o)
 	if err != nil {
 		t.Fatalf("new extender: %v", err)
