@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -63,23 +64,60 @@ func BenchmarkHTTPFilterPrioritize(b *testing.B) {
 	for _, n := range benchSizes {
 		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
 			x, names := benchCluster(b, n)
-			h := x.Handler()
-			body, _ := json.Marshal(benchArgs(names))
-			b.ReportAllocs()
-			for b.Loop() {
-				rec := httptest.NewRecorder()
-				h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/filter", bytes.NewReader(body)))
-				var res extenderv1.ExtenderFilterResult
-				if err := json.Unmarshal(rec.Body.Bytes(), &res); err != nil || res.Error != "" {
-					b.Fatalf("filter: %v %s", err, res.Error)
-				}
-				pbody, _ := json.Marshal(extenderv1.ExtenderArgs{Pod: benchArgs(nil).Pod, NodeNames: res.NodeNames})
-				rec = httptest.NewRecorder()
-				h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/prioritize", bytes.NewReader(pbody)))
-				if rec.Code != http.StatusOK {
-					b.Fatalf("prioritize: %d", rec.Code)
-				}
+			httpFilterPrioritize(b, x.Handler(), names)
+		})
+	}
+}
+
+// httpFilterPrioritize runs filter then prioritize through h per iteration.
+func httpFilterPrioritize(b *testing.B, h http.Handler, names []string) {
+	body, _ := json.Marshal(benchArgs(names))
+	b.ReportAllocs()
+	for b.Loop() {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/filter", bytes.NewReader(body)))
+		var res extenderv1.ExtenderFilterResult
+		if err := json.Unmarshal(rec.Body.Bytes(), &res); err != nil || res.Error != "" {
+			b.Fatalf("filter: %v %s", err, res.Error)
+		}
+		pbody, _ := json.Marshal(extenderv1.ExtenderArgs{Pod: benchArgs(nil).Pod, NodeNames: res.NodeNames})
+		rec = httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/prioritize", bytes.NewReader(pbody)))
+		if rec.Code != http.StatusOK {
+			b.Fatalf("prioritize: %d", rec.Code)
+		}
+	}
+}
+
+// BenchmarkHTTPShadowMirror is BenchmarkHTTPFilterPrioritize with the
+// mirror off (the baseline), and mirroring every request to a shadow that
+// refuses connections, one that accepts and never answers (the queue fills
+// and requests are dropped), and a shadow extender that answers (on the
+// same CPUs, so its work competes with the serving extender's here; in a
+// cluster it runs in its own pod).
+func BenchmarkHTTPShadowMirror(b *testing.B) {
+	const n = 1000
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	refused := "http://" + ln.Addr().String()
+	ln.Close()
+	hole := newBlackhole(b)
+	shadow, _ := benchCluster(b, n)
+	shadow.opts.Shadow = true
+	shadow.shadowLog = &decisionLog{rate: 0}
+	up := httptest.NewServer(shadow.Handler())
+	b.Cleanup(up.Close)
+	for _, tc := range []struct{ name, url string }{
+		{"off", ""}, {"shadow-refuses", refused}, {"shadow-hangs", hole.srv.URL}, {"shadow-up", up.URL},
+	} {
+		b.Run("mirror="+tc.name, func(b *testing.B) {
+			x, names := benchCluster(b, n)
+			if tc.url != "" {
+				attachMirror(b, x, tc.url)
 			}
+			httpFilterPrioritize(b, x.Handler(), names)
 		})
 	}
 }

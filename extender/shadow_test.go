@@ -209,7 +209,7 @@ type blackhole struct {
 	inflight atomic.Int64
 }
 
-func newBlackhole(t *testing.T) *blackhole {
+func newBlackhole(t testing.TB) *blackhole {
 	b := &blackhole{release: make(chan struct{})}
 	b.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b.received.Add(1)
@@ -232,6 +232,13 @@ func newBlackhole(t *testing.T) *blackhole {
 func servingWithShadow(t *testing.T, url string) *Extender {
 	t.Helper()
 	x, _ := shadowPair(t)
+	attachMirror(t, x, url)
+	return x
+}
+
+// attachMirror makes x mirror to url until the test ends.
+func attachMirror(t testing.TB, x *Extender, url string) {
+	t.Helper()
 	o := NewOptions()
 	o.ShadowURL, o.ShadowTimeout = url, 30*time.Second
 	o.setDefaults()
@@ -242,7 +249,6 @@ func servingWithShadow(t *testing.T, url string) *Extender {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	x.mirror.start(ctx)
-	return x
 }
 
 func serve(t *testing.T, h http.Handler, verb string, args *extenderv1.ExtenderArgs) *httptest.ResponseRecorder {
