@@ -66,6 +66,23 @@ image:
   tag: v9.9.9
 `}
 
+// A rollout: a shadow extender with its own image and fragmentation weight,
+// and Prometheus telemetry for both extenders.
+var shadowRelease = release{name: "rollout", namespace: "gpu-sched", values: `
+serviceMonitor:
+  enabled: true
+extender:
+  telemetry:
+    source: prometheus
+    prometheus: {url: "http://prometheus.monitoring:9090", selector: 'job="dcgm-exporter"'}
+shadowExtender:
+  enabled: true
+  image: {tag: v0.2.0}
+  logSampleRate: 0.25
+  overrides:
+    weights: {fragmentation: 40}
+`}
+
 // want is what a release must render to.
 type want struct {
 	weights          [4]int32 // utilization, affinity, thermal, fragmentation
@@ -85,6 +102,13 @@ type want struct {
 	image                  string
 	schedulerImage         string
 	modelPolicy            webhook.Policy
+	// prometheus is the telemetry.prometheus block as written, before the
+	// extender's defaulting; nil: source nodeGPUTopology.
+	prometheus *extender.PrometheusTelemetry
+	// shadow: a shadow extender runs, with shadowImage and shadowWeights.
+	shadow        bool
+	shadowImage   string
+	shadowWeights [4]int32
 }
 
 func wants() map[string]struct {
@@ -111,6 +135,15 @@ func wants() map[string]struct {
 			image: "registry.example/gputopo:v9.9.9", schedulerImage: "registry.k8s.io/kube-scheduler:v1.36.4",
 			modelPolicy: webhook.Policy{Strategy: v1alpha1.StrategyHighestBandwidth, RequireNVLinkFromGPUs: 4, MinPairBandwidthGBps: 300},
 		}},
+		"shadow extender with other weights and Prometheus telemetry": {rel: shadowRelease, want: want{
+			weights: [4]int32{40, 30, 20, 10}, httpTimeout: 5 * time.Second, extenderReplicas: 2,
+			issuerName: "rollout-gputopo-ca", issuerKind: "Issuer", ownCA: true,
+			serviceMonitors: 5, timeoutSeconds: 5, kubeletRoot: "/var/lib/kubelet",
+			image: "ghcr.io/gputopo/gputopo:0.1.0", schedulerImage: "registry.k8s.io/kube-scheduler:v1.37.2",
+			modelPolicy: webhook.DefaultConfig().PolicyTable.Model,
+			prometheus:  &extender.PrometheusTelemetry{URL: "http://prometheus.monitoring:9090", Selector: `job="dcgm-exporter"`},
+			shadow:      true, shadowImage: "ghcr.io/gputopo/gputopo:v0.2.0", shadowWeights: [4]int32{40, 30, 20, 40},
+		}},
 	}
 }
 
@@ -123,7 +156,7 @@ func TestChartLintsAndRendersWhatTheComponentsRead(t *testing.T) {
 			for _, check := range []func(*testing.T, release, want, []*unstructured.Unstructured){
 				checkSchedulerConfig, checkExtenderConfig, checkWebhookConfig, checkWebhookRegistration,
 				checkCertificates, checkNodeAgentRBAC, checkLeaseRBAC, checkDeploymentArgs,
-				checkNodeAgentDaemonSet, checkExtenderHA, checkMonitoring,
+				checkNodeAgentDaemonSet, checkExtenderHA, checkMonitoring, checkShadowExtender,
 			} {
 				check(t, r, w, objs)
 			}
@@ -165,19 +198,33 @@ func checkSchedulerConfig(t *testing.T, r release, w want, objs []*unstructured.
 }
 
 func checkExtenderConfig(t *testing.T, r release, w want, objs []*unstructured.Unstructured) {
-	cfg, err := extender.ParseConfiguration(configData(t, objs, r.fullname()+"-extender", "config.yaml"))
+	checkExtenderConfigMap(t, objs, r.fullname()+"-extender", w.weights, w.prometheus)
+}
+
+// checkExtenderConfigMap parses the ExtenderConfiguration in ConfigMap name
+// as the extender does: it must have the weights, the telemetry source
+// (prometheus, with the chart's defaults equal to the extender's, when
+// prometheus is not nil) and otherwise the extender's own defaults.
+func checkExtenderConfigMap(t *testing.T, objs []*unstructured.Unstructured, name string, weights [4]int32, prometheus *extender.PrometheusTelemetry) {
+	t.Helper()
+	cfg, err := extender.ParseConfiguration(configData(t, objs, name, "config.yaml"))
 	if err != nil {
-		t.Fatalf("extender ConfigMap is refused by the extender: %v", err)
+		t.Fatalf("ConfigMap %s is refused by the extender: %v", name, err)
 	}
 	got := [4]int32{*cfg.Weights.UtilizationBalance, *cfg.Weights.TaskAffinity, *cfg.Weights.ThermalPowerHeadroom, *cfg.Weights.Fragmentation}
-	if got != w.weights {
-		t.Errorf("extender weights = %v, want %v", got, w.weights)
+	if got != weights {
+		t.Errorf("%s: weights = %v, want %v", name, got, weights)
+	}
+	def := extender.DefaultConfiguration()
+	if prometheus != nil {
+		p := *prometheus
+		def = &extender.Configuration{Telemetry: extender.Telemetry{Source: extender.TelemetryPrometheus, Prometheus: &p}}
+		extender.SetDefaults(def)
 	}
 	// Everything but the weights is the extender's own default.
-	def := extender.DefaultConfiguration()
 	def.Weights = cfg.Weights
 	if diff := cmp.Diff(def, cfg); diff != "" {
-		t.Errorf("extender configuration beyond weights differs from the extender's defaults (-defaults +rendered):\n%s", diff)
+		t.Errorf("%s: configuration beyond weights differs from the extender's defaults (-defaults +rendered):\n%s", name, diff)
 	}
 }
 
@@ -340,11 +387,15 @@ func checkLeaseRBAC(t *testing.T, r release, _ want, objs []*unstructured.Unstru
 // crash-looping pod.
 func checkDeploymentArgs(t *testing.T, r release, w want, objs []*unstructured.Unstructured) {
 	fn := r.fullname()
-	for _, c := range []struct{ kind, name, subcommand string }{
-		{"Deployment", fn + "-webhook", "webhook"},
-		{"Deployment", fn + "-extender", "extender"},
-		{"DaemonSet", fn + "-nodeagent", "nodeagent"},
-	} {
+	containers := []struct{ kind, name, subcommand, image string }{
+		{"Deployment", fn + "-webhook", "webhook", w.image},
+		{"Deployment", fn + "-extender", "extender", w.image},
+		{"DaemonSet", fn + "-nodeagent", "nodeagent", w.image},
+	}
+	if w.shadow {
+		containers = append(containers, struct{ kind, name, subcommand, image string }{"Deployment", fn + "-extender-shadow", "extender", w.shadowImage})
+	}
+	for _, c := range containers {
 		var spec corev1.PodSpec
 		switch c.kind {
 		case "Deployment":
@@ -357,8 +408,8 @@ func checkDeploymentArgs(t *testing.T, r release, w want, objs []*unstructured.U
 			spec = d.Spec.Template.Spec
 		}
 		ctr := spec.Containers[0]
-		if ctr.Image != w.image {
-			t.Errorf("%s %s: image %q, want %q", c.kind, c.name, ctr.Image, w.image)
+		if ctr.Image != c.image {
+			t.Errorf("%s %s: image %q, want %q", c.kind, c.name, ctr.Image, c.image)
 		}
 		if len(ctr.Command) != 0 {
 			t.Errorf("%s %s: command %q overrides the image's entrypoint", c.kind, c.name, ctr.Command)
@@ -531,6 +582,18 @@ func TestChartRefusesBadValues(t *testing.T) {
 		"issuer of an unknown kind":       {"certManager: {issuer: {name: x, kind: Vault}}", `certManager.issuer.kind: "Vault" is not supported; use Issuer or ClusterIssuer`},
 		"webhook and scheduler disagree":  {"scheduler: {schedulerName: other}", `webhook.schedulerName ("gputopo-scheduler") must equal scheduler.schedulerName ("other")`},
 		"no extender":                     {"extender: {replicas: 0}", "extender.replicas: must be at least 1"},
+		"Prometheus telemetry without a URL": {"extender: {telemetry: {source: prometheus}}",
+			"extender.telemetry.prometheus.url: required with telemetry.source prometheus"},
+		"unknown telemetry source": {"extender: {telemetry: {source: dcgm}}",
+			`extender.telemetry.source: "dcgm" is not supported; use nodeGPUTopology or prometheus`},
+		"shadow overrides with an unknown telemetry source": {"shadowExtender: {enabled: true, overrides: {telemetry: {source: dcgm}}}",
+			`shadowExtender.overrides.telemetry.source: "dcgm" is not supported; use nodeGPUTopology or prometheus`},
+		"mirroring more than every pod": {`extender: {shadow: {url: "http://shadow:8080", sampleRate: 2}}`,
+			"extender.shadow.sampleRate: 2 is out of range; must be between 0 and 1"},
+		"shadow log sample rate below 0": {"shadowExtender: {enabled: true, logSampleRate: -0.5}",
+			"shadowExtender.logSampleRate: -0.5 is out of range; must be between 0 and 1"},
+		"shadow without replicas": {"shadowExtender: {enabled: true, replicas: 0}",
+			"shadowExtender.replicas: must be at least 1 while shadowExtender.enabled is true"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			rel := release{name: "gputopo", namespace: "gputopo-system", values: tc.values}

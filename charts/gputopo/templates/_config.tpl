@@ -26,22 +26,49 @@ excludedNamespaces: {{ include "gputopo.webhook.excludedNamespaces" . }}
 namespaceDefaultAnnotation: {{ .Values.webhook.namespaceDefaultAnnotation | quote }}
 {{- end }}
 
-{{/* ExtenderConfiguration, decoded strictly by extender.ParseConfiguration. */}}
+{{/*
+ExtenderConfiguration, decoded strictly by extender.ParseConfiguration.
+Call with (dict "v" <extender values>): .Values.extender for the serving
+extender, or those values with shadowExtender.overrides merged over them
+for the shadow (gputopo.shadowExtender.values). gputopo.validate checks
+both before anything is rendered.
+*/}}
 {{- define "gputopo.extender.config" -}}
+{{- $v := .v -}}
 apiVersion: gputopo.io/v1alpha1
 kind: ExtenderConfiguration
 weights:
-  utilizationBalance: {{ int .Values.extender.weights.utilizationBalance }}
-  taskAffinity: {{ int .Values.extender.weights.taskAffinity }}
-  thermalPowerHeadroom: {{ int .Values.extender.weights.thermalPowerHeadroom }}
-  fragmentation: {{ int .Values.extender.weights.fragmentation }}
+  utilizationBalance: {{ int $v.weights.utilizationBalance }}
+  taskAffinity: {{ int $v.weights.taskAffinity }}
+  thermalPowerHeadroom: {{ int $v.weights.thermalPowerHeadroom }}
+  fragmentation: {{ int $v.weights.fragmentation }}
 thermal:
-  idleTemperatureC: {{ int .Values.extender.thermal.idleTemperatureC }}
-  limitTemperatureC: {{ int .Values.extender.thermal.limitTemperatureC }}
-topologyMaxAge: {{ .Values.extender.topologyMaxAge | quote }}
-telemetryMaxAge: {{ .Values.extender.telemetryMaxAge | quote }}
-bindTimeout: {{ .Values.extender.bindTimeout | quote }}
-reservationTTL: {{ .Values.extender.reservationTTL | quote }}
+  idleTemperatureC: {{ int $v.thermal.idleTemperatureC }}
+  limitTemperatureC: {{ int $v.thermal.limitTemperatureC }}
+topologyMaxAge: {{ $v.topologyMaxAge | quote }}
+telemetryMaxAge: {{ $v.telemetryMaxAge | quote }}
+bindTimeout: {{ $v.bindTimeout | quote }}
+reservationTTL: {{ $v.reservationTTL | quote }}
+{{- $t := include "gputopo.extender.telemetry" $v | fromJson }}
+telemetry:
+  source: {{ $t.source | quote }}
+  {{- if eq $t.source "prometheus" }}
+  {{- $p := $t.prometheus }}
+  prometheus:
+    url: {{ $p.url | quote }}
+    interval: {{ $p.interval | quote }}
+    timeout: {{ $p.timeout | quote }}
+    maxAge: {{ $p.maxAge | quote }}
+    nodeLabel: {{ $p.nodeLabel | quote }}
+    uuidLabel: {{ $p.uuidLabel | quote }}
+    selector: {{ $p.selector | quote }}
+    metrics:
+      utilization: {{ $p.metrics.utilization | quote }}
+      framebufferUsed: {{ $p.metrics.framebufferUsed | quote }}
+      temperature: {{ $p.metrics.temperature | quote }}
+      power: {{ $p.metrics.power | quote }}
+      powerLimit: {{ $p.metrics.powerLimit | quote }}
+  {{- end }}
 {{- end }}
 
 {{/*

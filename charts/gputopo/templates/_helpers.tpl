@@ -25,6 +25,7 @@ gputopo-nodeagent, ...), which is also what certs/ contains.
 {{- define "gputopo.extender.name" -}}{{ include "gputopo.fullname" . }}-extender{{- end }}
 {{- define "gputopo.scheduler.name" -}}{{ include "gputopo.fullname" . }}-scheduler{{- end }}
 {{- define "gputopo.nodeagent.name" -}}{{ include "gputopo.fullname" . }}-nodeagent{{- end }}
+{{- define "gputopo.shadowExtender.name" -}}{{ include "gputopo.fullname" . }}-extender-shadow{{- end }}
 
 {{/* cert-manager object names. */}}
 {{- define "gputopo.selfSignedIssuer" -}}{{ include "gputopo.fullname" . }}-selfsigned{{- end }}
@@ -67,6 +68,98 @@ app.kubernetes.io/component: {{ .component }}
 {{ .Values.image.repository }}@{{ .Values.image.digest }}
 {{- else -}}
 {{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}
+{{- end -}}
+{{- end }}
+
+{{/*
+Image of the shadow extender: the chart's image, or the same repository
+with shadowExtender.image.tag.
+*/}}
+{{- define "gputopo.shadowExtender.image" -}}
+{{- if .Values.shadowExtender.image.tag -}}
+{{ .Values.image.repository }}:{{ .Values.shadowExtender.image.tag }}
+{{- else -}}
+{{ include "gputopo.image" . }}
+{{- end -}}
+{{- end }}
+
+{{/*
+Deep merge of .src into .dst (a map, changed in place): maps merge key by
+key; anything else in .src, 0, false and "" included, replaces what .dst
+has (e.g. a weight switched off in the shadow).
+*/}}
+{{- define "gputopo.merge" -}}
+{{- $dst := .dst }}
+{{- range $k, $v := .src }}
+{{- if and (kindIs "map" $v) (kindIs "map" (index $dst $k)) }}
+{{- include "gputopo.merge" (dict "dst" (index $dst $k) "src" $v) }}
+{{- else }}
+{{- $_ := set $dst $k $v }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The extender values the shadow's ExtenderConfiguration is rendered from:
+a copy of .Values.extender with shadowExtender.overrides merged over it,
+as JSON (include returns a string; read it back with fromJson).
+*/}}
+{{- define "gputopo.shadowExtender.values" -}}
+{{- $v := deepCopy .Values.extender }}
+{{- include "gputopo.merge" (dict "dst" $v "src" (.Values.shadowExtender.overrides | default dict)) }}
+{{- toJson $v }}
+{{- end }}
+
+{{/*
+Values added after the chart's first release are read through the helpers
+below, which fall back to the defaults when they are absent: helm upgrade
+--reuse-values keeps the values of the chart a release was installed from,
+without the new defaults.
+*/}}
+
+{{/* "true" when the shadow extender runs, else empty. */}}
+{{- define "gputopo.shadowExtender.enabled" -}}
+{{- if (.Values.shadowExtender | default dict).enabled }}true{{ end }}
+{{- end }}
+
+{{/*
+A copy of the map .v with the keys of .defaults it lacks added, as JSON.
+Only absent keys are filled: 0, false and "" stay as given.
+*/}}
+{{- define "gputopo.withDefaults" -}}
+{{- $out := deepCopy (.v | default dict) }}
+{{- range $k, $d := .defaults }}
+{{- if not (hasKey $out $k) }}
+{{- $_ := set $out $k $d }}
+{{- end }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
+
+{{/* extender.shadow with its defaults, as JSON. */}}
+{{- define "gputopo.extender.shadow" -}}
+{{- include "gputopo.withDefaults" (dict "v" .Values.extender.shadow "defaults" (dict "url" "" "sampleRate" 1 "timeout" "2s")) }}
+{{- end }}
+
+{{/*
+The telemetry block of extender values (call with the values) with its
+default source, as JSON.
+*/}}
+{{- define "gputopo.extender.telemetry" -}}
+{{- include "gputopo.withDefaults" (dict "v" .telemetry "defaults" (dict "source" "nodeGPUTopology")) }}
+{{- end }}
+
+{{/*
+The URL the serving extender mirrors to: extender.shadow.url, else the
+chart's shadow Service when shadowExtender.enabled, else empty (no
+mirroring).
+*/}}
+{{- define "gputopo.extender.shadowURL" -}}
+{{- $shadow := include "gputopo.extender.shadow" . | fromJson }}
+{{- if $shadow.url -}}
+{{ $shadow.url }}
+{{- else if include "gputopo.shadowExtender.enabled" . -}}
+http://{{ include "gputopo.shadowExtender.name" . }}.{{ .Release.Namespace }}.svc:{{ int .Values.extender.port }}
 {{- end -}}
 {{- end }}
 
@@ -139,5 +232,35 @@ seccompProfile:
 {{- end }}
 {{- if lt (int .Values.extender.replicas) 1 }}
 {{- fail "extender.replicas: must be at least 1; GPU pods wait while no extender serves" }}
+{{- end }}
+{{- include "gputopo.validate.extenderValues" (dict "v" .Values.extender "path" "extender") }}
+{{- $shadow := include "gputopo.extender.shadow" . | fromJson }}
+{{- $r := float64 $shadow.sampleRate }}
+{{- if or (lt $r 0.0) (gt $r 1.0) }}
+{{- fail (printf "extender.shadow.sampleRate: %v is out of range; must be between 0 and 1" $shadow.sampleRate) }}
+{{- end }}
+{{- if include "gputopo.shadowExtender.enabled" . }}
+{{- if lt (int .Values.shadowExtender.replicas) 1 }}
+{{- fail "shadowExtender.replicas: must be at least 1 while shadowExtender.enabled is true; set enabled false to remove the shadow" }}
+{{- end }}
+{{- $r := float64 .Values.shadowExtender.logSampleRate }}
+{{- if or (lt $r 0.0) (gt $r 1.0) }}
+{{- fail (printf "shadowExtender.logSampleRate: %v is out of range; must be between 0 and 1" .Values.shadowExtender.logSampleRate) }}
+{{- end }}
+{{- include "gputopo.validate.extenderValues" (dict "v" (include "gputopo.shadowExtender.values" . | fromJson) "path" "shadowExtender.overrides") }}
+{{- end }}
+{{- end }}
+
+{{/*
+Checks of extender values that the ExtenderConfiguration is rendered from.
+Call with (dict "v" <values> "path" <where they come from, for messages>).
+*/}}
+{{- define "gputopo.validate.extenderValues" -}}
+{{- $t := include "gputopo.extender.telemetry" .v | fromJson }}
+{{- if not (has $t.source (list "nodeGPUTopology" "prometheus")) }}
+{{- fail (printf "%s.telemetry.source: %q is not supported; use nodeGPUTopology or prometheus" .path $t.source) }}
+{{- end }}
+{{- if and (eq $t.source "prometheus") (not ($t.prometheus | default dict).url) }}
+{{- fail (printf "%s.telemetry.prometheus.url: required with telemetry.source prometheus; set the URL of the Prometheus server that scrapes DCGM exporter, e.g. http://prometheus.monitoring:9090" .path) }}
 {{- end }}
 {{- end }}
