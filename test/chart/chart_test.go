@@ -123,7 +123,7 @@ func wants() map[string]struct {
 			weights: [4]int32{40, 30, 20, 10}, httpTimeout: 5 * time.Second, extenderReplicas: 2,
 			issuerName: "gputopo-ca", issuerKind: "Issuer", ownCA: true,
 			timeoutSeconds: 5, kubeletRoot: "/var/lib/kubelet",
-			image: "ghcr.io/gputopo/gputopo:0.1.0", schedulerImage: "registry.k8s.io/kube-scheduler:v1.37.2",
+			image: "ghcr.io/gputopo/gputopo:0.2.0", schedulerImage: "registry.k8s.io/kube-scheduler:v1.37.2",
 			modelPolicy: webhook.DefaultConfig().PolicyTable.Model,
 		}},
 		"existing issuer, ServiceMonitors, other weights, ignorable, 3 extenders": {rel: customRelease, want: want{
@@ -139,7 +139,7 @@ func wants() map[string]struct {
 			weights: [4]int32{40, 30, 20, 10}, httpTimeout: 5 * time.Second, extenderReplicas: 2,
 			issuerName: "rollout-gputopo-ca", issuerKind: "Issuer", ownCA: true,
 			serviceMonitors: 5, timeoutSeconds: 5, kubeletRoot: "/var/lib/kubelet",
-			image: "ghcr.io/gputopo/gputopo:0.1.0", schedulerImage: "registry.k8s.io/kube-scheduler:v1.37.2",
+			image: "ghcr.io/gputopo/gputopo:0.2.0", schedulerImage: "registry.k8s.io/kube-scheduler:v1.37.2",
 			modelPolicy: webhook.DefaultConfig().PolicyTable.Model,
 			prometheus:  &extender.PrometheusTelemetry{URL: "http://prometheus.monitoring:9090", Selector: `job="dcgm-exporter"`},
 			shadow:      true, shadowImage: "ghcr.io/gputopo/gputopo:v0.2.0", shadowWeights: [4]int32{40, 30, 20, 40},
