@@ -71,7 +71,14 @@ type ShadowDecision struct {
 	// Same is true when no difference was found.
 	Same        bool               `json:"same"`
 	Differences []ShadowDifference `json:"differences,omitempty"`
+	// Omitted counts filter differences left out of Differences (beyond
+	// the first maxFilterDifferences nodes); the metrics count them all.
+	Omitted int `json:"omitted,omitempty"`
 }
+
+// maxFilterDifferences bounds the nodes one logged decision lists, so that
+// a policy that rejects a whole cluster does not write megabyte log lines.
+const maxFilterDifferences = 20
 
 // ShadowDifference is one way the shadow would have decided otherwise.
 type ShadowDifference struct {
@@ -280,7 +287,7 @@ func (d *decisionLog) add(ctx context.Context, dec ShadowDecision) {
 		return
 	}
 	b, _ := json.Marshal(dec.Differences)
-	klog.FromContext(ctx).WithName("shadow").Info("shadow decision differs", "verb", dec.Verb, "pod", dec.Pod, "podUID", dec.PodUID, "differences", string(b))
+	klog.FromContext(ctx).WithName("shadow").Info("shadow decision differs", "verb", dec.Verb, "pod", dec.Pod, "podUID", dec.PodUID, "differences", string(b), "omitted", dec.Omitted)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if len(d.entries) < decisionLogLen {
@@ -344,6 +351,9 @@ func (x *Extender) serveShadow(body io.Reader) (any, error) {
 				}
 				x.metrics.shadowFilterNodes.WithLabelValues(dir).Inc()
 			}
+		}
+		if n := len(dec.Differences); r.Verb == phaseFilter && n > maxFilterDifferences {
+			dec.Differences, dec.Omitted = dec.Differences[:maxFilterDifferences], n-maxFilterDifferences
 		}
 		x.shadowLog.add(context.Background(), dec)
 	}

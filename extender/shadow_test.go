@@ -144,6 +144,32 @@ func TestShadowReportsFilterDifferences(t *testing.T) {
 	}
 }
 
+// TestShadowBoundsLoggedFilterDifferences: a shadow that rejects a whole
+// cluster logs the first nodes and a count; the metrics count every node.
+func TestShadowBoundsLoggedFilterDifferences(t *testing.T) {
+	serving, shadow := shadowPair(t)
+	var names []string
+	for i := range 30 {
+		name := fmt.Sprintf("n%02d", i)
+		names = append(names, name)
+		serving.ledger.UpsertTopology(topo(t, "dgx-a100", name))
+		sick := topo(t, "dgx-a100", name)
+		sick.Status.Stale, sick.Status.StaleReason = true, "NVML: driver not loaded"
+		shadow.ledger.UpsertTopology(sick)
+	}
+	args := &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(1).obj(), NodeNames: &names}
+	d := postShadow(t, shadow, mirrored(t, serving, phaseFilter, args))
+	if len(d.Differences) != maxFilterDifferences || d.Omitted != 30-maxFilterDifferences {
+		t.Errorf("logged %d differences, omitted %d; want %d and %d", len(d.Differences), d.Omitted, maxFilterDifferences, 30-maxFilterDifferences)
+	}
+	if !strings.Contains(d.Differences[0].Shadow, "NVML: driver not loaded") {
+		t.Errorf("shadow's reason %q does not carry the stale reason", d.Differences[0].Shadow)
+	}
+	if got := testutil.ToFloat64(shadow.metrics.shadowFilterNodes.WithLabelValues("shadow_rejects")); got != 30 {
+		t.Errorf("filter node differences{shadow_rejects} = %v, want 30", got)
+	}
+}
+
 // TestShadowIgnoresThePodsOwnBinding: a mirror may arrive after the
 // serving extender bound the pod; the shadow decides as before the bind.
 func TestShadowIgnoresThePodsOwnBinding(t *testing.T) {
