@@ -42,19 +42,9 @@ func (m *JobMutator) Handle(ctx context.Context, req admission.Request) admissio
 	if err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
-	ns := req.Namespace
-	if ns == "" {
-		ns = job.Namespace
-	}
-	if m.cfg.isExcluded(ns) {
-		return admission.Allowed("namespace is excluded from gputopo")
-	}
-	info, err := m.meta.namespace(ctx, ns, m.cfg.NamespaceDefaultAnnotation)
-	if err != nil {
-		return admission.Errored(http.StatusInternalServerError, err)
-	}
-	if !info.optedIn {
-		return admission.Allowed("namespace has not opted in to gputopo")
+	_, resp := m.meta.mutatedNamespace(ctx, m.cfg, req.Namespace, job.Namespace)
+	if resp != nil {
+		return *resp
 	}
 
 	var errs field.ErrorList

@@ -63,19 +63,9 @@ func (m *PodMutator) Handle(ctx context.Context, req admission.Request) admissio
 	if err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
-	ns := req.Namespace
-	if ns == "" {
-		ns = pod.Namespace
-	}
-	if m.cfg.isExcluded(ns) {
-		return admission.Allowed("namespace is excluded from gputopo")
-	}
-	info, err := m.meta.namespace(ctx, ns, m.cfg.NamespaceDefaultAnnotation)
-	if err != nil {
-		return admission.Errored(http.StatusInternalServerError, err)
-	}
-	if !info.optedIn {
-		return admission.Allowed("namespace has not opted in to gputopo")
+	info, resp := m.meta.mutatedNamespace(ctx, m.cfg, req.Namespace, pod.Namespace)
+	if resp != nil {
+		return *resp
 	}
 
 	var ops []jsonpatch.JsonPatchOperation

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"net/http"
 	"strings"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -12,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
@@ -144,6 +146,33 @@ func (m metadataReader) namespace(ctx context.Context, name, defaultAnnotation s
 		optedIn: ns.Labels[v1alpha1.LabelInjection] == v1alpha1.InjectionEnabled,
 		intent:  ns.Annotations[defaultAnnotation],
 	}, nil
+}
+
+// mutatedNamespace resolves a request's namespace (the object's when the
+// request carries none) and decides whether the mutators act there. It
+// returns the namespace's info, or the response to give instead: allowed
+// unchanged when the namespace is excluded or has not opted in, an error
+// when it cannot be read.
+func (m metadataReader) mutatedNamespace(ctx context.Context, cfg Config, reqNS, objNS string) (namespaceInfo, *admission.Response) {
+	ns := reqNS
+	if ns == "" {
+		ns = objNS
+	}
+	var resp admission.Response
+	if cfg.isExcluded(ns) {
+		resp = admission.Allowed("namespace is excluded from gputopo")
+		return namespaceInfo{}, &resp
+	}
+	info, err := m.namespace(ctx, ns, cfg.NamespaceDefaultAnnotation)
+	switch {
+	case err != nil:
+		resp = admission.Errored(http.StatusInternalServerError, err)
+	case !info.optedIn:
+		resp = admission.Allowed("namespace has not opted in to gputopo")
+	default:
+		return info, nil
+	}
+	return namespaceInfo{}, &resp
 }
 
 // jobIntent reads the intent annotation of a Job; found is false when the
