@@ -493,19 +493,25 @@ func nonZeroGen(gen int) int {
 	return gen
 }
 
+// pcieLevels pairs NVML's common-ancestor levels with the API's names;
+// any other level (TOPOLOGY_SYSTEM) is cross-socket.
+var pcieLevels = [...]struct {
+	nvml nvml.GpuTopologyLevel
+	api  v1alpha1.PCIeLevel
+}{
+	{nvml.TOPOLOGY_INTERNAL, v1alpha1.PCIeInternal},
+	{nvml.TOPOLOGY_SINGLE, v1alpha1.PCIeSameSwitch},
+	{nvml.TOPOLOGY_MULTIPLE, v1alpha1.PCIeMultipleSwitches},
+	{nvml.TOPOLOGY_HOSTBRIDGE, v1alpha1.PCIeHostBridge},
+	{nvml.TOPOLOGY_NODE, v1alpha1.PCIeSameNUMA},
+}
+
 // pcieLevel maps NVML's common-ancestor levels onto the API's names.
 func pcieLevel(l nvml.GpuTopologyLevel) v1alpha1.PCIeLevel {
-	switch l {
-	case nvml.TOPOLOGY_INTERNAL:
-		return v1alpha1.PCIeInternal
-	case nvml.TOPOLOGY_SINGLE:
-		return v1alpha1.PCIeSameSwitch
-	case nvml.TOPOLOGY_MULTIPLE:
-		return v1alpha1.PCIeMultipleSwitches
-	case nvml.TOPOLOGY_HOSTBRIDGE:
-		return v1alpha1.PCIeHostBridge
-	case nvml.TOPOLOGY_NODE:
-		return v1alpha1.PCIeSameNUMA
+	for _, p := range pcieLevels {
+		if p.nvml == l {
+			return p.api
+		}
 	}
 	return v1alpha1.PCIeCrossSocket
 }

@@ -256,18 +256,12 @@ func nvlinkVersion(gen int) uint32 {
 	return map[int]uint32{1: 1, 2: 2, 3: 4, 4: 6, 5: 7}[gen]
 }
 
+// nvmlLevel is pcieLevel the other way round.
 func nvmlLevel(l v1alpha1.PCIeLevel) nvml.GpuTopologyLevel {
-	switch l {
-	case v1alpha1.PCIeInternal:
-		return nvml.TOPOLOGY_INTERNAL
-	case v1alpha1.PCIeSameSwitch:
-		return nvml.TOPOLOGY_SINGLE
-	case v1alpha1.PCIeMultipleSwitches:
-		return nvml.TOPOLOGY_MULTIPLE
-	case v1alpha1.PCIeHostBridge:
-		return nvml.TOPOLOGY_HOSTBRIDGE
-	case v1alpha1.PCIeSameNUMA:
-		return nvml.TOPOLOGY_NODE
+	for _, p := range pcieLevels {
+		if p.api == l {
+			return p.nvml
+		}
 	}
 	return nvml.TOPOLOGY_SYSTEM
 }
