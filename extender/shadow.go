@@ -142,7 +142,7 @@ type mirror struct {
 	rate    float64
 	queue   chan *ShadowRequest
 	metrics *Metrics
-	// failing is 1 while the last send failed, so that a down shadow is
+	// failing is true while the last send failed, so that a down shadow is
 	// logged once per outage rather than once per request.
 	mu      sync.Mutex
 	failing bool
