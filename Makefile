@@ -16,7 +16,7 @@ export KUBEBUILDER_ASSETS := $(BIN)
 
 GENERATED := api/v1alpha1/zz_generated.deepcopy.go charts/gputopo/crds
 
-.PHONY: all build tools prometheus generate verify test test-unit test-integration bench bench-scheduler demo clean help
+.PHONY: all build tools prometheus generate verify test test-unit test-integration test-security bench bench-scheduler demo clean help
 
 all: build
 
@@ -53,6 +53,9 @@ test-unit: ## Unit tests (no API server)
 
 test-integration: tools ## Integration and e2e tests on the real control plane
 	$(GO) test $(INTEGRATION_FLAGS) ./...
+
+test-security: tools ## The security suite alone (real control plane, kube-scheduler and kubelet)
+	$(GO) test $(INTEGRATION_FLAGS) ./test/security/
 
 bench: ## Benchmarks (allocator, extender, webhook) and the simulator on the bundled traces; regenerates docs/benchmarks.md
 	@mkdir -p _out
