@@ -219,7 +219,12 @@ func TestBindFailures(t *testing.T) {
 			return true, nil, apierrors.NewInternalError(errors.New("etcd leader changed"))
 		},
 		mutate: func(t *testing.T, x *Extender, cs *fake.Clientset, pod *corev1.Pod) *extenderv1.ExtenderBindingArgs {
+			gets := 0
 			cs.PrependReactor("get", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+				// Bind reads the pod unbound; settling reads it bound.
+				if gets++; gets == 1 {
+					return false, nil, nil
+				}
 				p := pod.DeepCopy()
 				p.Spec.NodeName = "b"
 				return true, p, nil
@@ -284,8 +289,8 @@ func TestConcurrentBindsToOneNodeNeverShareAGPU(t *testing.T) {
 			continue
 		}
 		uuids := assignedOf(t, got)
-		if len(uuids) != GPUCount(p) {
-			t.Errorf("pod %s got %d GPUs, want %d", p.Name, len(uuids), GPUCount(p))
+		if want, _ := GPUCount(p, v1alpha1.ResourceGPU); len(uuids) != want {
+			t.Errorf("pod %s got %d GPUs, want %d", p.Name, len(uuids), want)
 		}
 		for _, u := range uuids {
 			if o, dup := owner[u]; dup {

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology"
@@ -105,6 +106,16 @@ func newTestExtender(t testing.TB, cfg *Configuration, objs ...runtime.Object) (
 	}
 	cs := fake.NewClientset(objs...)
 	cs.PrependReactor("create", "pods", FakeBindingReactor(cs))
+	// kube-scheduler only binds to nodes that exist; a node the test did
+	// not create reads as a plain untainted one, so that tests about GPUs
+	// need not create Node objects.
+	cs.PrependReactor("get", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		name := a.(k8stesting.GetAction).GetName()
+		if _, err := cs.Tracker().Get(corev1.SchemeGroupVersion.WithResource("nodes"), "", name); err == nil {
+			return false, nil, nil
+		}
+		return true, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, nil
+	})
 	x := newExtender(cfg, cs)
 	x.now = func() time.Time { return testNow }
 	x.ledger.now = x.now

@@ -7,6 +7,8 @@ import (
 
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/rest"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
 // Options are the extender's per-deployment settings (flags). Decisions are
@@ -29,6 +31,11 @@ type Options struct {
 	// ClientCAFile makes the verbs require a client certificate signed by
 	// this CA (kube-scheduler's extender tlsConfig can present one).
 	ClientCAFile string
+
+	// SchedulerNames are the kube-scheduler profiles that call this
+	// extender; bind refuses pods addressed to any other scheduler.
+	// Default [gputopo-scheduler].
+	SchedulerNames []string
 
 	// LeaderElect runs Lease-based leader election: only the holder is
 	// Ready and serves.
@@ -78,6 +85,9 @@ func NewOptions() Options {
 }
 
 func (o *Options) setDefaults() {
+	if len(o.SchedulerNames) == 0 {
+		o.SchedulerNames = []string{v1alpha1.DefaultSchedulerName}
+	}
 	if o.LeaderElectionNamespace == "" {
 		o.LeaderElectionNamespace = DefaultLeaderElectionNamespace
 	}
@@ -108,6 +118,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.TLSCertFile, "tls-cert-file", o.TLSCertFile, "serving certificate (PEM); with --tls-private-key-file turns on HTTPS, reloaded when the file changes")
 	fs.StringVar(&o.TLSPrivateKeyFile, "tls-private-key-file", o.TLSPrivateKeyFile, "serving private key (PEM)")
 	fs.StringVar(&o.ClientCAFile, "client-ca-file", o.ClientCAFile, "CA bundle (PEM); when set the verbs require a client certificate it signed (probes do not)")
+	fs.StringSliceVar(&o.SchedulerNames, "scheduler-name", o.SchedulerNames, "kube-scheduler profile that calls this extender (repeatable); bind refuses pods whose schedulerName is not one of them")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "run Lease-based leader election; only the leader is Ready and serves")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace, "namespace of the leader election Lease")
 	fs.StringVar(&o.LeaderElectionID, "leader-election-id", o.LeaderElectionID, "name of the leader election Lease")
