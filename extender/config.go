@@ -8,9 +8,13 @@ import (
 	"time"
 
 	"github.com/prometheus/common/model"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/yaml"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
 // ConfigAPIVersion and ConfigKind identify the extender's configuration
@@ -71,6 +75,23 @@ type Configuration struct {
 	// Telemetry chooses where prioritize reads GPU utilization,
 	// temperature and power.
 	Telemetry Telemetry `json:"telemetry"`
+
+	// ResourceName is the extended resource whose devices the extender
+	// counts and places: pods' demand (v1alpha1.PodGPUDemand), Nodes'
+	// allocatable, the containers the pod cache keeps. It must be the name
+	// the node agent serves (--resource-name) and the one the scheduler's
+	// extender config lists in managedResources. Default nvidia.com/gpu.
+	ResourceName string `json:"resourceName"`
+}
+
+// GPUResource is the extended resource the extender manages
+// (resourceName); nvidia.com/gpu when the configuration was never
+// defaulted.
+func (c *Configuration) GPUResource() corev1.ResourceName {
+	if c == nil || c.ResourceName == "" {
+		return v1alpha1.ResourceGPU
+	}
+	return corev1.ResourceName(c.ResourceName)
 }
 
 // Telemetry sources.
@@ -207,6 +228,9 @@ func SetDefaults(c *Configuration) {
 	if c.Telemetry.Source == "" {
 		c.Telemetry.Source = TelemetryNodeGPUTopology
 	}
+	if c.ResourceName == "" {
+		c.ResourceName = v1alpha1.ResourceGPU
+	}
 	if p := c.Telemetry.Prometheus; p != nil {
 		setDuration(&p.Interval, 30*time.Second)
 		setDuration(&p.Timeout, 10*time.Second)
@@ -281,6 +305,7 @@ func (c *Configuration) Validate() field.ErrorList {
 	if c.AllocatorMemoSize < 0 {
 		errs = append(errs, field.Invalid(field.NewPath("allocatorMemoSize"), c.AllocatorMemoSize, "must be 0 (no memo) or positive"))
 	}
+	errs = append(errs, validateExtendedResourceName(field.NewPath("resourceName"), c.ResourceName)...)
 	return append(errs, c.Telemetry.validate(field.NewPath("telemetry"))...)
 }
 
@@ -333,6 +358,30 @@ func (p *PrometheusTelemetry) validate(path *field.Path) field.ErrorList {
 	}
 	if strings.ContainsAny(p.Selector, "{}") {
 		errs = append(errs, field.Invalid(path.Child("selector"), p.Selector, `label matchers without braces, e.g. job="dcgm-exporter"`))
+	}
+	return errs
+}
+
+// validateExtendedResourceName applies kube-apiserver's rule for extended
+// resource names (k8s.io/kubernetes pkg/apis/core/v1/helper
+// IsExtendedResourceName, which no published module exports): a
+// domain-prefixed name outside the kubernetes.io namespaces that stays a
+// qualified name under a quota's "requests." prefix.
+func validateExtendedResourceName(path *field.Path, name string) field.ErrorList {
+	const hint = "must be an extended resource name such as nvidia.com/gpu, the node agent's --resource-name"
+	switch {
+	case name == "":
+		return field.ErrorList{field.Required(path, hint)}
+	case !strings.Contains(name, "/"):
+		return field.ErrorList{field.Invalid(path, name, hint+": a domain prefix (vendor.example/) is required")}
+	case strings.Contains(name, corev1.ResourceDefaultNamespacePrefix):
+		return field.ErrorList{field.Invalid(path, name, hint+": the kubernetes.io namespaces are Kubernetes' own resources")}
+	case strings.HasPrefix(name, corev1.DefaultResourceRequestsPrefix):
+		return field.ErrorList{field.Invalid(path, name, hint+`: the "requests." prefix is reserved for quotas`)}
+	}
+	var errs field.ErrorList
+	for _, msg := range validation.IsQualifiedName(corev1.DefaultResourceRequestsPrefix + name) {
+		errs = append(errs, field.Invalid(path, name, hint+": "+msg))
 	}
 	return errs
 }

@@ -96,6 +96,26 @@ func TestParseConfiguration(t *testing.T) {
 			"allocatorMemoSize: Invalid value: -3",
 		},
 	}, {
+		name: "resourceName names the managed extended resource",
+		doc:  "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nresourceName: example.com/accel\n",
+		check: func(t *testing.T, c *Configuration) {
+			if c.GPUResource() != "example.com/accel" {
+				t.Errorf("GPUResource() = %q, want example.com/accel", c.GPUResource())
+			}
+		},
+	}, {
+		name:    "resourceName without a domain is refused",
+		doc:     "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nresourceName: gpu\n",
+		wantErr: []string{`resourceName: Invalid value: "gpu": must be an extended resource name such as nvidia.com/gpu`, "a domain prefix"},
+	}, {
+		name:    "resourceName in the kubernetes.io namespace is refused",
+		doc:     "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nresourceName: kubernetes.io/gpu\n",
+		wantErr: []string{`resourceName: Invalid value: "kubernetes.io/gpu"`, "Kubernetes' own resources"},
+	}, {
+		name:    "resourceName that is not a qualified name is refused",
+		doc:     "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nresourceName: nvidia.com/gpu count\n",
+		wantErr: []string{`resourceName: Invalid value: "nvidia.com/gpu count"`},
+	}, {
 		name:    "all weights zero",
 		doc:     "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nweights: {utilizationBalance: 0, taskAffinity: 0, thermalPowerHeadroom: 0, fragmentation: 0}\n",
 		wantErr: []string{"weights: Invalid value: \"all 0\": at least one weight must be positive"},

@@ -54,8 +54,12 @@ type podRequest struct {
 // constraint, the default strategy (lowest_fragmentation), which keeps
 // NVLink islands whole for the pods that do need them. A malformed
 // annotation is an error naming the field.
-func parsePodRequest(pod *corev1.Pod) (podRequest, error) {
-	r := podRequest{count: GPUCount(pod)}
+func parsePodRequest(pod *corev1.Pod, resource corev1.ResourceName) (podRequest, error) {
+	n, err := GPUCount(pod, resource)
+	if err != nil {
+		return podRequest{}, err
+	}
+	r := podRequest{count: n}
 	if j := pod.Labels[v1alpha1.LabelJob]; j != "" {
 		r.job = pod.Namespace + "/" + j
 	}
@@ -159,7 +163,7 @@ func (e *evaluator) check(n *nodeState) *verdict {
 		return &verdict{code: reasonTooFewGPUs, unresolvable: true, reason: fmt.Sprintf("pod requests %d GPUs; node has %d", e.pr.count, size)}
 	}
 	if n.allocatable >= 0 && e.pr.count > n.allocatable {
-		return &verdict{code: reasonTooFewGPUs, unresolvable: true, reason: fmt.Sprintf("pod requests %d GPUs; node advertises %d %s", e.pr.count, n.allocatable, v1alpha1.ResourceGPU)}
+		return &verdict{code: reasonTooFewGPUs, unresolvable: true, reason: fmt.Sprintf("pod requests %d GPUs; node advertises %d %s", e.pr.count, n.allocatable, e.cfg.GPUResource())}
 	}
 	free := n.free()
 	if n.unknownHeld > 0 && free.Count()-n.unknownHeld < e.pr.count {

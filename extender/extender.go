@@ -91,6 +91,7 @@ func New(restCfg *rest.Config, o Options) (*Extender, error) {
 		if x.mirror, err = newMirror(o, x.metrics); err != nil {
 			return nil, err
 		}
+		x.mirror.resource = cfg.GPUResource()
 	}
 	if o.Shadow {
 		x.shadowLog = &decisionLog{rate: o.ShadowLogSampleRate}
@@ -102,6 +103,7 @@ func New(restCfg *rest.Config, o Options) (*Extender, error) {
 // servers: unit tests drive its ledger directly.
 func newExtender(cfg *Configuration, cs kubernetes.Interface) *Extender {
 	l := NewLedger()
+	l.resource = cfg.GPUResource()
 	m := NewMetrics(l)
 	l.onTelemetry = m.setTelemetry
 	return &Extender{
@@ -243,7 +245,7 @@ func (x *Extender) startInformers(ctx context.Context) error {
 	c, err := crcache.New(x.restCfg, crcache.Options{
 		Scheme: scheme(),
 		ByObject: map[client.Object]crcache.ByObject{
-			&corev1.Pod{}:  {Field: podFieldSelector, Transform: stripPod},
+			&corev1.Pod{}:  {Field: podFieldSelector, Transform: stripPod(x.cfg.GPUResource())},
 			&corev1.Node{}: {Transform: stripNode},
 		},
 		DefaultTransform: crcache.TransformStripManagedFields(),
@@ -318,8 +320,16 @@ func deleteByName(o any, f func(string)) {
 }
 
 // stripPod keeps only what the ledger reads, so that a cluster's pods cost
-// little memory.
-func stripPod(obj any) (any, error) {
+// little memory. Of the containers it keeps those that ask for resource
+// (the managed GPU resource), with what v1alpha1.PodGPUDemand reads:
+// resources and restartPolicy (a sidecar's devices add up, a one-shot init
+// container's do not). Containers without the resource add nothing to the
+// demand.
+func stripPod(resource corev1.ResourceName) toolscache.TransformFunc {
+	return func(obj any) (any, error) { return stripPodOf(obj, resource) }
+}
+
+func stripPodOf(obj any, resource corev1.ResourceName) (any, error) {
 	p, ok := obj.(*corev1.Pod)
 	if !ok {
 		return obj, nil
@@ -347,10 +357,10 @@ func stripPod(obj any) (any, error) {
 	strip := func(cs []corev1.Container) []corev1.Container {
 		var res []corev1.Container
 		for _, c := range cs {
-			_, l := c.Resources.Limits[v1alpha1.ResourceGPU]
-			_, r := c.Resources.Requests[v1alpha1.ResourceGPU]
+			_, l := c.Resources.Limits[resource]
+			_, r := c.Resources.Requests[resource]
 			if l || r {
-				res = append(res, corev1.Container{Name: c.Name, Resources: c.Resources})
+				res = append(res, corev1.Container{Name: c.Name, Resources: c.Resources, RestartPolicy: c.RestartPolicy})
 			}
 		}
 		return res

@@ -2,6 +2,7 @@ package extender
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"sync"
@@ -45,9 +46,13 @@ type Ledger struct {
 	extMaxAge time.Duration
 	// extData is the last successful external query round.
 	extData ExternalTelemetry
+	// resource is the extended resource counted (Configuration's
+	// resourceName).
+	resource corev1.ResourceName
 }
 
-// NewLedger returns an empty ledger.
+// NewLedger returns an empty ledger counting nvidia.com/gpu; the extender
+// sets the configured resourceName.
 func NewLedger() *Ledger {
 	return &Ledger{
 		nodes:    make(map[string]*nodeState),
@@ -56,6 +61,7 @@ func NewLedger() *Ledger {
 		pods:     make(map[types.NamespacedName]*podInfo),
 		jobs:     make(map[string]map[string]int),
 		now:      time.Now,
+		resource: v1alpha1.ResourceGPU,
 	}
 }
 
@@ -163,42 +169,38 @@ type podInfo struct {
 	assigned    []string // allocated-gpus, else assigned-gpus
 	assignedRaw string   // the assigned-gpus annotation as written
 	assignErr   string   // why the GPU annotation could not be read
+	// demandErr is why the pod's GPU demand could not be read (a negative,
+	// fractional or oversized count, naming the field); gpus is then 0
+	// and must not be taken for "no GPUs".
+	demandErr string
 }
 
-// GPUCount is the number of nvidia.com/gpu a pod needs: the largest of the
-// containers' sum and any one init container (they run one at a time).
-// Limits win over requests: extended resources must set limits, and
-// requests default to them.
-func GPUCount(pod *corev1.Pod) int {
-	get := func(c *corev1.Container) int64 {
-		if q, ok := c.Resources.Limits[v1alpha1.ResourceGPU]; ok {
-			return q.Value()
-		}
-		if q, ok := c.Resources.Requests[v1alpha1.ResourceGPU]; ok {
-			return q.Value()
-		}
-		return 0
+// GPUCount is the number of devices of resource (the configuration's
+// GPUResource) the pod needs, by v1alpha1.PodGPUDemand: app containers and
+// sidecars summed, one-shot init containers the largest, limits over
+// requests. A negative, fractional or oversized count is an error naming
+// the container's field.
+func GPUCount(pod *corev1.Pod, resource corev1.ResourceName) (int, error) {
+	n, err := v1alpha1.PodGPUDemand(&pod.Spec, resource)
+	if err != nil {
+		return 0, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
-	var sum, most int64
-	for i := range pod.Spec.Containers {
-		sum += get(&pod.Spec.Containers[i])
+	if n > math.MaxInt32 {
+		return 0, fmt.Errorf("pod %s/%s: spec: Invalid value: %d %s in all: must be at most %d", pod.Namespace, pod.Name, n, resource, math.MaxInt32)
 	}
-	for i := range pod.Spec.InitContainers {
-		most = max(most, get(&pod.Spec.InitContainers[i]))
-	}
-	n := max(sum, most)
-	if n > 1<<16 || n < 0 {
-		return 1 << 16 // far above any node; filter reports it
-	}
-	return int(n)
+	return int(n), nil
 }
 
-func newPodInfo(p *corev1.Pod) *podInfo {
+func newPodInfo(p *corev1.Pod, resource corev1.ResourceName) *podInfo {
 	info := &podInfo{
 		uid:  p.UID,
 		key:  types.NamespacedName{Namespace: p.Namespace, Name: p.Name},
 		node: p.Spec.NodeName,
-		gpus: GPUCount(p),
+	}
+	if n, err := GPUCount(p, resource); err != nil {
+		info.demandErr = err.Error()
+	} else {
+		info.gpus = n
 	}
 	if j := p.Labels[v1alpha1.LabelJob]; j != "" {
 		info.job = p.Namespace + "/" + j
@@ -319,7 +321,7 @@ func (l *Ledger) UpsertNode(node *corev1.Node) {
 	defer l.mu.Unlock()
 	n := l.nodeLocked(node.Name)
 	n.allocatable = 0
-	if q, ok := node.Status.Allocatable[v1alpha1.ResourceGPU]; ok {
+	if q, ok := node.Status.Allocatable[l.resource]; ok {
 		n.allocatable = int(min(q.Value(), 1<<16))
 	}
 }
@@ -388,8 +390,8 @@ func (l *Ledger) UpsertPod(p *corev1.Pod) {
 		l.forgetPodLocked(p.UID, types.NamespacedName{Namespace: p.Namespace, Name: p.Name})
 		return
 	}
-	info := newPodInfo(p)
-	if info.gpus == 0 && len(info.assigned) == 0 {
+	info := newPodInfo(p, l.resource)
+	if info.gpus == 0 && len(info.assigned) == 0 && info.demandErr == "" {
 		l.forgetPodLocked(p.UID, info.key)
 		return
 	}
@@ -419,6 +421,10 @@ func (l *Ledger) UpsertPod(p *corev1.Pod) {
 			h.reserved = false
 			l.recomputeLocked(l.nodeLocked(h.node))
 		}
+	case info.demandErr != "":
+		// Bound with a demand that cannot be read (kube-apiserver admits
+		// none such): nothing to count; filter and bind report the error.
+		return
 	default:
 		if h != nil && h.uuids == nil && h.node == info.node && h.unknown == info.gpus {
 			return

@@ -1,11 +1,13 @@
 package extender
 
 import (
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
@@ -142,28 +144,71 @@ func TestSweepReleasesOnlyExpiredReservations(t *testing.T) {
 }
 
 func TestGPUCount(t *testing.T) {
+	const other corev1.ResourceName = "example.com/accel"
+	withLimit := func(name corev1.ResourceName, v string) corev1.ResourceRequirements {
+		return corev1.ResourceRequirements{Limits: corev1.ResourceList{name: resource.MustParse(v)}}
+	}
+	always := corev1.ContainerRestartPolicyAlways
 	tests := []struct {
-		name string
-		pod  *corev1.Pod
-		want int
+		name     string
+		pod      *corev1.Pod
+		resource corev1.ResourceName
+		want     int
+		wantErr  string
 	}{
-		{"no GPUs", makePod("p").obj(), 0},
-		{"limits", makePod("p").gpus(4).obj(), 4},
-		{"init container larger than containers", func() *corev1.Pod {
+		{name: "no GPUs", pod: makePod("p").obj(), want: 0},
+		{name: "limits", pod: makePod("p").gpus(4).obj(), want: 4},
+		{name: "init container larger than containers", pod: func() *corev1.Pod {
 			p := makePod("p").gpus(1).obj()
-			p.Spec.InitContainers = []corev1.Container{{Name: "init", Resources: makePod("x").gpus(3).obj().Spec.Containers[0].Resources}}
+			p.Spec.InitContainers = []corev1.Container{{Name: "init", Resources: withLimit(v1alpha1.ResourceGPU, "3")}}
 			return p
-		}(), 3},
-		{"requests only", func() *corev1.Pod {
+		}(), want: 3},
+		{name: "sidecar init container adds to the app containers", pod: func() *corev1.Pod {
+			p := makePod("p").gpus(2).obj()
+			p.Spec.InitContainers = []corev1.Container{{Name: "sidecar", RestartPolicy: &always, Resources: withLimit(v1alpha1.ResourceGPU, "1")}}
+			return p
+		}(), want: 3},
+		{name: "requests only", pod: func() *corev1.Pod {
 			p := makePod("p").obj()
 			p.Spec.Containers[0].Resources.Requests = makePod("x").gpus(2).obj().Spec.Containers[0].Resources.Limits
 			return p
-		}(), 2},
+		}(), want: 2},
+		{name: "configured resource is counted, nvidia.com/gpu is not", pod: func() *corev1.Pod {
+			p := makePod("p").gpus(4).obj()
+			p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "accel", Resources: withLimit(other, "2")})
+			return p
+		}(), resource: other, want: 2},
+		{name: "negative count is an error naming the field", pod: func() *corev1.Pod {
+			p := makePod("p").obj()
+			p.Spec.Containers[0].Resources = withLimit(v1alpha1.ResourceGPU, "-1")
+			return p
+		}(), wantErr: `pod default/p: spec.containers[0].resources.limits[nvidia.com/gpu]: Invalid value: "-1": must not be negative`},
+		{name: "fractional count is an error naming the field", pod: func() *corev1.Pod {
+			p := makePod("p").obj()
+			p.Spec.InitContainers = []corev1.Container{{Name: "init", Resources: withLimit(v1alpha1.ResourceGPU, "500m")}}
+			return p
+		}(), wantErr: `spec.initContainers[0].resources.limits[nvidia.com/gpu]: Invalid value: "500m": must be a whole number of devices`},
+		{name: "huge count is an error, not a clamped 65536", pod: func() *corev1.Pod {
+			p := makePod("p").obj()
+			p.Spec.Containers[0].Resources = withLimit(v1alpha1.ResourceGPU, "1e12")
+			return p
+		}(), wantErr: `spec.containers[0].resources.limits[nvidia.com/gpu]: Invalid value: "1e12": must be at most 65536`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := GPUCount(tc.pod); got != tc.want {
-				t.Errorf("GPUCount = %d, want %d", got, tc.want)
+			res := tc.resource
+			if res == "" {
+				res = v1alpha1.ResourceGPU
+			}
+			got, err := GPUCount(tc.pod, res)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("GPUCount = %d, %v; want error containing %q", got, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Errorf("GPUCount = %d, %v; want %d", got, err, tc.want)
 			}
 		})
 	}

@@ -16,11 +16,13 @@ import (
 	"strings"
 	"sync"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
+	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -142,6 +144,9 @@ type mirror struct {
 	rate    float64
 	queue   chan *ShadowRequest
 	metrics *Metrics
+	// resource is the managed GPU resource: only pods asking for it are
+	// mirrored.
+	resource corev1.ResourceName
 	// failing is true while the last send failed, so that a down shadow is
 	// logged once per outage rather than once per request.
 	mu      sync.Mutex
@@ -172,12 +177,18 @@ func newMirror(o Options, m *Metrics) (*mirror, error) {
 		rate:    o.ShadowSampleRate,
 		queue:   make(chan *ShadowRequest, mirrorQueueLen),
 		metrics: m,
+		// New sets the configured resourceName.
+		resource: v1alpha1.ResourceGPU,
 	}, nil
 }
 
 // wants reports whether the pod's requests are mirrored.
 func (m *mirror) wants(args *extenderv1.ExtenderArgs) bool {
-	return m != nil && args.Pod != nil && sampled(args.Pod.UID, "mirror", m.rate) && GPUCount(args.Pod) > 0
+	if m == nil || args.Pod == nil || !sampled(args.Pod.UID, "mirror", m.rate) {
+		return false
+	}
+	n, err := GPUCount(args.Pod, m.resource)
+	return err == nil && n > 0
 }
 
 // offer queues r without blocking; a full queue drops it.
@@ -505,7 +516,7 @@ type nodeEval struct {
 // the decision made before the serving extender bound it.
 func (x *Extender) evaluateAll(args *extenderv1.ExtenderArgs) ([]nodeEval, error) {
 	names := nodeNames(args)
-	pr, err := parsePodRequest(args.Pod)
+	pr, err := parsePodRequest(args.Pod, x.cfg.GPUResource())
 	if err != nil {
 		return nil, err
 	}
