@@ -160,24 +160,20 @@ func bindErr(kind string, format string, a ...any) error {
 
 func (x *Extender) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs) error {
 	key := types.NamespacedName{Namespace: args.PodNamespace, Name: args.PodName}
-	info, ok := x.ledger.pod(key)
-	if !ok || info.uid != args.PodUID {
-		// Not (or not yet) in the cache, or the cache holds another pod of
-		// that name: ask the API server, the only read bind makes
-		// besides settling.
-		p, err := x.getPod(ctx, key)
-		switch {
-		case apierrors.IsNotFound(err):
-			x.ledger.Release(args.PodUID)
-			return bindErr(errBadRequest, "pod %s not found: it was deleted before binding", key)
-		case err != nil:
-			return bindErr(errAPIUnknown, "read pod %s: %w", key, err)
-		case p.UID != args.PodUID:
-			x.ledger.Release(args.PodUID)
-			return bindErr(errConflict, "pod %s has UID %s, not %s: it was deleted and recreated; the scheduler will retry with the new pod", key, p.UID, args.PodUID)
-		}
-		info = *newPodInfo(p, x.cfg.GPUResource())
+	// The informer cache when it holds this very pod, else the API server:
+	// besides settling, the only read bind makes.
+	p, err := x.bindPod(ctx, key, args.PodUID)
+	switch {
+	case apierrors.IsNotFound(err):
+		x.ledger.Release(args.PodUID)
+		return bindErr(errBadRequest, "pod %s not found: it was deleted before binding", key)
+	case err != nil:
+		return bindErr(errAPIUnknown, "read pod %s: %w", key, err)
+	case p.UID != args.PodUID:
+		x.ledger.Release(args.PodUID)
+		return bindErr(errConflict, "pod %s has UID %s, not %s: it was deleted and recreated; the scheduler will retry with the new pod", key, p.UID, args.PodUID)
 	}
+	info := *newPodInfo(p, x.cfg.GPUResource())
 	if info.demandErr != "" {
 		return bindErr(errBadRequest, "%s", info.demandErr)
 	}
@@ -186,6 +182,10 @@ func (x *Extender) bind(ctx context.Context, args *extenderv1.ExtenderBindingArg
 			return nil // bound by an earlier attempt whose answer was lost
 		}
 		return bindErr(errConflict, "pod %s is already bound to node %s", key, info.node)
+	}
+	if err := x.admitBind(ctx, p, info.gpus, args.Node); err != nil {
+		x.ledger.Release(args.PodUID)
+		return err
 	}
 	pr := podRequest{count: info.gpus, job: info.job}
 	if info.hasReq {
@@ -213,7 +213,7 @@ func (x *Extender) bind(ctx context.Context, args *extenderv1.ExtenderBindingArg
 		}
 	}
 	bctx, cancel := context.WithTimeout(ctx, x.cfg.BindTimeout.Duration)
-	err := x.client.CoreV1().Pods(args.PodNamespace).Bind(bctx, binding, metav1.CreateOptions{})
+	err = x.client.CoreV1().Pods(args.PodNamespace).Bind(bctx, binding, metav1.CreateOptions{})
 	cancel()
 	if err == nil {
 		x.bound(args, pr, uuids, placement)
