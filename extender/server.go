@@ -273,18 +273,65 @@ func (x *Extender) tlsConfig() (*tls.Config, error) {
 	}
 	tc := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: r.get}
 	if x.opts.ClientCAFile != "" {
-		pem, err := os.ReadFile(x.opts.ClientCAFile)
+		ca := &caReloader{file: x.opts.ClientCAFile}
+		pool, err := ca.get()
 		if err != nil {
-			return nil, fmt.Errorf("read --client-ca-file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--client-ca-file %s holds no PEM certificate", x.opts.ClientCAFile)
+			return nil, err
 		}
 		tc.ClientCAs = pool
 		tc.ClientAuth = tls.VerifyClientCertIfGiven
+		// Each handshake verifies against the CA file as it is now, so a
+		// rotated CA (cert-manager renewing its CA Secret) takes effect
+		// without a restart.
+		base := tc.Clone()
+		tc.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			pool, err := ca.get()
+			if err != nil {
+				return nil, err
+			}
+			c := base.Clone()
+			c.ClientCAs = pool
+			return c, nil
+		}
 	}
 	return tc, nil
+}
+
+// caReloader reloads a CA bundle when its file's modification time
+// changes, keeping the last good bundle while a rotation is half-written.
+type caReloader struct {
+	file    string
+	mu      sync.Mutex
+	pool    *x509.CertPool
+	modTime time.Time
+}
+
+func (r *caReloader) get() (*x509.CertPool, error) {
+	st, err := os.Stat(r.file)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err != nil {
+		if r.pool != nil {
+			return r.pool, nil
+		}
+		return nil, fmt.Errorf("stat --client-ca-file: %w", err)
+	}
+	if r.pool != nil && st.ModTime().Equal(r.modTime) {
+		return r.pool, nil
+	}
+	pem, err := os.ReadFile(r.file)
+	pool := x509.NewCertPool()
+	if err == nil && !pool.AppendCertsFromPEM(pem) {
+		err = fmt.Errorf("--client-ca-file %s holds no PEM certificate", r.file)
+	}
+	if err != nil {
+		if r.pool != nil {
+			return r.pool, nil // mid-rotation: keep verifying with the last good bundle
+		}
+		return nil, fmt.Errorf("read --client-ca-file: %w", err)
+	}
+	r.pool, r.modTime = pool, st.ModTime()
+	return r.pool, nil
 }
 
 func tlsListener(ln net.Listener, tc *tls.Config) net.Listener { return tls.NewListener(ln, tc) }

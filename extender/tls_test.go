@@ -312,3 +312,53 @@ func TestTLSBadFiles(t *testing.T) {
 		})
 	}
 }
+
+// TestTLSClientCARotation: a client CA replaced on disk (cert-manager
+// renewing its CA) is used for the next handshake without a restart: the
+// new CA's clients are let in, the old CA's are shut out.
+func TestTLSClientCARotation(t *testing.T) {
+	dir := t.TempDir()
+	ca1 := newTestCA(t, "gputopo CA 1")
+	ca2 := newTestCA(t, "gputopo CA 2")
+	srvCert, srvKey, _ := ca1.issue(t, "gputopo-extender", true)
+	cli1Cert, cli1Key, _ := ca1.issue(t, "kube-scheduler", false)
+	cli2Cert, cli2Key, _ := ca2.issue(t, "kube-scheduler", false)
+	t0 := time.Now().Add(-time.Minute)
+	writeFile(t, filepath.Join(dir, "tls.crt"), srvCert, t0)
+	writeFile(t, filepath.Join(dir, "tls.key"), srvKey, t0)
+	caFile := filepath.Join(dir, "ca.crt")
+	writeFile(t, caFile, ca1.pem, t0)
+
+	x, _ := newTestExtender(t, nil)
+	x.opts.TLSCertFile, x.opts.TLSPrivateKeyFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	x.opts.ClientCAFile = caFile
+	base := "https://" + serveTLS(t, x)
+	body := mustJSON(t, extenderv1.ExtenderArgs{Pod: makePod("p").obj(), NodeNames: &[]string{"a"}})
+	filter := func(certPEM, keyPEM []byte) string {
+		t.Helper()
+		c := tlsClient(t, ca1, certPEM, keyPEM)
+		resp, err := c.Post(base+"/filter", "application/json", strings.NewReader(body))
+		if err != nil {
+			return err.Error()
+		}
+		defer resp.Body.Close()
+		return resp.Status
+	}
+	if got := filter(cli1Cert, cli1Key); got != "200 OK" {
+		t.Fatalf("client of CA 1 before rotation: %s; want 200 OK", got)
+	}
+	if got := filter(cli2Cert, cli2Key); !strings.Contains(got, "unknown certificate authority") {
+		t.Fatalf("client of CA 2 before rotation: %s; want refused", got)
+	}
+	writeFile(t, caFile, ca2.pem, t0.Add(time.Second))
+	if got := filter(cli2Cert, cli2Key); got != "200 OK" {
+		t.Errorf("client of CA 2 after rotation: %s; want 200 OK", got)
+	}
+	if got := filter(cli1Cert, cli1Key); !strings.Contains(got, "unknown certificate authority") {
+		t.Errorf("client of CA 1 after rotation: %s; want refused", got)
+	}
+	writeFile(t, caFile, []byte("-----BEGIN CERTIFICATE-----\ntruncated"), t0.Add(2*time.Second))
+	if got := filter(cli2Cert, cli2Key); got != "200 OK" {
+		t.Errorf("with a half-written CA file: %s; want the last good CA in use", got)
+	}
+}
