@@ -42,6 +42,12 @@ type Options struct {
 	TelemetryInterval  time.Duration
 	ReconcileInterval  time.Duration
 	MetricsBindAddress string
+	// DeviceListStrategies are the device plugin's device list strategy
+	// names (see DeviceListStrategy); empty means envvar.
+	DeviceListStrategies []string
+	// CDIKind is the CDI kind of the GPUs for cdi-cri; empty means
+	// nvidia.com/gpu.
+	CDIKind string
 
 	// Simulator, when set, is the simulated node to run (tests and the demo
 	// keep a handle on it to script telemetry and inject faults); it
@@ -63,6 +69,12 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.TelemetryInterval, "telemetry-interval", 30*time.Second, "How often telemetry is read; it is written only when it moved beyond the thresholds.")
 	fs.DurationVar(&o.ReconcileInterval, "reconcile-interval", 10*time.Second, "How often kubelet's PodResources are read to record allocated GPUs (also after every Allocate).")
 	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", ":9400", "Address of the Prometheus /metrics endpoint; \"0\" turns it off.")
+	fs.StringSliceVar(&o.DeviceListStrategies, "device-list-strategy", []string{string(DeviceListEnvvar)},
+		"How Allocate names a container's GPUs to the container runtime, repeatable or comma-separated: envvar (NVIDIA_VISIBLE_DEVICES=<UUIDs>), "+
+			"volume-mounts (/dev/null mounts under "+DeviceListMountRoot+"; toolkit accept-nvidia-visible-devices-as-volume-mounts=true), "+
+			"cdi-cri (CDI devices <cdi-kind>=<UUID>; CDI enabled in containerd or CRI-O). Only volume-mounts and cdi-cri, with the toolkit's "+
+			"accept-nvidia-visible-devices-envvar-when-unprivileged=false, keep a pod from taking GPUs through its environment.")
+	fs.StringVar(&o.CDIKind, "cdi-kind", DefaultCDIKind, "CDI kind (vendor/class) of the GPUs in the node's CDI spec, for --device-list-strategy=cdi-cri.")
 }
 
 // Validate reports every bad option at once.
@@ -90,6 +102,11 @@ func (o *Options) Validate() error {
 	if o.PodResourcesSocket == "" {
 		errs = append(errs, field.Required(field.NewPath("pod-resources-socket"), "kubelet's PodResources socket"))
 	}
+	kind := o.CDIKind
+	if kind == "" {
+		kind = DefaultCDIKind
+	}
+	errs = append(errs, ValidateDeviceList(o.DeviceListStrategies, kind, field.NewPath("device-list-strategy"), field.NewPath("cdi-kind"))...)
 	return errs.ToAggregate()
 }
 
@@ -164,7 +181,13 @@ func Run(ctx context.Context, restCfg *rest.Config, o Options) error {
 	recorder := broadcaster.NewRecorder(scheme, corev1.EventSource{Component: "gputopo-nodeagent", Host: o.NodeName})
 
 	pub := NewPublisher(c, src, PublisherOptions{NodeName: o.NodeName, TopologyInterval: o.TopologyInterval, TelemetryInterval: o.TelemetryInterval}, metrics, logger.WithName("publisher"))
-	plugin := NewDevicePlugin(DevicePluginOptions{ResourceName: o.ResourceName, PluginDir: o.DevicePluginDir}, pods, metrics, logger.WithName("deviceplugin"))
+	strategies := make([]DeviceListStrategy, len(o.DeviceListStrategies))
+	for i, s := range o.DeviceListStrategies {
+		strategies[i] = DeviceListStrategy(s)
+	}
+	plugin := NewDevicePlugin(DevicePluginOptions{ResourceName: o.ResourceName, PluginDir: o.DevicePluginDir,
+		DeviceListStrategies: strategies, CDIKind: o.CDIKind}, pods, metrics, logger.WithName("deviceplugin"))
+	logger.Info("Device list", "strategies", plugin.opts.DeviceListStrategies, "cdiKind", plugin.opts.CDIKind)
 	pub.OnTopology(plugin.SetTopology)
 	rec := NewReconciler(cs, pods, pr, o.ResourceName, recorder, metrics, logger.WithName("reconciler"), o.ReconcileInterval)
 	plugin.OnAllocate(rec.Poke)

@@ -76,6 +76,14 @@ type DevicePluginOptions struct {
 	// WatchInterval is how often kubelet.sock is checked for a kubelet
 	// restart. Default 1s.
 	WatchInterval time.Duration
+	// DeviceListStrategies say how Allocate names a container's GPUs to
+	// the runtime; several combine as in NVIDIA's plugin. Default
+	// [envvar]. An unknown one makes every Allocate fail (the flag is
+	// checked by Options.Validate first).
+	DeviceListStrategies []DeviceListStrategy
+	// CDIKind is the CDI kind of the GPUs for the cdi-cri strategy.
+	// Default nvidia.com/gpu.
+	CDIKind string
 }
 
 func (o *DevicePluginOptions) defaults() {
@@ -87,6 +95,12 @@ func (o *DevicePluginOptions) defaults() {
 	}
 	if o.WatchInterval <= 0 {
 		o.WatchInterval = time.Second
+	}
+	if len(o.DeviceListStrategies) == 0 {
+		o.DeviceListStrategies = []DeviceListStrategy{DeviceListEnvvar}
+	}
+	if o.CDIKind == "" {
+		o.CDIKind = DefaultCDIKind
 	}
 }
 
@@ -103,6 +117,12 @@ type DevicePlugin struct {
 	metrics *Metrics
 	logger  klog.Logger
 	alloc   *topology.Allocator
+
+	// devList builds Allocate's answers; devListErr, when set, is why the
+	// options name no usable device list strategy, and Allocate then
+	// refuses rather than answer without GPUs.
+	devList    deviceList
+	devListErr error
 
 	mu          sync.Mutex
 	graph       *topology.Graph
@@ -123,7 +143,8 @@ var _ pluginapi.DevicePluginServer = (*DevicePlugin)(nil)
 // NewDevicePlugin builds the plugin; metrics may be nil.
 func NewDevicePlugin(opts DevicePluginOptions, plans PlanSource, metrics *Metrics, logger klog.Logger) *DevicePlugin {
 	opts.defaults()
-	return &DevicePlugin{opts: opts, plans: plans, metrics: metrics, logger: logger,
+	devList, devListErr := opts.deviceList()
+	return &DevicePlugin{opts: opts, devList: devList, devListErr: devListErr, plans: plans, metrics: metrics, logger: logger,
 		alloc: topology.NewAllocator(64), changed: make(chan struct{})}
 }
 
@@ -320,11 +341,17 @@ func (p *DevicePlugin) localBest(available, mustInclude []string, size int) []st
 	return out
 }
 
-// Allocate implements pluginapi.DevicePluginServer. The container's
-// NVIDIA_VISIBLE_DEVICES is exactly the device IDs kubelet passed, in
-// kubelet's order; kubelet's own accounting then guarantees that no GPU is
-// in two containers. An ID that is not a GPU of this node is refused.
+// Allocate implements pluginapi.DevicePluginServer. Each container's answer
+// names exactly the device IDs kubelet passed, in kubelet's order, in the
+// form of the configured device list strategies (NVIDIA_VISIBLE_DEVICES,
+// /dev/null mounts, CDI devices); kubelet's own accounting then guarantees
+// that no GPU is in two containers. An ID that is not a GPU of this node is
+// refused.
 func (p *DevicePlugin) Allocate(ctx context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+	if p.devListErr != nil {
+		p.metrics.allocation(false)
+		return nil, fmt.Errorf("allocate: %w", p.devListErr)
+	}
 	p.mu.Lock()
 	known := map[string]bool{}
 	for _, d := range p.devices {
@@ -340,9 +367,7 @@ func (p *DevicePlugin) Allocate(ctx context.Context, req *pluginapi.AllocateRequ
 				return nil, fmt.Errorf("allocate: device %q is not a GPU of this node; known devices are the GPU UUIDs in ListAndWatch", id)
 			}
 		}
-		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerAllocateResponse{
-			Envs: map[string]string{v1alpha1.EnvVisibleDevices: strings.Join(cr.DevicesIds, ",")},
-		})
+		resp.ContainerResponses = append(resp.ContainerResponses, p.devList.response(cr.DevicesIds))
 		p.metrics.allocation(true)
 		p.logger.V(1).Info("Allocated", "devices", cr.DevicesIds)
 	}

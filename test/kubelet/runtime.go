@@ -18,8 +18,21 @@ import (
 type Container struct {
 	Namespace, Pod, PodUID, Name string
 	// Env is the container's environment as kubelet computed it, device
-	// plugin answers included.
+	// plugin answers included; for a name set twice, the last value (the
+	// one a runtime applies).
 	Env map[string]string
+	// Mounts are the container's mounts as kubelet sent them, device plugin
+	// answers included, in order.
+	Mounts []Mount
+	// CDIDevices are the fully qualified CDI device names kubelet asked the
+	// runtime to inject (ContainerConfig.CDIDevices), in order.
+	CDIDevices []string
+}
+
+// Mount is one mount of a container config.
+type Mount struct {
+	ContainerPath, HostPath string
+	ReadOnly                bool
 }
 
 // Runtime is the fake CRI runtime kubelet talks to: upstream's fake
@@ -50,6 +63,12 @@ func (r recorder) CreateContainer(ctx context.Context, req *runtimeapi.CreateCon
 	}
 	for _, kv := range cfg.GetEnvs() {
 		c.Env[kv.Key] = string(kv.Value)
+	}
+	for _, m := range cfg.GetMounts() {
+		c.Mounts = append(c.Mounts, Mount{ContainerPath: m.GetContainerPath(), HostPath: m.GetHostPath(), ReadOnly: m.GetReadonly()})
+	}
+	for _, d := range cfg.GetCDIDevices() {
+		c.CDIDevices = append(c.CDIDevices, d.GetName())
 	}
 	r.rt.mu.Lock()
 	r.rt.seen = append(r.rt.seen, c)
