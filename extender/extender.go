@@ -24,6 +24,7 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	crcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -55,6 +56,13 @@ type Extender struct {
 	mirror *mirror
 	// shadowLog is the sampled log of differing decisions (--shadow).
 	shadowLog *decisionLog
+	// events sends recorder's Events (GPUDoubleHeld) to the API server;
+	// both nil in-process without a cluster.
+	events   record.EventBroadcaster
+	recorder record.EventRecorder
+	// log is for what the ledger reports (onDoubleHeld); Start sets the
+	// context's.
+	log klog.Logger
 
 	synced  atomic.Bool // informers synced and the initial ledger built
 	leading atomic.Bool // holds the Lease (or runs without election) and rebuilt
@@ -82,6 +90,7 @@ func New(restCfg *rest.Config, o Options) (*Extender, error) {
 	}
 	x := newExtender(cfg, cs)
 	x.opts, x.restCfg = o, restCfg
+	x.events, x.recorder = newEventBroadcaster()
 	if cfg.Telemetry.Source == TelemetryPrometheus {
 		if x.prom, err = newPromTelemetry(cfg.Telemetry.Prometheus, x.ledger, x.metrics); err != nil {
 			return nil, err
@@ -106,14 +115,17 @@ func newExtender(cfg *Configuration, cs kubernetes.Interface) *Extender {
 	l.resource = cfg.GPUResource()
 	m := NewMetrics(l)
 	l.onTelemetry = m.setTelemetry
-	return &Extender{
+	x := &Extender{
 		cfg:     cfg,
 		ledger:  l,
 		alloc:   topology.NewAllocator(cfg.AllocatorMemoSize),
 		metrics: m,
 		client:  cs,
 		now:     time.Now,
+		log:     klog.Background().WithName("extender"),
 	}
+	l.onDoubleHeld = x.onDoubleHeld
+	return x
 }
 
 // Ledger exposes the GPU ledger for audits.
@@ -162,6 +174,8 @@ func (x *Extender) Start(ctx context.Context) error {
 	log := klog.FromContext(ctx).WithName("extender")
 	ctx, cancel := context.WithCancel(klog.NewContext(ctx, log))
 	defer cancel()
+	x.log = log
+	defer x.startEvents()()
 
 	apiLn, err := x.listenAPI()
 	if err != nil {
@@ -227,6 +241,7 @@ func (x *Extender) Start(ctx context.Context) error {
 			return err
 		}
 		x.leading.Store(true)
+		x.announceDoubleHolds()
 		log.Info("extender ready")
 	}
 	select {
@@ -460,6 +475,7 @@ func (x *Extender) elector(ctx context.Context, lost chan struct{}) (*leaderelec
 					return
 				}
 				x.leading.Store(true)
+				x.announceDoubleHolds()
 				log.Info("extender ready", "identity", id)
 			},
 			OnStoppedLeading: func() {

@@ -3,8 +3,10 @@ package extender
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -49,6 +51,11 @@ type Ledger struct {
 	// resource is the extended resource counted (Configuration's
 	// resourceName).
 	resource corev1.ResourceName
+	// onDoubleHeld, when set, is told of GPUs that became held by more
+	// than one pod (added) and of those that no longer are (cleared). It
+	// is called under the ledger's lock: it must not block or call back
+	// into the ledger.
+	onDoubleHeld func(added, cleared []DoubleHold)
 }
 
 // NewLedger returns an empty ledger counting nvidia.com/gpu; the extender
@@ -129,6 +136,12 @@ type nodeState struct {
 	holdings map[types.UID]*holding
 	// used is the union of the known GPUs held on this node.
 	used topology.Mask
+	// heldCount and reservedCount are the GPUs held by bound pods and
+	// reserved by binds in flight, each GPU counted once (held wins).
+	heldCount, reservedCount int
+	// doubleHeld lists the GPUs that more than one holding names, sorted
+	// by UUID; nil when none (the usual case).
+	doubleHeld []DoubleHold
 }
 
 func (n *nodeState) empty() bool {
@@ -353,23 +366,64 @@ func (l *Ledger) dropIfEmptyLocked(n *nodeState) {
 }
 
 // recomputeLocked refreshes the values requests read from a node: the used
-// mask, GPUs held but not identified, and the utilization of free GPUs.
+// mask, GPUs held but not identified, the utilization of free GPUs, and
+// the GPUs that more than one pod holds.
+//
+// Two live pods may name the same GPU (the node agent recorded what
+// kubelet gave after a drift, a pod was bound outside gputopo). Neither
+// holding is dropped, since either pod may really have the GPU; the GPU
+// counts as used once, and the conflict is recorded (doubleHeld) and
+// reported through onDoubleHeld when it appears and when it clears.
 func (l *Ledger) recomputeLocked(n *nodeState) {
 	n.used, n.unknownHeld, n.utilFree = 0, 0, 0
-	for _, h := range n.holdings {
-		n.unknownHeld += h.unknown
-		for _, u := range h.uuids {
-			if n.graph == nil {
-				n.unknownHeld++
+	n.heldCount, n.reservedCount = 0, 0
+	var dup topology.Mask
+	var seen map[string]bool // held UUIDs the topology does not resolve
+	var dupUnresolved []string
+	// Bound holdings first, then reservations: a GPU that both name counts
+	// as held.
+	for _, reserved := range [2]bool{false, true} {
+		for _, h := range n.holdings {
+			if h.reserved != reserved {
 				continue
 			}
-			i, ok := n.graph.IndexOf(u)
-			if !ok {
-				n.unknownHeld++
-				continue
+			k := h.unknown
+			for _, u := range h.uuids {
+				i, ok := -1, false
+				if n.graph != nil {
+					i, ok = n.graph.IndexOf(u)
+				}
+				if !ok {
+					if seen[u] {
+						dupUnresolved = append(dupUnresolved, u)
+						continue
+					}
+					if seen == nil {
+						seen = make(map[string]bool)
+					}
+					seen[u] = true
+					k++
+					n.unknownHeld++
+					continue
+				}
+				if m := topology.MaskOf(i); n.used&m != 0 {
+					dup |= m
+				} else {
+					n.used |= m
+					k++
+				}
 			}
-			n.used |= topology.MaskOf(i)
+			n.unknownHeld += h.unknown
+			if reserved {
+				n.reservedCount += k
+			} else {
+				n.heldCount += k
+			}
 		}
+	}
+	// withoutLocked recomputes copies: only the node itself reports.
+	if (dup != 0 || len(dupUnresolved) > 0 || len(n.doubleHeld) > 0) && l.nodes[n.name] == n {
+		l.noteDoubleHeldLocked(n, dup, dupUnresolved)
 	}
 	n.size, n.freeMask, n.usedCount = 0, 0, n.used.Count()
 	if n.graph != nil {
@@ -380,6 +434,109 @@ func (l *Ledger) recomputeLocked(n *nodeState) {
 			n.utilFree += n.util[i]
 		}
 	}
+}
+
+// DoubleHold is a GPU that more than one pod holds (or has been promised)
+// at once.
+type DoubleHold struct {
+	Node string
+	// GPU is the UUID.
+	GPU string
+	// Holders are the pods naming it, sorted by namespace/name.
+	Holders []GPUHolder
+}
+
+// GPUHolder is one pod of a DoubleHold.
+type GPUHolder struct {
+	PodUID types.UID
+	Pod    types.NamespacedName
+	// Reserved: a bind in flight, not yet a bound pod.
+	Reserved bool
+}
+
+func (d *DoubleHold) key() string {
+	k := d.Node + "\x00" + d.GPU
+	for _, h := range d.Holders {
+		k += "\x00" + string(h.PodUID)
+	}
+	return k
+}
+
+// noteDoubleHeldLocked rebuilds n's list of GPUs held more than once from
+// the duplicates recompute found, and reports what changed.
+func (l *Ledger) noteDoubleHeldLocked(n *nodeState, dup topology.Mask, unresolved []string) {
+	var gpus []string
+	if dup != 0 {
+		all := n.graph.GPUs()
+		for _, i := range dup.Indices() {
+			gpus = append(gpus, all[i].UUID)
+		}
+	}
+	gpus = append(gpus, unresolved...)
+	slices.Sort(gpus)
+	gpus = slices.Compact(gpus)
+	var now []DoubleHold
+	for _, g := range gpus {
+		d := DoubleHold{Node: n.name, GPU: g}
+		for _, h := range n.holdings {
+			if slices.Contains(h.uuids, g) {
+				d.Holders = append(d.Holders, GPUHolder{PodUID: h.uid, Pod: h.pod, Reserved: h.reserved})
+			}
+		}
+		if len(d.Holders) < 2 {
+			continue
+		}
+		slices.SortFunc(d.Holders, func(a, b GPUHolder) int {
+			if c := strings.Compare(a.Pod.String(), b.Pod.String()); c != 0 {
+				return c
+			}
+			return strings.Compare(string(a.PodUID), string(b.PodUID))
+		})
+		now = append(now, d)
+	}
+	before := make(map[string]bool, len(n.doubleHeld))
+	for i := range n.doubleHeld {
+		before[n.doubleHeld[i].key()] = true
+	}
+	after := make(map[string]bool, len(now))
+	var added, cleared []DoubleHold
+	for i := range now {
+		k := now[i].key()
+		after[k] = true
+		if !before[k] {
+			added = append(added, now[i])
+		}
+	}
+	for i := range n.doubleHeld {
+		if !after[n.doubleHeld[i].key()] {
+			cleared = append(cleared, n.doubleHeld[i])
+		}
+	}
+	n.doubleHeld = now
+	if (len(added) > 0 || len(cleared) > 0) && l.onDoubleHeld != nil {
+		l.onDoubleHeld(added, cleared)
+	}
+}
+
+// DoubleHolds lists the GPUs that more than one pod holds now, sorted by
+// node then GPU. Empty in a healthy cluster.
+func (l *Ledger) DoubleHolds() []DoubleHold {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	var out []DoubleHold
+	for _, n := range l.nodes {
+		for _, d := range n.doubleHeld {
+			d.Holders = slices.Clone(d.Holders)
+			out = append(out, d)
+		}
+	}
+	slices.SortFunc(out, func(a, b DoubleHold) int {
+		if c := strings.Compare(a.Node, b.Node); c != 0 {
+			return c
+		}
+		return strings.Compare(a.GPU, b.GPU)
+	})
+	return out
 }
 
 // UpsertPod records a pod from the informer (or from the rebuild list).
@@ -511,8 +668,9 @@ func (l *Ledger) Release(uid types.UID) {
 func (l *Ledger) confirm(uid types.UID, node string, uuids []string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if h, ok := l.holdings[uid]; ok && h.node == node && equalStrings(h.uuids, uuids) {
+	if h, ok := l.holdings[uid]; ok && h.node == node && equalStrings(h.uuids, uuids) && h.reserved {
 		h.reserved = false
+		l.recomputeLocked(l.nodeLocked(node))
 	}
 }
 
@@ -551,6 +709,9 @@ type Holding struct {
 	GPUs     []string
 	Unknown  int
 	Reserved bool
+	// DoubleHeld are the UUIDs in GPUs that another pod also holds (see
+	// Ledger.DoubleHolds); nil when none.
+	DoubleHeld []string
 }
 
 // Holdings lists every holding, sorted by node then pod.
@@ -559,7 +720,15 @@ func (l *Ledger) Holdings() []Holding {
 	defer l.mu.RUnlock()
 	out := make([]Holding, 0, len(l.holdings))
 	for _, h := range l.holdings {
-		out = append(out, Holding{PodUID: h.uid, Pod: h.pod, Node: h.node, GPUs: append([]string(nil), h.uuids...), Unknown: h.unknown, Reserved: h.reserved})
+		a := Holding{PodUID: h.uid, Pod: h.pod, Node: h.node, GPUs: append([]string(nil), h.uuids...), Unknown: h.unknown, Reserved: h.reserved}
+		if n := l.nodes[h.node]; n != nil {
+			for _, d := range n.doubleHeld {
+				if slices.ContainsFunc(d.Holders, func(g GPUHolder) bool { return g.PodUID == h.uid }) {
+					a.DoubleHeld = append(a.DoubleHeld, d.GPU)
+				}
+			}
+		}
+		out = append(out, a)
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Node != out[j].Node {
@@ -576,10 +745,14 @@ type Counts struct {
 	Total int
 	// Free: healthy and neither held nor reserved.
 	Free int
-	// Held by live pods (bound), Reserved by binds in flight.
+	// Held by live pods (bound), Reserved by binds in flight; a GPU that
+	// several pods name counts once (held before reserved).
 	Held, Reserved int
 	// Unhealthy GPUs (whether held or not).
 	Unhealthy int
+	// DoubleHeld GPUs are named by more than one pod's holding (see
+	// Ledger.DoubleHolds); 0 in a healthy cluster.
+	DoubleHeld int
 }
 
 // Counts totals the ledger.
@@ -588,6 +761,9 @@ func (l *Ledger) Counts() Counts {
 	defer l.mu.RUnlock()
 	var c Counts
 	for _, n := range l.nodes {
+		c.Held += n.heldCount
+		c.Reserved += n.reservedCount
+		c.DoubleHeld += len(n.doubleHeld)
 		if n.graph == nil {
 			continue
 		}
@@ -595,20 +771,16 @@ func (l *Ledger) Counts() Counts {
 		c.Unhealthy += (n.graph.All() &^ n.graph.Healthy()).Count()
 		c.Free += max(n.free().Count()-n.unknownHeld, 0)
 	}
-	for _, h := range l.holdings {
-		k := len(h.uuids) + h.unknown
-		if h.reserved {
-			c.Reserved += k
-		} else {
-			c.Held += k
-		}
-	}
 	return c
 }
 
 // String summarises the ledger for logs and test failures.
 func (c Counts) String() string {
-	return fmt.Sprintf("total=%d free=%d held=%d reserved=%d unhealthy=%d", c.Total, c.Free, c.Held, c.Reserved, c.Unhealthy)
+	s := fmt.Sprintf("total=%d free=%d held=%d reserved=%d unhealthy=%d", c.Total, c.Free, c.Held, c.Reserved, c.Unhealthy)
+	if c.DoubleHeld > 0 {
+		s += fmt.Sprintf(" doubleHeld=%d", c.DoubleHeld)
+	}
+	return s
 }
 
 func equalStrings(a, b []string) bool {

@@ -213,3 +213,94 @@ func TestGPUCount(t *testing.T) {
 		})
 	}
 }
+
+// drifted is pod name bound to node a with assigned-gpus (the plan) plan
+// and allocated-gpus (what kubelet gave) got.
+func drifted(name string, plan, got []int) *corev1.Pod {
+	return makePod(name).gpus(int64(len(plan))).node("a").assigned(uuidsOn("a", plan...)...).
+		annotate(v1alpha1.AnnotationAllocatedGPUs, v1alpha1.FormatGPUList(uuidsOn("a", got...))).obj()
+}
+
+func TestLedgerDoubleHeldGPUs(t *testing.T) {
+	p1 := types.NamespacedName{Namespace: "default", Name: "p1"}
+	p2 := types.NamespacedName{Namespace: "default", Name: "p2"}
+	gpu1 := topology.FixtureUUID("a", 1)
+	l := NewLedger()
+	var added, cleared []DoubleHold
+	l.onDoubleHeld = func(a, c []DoubleHold) { added, cleared = append(added, a...), append(cleared, c...) }
+	l.UpsertTopology(topo(t, "dgx1-v100", "a"))
+
+	// p1 holds 0,1; p2 was planned on 2,3 but kubelet gave it 1,2.
+	l.UpsertPod(makePod("p1").gpus(2).node("a").assigned(uuidsOn("a", 0, 1)...).obj())
+	l.UpsertPod(drifted("p2", []int{2, 3}, []int{1, 2}))
+
+	want := []DoubleHold{{Node: "a", GPU: gpu1, Holders: []GPUHolder{{PodUID: "uid-p1", Pod: p1}, {PodUID: "uid-p2", Pod: p2}}}}
+	if diff := cmp.Diff(want, l.DoubleHolds()); diff != "" {
+		t.Errorf("DoubleHolds (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(want, added); diff != "" || len(cleared) > 0 {
+		t.Errorf("reported added (-want +got):\n%s\ncleared %v", diff, cleared)
+	}
+	// Both holdings stay whole; the GPU counts as used once.
+	wantHoldings := []Holding{
+		{PodUID: "uid-p1", Pod: p1, Node: "a", GPUs: uuidsOn("a", 0, 1), DoubleHeld: []string{gpu1}},
+		{PodUID: "uid-p2", Pod: p2, Node: "a", GPUs: uuidsOn("a", 1, 2), DoubleHeld: []string{gpu1}},
+	}
+	if diff := cmp.Diff(wantHoldings, l.Holdings()); diff != "" {
+		t.Errorf("holdings (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(Counts{Total: 8, Free: 5, Held: 3, DoubleHeld: 1}, l.Counts()); diff != "" {
+		t.Errorf("counts (-want +got):\n%s", diff)
+	}
+	if free := l.nodes["a"].free(); free != topology.MaskOf(3)|topology.MaskOf(4)|topology.MaskOf(5)|topology.MaskOf(6)|topology.MaskOf(7) {
+		t.Errorf("free GPUs %v, want 3-7: a double-held GPU is never free", free.Indices())
+	}
+
+	// The same state seen again (an informer resync) reports nothing new.
+	added = nil
+	l.UpsertPod(drifted("p2", []int{2, 3}, []int{1, 2}))
+	l.UpsertTopology(topo(t, "dgx1-v100", "a"))
+	if len(added) > 0 || len(cleared) > 0 {
+		t.Errorf("a resync reported added %v cleared %v, want nothing", added, cleared)
+	}
+
+	// p1 ends: the conflict clears and p2 keeps its GPUs.
+	l.DeletePod(makePod("p1").obj())
+	if diff := cmp.Diff(want, cleared); diff != "" {
+		t.Errorf("reported cleared (-want +got):\n%s", diff)
+	}
+	if got := l.DoubleHolds(); len(got) > 0 {
+		t.Errorf("DoubleHolds after p1 ended = %v, want none", got)
+	}
+	if diff := cmp.Diff([]Holding{{PodUID: "uid-p2", Pod: p2, Node: "a", GPUs: uuidsOn("a", 1, 2)}}, l.Holdings()); diff != "" {
+		t.Errorf("holdings (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(Counts{Total: 8, Free: 6, Held: 2}, l.Counts()); diff != "" {
+		t.Errorf("counts (-want +got):\n%s", diff)
+	}
+}
+
+func TestLedgerDoubleHeldWithAReservationCountsAsHeld(t *testing.T) {
+	x, _ := newTestExtender(t, nil)
+	l := x.ledger
+	l.UpsertTopology(topo(t, "dgx1-v100", "a"))
+	uuids, _, err := x.reserve("uid-r", types.NamespacedName{Namespace: "default", Name: "r"}, "a", podRequest{count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx, _ := topology.FixtureByName("dgx1-v100")
+	i, _ := idx.Graph("a").IndexOf(uuids[0])
+	// A pod bound elsewhere is recorded by the node agent on the reserved GPU.
+	l.UpsertPod(drifted("b", []int{(i + 1) % 8}, []int{i}))
+	got := l.DoubleHolds()
+	if len(got) != 1 || len(got[0].Holders) != 2 || !got[0].Holders[1].Reserved || got[0].Holders[0].Reserved {
+		t.Fatalf("DoubleHolds = %+v, want GPU %d held by pod b and reserved for r", got, i)
+	}
+	if diff := cmp.Diff(Counts{Total: 8, Free: 7, Held: 1, Reserved: 0, DoubleHeld: 1}, l.Counts()); diff != "" {
+		t.Errorf("counts (-want +got):\n%s", diff)
+	}
+	l.Release("uid-r")
+	if c := l.Counts(); c.DoubleHeld != 0 || c.Held != 1 || c.Free != 7 {
+		t.Errorf("after the reservation is released: %s, want held=1 free=7 and no double hold", c)
+	}
+}

@@ -28,6 +28,11 @@ type Metrics struct {
 	promQueries     *prometheus.CounterVec
 	promLastSuccess prometheus.Gauge
 
+	// doubleHeldDetections counts GPUs found held by more than one pod
+	// (each new pair or group once); the gauge of those held now is read
+	// from the ledger at scrape time.
+	doubleHeldDetections prometheus.Counter
+
 	// Shadow mode: mirrors sent by a serving extender, and decisions
 	// compared by a shadow one.
 	shadowMirrors     *prometheus.CounterVec
@@ -92,6 +97,10 @@ func NewMetrics(l *Ledger) *Metrics {
 			Name: "gputopo_extender_prometheus_last_success_timestamp_seconds",
 			Help: "Unix time of the last successful telemetry query round against Prometheus; 0 before the first.",
 		}),
+		doubleHeldDetections: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gputopo_extender_ledger_double_held_detections_total",
+			Help: "Times the ledger found a GPU held by more than one live pod (each new group of pods on a GPU once). Both holdings are kept; see gputopo_extender_ledger_double_held_gpus and the pods' GPUDoubleHeld Events.",
+		}),
 		shadowMirrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gputopo_shadow_mirrored_requests_total",
 			Help: "Filter and prioritize requests mirrored to the shadow extender (--shadow-url), by verb and result: sent, error (shadow unreachable or refused), dropped (mirror queue full).",
@@ -110,10 +119,12 @@ func NewMetrics(l *Ledger) *Metrics {
 		}, []string{"direction"}),
 	}
 	m.Registry.MustRegister(m.latency, m.filterResults, m.scores, m.utilization, m.errors, m.placements,
-		m.promQueries, m.promLastSuccess, m.shadowMirrors, m.shadowDecisions, m.shadowDifferences, m.shadowFilterNodes,
+		m.promQueries, m.promLastSuccess, m.doubleHeldDetections, m.shadowMirrors, m.shadowDecisions, m.shadowDifferences, m.shadowFilterNodes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&ledgerCollector{l: l, desc: prometheus.NewDesc("gputopo_ledger_gpus",
-			"GPUs in the extender's ledger by state (free, held, reserved, unhealthy, total).", []string{"state"}, nil)},
+			"GPUs in the extender's ledger by state (free, held, reserved, unhealthy, total).", []string{"state"}, nil),
+			doubleHeld: prometheus.NewDesc("gputopo_extender_ledger_double_held_gpus",
+				"GPUs held by more than one live pod now (each counted once in gputopo_ledger_gpus). 0 in a healthy cluster.", nil, nil)},
 		&telemetrySourceCollector{l: l,
 			source: prometheus.NewDesc("gputopo_extender_telemetry_source_nodes",
 				"Nodes by the telemetry source prioritize reads (nodeGPUTopology, prometheus).", []string{"source"}, nil),
@@ -169,19 +180,24 @@ func (m *Metrics) setTelemetry(node string, g *topology.Graph, tel []v1alpha1.Te
 // ledgerCollector reads the ledger's counts at scrape time, so the gauge is
 // never out of step and costs nothing between scrapes.
 type ledgerCollector struct {
-	l    *Ledger
-	desc *prometheus.Desc
+	l          *Ledger
+	desc       *prometheus.Desc
+	doubleHeld *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*ledgerCollector)(nil)
 
-func (c *ledgerCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c *ledgerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.desc
+	ch <- c.doubleHeld
+}
 
 func (c *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
 	n := c.l.Counts()
 	for state, v := range map[string]int{"total": n.Total, "free": n.Free, "held": n.Held, "reserved": n.Reserved, "unhealthy": n.Unhealthy} {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(v), state)
 	}
+	ch <- prometheus.MustNewConstMetric(c.doubleHeld, prometheus.GaugeValue, float64(n.DoubleHeld))
 }
 
 // telemetrySourceCollector counts nodes by telemetry source at scrape time.

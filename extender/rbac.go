@@ -12,6 +12,9 @@ func RBACRules() []rbacv1.PolicyRule {
 		{APIGroups: []string{""}, Resources: []string{"pods/binding"}, Verbs: []string{"create"}},
 		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"list", "watch"}},
 		{APIGroups: []string{"gputopo.io"}, Resources: []string{"nodegputopologies"}, Verbs: []string{"list", "watch"}},
+		// GPUDoubleHeld Events: client-go's recorder creates an Event and
+		// patches it when the same Event repeats; it never updates one.
+		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
 		// Leader election.
 		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update"}},
 	}

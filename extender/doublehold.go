@@ -1,0 +1,101 @@
+package extender
+
+import (
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+)
+
+// ReasonGPUDoubleHeld is the reason of the Warning Event each pod gets when
+// the ledger finds one of its GPUs held by another live pod too.
+const ReasonGPUDoubleHeld = "GPUDoubleHeld"
+
+// EventComponent is the source component of the extender's Events.
+const EventComponent = "gputopo-extender"
+
+// newEventBroadcaster is the Events sink of a replica. client-go's
+// correlator rate-limits per pod (a burst of 25, then one Event per 5
+// minutes) and folds repeats into one Event with a count, so that a
+// conflict that comes and goes cannot flood the API server.
+func newEventBroadcaster() (record.EventBroadcaster, record.EventRecorder) {
+	b := record.NewBroadcaster(record.WithCorrelatorOptions(record.CorrelatorOptions{BurstSize: 25, QPS: 1. / 300}))
+	return b, b.NewRecorder(scheme(), corev1.EventSource{Component: EventComponent})
+}
+
+// startEvents sends the recorder's Events to the API server until stop is
+// called.
+func (x *Extender) startEvents() (stop func()) {
+	if x.events == nil {
+		return func() {}
+	}
+	x.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: x.client.CoreV1().Events("")})
+	return x.events.Shutdown
+}
+
+// onDoubleHeld is the ledger's report of GPUs that more than one pod
+// holds (added) or no longer does (cleared). It runs under the ledger's
+// lock, so it only counts, logs and hands Events to the recorder, which
+// never blocks. Every replica counts and logs; only the serving one (the
+// leader) records Events, so that standbys do not repeat them.
+func (x *Extender) onDoubleHeld(added, cleared []DoubleHold) {
+	for _, d := range added {
+		x.metrics.doubleHeldDetections.Inc()
+		x.log.Error(nil, "GPU held by more than one pod; the ledger keeps every holding and counts the GPU once",
+			"node", d.Node, "gpu", d.GPU, "pods", holderNames(d.Holders), "podUIDs", holderUIDs(d.Holders))
+		if x.leading.Load() {
+			x.recordDoubleHeld(d)
+		}
+	}
+	for _, d := range cleared {
+		x.log.Info("GPU no longer held by more than one pod", "node", d.Node, "gpu", d.GPU, "pods", holderNames(d.Holders))
+	}
+}
+
+// announceDoubleHolds records Events for every GPU held more than once
+// now: a replica that starts serving reports the conflicts it found while
+// it was not yet the leader.
+func (x *Extender) announceDoubleHolds() {
+	for _, d := range x.ledger.DoubleHolds() {
+		x.recordDoubleHeld(d)
+	}
+}
+
+// recordDoubleHeld gives each pod of d a Warning Event naming the GPU, the
+// node and the other pods.
+func (x *Extender) recordDoubleHeld(d DoubleHold) {
+	if x.recorder == nil {
+		return
+	}
+	for i, h := range d.Holders {
+		others := make([]string, 0, len(d.Holders)-1)
+		for j, o := range d.Holders {
+			if j != i {
+				others = append(others, o.Pod.String())
+			}
+		}
+		ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: h.Pod.Namespace, Name: h.Pod.Name, UID: h.PodUID}
+		x.recorder.Eventf(ref, corev1.EventTypeWarning, ReasonGPUDoubleHeld,
+			"GPU %s on node %s is also held by pod %s; the scheduler extender keeps both holdings and will not give the GPU to a third pod. Compare the pods' %s annotations with what kubelet allocated",
+			d.GPU, d.Node, strings.Join(others, ", "), v1alpha1.AnnotationAllocatedGPUs)
+	}
+}
+
+func holderNames(hs []GPUHolder) []string {
+	out := make([]string, len(hs))
+	for i, h := range hs {
+		out[i] = h.Pod.String()
+	}
+	return out
+}
+
+func holderUIDs(hs []GPUHolder) []string {
+	out := make([]string, len(hs))
+	for i, h := range hs {
+		out[i] = string(h.PodUID)
+	}
+	return out
+}
