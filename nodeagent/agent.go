@@ -191,6 +191,7 @@ func Run(ctx context.Context, restCfg *rest.Config, o Options) error {
 	pub.OnTopology(plugin.SetTopology)
 	rec := NewReconciler(cs, pods, pr, o.ResourceName, recorder, metrics, logger.WithName("reconciler"), o.ReconcileInterval)
 	plugin.OnAllocate(rec.Poke)
+	rec.UseAllocations(plugin.Allocations())
 
 	// The first topology before the plugin registers, so that kubelet's
 	// first device list is the real one.

@@ -15,6 +15,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -25,8 +26,9 @@ import (
 // Plan is the extender's assignment for one pod bound to this node that
 // kubelet has not admitted yet.
 type Plan struct {
-	// Pod is namespace/name.
+	// Pod is namespace/name, UID its UID.
 	Pod string
+	UID types.UID
 	// GPUs are the assigned UUIDs in allocation order.
 	GPUs []string
 	// BoundAt is when the pod was bound (its PodScheduled condition), zero
@@ -117,6 +119,9 @@ type DevicePlugin struct {
 	metrics *Metrics
 	logger  klog.Logger
 	alloc   *topology.Allocator
+	// allocs records which pod each Allocate was for (PodResources does
+	// not report one-shot init containers' devices).
+	allocs *AllocationLog
 
 	// devList builds Allocate's answers; devListErr, when set, is why the
 	// options name no usable device list strategy, and Allocate then
@@ -145,7 +150,7 @@ func NewDevicePlugin(opts DevicePluginOptions, plans PlanSource, metrics *Metric
 	opts.defaults()
 	devList, devListErr := opts.deviceList()
 	return &DevicePlugin{opts: opts, devList: devList, devListErr: devListErr, plans: plans, metrics: metrics, logger: logger,
-		alloc: topology.NewAllocator(64), changed: make(chan struct{})}
+		alloc: topology.NewAllocator(64), changed: make(chan struct{}), allocs: newAllocationLog(logger)}
 }
 
 // SocketPath is where the plugin serves, inside the plugin directory.
@@ -239,7 +244,8 @@ func (p *DevicePlugin) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStream
 func (p *DevicePlugin) GetPreferredAllocation(ctx context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
 	resp := &pluginapi.PreferredAllocationResponse{}
 	for _, cr := range req.ContainerRequests {
-		ids, source := p.prefer(ctx, cr)
+		ids, source, chosen := p.prefer(ctx, cr)
+		p.notePreference(cr, chosen)
 		p.metrics.preferredFrom(source)
 		p.logger.V(2).Info("Preferred allocation", "available", cr.AvailableDeviceIDs, "mustInclude", cr.MustIncludeDeviceIDs,
 			"size", cr.AllocationSize, "preferred", ids, "source", source)
@@ -250,8 +256,9 @@ func (p *DevicePlugin) GetPreferredAllocation(ctx context.Context, req *pluginap
 
 // prefer picks the devices for one container: the first plan in admission
 // order that kubelet can still satisfy, else (no plan fits, even after a
-// live read) the topology-best local set.
-func (p *DevicePlugin) prefer(ctx context.Context, cr *pluginapi.ContainerPreferredAllocationRequest) ([]string, string) {
+// live read) the topology-best local set. The plan that answered, if any,
+// is returned too.
+func (p *DevicePlugin) prefer(ctx context.Context, cr *pluginapi.ContainerPreferredAllocationRequest) ([]string, string, *Plan) {
 	size := int(cr.AllocationSize)
 	for _, live := range []bool{false, true} {
 		plans, err := p.plans.Plans(ctx, live)
@@ -264,13 +271,13 @@ func (p *DevicePlugin) prefer(ctx context.Context, cr *pluginapi.ContainerPrefer
 		p.mu.Unlock()
 		SortPlans(plans, start)
 		if ids := pickPlan(plans, cr.AvailableDeviceIDs, cr.MustIncludeDeviceIDs, size); ids != nil {
-			return ids, "plan"
+			return ids, "plan", planHolding(plans, ids)
 		}
 	}
 	if ids := p.localBest(cr.AvailableDeviceIDs, cr.MustIncludeDeviceIDs, size); ids != nil {
-		return ids, "topology"
+		return ids, "topology", nil
 	}
-	return nil, "none"
+	return nil, "none", nil
 }
 
 // pickPlan returns size devices of the first plan (in the given order) that
@@ -370,6 +377,9 @@ func (p *DevicePlugin) Allocate(ctx context.Context, req *pluginapi.AllocateRequ
 		resp.ContainerResponses = append(resp.ContainerResponses, p.devList.response(cr.DevicesIds))
 		p.metrics.allocation(true)
 		p.logger.V(1).Info("Allocated", "devices", cr.DevicesIds)
+	}
+	for _, cr := range req.ContainerRequests {
+		p.noteAllocation(cr.DevicesIds)
 	}
 	for _, fn := range hooks {
 		fn()

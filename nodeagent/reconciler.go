@@ -100,15 +100,20 @@ func PlansFromPods(pods []*corev1.Pod) []Plan {
 		if err != nil || len(gpus) == 0 {
 			continue
 		}
-		pl := Plan{Pod: p.Namespace + "/" + p.Name, GPUs: gpus, Created: p.CreationTimestamp.Time}
-		for _, c := range p.Status.Conditions {
-			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionTrue {
-				pl.BoundAt = c.LastTransitionTime.Time
-			}
-		}
-		out = append(out, pl)
+		out = append(out, planOf(p, gpus))
 	}
 	return out
+}
+
+// planOf is the pod's plan with its admission-order keys.
+func planOf(p *corev1.Pod, gpus []string) Plan {
+	pl := Plan{Pod: p.Namespace + "/" + p.Name, UID: p.UID, GPUs: gpus, Created: p.CreationTimestamp.Time}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionTrue {
+			pl.BoundAt = c.LastTransitionTime.Time
+		}
+	}
+	return pl
 }
 
 // PodResourcesLister is the part of kubelet's PodResources API the
@@ -121,15 +126,25 @@ type PodResourcesLister interface {
 // differ from its assigned ones.
 const ReasonAssignmentDrift = "GPUAssignmentDrift"
 
-// Reconciler records the truth: the GPUs kubelet allocated to each GPU pod
-// of the node (PodResources List) go into the pod's allocated-gpus; when
-// they differ from the extender's plan the pod gets a GPUAssignmentDrift
-// Event and the drift metric counts it, once per pod and value.
+// Reconciler records the truth: the GPUs kubelet holds for each GPU pod of
+// the node go into the pod's allocated-gpus; when they differ from the
+// extender's plan the pod gets a GPUAssignmentDrift Event and the drift
+// metric counts it, once per pod and value.
+//
+// What kubelet holds for a pod is more than PodResources List shows: List
+// reports app containers and sidecars, not one-shot init containers, whose
+// devices kubelet keeps with the pod until it ends. So the record of a pod
+// is the union of what List shows for it, what the device plugin's
+// AllocationLog attributed to it, and what its allocated-gpus already names
+// (the log is in memory only; after a restart the annotation carries what
+// List cannot show). A device that List shows in another pod's container
+// is never counted for this one.
 type Reconciler struct {
 	cs       kubernetes.Interface
 	pods     *PodCache
 	pr       PodResourcesLister
-	resource string
+	allocs   *AllocationLog
+	resource corev1.ResourceName
 	recorder record.EventRecorder
 	metrics  *Metrics
 	logger   klog.Logger
@@ -145,8 +160,18 @@ func NewReconciler(cs kubernetes.Interface, pods *PodCache, pr PodResourcesListe
 	if interval <= 0 {
 		interval = 10 * time.Second
 	}
-	return &Reconciler{cs: cs, pods: pods, pr: pr, resource: resource, recorder: recorder, metrics: metrics,
-		logger: logger, interval: interval, poke: make(chan struct{}, 1), drifted: map[types.UID]string{}}
+	return &Reconciler{cs: cs, pods: pods, pr: pr, resource: corev1.ResourceName(resource), recorder: recorder, metrics: metrics,
+		logger: logger, interval: interval, poke: make(chan struct{}, 1), drifted: map[types.UID]string{},
+		allocs: newAllocationLog(logger)}
+}
+
+// UseAllocations makes the reconciler read the device plugin's record of
+// Allocate calls (DevicePlugin.Allocations); without it one-shot init
+// containers' devices are known only from allocated-gpus.
+func (r *Reconciler) UseAllocations(l *AllocationLog) {
+	if l != nil {
+		r.allocs = l
+	}
 }
 
 // Poke asks for a reconcile soon (after an Allocate: the container is about
@@ -184,25 +209,60 @@ func (r *Reconciler) Run(ctx context.Context) error {
 
 // Reconcile does one pass.
 func (r *Reconciler) Reconcile(ctx context.Context) error {
+	listed := time.Now()
 	resources, err := r.pr.List(ctx)
 	if err != nil {
 		return fmt.Errorf("list pod resources: %w", err)
 	}
-	var errs []error
+	// What kubelet shows, by pod and by device.
+	visible := make(map[string][]string, len(resources))
+	holder := map[string]string{}
 	for _, pr := range resources {
-		var ids []string
+		key := pr.Namespace + "/" + pr.Name
 		for _, c := range pr.Containers {
 			for _, d := range c.Devices {
-				if d.ResourceName == r.resource {
-					ids = append(ids, d.DeviceIds...)
+				if d.ResourceName != string(r.resource) {
+					continue
+				}
+				visible[key] = append(visible[key], d.DeviceIds...)
+				for _, id := range d.DeviceIds {
+					holder[id] = key
 				}
 			}
 		}
-		if len(ids) == 0 {
+	}
+	live := map[types.UID]bool{}
+	complete := true
+	var errs []error
+	for _, pr := range resources {
+		key := pr.Namespace + "/" + pr.Name
+		if len(visible[key]) == 0 && !r.allocs.Has(key) {
+			// Nothing seen or logged: only one-shot init containers can
+			// hold GPUs for it then, and allocated-gpus or the plan
+			// says which.
+			if p, ok := r.pods.Get(pr.Namespace, pr.Name); !ok || !initGPUs(&p.Spec, r.resource) {
+				continue
+			}
+		}
+		pod, err := r.pod(ctx, pr.Namespace, pr.Name)
+		if err != nil {
+			errs = append(errs, err)
+			complete = false
 			continue
 		}
-		if err := r.reconcilePod(ctx, pr.Namespace, pr.Name, v1alpha1.SortedGPUList(ids)); err != nil {
+		if pod == nil || podEnded(pod) {
+			continue
+		}
+		live[pod.UID] = true
+		if err := r.reconcilePod(ctx, pod, visible[key], holder); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	// A pod kubelet no longer lists has ended: its log entry goes. Not
+	// after a failed read, whose pod may well be alive.
+	if complete {
+		if n := r.allocs.Forget(live, listed); n > 0 {
+			r.logger.V(2).Info("Forgot the allocations of ended pods", "pods", n)
 		}
 	}
 	if len(errs) > 0 {
@@ -211,19 +271,88 @@ func (r *Reconciler) Reconcile(ctx context.Context) error {
 	return nil
 }
 
-func (r *Reconciler) reconcilePod(ctx context.Context, namespace, name string, allocated []string) error {
-	pod, ok := r.pods.Get(namespace, name)
-	if !ok {
-		var err error
-		pod, err = r.cs.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return nil // gone since kubelet listed it
+// pod reads a pod from the cache, else from the API; nil when it is gone.
+func (r *Reconciler) pod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+	if pod, ok := r.pods.Get(namespace, name); ok {
+		return pod, nil
+	}
+	pod, err := r.cs.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil // gone since kubelet listed it
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get pod %s/%s: %w", namespace, name, err)
+	}
+	return pod, nil
+}
+
+func podEnded(p *corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+}
+
+// heldBy is what kubelet holds for the pod as far as the node agent can
+// tell: what PodResources shows for it (visible), plus what the allocation
+// log and its allocated-gpus name, less any device PodResources shows in
+// another pod (holder: device → pod).
+func (r *Reconciler) heldBy(pod *corev1.Pod, visible []string, holder map[string]string) []string {
+	key := pod.Namespace + "/" + pod.Name
+	held := setOf(visible)
+	// A malformed allocated-gpus counts as empty and is rewritten.
+	recorded, _ := v1alpha1.ParseGPUList(v1alpha1.AnnotationAllocatedGPUs, pod.Annotations[v1alpha1.AnnotationAllocatedGPUs])
+	for _, id := range append(r.allocs.Devices(pod.UID), recorded...) {
+		if h, ok := holder[id]; ok && h != key {
+			continue
 		}
-		if err != nil {
-			return fmt.Errorf("get pod %s/%s: %w", namespace, name, err)
+		held[id] = true
+	}
+	return setList(held)
+}
+
+// initGPUs reports whether a one-shot init container of the pod asks for
+// the resource: its devices are the ones PodResources does not show.
+func initGPUs(spec *corev1.PodSpec, resource corev1.ResourceName) bool {
+	view := &corev1.PodSpec{}
+	for _, c := range spec.InitContainers {
+		if c.RestartPolicy == nil || *c.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+			view.InitContainers = append(view.InitContainers, c)
 		}
 	}
+	n, err := v1alpha1.PodGPUDemand(view, resource)
+	return err == nil && n > 0
+}
+
+func (r *Reconciler) reconcilePod(ctx context.Context, pod *corev1.Pod, visible []string, holder map[string]string) error {
+	allocated := r.heldBy(pod, visible, holder)
+	assigned, err := v1alpha1.ParseGPUList(v1alpha1.AnnotationAssignedGPUs, pod.Annotations[v1alpha1.AnnotationAssignedGPUs])
+	if err != nil {
+		assigned = nil // no plan to compare with
+	}
+	assigned = v1alpha1.SortedGPUList(assigned)
+	// The pod's demand is what kubelet holds once it has allocated every
+	// container (v1alpha1.PodGPUDemand follows kubelet's rule).
+	if demand, err := v1alpha1.PodGPUDemand(&pod.Spec, r.resource); err == nil && int64(len(allocated)) < demand {
+		if pod.Status.Phase == corev1.PodPending || pod.Status.Phase == "" {
+			// kubelet allocates a pod's containers one after the other
+			// at admission; a partial record would free the rest of the
+			// plan in the extender's ledger. Wait for the whole.
+			r.logger.V(2).Info("Allocation not complete yet", "pod", klog.KObj(pod), "held", allocated, "demand", demand)
+			return nil
+		}
+		// Running with fewer than its demand: a one-shot init
+		// container's devices were neither logged (the agent restarted
+		// between Allocate and this record) nor shown by PodResources.
+		// When what is seen is the plan's, kubelet followed the plan,
+		// and the rest of it is what the init containers hold.
+		if initGPUs(&pod.Spec, r.resource) && int64(len(assigned)) == demand && all(allocated, setOf(assigned)) {
+			r.logger.Info("One-shot init containers' GPUs not seen; taking them from the plan", "pod", klog.KObj(pod), "seen", allocated, "assigned", assigned)
+			allocated = assigned
+		}
+	}
+	if len(allocated) == 0 {
+		return nil
+	}
 	value := v1alpha1.FormatGPUList(allocated)
+	namespace, name := pod.Namespace, pod.Name
 	if pod.Annotations[v1alpha1.AnnotationAllocatedGPUs] != value {
 		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
 			"uid":         pod.UID, // refuse to annotate a newer pod of the same name
@@ -236,11 +365,10 @@ func (r *Reconciler) reconcilePod(ctx context.Context, namespace, name string, a
 		}
 		r.logger.V(1).Info("Recorded allocated GPUs", "pod", klog.KObj(pod), "gpus", value)
 	}
-	assigned, err := v1alpha1.ParseGPUList(v1alpha1.AnnotationAssignedGPUs, pod.Annotations[v1alpha1.AnnotationAssignedGPUs])
-	if err != nil || len(assigned) == 0 {
+	if len(assigned) == 0 {
 		return nil // no plan to compare with (extender down and ignorable)
 	}
-	if slices.Equal(v1alpha1.SortedGPUList(assigned), allocated) {
+	if slices.Equal(assigned, allocated) {
 		return nil
 	}
 	r.mu.Lock()

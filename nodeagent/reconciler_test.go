@@ -112,7 +112,7 @@ func TestPlansFromPodsKeepsOnlyPendingUnallocatedPlans(t *testing.T) {
 	malformed := plannedPod("malformed", "GPU-a,,GPU-b")
 	pending.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now}}
 	got := PlansFromPods([]*corev1.Pod{pending, running, deleting, allocated, malformed, plannedPod("no-plan", "")})
-	want := []Plan{{Pod: "ns/pending", GPUs: []string{"GPU-a", "GPU-b"}, BoundAt: now.Time}}
+	want := []Plan{{Pod: "ns/pending", UID: "uid-pending", GPUs: []string{"GPU-a", "GPU-b"}, BoundAt: now.Time}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("plans (-want +got):\n%s", diff)
 	}
