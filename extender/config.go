@@ -1,7 +1,12 @@
 package extender
 
 import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
 	"strings"
@@ -10,16 +15,20 @@ import (
 	"github.com/prometheus/common/model"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
 // ConfigAPIVersion and ConfigKind identify the extender's configuration
-// file. The version moves when a field changes meaning, so a file written
-// for one release is never silently read with another's semantics.
+// file. Both are optional in the file; when written they must be these.
+// The version moves when a field changes meaning, so a file written for one
+// release is never silently read with another's semantics.
 const (
 	ConfigAPIVersion = "gputopo.io/v1alpha1"
 	ConfigKind       = "ExtenderConfiguration"
@@ -39,8 +48,10 @@ type Configuration struct {
 	// TopologyMaxAge is how old a NodeGPUTopology's observedTime may be
 	// before filter treats the node as stale. The node agent refreshes
 	// every 5 minutes, so the default 15m tolerates two missed refreshes.
-	// 0 turns the age check off (status.stale is still honoured).
-	TopologyMaxAge metav1.Duration `json:"topologyMaxAge"`
+	// 0 (or a negative age) turns the age check off (status.stale is
+	// still honoured). A pointer, so that an explicit 0 differs from "not
+	// set".
+	TopologyMaxAge *metav1.Duration `json:"topologyMaxAge"`
 
 	// TelemetryMaxAge is how old telemetry may be and still count in
 	// prioritize. Older telemetry scores neutrally instead of steering
@@ -192,10 +203,16 @@ func DefaultConfiguration() *Configuration {
 	return c
 }
 
-// SetDefaults fills the fields left unset. Weights are pointers so that an
-// explicit 0 (switch a component off) differs from "not set".
+// SetDefaults fills the fields left unset. Weights and topologyMaxAge are
+// pointers so that an explicit 0 (switch a component or the check off)
+// differs from "not set".
 func SetDefaults(c *Configuration) {
-	c.APIVersion, c.Kind = ConfigAPIVersion, ConfigKind
+	if c.APIVersion == "" {
+		c.APIVersion = ConfigAPIVersion
+	}
+	if c.Kind == "" {
+		c.Kind = ConfigKind
+	}
 	setInt32 := func(p **int32, v int32) {
 		if *p == nil {
 			*p = &v
@@ -212,10 +229,9 @@ func SetDefaults(c *Configuration) {
 			d.Duration = v
 		}
 	}
-	// TopologyMaxAge 0 means "off" only when written explicitly, which a
-	// plain Duration cannot tell apart; negative is the documented way to
-	// switch it off in the file, and 0 here takes the default.
-	setDuration(&c.TopologyMaxAge, 15*time.Minute)
+	if c.TopologyMaxAge == nil {
+		c.TopologyMaxAge = &metav1.Duration{Duration: defaultTopologyMaxAge}
+	}
 	setDuration(&c.TelemetryMaxAge, 2*time.Minute)
 	setDuration(&c.BindTimeout, 4*time.Second)
 	setDuration(&c.ReservationTTL, 2*time.Minute)
@@ -386,33 +402,124 @@ func validateExtendedResourceName(path *field.Path, name string) field.ErrorList
 	return errs
 }
 
-// topologyMaxAge is the age limit in force; negative in the file turns it
-// off.
+// defaultTopologyMaxAge tolerates two missed 5-minute topology refreshes.
+const defaultTopologyMaxAge = 15 * time.Minute
+
+// topologyMaxAge is the age limit in force; 0 means off (0 or negative in
+// the file).
 func (c *Configuration) topologyMaxAge() time.Duration {
-	if c.TopologyMaxAge.Duration < 0 {
+	switch {
+	case c.TopologyMaxAge == nil:
+		return defaultTopologyMaxAge
+	case c.TopologyMaxAge.Duration < 0:
 		return 0
 	}
 	return c.TopologyMaxAge.Duration
 }
 
 // ParseConfiguration strictly decodes a YAML or JSON ExtenderConfiguration,
-// applies defaults and validates it. Unknown fields are errors: a typo must
-// not silently fall back to a default.
-func ParseConfiguration(doc []byte) (*Configuration, error) {
+// applies defaults and validates it. The file holds one document. Unknown
+// and duplicate fields are errors, each named by its full path (e.g.
+// weights.utilisation), and reported together with every invalid value: a
+// typo must not silently fall back to a default.
+func ParseConfiguration(data []byte) (*Configuration, error) {
+	doc, err := singleDocument(data)
+	if err != nil {
+		return nil, err
+	}
 	c := &Configuration{}
-	if err := yaml.UnmarshalStrict(doc, c); err != nil {
-		return nil, fmt.Errorf("decode %s: %w", ConfigKind, err)
+	var errs []error
+	if doc != nil {
+		var numErrs field.ErrorList
+		if doc, numErrs, err = unitlessDurations(doc); err != nil {
+			return nil, fmt.Errorf("decode %s: %w", ConfigKind, err)
+		}
+		for _, e := range numErrs {
+			errs = append(errs, e)
+		}
+		strict, err := sigsjson.UnmarshalStrict(doc, c)
+		if err != nil {
+			return nil, fmt.Errorf("decode %s: %w", ConfigKind, err)
+		}
+		errs = append(errs, strict...)
 	}
-	if c.APIVersion == "" || c.Kind == "" {
-		return nil, fmt.Errorf("decode %s: apiVersion and kind are required (want %s, %s)", ConfigKind, ConfigAPIVersion, ConfigKind)
-	}
-	apiVersion, kind := c.APIVersion, c.Kind
 	SetDefaults(c)
-	c.APIVersion, c.Kind = apiVersion, kind
-	if errs := c.Validate(); len(errs) > 0 {
-		return nil, fmt.Errorf("invalid %s: %w", ConfigKind, errs.ToAggregate())
+	for _, e := range c.Validate() {
+		errs = append(errs, e)
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("invalid %s: %w", ConfigKind, utilerrors.NewAggregate(errs))
 	}
 	return c, nil
+}
+
+// durationFields are the top-level durations a bare number may be written
+// for: 0 needs no unit ("topologyMaxAge: 0" turns the age check off), any
+// other number is refused with a hint instead of a JSON type error.
+var durationFields = []string{"topologyMaxAge", "telemetryMaxAge", "bindTimeout", "reservationTTL"}
+
+// unitlessDurations rewrites a bare 0 in durationFields as "0s" and
+// reports other bare numbers there.
+func unitlessDurations(doc []byte) ([]byte, field.ErrorList, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(doc, &top); err != nil {
+		return doc, nil, nil // not an object: the strict decode says why
+	}
+	var errs field.ErrorList
+	changed := false
+	for _, name := range durationFields {
+		raw, ok := top[name]
+		if !ok || len(raw) == 0 || (raw[0] != '-' && (raw[0] < '0' || raw[0] > '9')) {
+			continue
+		}
+		var v float64
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", name, err)
+		}
+		if v == 0 {
+			top[name], changed = json.RawMessage(`"0s"`), true
+			continue
+		}
+		errs = append(errs, field.Invalid(field.NewPath(name), string(raw), "a duration needs a unit, e.g. 15m, 90s or 2m30s (only 0 may be written without one)"))
+		delete(top, name)
+		changed = true
+	}
+	if !changed {
+		return doc, errs, nil
+	}
+	out, err := json.Marshal(top)
+	return out, errs, err
+}
+
+// singleDocument returns the file's one YAML (or JSON) document as JSON,
+// nil for an empty file. A second document is refused, naming its number:
+// the extender reads one configuration, and silently ignoring the rest of a
+// file (a `---` left in by an editor or a kustomize patch) would apply a
+// configuration nobody reviewed.
+func singleDocument(data []byte) ([]byte, error) {
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	var doc []byte
+	for n := 0; ; {
+		chunk, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return doc, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read %s document: %w", ConfigKind, err)
+		}
+		j, err := yaml.YAMLToJSONStrict(chunk)
+		if err != nil {
+			return nil, fmt.Errorf("decode %s document %d: %w", ConfigKind, n+1, err)
+		}
+		if bytes.Equal(bytes.TrimSpace(j), []byte("null")) {
+			continue // only comments or blank lines
+		}
+		n++
+		if n > 1 {
+			return nil, fmt.Errorf("document %d: the file must hold one %s, not a multi-document YAML stream; remove the other documents or the --- separator", n, ConfigKind)
+		}
+		doc = j
+	}
 }
 
 // LoadConfiguration reads path; an empty path gives the defaults.

@@ -69,17 +69,101 @@ func TestParseConfiguration(t *testing.T) {
 			}
 		},
 	}, {
+		name: "topologyMaxAge 0 turns the age check off",
+		doc:  "topologyMaxAge: 0\n",
+		check: func(t *testing.T, c *Configuration) {
+			if c.TopologyMaxAge == nil || c.TopologyMaxAge.Duration != 0 || c.topologyMaxAge() != 0 {
+				t.Errorf("topologyMaxAge = %v, in force %s; want 0 (off)", c.TopologyMaxAge, c.topologyMaxAge())
+			}
+		},
+	}, {
+		name: "topologyMaxAge 0s turns the age check off",
+		doc:  "topologyMaxAge: 0s\n",
+		check: func(t *testing.T, c *Configuration) {
+			if c.topologyMaxAge() != 0 {
+				t.Errorf("topologyMaxAge in force = %s, want 0 (off)", c.topologyMaxAge())
+			}
+		},
+	}, {
+		name: "topologyMaxAge unset takes the default 15m",
+		doc:  "bindTimeout: 3s\n",
+		check: func(t *testing.T, c *Configuration) {
+			if c.topologyMaxAge() != 15*time.Minute {
+				t.Errorf("topologyMaxAge in force = %s, want 15m", c.topologyMaxAge())
+			}
+		},
+	}, {
+		name: "topologyMaxAge set is kept",
+		doc:  "topologyMaxAge: 40m\n",
+		check: func(t *testing.T, c *Configuration) {
+			if c.topologyMaxAge() != 40*time.Minute {
+				t.Errorf("topologyMaxAge in force = %s, want 40m", c.topologyMaxAge())
+			}
+		},
+	}, {
+		name:    "a duration other than 0 without a unit is refused with a hint",
+		doc:     "topologyMaxAge: 900\nbindTimeout: 4\n",
+		wantErr: []string{`topologyMaxAge: Invalid value: "900": a duration needs a unit`, `bindTimeout: Invalid value: "4": a duration needs a unit`},
+	}, {
 		name:    "unknown field is an error, not a silent default",
 		doc:     "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nweight:\n  taskAffinity: 1\n",
 		wantErr: []string{`unknown field "weight"`},
 	}, {
-		name:    "missing apiVersion and kind",
-		doc:     "weights: {}\n",
-		wantErr: []string{"apiVersion and kind are required"},
+		name: "every unknown field is reported at once with its full path, with the invalid values",
+		doc: "weights:\n  utilisation: 40\n  taskAffinity: 1\nthermal: {limitC: 90}\n" +
+			"telemetry:\n  source: prometheus\n  prometheus:\n    url: http://prom:9090\n    metrics: {gpuUtil: X}\n" +
+			"bindTimout: 2s\nbindTimeout: 5m\n",
+		wantErr: []string{
+			`unknown field "weights.utilisation"`,
+			`unknown field "thermal.limitC"`,
+			`unknown field "telemetry.prometheus.metrics.gpuUtil"`,
+			`unknown field "bindTimout"`,
+			"bindTimeout: Invalid value",
+		},
+	}, {
+		name:    "field names are case-sensitive",
+		doc:     "Weights: {taskAffinity: 1}\n",
+		wantErr: []string{`unknown field "Weights"`},
+	}, {
+		name:    "a key written twice is an error",
+		doc:     "bindTimeout: 2s\nbindTimeout: 3s\n",
+		wantErr: []string{`"bindTimeout" already set`},
+	}, {
+		name: "apiVersion and kind may be omitted",
+		doc:  "weights: {taskAffinity: 5}\n",
+		check: func(t *testing.T, c *Configuration) {
+			if c.APIVersion != ConfigAPIVersion || c.Kind != ConfigKind || *c.Weights.TaskAffinity != 5 {
+				t.Errorf("apiVersion %q kind %q taskAffinity %d", c.APIVersion, c.Kind, *c.Weights.TaskAffinity)
+			}
+		},
+	}, {
+		name: "an empty file gives the defaults",
+		doc:  "# nothing to change\n",
+		check: func(t *testing.T, c *Configuration) {
+			if diff := cmp.Diff(DefaultConfiguration(), c); diff != "" {
+				t.Errorf("(-defaults +got):\n%s", diff)
+			}
+		},
 	}, {
 		name:    "wrong version",
 		doc:     "apiVersion: gputopo.io/v2\nkind: ExtenderConfiguration\n",
 		wantErr: []string{`apiVersion: Unsupported value: "gputopo.io/v2"`},
+	}, {
+		name:    "wrong kind",
+		doc:     "kind: KubeSchedulerConfiguration\n",
+		wantErr: []string{`kind: Unsupported value: "KubeSchedulerConfiguration"`},
+	}, {
+		name:    "a second document is refused, naming its number",
+		doc:     "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\n---\nweights: {taskAffinity: 0}\n",
+		wantErr: []string{"document 2: the file must hold one ExtenderConfiguration, not a multi-document YAML stream"},
+	}, {
+		name: "separators around one document and comment-only documents are fine",
+		doc:  "---\n# gputopo extender\n---\nbindTimeout: 3s\n---\n",
+		check: func(t *testing.T, c *Configuration) {
+			if c.BindTimeout.Duration != 3*time.Second {
+				t.Errorf("bindTimeout = %s, want 3s", c.BindTimeout.Duration)
+			}
+		},
 	}, {
 		name: "every invalid field reported at once",
 		doc: "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\n" +
@@ -139,6 +223,29 @@ func TestParseConfiguration(t *testing.T) {
 			}
 			tc.check(t, c)
 		})
+	}
+}
+
+func TestLoadConfigurationNamesTheFile(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, doc string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	multi := write("multi.yaml", "bindTimeout: 2s\n---\nbindTimeout: 3s\n---\nbindTimeout: 4s\n")
+	if _, err := LoadConfiguration(multi); err == nil || !strings.Contains(err.Error(), "extender config "+multi+": document 2: ") {
+		t.Errorf("LoadConfiguration(multi-document) = %v, want the file and document 2 named", err)
+	}
+	typo := write("typo.yaml", "weights: {utilisation: 1}\n")
+	if _, err := LoadConfiguration(typo); err == nil || !strings.Contains(err.Error(), "extender config "+typo+": ") || !strings.Contains(err.Error(), `unknown field "weights.utilisation"`) {
+		t.Errorf("LoadConfiguration(typo) = %v, want the file and the field's path named", err)
+	}
+	c, err := LoadConfiguration(write("ok.yaml", "topologyMaxAge: 0s\n"))
+	if err != nil || c.topologyMaxAge() != 0 {
+		t.Errorf("LoadConfiguration(topologyMaxAge: 0s) = %v, %v; want the age check off", c, err)
 	}
 }
 

@@ -21,7 +21,7 @@ func TestPrometheusTelemetryConfig(t *testing.T) {
 		"bad label":              {"telemetry: {source: prometheus, prometheus: {url: 'http://p:9090', nodeLabel: 'kubernetes.node'}}", "telemetry.prometheus.nodeLabel"},
 		"bad metric":             {"telemetry: {source: prometheus, prometheus: {url: 'http://p:9090', metrics: {temperature: 'gpu temp'}}}", "telemetry.prometheus.metrics.temperature"},
 		"braced selector":        {"telemetry: {source: prometheus, prometheus: {url: 'http://p:9090', selector: '{job=\"dcgm\"}'}}", "telemetry.prometheus.selector"},
-		"typo":                   {"telemetry: {source: prometheus, prometheus: {url: 'http://p:9090', intervall: 5s}}", `unknown field "intervall"`},
+		"typo":                   {"telemetry: {source: prometheus, prometheus: {url: 'http://p:9090', intervall: 5s}}", `unknown field "telemetry.prometheus.intervall"`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := ParseConfiguration([]byte(head + tc.doc))

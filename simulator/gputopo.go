@@ -49,7 +49,7 @@ func newGputopoPolicy(nodes []Node, table webhook.PolicyTable) (*gputopoPolicy, 
 	// Simulated hours pass in wall-clock seconds and nothing refreshes the
 	// topologies: their age limit is switched off, the documented way.
 	cfg := extender.DefaultConfiguration()
-	cfg.TopologyMaxAge = metav1.Duration{Duration: -1}
+	cfg.TopologyMaxAge = &metav1.Duration{Duration: -1}
 	p := &gputopoPolicy{x: extender.NewWithClient(cfg, cs), cs: cs, table: table, index: map[string]int{}, pods: map[string]*corev1.Pod{}}
 	l := p.x.Ledger()
 	now := metav1.Now()
