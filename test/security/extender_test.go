@@ -1,0 +1,322 @@
+//go:build integration
+
+package security
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/extender"
+	"github.com/gputopo/gputopo/test/harness"
+	"github.com/gputopo/gputopo/topology"
+)
+
+const extenderUser = "gputopo-extender"
+
+// tlsExtender is an extender replica serving its verbs over mutual TLS on
+// the real control plane, with its certificates in a directory laid out
+// as kubelet mounts a Secret.
+type tlsExtender struct {
+	x       *extender.Extender
+	base    string // https://127.0.0.1:port
+	ca      *harness.CA
+	certDir string
+}
+
+// startTLSExtender installs the extender's RBAC (extender.RBACRules), and
+// runs an extender with --tls-cert-file, --tls-private-key-file and
+// --client-ca-file as the chart does.
+func startTLSExtender(t *testing.T, cp *harness.ControlPlane) *tlsExtender {
+	t.Helper()
+	ctx := harness.Context(t)
+	if _, err := cp.Clientset.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: extenderUser}, Rules: extender.RBACRules(),
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create ClusterRole: %v", err)
+	}
+	if _, err := cp.Clientset.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: extenderUser},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: extenderUser},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: extenderUser}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create ClusterRoleBinding: %v", err)
+	}
+	te := &tlsExtender{ca: harness.NewCA(t, "gputopo-ca"), certDir: filepath.Join(t.TempDir(), "extender-tls")}
+	te.renew(t)
+	port, err := harness.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := extender.NewOptions()
+	o.BindAddress, o.Port, o.MetricsBindAddress = "127.0.0.1", port, "0"
+	o.TLSCertFile = filepath.Join(te.certDir, "tls.crt")
+	o.TLSPrivateKeyFile = filepath.Join(te.certDir, "tls.key")
+	o.ClientCAFile = filepath.Join(te.certDir, "ca.crt")
+	x, err := extender.New(cp.UserConfig(t, extenderUser), o)
+	if err != nil {
+		t.Fatalf("new extender: %v", err)
+	}
+	te.x, te.base = x, "https://127.0.0.1:"+strconv.Itoa(port)
+	xctx, cancel := context.WithCancel(klog.NewContext(context.Background(), klog.Background()))
+	done := make(chan error, 1)
+	go func() { done <- x.Start(xctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Logf("extender stopped: %v", err)
+		}
+	})
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		return x.Ready(), nil
+	}); err != nil {
+		t.Fatalf("extender not ready: %v", err)
+	}
+	return te
+}
+
+// renew issues a new serving certificate into the Secret volume, as
+// cert-manager does before the old one expires.
+func (te *tlsExtender) renew(t *testing.T) {
+	t.Helper()
+	harness.WriteSecretVolume(t, te.certDir, te.ca.SecretData(t, harness.LeafSpec{
+		CommonName: "gputopo-extender", DNSNames: []string{"localhost"},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, Usages: []string{"server auth"},
+	}))
+}
+
+// client returns an HTTPS client that trusts the extender's CA and
+// presents a client certificate signed by signer (nil: none).
+func (te *tlsExtender) client(t *testing.T, signer *harness.CA) *http.Client {
+	t.Helper()
+	pool := x509.NewCertPool()
+	pool.AddCert(te.ca.Cert)
+	tc := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	if signer != nil {
+		crt, key := signer.Issue(t, harness.LeafSpec{CommonName: "gputopo-scheduler", Usages: []string{"client auth"}})
+		pair, err := tls.X509KeyPair(crt, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc.Certificates = []tls.Certificate{pair}
+	}
+	tr := &http.Transport{TLSClientConfig: tc, DisableKeepAlives: true}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 10 * time.Second}
+}
+
+// post sends a verb and returns the status (0 when no HTTP answer came)
+// and the body or the transport error.
+func post(c *http.Client, url string, body any) (int, string) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return 0, err.Error()
+	}
+	resp, err := c.Post(url, "application/json", strings.NewReader(string(b)))
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(out)
+}
+
+// gpuCluster creates GPU nodes with a DGX A100 topology each.
+func gpuCluster(t *testing.T, cp *harness.ControlPlane, nodes map[string]map[string]string) {
+	t.Helper()
+	ctx := harness.Context(t)
+	f, err := topology.FixtureByName("dgx-a100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, labels := range nodes {
+		cp.CreateGPUNode(t, name, 8, labels)
+		obj := &v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		if err := cp.Client.Create(ctx, obj); err != nil {
+			t.Fatalf("create NodeGPUTopology %s: %v", name, err)
+		}
+		obj.Status = f.Graph(name).Status()
+		obj.Status.ObservedTime = metav1.Now()
+		if err := cp.Client.Status().Update(ctx, obj); err != nil {
+			t.Fatalf("update NodeGPUTopology %s: %v", name, err)
+		}
+	}
+}
+
+// As a client on the pod network: without a client certificate signed by
+// the configured CA, no verb answers, under either path prefix.
+func TestExtenderVerbsRefuseClientsWithoutCertificate(t *testing.T) {
+	cp := harness.Start(t, harness.Options{})
+	gpuCluster(t, cp, map[string]map[string]string{"gpu-a": nil})
+	te := startTLSExtender(t, cp)
+	pod := harness.GPUPod(metav1.NamespaceDefault, "victim", 2)
+	pod.Spec.SchedulerName = v1alpha1.DefaultSchedulerName
+	if err := cp.Client.Create(harness.Context(t), pod); err != nil {
+		t.Fatalf("create pod: %v", err)
+	}
+	args := extenderv1.ExtenderArgs{Pod: pod, NodeNames: &[]string{"gpu-a"}}
+	bind := extenderv1.ExtenderBindingArgs{PodName: pod.Name, PodNamespace: pod.Namespace, PodUID: pod.UID, Node: "gpu-a"}
+	verbs := map[string]any{"filter": args, "prioritize": args, "bind": bind}
+
+	stranger := harness.NewCA(t, "attacker-ca")
+	for _, prefix := range []string{"", "/scheduler"} {
+		for verb, body := range verbs {
+			url := te.base + prefix + "/" + verb
+			t.Run(fmt.Sprintf("%s without a client certificate", prefix+"/"+verb), func(t *testing.T) {
+				status, msg := post(te.client(t, nil), url, body)
+				if status != http.StatusUnauthorized || !strings.Contains(msg, "client certificate") {
+					t.Errorf("POST %s = %d %q; want 401 asking for a client certificate", url, status, msg)
+				}
+			})
+			t.Run(fmt.Sprintf("%s with a certificate of another CA", prefix+"/"+verb), func(t *testing.T) {
+				status, msg := post(te.client(t, stranger), url, body)
+				if status != 0 || !strings.Contains(msg, "certificate") {
+					t.Errorf("POST %s = %d %q; want the handshake refused", url, status, msg)
+				}
+			})
+			t.Run(fmt.Sprintf("%s over plain HTTP", prefix+"/"+verb), func(t *testing.T) {
+				status, msg := post(http.DefaultClient, strings.Replace(url, "https://", "http://", 1), body)
+				if status == http.StatusOK {
+					t.Errorf("plain HTTP POST %s = 200 %q; want refused", url, msg)
+				}
+			})
+		}
+	}
+	got := &corev1.Pod{}
+	if err := cp.Client.Get(harness.Context(t), client.ObjectKeyFromObject(pod), got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Spec.NodeName != "" {
+		t.Fatalf("pod was bound to %s by an unauthenticated client", got.Spec.NodeName)
+	}
+	// The scheduler's certificate gets answers: the refusals above are
+	// about the caller, not a broken server.
+	if status, msg := post(te.client(t, te.ca), te.base+"/scheduler/filter", args); status != http.StatusOK || !strings.Contains(msg, "gpu-a") {
+		t.Fatalf("filter with the scheduler's certificate = %d %q; want 200 passing gpu-a", status, msg)
+	}
+}
+
+// As a caller holding a valid client certificate (a stolen one, or a
+// confused deputy): bind still refuses what kube-scheduler's gputopo
+// profile would never send, says why, and leaves the pod unbound.
+func TestAuthenticatedBindRefusesWhatTheSchedulerWouldNotSend(t *testing.T) {
+	cp := harness.Start(t, harness.Options{})
+	gpuCluster(t, cp, map[string]map[string]string{"gpu-a": {"pool": "train"}, "gpu-b": {"pool": "train"}})
+	ctx := harness.Context(t)
+	// gpu-b is reserved for infrastructure by a NoSchedule taint.
+	node := &corev1.Node{}
+	if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-b"}}), node); err != nil {
+		t.Fatal(err)
+	}
+	node.Spec.Taints = []corev1.Taint{{Key: "dedicated", Value: "infra", Effect: corev1.TaintEffectNoSchedule}}
+	if err := cp.Client.Update(ctx, node); err != nil {
+		t.Fatalf("taint gpu-b: %v", err)
+	}
+	if err := cp.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kube-system"}}); err != nil && !strings.Contains(err.Error(), "already exists") {
+		t.Fatalf("create kube-system: %v", err)
+	}
+	te := startTLSExtender(t, cp)
+	scheduler := te.client(t, te.ca)
+
+	mk := func(ns, name string, gpus int, mod func(*corev1.Pod)) *corev1.Pod {
+		p := harness.GPUPod(ns, name, gpus)
+		if gpus == 0 {
+			p.Spec.Containers[0].Resources = corev1.ResourceRequirements{}
+		}
+		p.Spec.SchedulerName = v1alpha1.DefaultSchedulerName
+		if mod != nil {
+			mod(p)
+		}
+		if err := cp.Client.Create(ctx, p); err != nil {
+			t.Fatalf("create pod %s: %v", name, err)
+		}
+		return p
+	}
+	cases := []struct {
+		name    string
+		pod     *corev1.Pod
+		node    string
+		wantErr string // "" binds
+	}{{
+		name: "pod addressed to another scheduler",
+		pod:  mk("kube-system", "other-scheduler", 0, func(p *corev1.Pod) { p.Spec.SchedulerName = "default-scheduler" }),
+		node: "gpu-a", wantErr: `schedulerName "default-scheduler" is not a gputopo scheduler profile`,
+	}, {
+		name: "GPU pod addressed to another scheduler",
+		pod:  mk(metav1.NamespaceDefault, "gpu-other-scheduler", 1, func(p *corev1.Pod) { p.Spec.SchedulerName = "default-scheduler" }),
+		node: "gpu-a", wantErr: "is not a gputopo scheduler profile",
+	}, {
+		name: "pod that requests no GPU",
+		pod:  mk(metav1.NamespaceDefault, "no-gpu", 0, nil),
+		node: "gpu-a", wantErr: "requests no nvidia.com/gpu",
+	}, {
+		name: "node the pod's nodeSelector excludes",
+		pod:  mk(metav1.NamespaceDefault, "selector", 1, func(p *corev1.Pod) { p.Spec.NodeSelector = map[string]string{"pool": "inference"} }),
+		node: "gpu-a", wantErr: "nodeSelector or required node affinity excludes the node",
+	}, {
+		name: "node with a taint the pod does not tolerate",
+		pod:  mk(metav1.NamespaceDefault, "taint", 1, nil),
+		node: "gpu-b", wantErr: "does not tolerate the node's taint dedicated=infra:NoSchedule",
+	}, {
+		name: "node that does not exist",
+		pod:  mk(metav1.NamespaceDefault, "ghost-node", 1, nil),
+		node: "gpu-z", wantErr: "node gpu-z does not exist",
+	}, {
+		name: "a pod the scheduler would send binds",
+		pod:  mk(metav1.NamespaceDefault, "fine", 2, func(p *corev1.Pod) { p.Spec.NodeSelector = map[string]string{"pool": "train"} }),
+		node: "gpu-a",
+	}}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			args := extenderv1.ExtenderBindingArgs{PodName: tc.pod.Name, PodNamespace: tc.pod.Namespace, PodUID: tc.pod.UID, Node: tc.node}
+			var res extenderv1.ExtenderBindingResult
+			// The informer may not have delivered the new pod yet; bind
+			// then reads it from the API server, so one call decides.
+			status, body := post(scheduler, te.base+"/scheduler/bind", args)
+			if status != http.StatusOK {
+				t.Fatalf("bind = %d %q", status, body)
+			}
+			if err := json.Unmarshal([]byte(body), &res); err != nil {
+				t.Fatalf("bind answer %q: %v", body, err)
+			}
+			got := &corev1.Pod{}
+			if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(tc.pod), got); err != nil {
+				t.Fatal(err)
+			}
+			if tc.wantErr == "" {
+				if res.Error != "" || got.Spec.NodeName != tc.node || got.Annotations[v1alpha1.AnnotationAssignedGPUs] == "" {
+					t.Fatalf("bind error %q, pod on %q with GPUs %q; want bound to %s with GPUs", res.Error, got.Spec.NodeName, got.Annotations[v1alpha1.AnnotationAssignedGPUs], tc.node)
+				}
+				return
+			}
+			if !strings.Contains(res.Error, tc.wantErr) {
+				t.Errorf("bind error = %q; want it to contain %q", res.Error, tc.wantErr)
+			}
+			if got.Spec.NodeName != "" {
+				t.Errorf("refused pod is bound to %s", got.Spec.NodeName)
+			}
+		})
+	}
+	if c := te.x.Ledger().Counts(); c.Reserved != 0 || c.Held != 2 {
+		t.Errorf("ledger after the refusals: %s; want only the bound pod's 2 GPUs held", c)
+	}
+}
