@@ -2,9 +2,13 @@ package extender
 
 import rbacv1 "k8s.io/api/rbac/v1"
 
-// RBACRules are exactly the permissions the extender uses (docs/extender.md
-// lists them); the integration and e2e tests run it with nothing more.
-func RBACRules() []rbacv1.PolicyRule {
+// ClusterRBACRules are exactly the cluster-wide permissions the extender
+// uses: the Helm chart's extender ClusterRole is this list, rule for rule
+// (test/chart compares them). The extender reads Nodes and
+// NodeGPUTopologies only through its informers (list, watch), reads a
+// single pod back only when a bind's outcome is unknown, and records only
+// GPUDoubleHeld Events.
+func ClusterRBACRules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
 		// Informers: GPU pods, and the pod read that settles an ambiguous bind.
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
@@ -15,7 +19,26 @@ func RBACRules() []rbacv1.PolicyRule {
 		// GPUDoubleHeld Events: client-go's recorder creates an Event and
 		// patches it when the same Event repeats; it never updates one.
 		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
-		// Leader election.
-		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update"}},
 	}
+}
+
+// LeaderElectionRBACRules are the permissions leader election needs on
+// the Lease named lease (--leader-election-id), for a Role in the Lease's
+// namespace (--leader-election-namespace). create cannot be limited by
+// name: the name of an object is not known to RBAC before it exists.
+func LeaderElectionRBACRules(lease string) []rbacv1.PolicyRule {
+	return []rbacv1.PolicyRule{
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{lease}, Verbs: []string{"get", "update"}},
+	}
+}
+
+// RBACRules are every permission the extender uses in one list, for a
+// single ClusterRole (docs/extender.md lists them; the integration and e2e
+// tests run it with nothing more): ClusterRBACRules plus the Lease verbs
+// of LeaderElectionRBACRules, on any Lease. Installs grant the Lease verbs
+// in a Role on the one Lease instead, as the chart does.
+func RBACRules() []rbacv1.PolicyRule {
+	return append(ClusterRBACRules(),
+		rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update"}})
 }
