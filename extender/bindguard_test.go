@@ -25,17 +25,29 @@ func TestBindRefusesWhatKubeSchedulerWouldNeverSend(t *testing.T) {
 		"gputopo pod on a plain node binds": {
 			pod: makePod("ok").gpus(2).obj(), node: node("a", nil)},
 		"pod addressed to another scheduler is refused": {
-			pod:     func() *corev1.Pod { p := makePod("other").gpus(2).obj(); p.Spec.SchedulerName = "default-scheduler"; return p }(),
+			pod: func() *corev1.Pod {
+				p := makePod("other").gpus(2).obj()
+				p.Spec.SchedulerName = "default-scheduler"
+				return p
+			}(),
 			node:    node("a", nil),
 			wantErr: `schedulerName "default-scheduler" is not a gputopo scheduler profile`},
 		"pod without GPUs is refused": {
 			pod: makePod("cpu").obj(), node: node("a", nil), wantErr: "requests no nvidia.com/gpu"},
 		"node excluded by nodeSelector is refused": {
-			pod:     func() *corev1.Pod { p := makePod("sel").gpus(1).obj(); p.Spec.NodeSelector = map[string]string{"pool": "train"}; return p }(),
+			pod: func() *corev1.Pod {
+				p := makePod("sel").gpus(1).obj()
+				p.Spec.NodeSelector = map[string]string{"pool": "train"}
+				return p
+			}(),
 			node:    node("a", map[string]string{"pool": "infer"}),
 			wantErr: "nodeSelector or required node affinity excludes the node"},
 		"node matching nodeSelector binds": {
-			pod:  func() *corev1.Pod { p := makePod("sel2").gpus(1).obj(); p.Spec.NodeSelector = map[string]string{"pool": "train"}; return p }(),
+			pod: func() *corev1.Pod {
+				p := makePod("sel2").gpus(1).obj()
+				p.Spec.NodeSelector = map[string]string{"pool": "train"}
+				return p
+			}(),
 			node: node("a", map[string]string{"pool": "train"})},
 		"node excluded by required affinity is refused": {
 			pod: func() *corev1.Pod {

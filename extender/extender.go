@@ -51,6 +51,9 @@ type Extender struct {
 	now     func() time.Time
 	// prom reads telemetry from Prometheus (telemetry.source: prometheus).
 	prom *promTelemetry
+	// cache is the informer cache (stripped pods and nodes) once started;
+	// nil in-process without informers.
+	cache client.Reader
 	// mirror sends filter and prioritize requests to a shadow extender
 	// (--shadow-url); nil when none.
 	mirror *mirror
@@ -117,6 +120,7 @@ func newExtender(cfg *Configuration, cs kubernetes.Interface) *Extender {
 	l.onTelemetry = m.setTelemetry
 	x := &Extender{
 		cfg:     cfg,
+		opts:    NewOptions(), // New replaces them with the flags
 		ledger:  l,
 		alloc:   topology.NewAllocator(cfg.AllocatorMemoSize),
 		metrics: m,
@@ -311,6 +315,7 @@ func (x *Extender) startInformers(ctx context.Context) error {
 	if !c.WaitForCacheSync(ctx) {
 		return fmt.Errorf("wait for caches: %w", context.Cause(ctx))
 	}
+	x.cache = c
 	for _, r := range regs {
 		if !toolscache.WaitForCacheSync(ctx.Done(), r.HasSynced) {
 			return fmt.Errorf("wait for event handlers: %w", context.Cause(ctx))
@@ -355,7 +360,9 @@ func stripPodOf(obj any, resource corev1.ResourceName) (any, error) {
 			Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
 			DeletionTimestamp: p.DeletionTimestamp,
 		},
-		Spec:   corev1.PodSpec{NodeName: p.Spec.NodeName, SchedulerName: p.Spec.SchedulerName},
+		// Bind checks the node constraints kube-scheduler checked.
+		Spec: corev1.PodSpec{NodeName: p.Spec.NodeName, SchedulerName: p.Spec.SchedulerName,
+			NodeSelector: p.Spec.NodeSelector, Tolerations: p.Spec.Tolerations},
 		Status: corev1.PodStatus{Phase: p.Status.Phase},
 	}
 	if j, ok := p.Labels[v1alpha1.LabelJob]; ok {
@@ -368,6 +375,9 @@ func stripPodOf(obj any, resource corev1.ResourceName) (any, error) {
 			}
 			out.Annotations[k] = v
 		}
+	}
+	if a := p.Spec.Affinity; a != nil && a.NodeAffinity != nil {
+		out.Spec.Affinity = &corev1.Affinity{NodeAffinity: a.NodeAffinity}
 	}
 	strip := func(cs []corev1.Container) []corev1.Container {
 		var res []corev1.Container
@@ -391,8 +401,10 @@ func stripNode(obj any) (any, error) {
 		return obj, nil
 	}
 	return &corev1.Node{
-		TypeMeta:   n.TypeMeta,
-		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion},
+		TypeMeta: n.TypeMeta,
+		// Labels and taints: bind checks the pod's node constraints.
+		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: n.Labels},
+		Spec:       corev1.NodeSpec{Taints: n.Spec.Taints},
 		Status:     corev1.NodeStatus{Allocatable: n.Status.Allocatable},
 	}, nil
 }
