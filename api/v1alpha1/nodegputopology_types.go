@@ -127,7 +127,40 @@ type NodeGPUTopologyStatus struct {
 	Stale bool `json:"stale,omitempty"`
 	// StaleReason says why.
 	StaleReason string `json:"staleReason,omitempty"`
+	// Conditions say how far the published facts can be trusted. The node
+	// agent sets ConditionTopologyConsistent: True when both ends of every
+	// link agreed and every NVLink led to a known device; False, with a
+	// reason and a message naming the GPUs and values, when it published
+	// the conservative value instead (docs/nodeagent.md).
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
+
+// ConditionTopologyConsistent is the condition type the node agent sets on
+// every topology read: whether NVML's answers agreed with each other.
+const ConditionTopologyConsistent = "TopologyConsistent"
+
+// Reasons of ConditionTopologyConsistent. With several kinds of
+// inconsistency at once the reason is the first of DuplicateBusID,
+// UnknownRemoteBusID, AsymmetricLink and the message lists them all.
+const (
+	// ReasonConsistent: both ends of every link agreed (status True).
+	ReasonConsistent = "Consistent"
+	// ReasonAsymmetricLink: the two GPUs of a pair reported different
+	// NVLink counts, per-link speeds, PCIe levels or P2P support; the
+	// conservative value was published.
+	ReasonAsymmetricLink = "AsymmetricLink"
+	// ReasonUnknownRemoteBusID: an NVLink leads to a bus ID that is no GPU
+	// of the node and the driver did not say the remote is an NVSwitch;
+	// the link was not counted.
+	ReasonUnknownRemoteBusID = "UnknownRemoteBusID"
+	// ReasonDuplicateBusID: two GPUs reported the same PCI bus ID, so
+	// NVLinks cannot be told apart; discovery was refused and the node
+	// published as stale.
+	ReasonDuplicateBusID = "DuplicateBusID"
+)
 
 // NodeGPUTopology is one node's GPU topology and telemetry, published by the
 // node agent. Cluster-scoped; its name is the node's name.
