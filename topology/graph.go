@@ -52,6 +52,27 @@ var pcieLevelNames = []string{
 // the most.
 var domainLevels = [...]int8{1, 2, 3, 4}
 
+// Ceilings on what one link may claim. They keep a hostile or mistaken
+// status (a figure in MB/s, an NVLink bandwidth without nvlinks) from being
+// believed, and they bound every sum the allocator forms: the largest, the
+// cut of a 64-GPU node, is 64 × 64 × MaxPairGBps ≈ 8.2 million, far inside
+// an int.
+const (
+	// MaxPCIeGBps is the most a pair without NVLink can carry, GB/s
+	// bidirectional: one PCIe Gen6 x16 link (128 GB/s each way). Peer
+	// traffic between two GPUs crosses at least each GPU's own x16 link, and
+	// no GPU has a wider or faster one, so a PCIe pair never gets more.
+	MaxPCIeGBps = 256
+	// MaxPairGBps is the most any pair may claim, GB/s bidirectional:
+	// above NVLink5's 1,800 (18 links × 100, GB200 and B200 through
+	// NVSwitch), with room for a measured figure a little above the
+	// published one.
+	MaxPairGBps = 2000
+	// MaxNVLinks is the most NVLinks a pair may have: NVML's
+	// NVLINK_MAX_LINKS (36), the links one GPU can have at all.
+	MaxNVLinks = 36
+)
+
 // NewGraph validates GPUs and links and builds a Graph. GPUs may come in any
 // order; their indices must be exactly 0..n-1. Every pair of GPUs must be
 // described by exactly one link (A and B in either order). Every problem
@@ -125,14 +146,24 @@ func NewGraph(gpus []v1alpha1.GPU, links []v1alpha1.Link) (*Graph, error) {
 		if _, ok := pcieRanks[l.PCIe]; !ok {
 			bad("links[%d].pcie: %q is not a known PCIe level; want one of %v", pos, l.PCIe, pcieLevelNames)
 		}
-		if l.NVLinks < 0 {
+		switch {
+		case l.NVLinks < 0:
 			bad("links[%d].nvlinks: %d must not be negative", pos, l.NVLinks)
+		case l.NVLinks > MaxNVLinks:
+			bad("links[%d].nvlinks: %d; a GPU has at most %d NVLinks (NVML's NVLINK_MAX_LINKS)", pos, l.NVLinks, MaxNVLinks)
 		}
 		if l.NVSwitch && l.NVLinks <= 0 {
 			bad("links[%d].nvswitch: set but nvlinks is %d; an NVSwitch path needs the GPU's NVLink count", pos, l.NVLinks)
 		}
-		if l.BandwidthGBps < 0 {
+		switch {
+		case l.BandwidthGBps < 0:
 			bad("links[%d].bandwidthGBps: %d must not be negative", pos, l.BandwidthGBps)
+		case l.BandwidthGBps > MaxPairGBps:
+			bad("links[%d].bandwidthGBps: %d; a GPU pair carries at most %d GB/s (NVLink5 through NVSwitch, the fastest, gives 1,800)", pos, l.BandwidthGBps, MaxPairGBps)
+		case l.NVLinks > 0 && l.BandwidthGBps == 0:
+			bad("links[%d].bandwidthGBps: 0 with %d NVLinks; an NVLinked pair needs its bandwidth (nvlinks × GB/s per link)", pos, l.NVLinks)
+		case l.NVLinks <= 0 && l.BandwidthGBps > MaxPCIeGBps:
+			bad("links[%d].bandwidthGBps: %d; a PCIe link carries at most %d GB/s (PCIe Gen6 x16, bidirectional); a faster pair needs its nvlinks", pos, l.BandwidthGBps, MaxPCIeGBps)
 		}
 		g.links[a*n+b] = l
 		g.links[b*n+a] = l

@@ -85,6 +85,26 @@ func TestNewGraphRejectsBadInputNamingTheEntry(t *testing.T) {
 			l[1].NVSwitch = true
 			return g, l
 		}, []string{"links[1].nvswitch: set but nvlinks is 0"}},
+		{"NVLinked pair at 0 GB/s", func(g []v1alpha1.GPU, l []v1alpha1.Link) ([]v1alpha1.GPU, []v1alpha1.Link) {
+			l[0].BandwidthGBps = 0
+			return g, l
+		}, []string{"links[0].bandwidthGBps: 0 with 2 NVLinks; an NVLinked pair needs its bandwidth"}},
+		{"PCIe pair claiming NVSwitch bandwidth", func(g []v1alpha1.GPU, l []v1alpha1.Link) ([]v1alpha1.GPU, []v1alpha1.Link) {
+			l[2].BandwidthGBps = 900
+			return g, l
+		}, []string{"links[2].bandwidthGBps: 900; a PCIe link carries at most 256 GB/s"}},
+		{"pair above the ceiling", func(g []v1alpha1.GPU, l []v1alpha1.Link) ([]v1alpha1.GPU, []v1alpha1.Link) {
+			l[0].BandwidthGBps = MaxPairGBps + 1
+			return g, l
+		}, []string{"links[0].bandwidthGBps: 2001; a GPU pair carries at most 2000 GB/s"}},
+		{"MaxInt bandwidth on a PCIe pair names the ceiling once", func(g []v1alpha1.GPU, l []v1alpha1.Link) ([]v1alpha1.GPU, []v1alpha1.Link) {
+			l[1].BandwidthGBps = int(^uint(0) >> 1)
+			return g, l
+		}, []string{"links[1].bandwidthGBps: 9223372036854775807; a GPU pair carries at most 2000 GB/s"}},
+		{"more NVLinks than a GPU has", func(g []v1alpha1.GPU, l []v1alpha1.Link) ([]v1alpha1.GPU, []v1alpha1.Link) {
+			l[0].NVLinks = 1 << 40
+			return g, l
+		}, []string{"links[0].nvlinks: 1099511627776; a GPU has at most 36 NVLinks"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g, err := NewGraph(tc.mutate(threeGPUs()))
@@ -97,6 +117,79 @@ func TestNewGraphRejectsBadInputNamingTheEntry(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The ceilings themselves are accepted: a PCIe Gen6 x16 pair at 256 GB/s
+// and an NVLinked pair at 2,000 GB/s are real (or nearly real) machines.
+func TestNewGraphAcceptsLinksAtTheCeilings(t *testing.T) {
+	gpus, links := threeGPUs()
+	links[0].BandwidthGBps = MaxPairGBps
+	links[0].NVLinks = MaxNVLinks
+	links[1].BandwidthGBps = MaxPCIeGBps
+	g, err := NewGraph(gpus, links)
+	if err != nil {
+		t.Fatalf("links at the ceilings refused: %v", err)
+	}
+	if got := g.Bandwidth(0, 1); got != MaxPairGBps {
+		t.Errorf("Bandwidth(0, 1) = %d, want %d", got, MaxPairGBps)
+	}
+}
+
+// maxedGraph is n GPUs whose every pair claims the ceiling: the largest
+// numbers the allocator and the metrics can ever be handed.
+func maxedGraph(t testing.TB, n int) *Graph {
+	t.Helper()
+	gpus := make([]v1alpha1.GPU, n)
+	var links []v1alpha1.Link
+	for i := range gpus {
+		gpus[i] = v1alpha1.GPU{Index: i, UUID: FixtureUUID("maxed", i), MemoryMiB: 1 << 40}
+		for j := i + 1; j < n; j++ {
+			links = append(links, v1alpha1.Link{A: i, B: j, NVLinks: MaxNVLinks, NVSwitch: true, P2P: true, PCIe: v1alpha1.PCIeCrossSocket, BandwidthGBps: MaxPairGBps})
+		}
+	}
+	g, err := NewGraph(gpus, links)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// With every pair of a 64-GPU node at the ceiling, every sum the metrics
+// and the objective form is exact: no overflow, no wrap to negative.
+func TestSumsAtTheCeilingOn64GPUsDoNotOverflow(t *testing.T) {
+	g := maxedGraph(t, MaxGPUs)
+	all := g.All()
+	pairs := MaxGPUs * (MaxGPUs - 1) / 2
+	m := g.Metrics(all, all)
+	if want := pairs * MaxPairGBps; m.SumGBps != want || m.MinPairGBps != MaxPairGBps || m.RingGBps != MaxPairGBps {
+		t.Errorf("metrics of all 64 GPUs: sum %d, min pair %d, ring %d; want %d, %d, %d", m.SumGBps, m.MinPairGBps, m.RingGBps, want, MaxPairGBps, MaxPairGBps)
+	}
+	half := MaskOf(func() []int {
+		var idx []int
+		for i := 0; i < MaxGPUs; i += 2 {
+			idx = append(idx, i)
+		}
+		return idx
+	}()...)
+	for _, s := range v1alpha1.Strategies {
+		score := Objective(g, half, all, Request{Count: half.Count(), Requirement: v1alpha1.Requirement{Strategy: s}})
+		for i, k := range objectives[s] {
+			var want int64
+			switch k {
+			case keyMinPair, keyRing:
+				want = MaxPairGBps
+			case keySum:
+				want = int64(32*31/2) * MaxPairGBps
+			case keyNegCut:
+				want = -int64(32*32) * MaxPairGBps
+			default:
+				continue
+			}
+			if score.Keys[i] != want {
+				t.Errorf("%s: key %s = %d, want %d", s, keyNames[k], score.Keys[i], want)
+			}
+		}
 	}
 }
 
@@ -369,5 +462,29 @@ func TestMetricsOfASet(t *testing.T) {
 	}
 	if m := pcie.Metrics(MaskOf(2), pcie.All()); m.Tier != v1alpha1.TierSingleGPU || m.RingGBps != 0 {
 		t.Errorf("one GPU: %+v", m)
+	}
+}
+
+// The allocator answers on the largest graph the model accepts, every
+// pair at the ceiling: each strategy returns k distinct GPUs whose metrics
+// carry the ceiling's exact figures.
+func TestAllocatorOnA64GPUGraphAtTheCeiling(t *testing.T) {
+	g := maxedGraph(t, MaxGPUs)
+	a := NewAllocator(4)
+	for _, k := range []int{1, 2, 8, 63, 64} {
+		for _, s := range v1alpha1.Strategies {
+			req := Request{Count: k, Requirement: v1alpha1.Requirement{Strategy: s, RequireNVLink: true, MinPairBandwidthGBps: MaxPairGBps}}
+			res, err := a.Allocate(g, g.All(), req)
+			if err != nil {
+				t.Fatalf("k=%d %s: %v", k, s, err)
+			}
+			set := MaskOf(res.GPUs...)
+			if set.Count() != k || len(res.GPUs) != k {
+				t.Fatalf("k=%d %s: got GPUs %v", k, s, res.GPUs)
+			}
+			if want := k * (k - 1) / 2 * MaxPairGBps; res.Metrics.SumGBps != want {
+				t.Errorf("k=%d %s: sum %d GB/s, want %d", k, s, res.Metrics.SumGBps, want)
+			}
+		}
 	}
 }
