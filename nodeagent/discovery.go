@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
@@ -75,6 +77,9 @@ type NVMLSource struct {
 	uuidIndex  map[string]int
 	changed    chan struct{}
 	lastDriver string
+	// lastIssues is the last inconsistency message logged, so that a
+	// lasting one is logged once, not at every refresh.
+	lastIssues string
 }
 
 var _ Source = (*NVMLSource)(nil)
@@ -186,17 +191,94 @@ func (s *NVMLSource) setHealth(index int, reason string) {
 
 // deviceInfo is what one GPU says about itself and its NVLinks.
 type deviceInfo struct {
-	gpu        v1alpha1.GPU
-	dev        nvml.Device
-	busKey     string
-	direct     map[string]int // remote GPU bus key -> active links
-	switchLink int            // active links into an NVSwitch
-	linkGBps   int            // bandwidth of one NVLink, GB/s bidirectional
-	pcieGen    int
-	lost       bool
+	gpu    v1alpha1.GPU
+	dev    nvml.Device
+	busKey string
+	// ends are the GPU's active NVLinks as it reports them; resolve sorts
+	// them into toGPU and switchLinks once every GPU's bus ID is known.
+	ends        []linkEnd
+	toGPU       map[int]int // remote GPU index -> active links to it
+	switchLinks int         // active links into an NVSwitch
+	linkGBps    int         // bandwidth of one NVLink, GB/s bidirectional; 0: unknown
+	pcieGen     int
+	lost        bool
 }
 
-// Topology implements Source.
+// linkEnd is one active NVLink as the GPU that owns it reports it.
+type linkEnd struct {
+	link      int
+	remoteBus string // as NVML wrote it; "" when the driver would not say
+	kind      nvml.IntNvLinkDeviceType
+	kindKnown bool // false when GetNvLinkRemoteDeviceType is not supported
+}
+
+// issue is one inconsistency in NVML's answers: a Reason* of
+// ConditionTopologyConsistent and what exactly disagreed.
+type issue struct {
+	reason string
+	msg    string
+}
+
+// issueOrder ranks the reasons of ConditionTopologyConsistent: the first
+// found in this order names the condition.
+var issueOrder = []string{v1alpha1.ReasonDuplicateBusID, v1alpha1.ReasonUnknownRemoteBusID, v1alpha1.ReasonAsymmetricLink}
+
+// maxIssuesInMessage bounds the condition's message: a 64-GPU node could
+// list thousands of pairs.
+const maxIssuesInMessage = 16
+
+// RefusedError is a topology read that was refused because NVML's answers
+// contradict each other in a way no conservative value resolves (two GPUs
+// with one PCI bus ID). The publisher publishes the node as stale with
+// Condition set.
+type RefusedError struct {
+	Condition metav1.Condition
+}
+
+func (e *RefusedError) Error() string {
+	return "nvml topology refused: " + e.Condition.Message
+}
+
+// consistentCondition is TopologyConsistent when NVML's answers agree.
+func consistentCondition() metav1.Condition {
+	return metav1.Condition{Type: v1alpha1.ConditionTopologyConsistent, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonConsistent,
+		Message: "both ends of every link agree and every NVLink leads to a GPU or an NVSwitch of this node"}
+}
+
+// consistency turns the issues of one read into the TopologyConsistent
+// condition (without lastTransitionTime; the publisher sets it) and counts
+// them in the inconsistencies metric.
+func (s *NVMLSource) consistency(issues []issue) metav1.Condition {
+	if len(issues) == 0 {
+		s.lastIssues = ""
+		return consistentCondition()
+	}
+	rank := func(reason string) int { return slices.Index(issueOrder, reason) }
+	sort.SliceStable(issues, func(i, j int) bool { return rank(issues[i].reason) < rank(issues[j].reason) })
+	var b strings.Builder
+	for i, is := range issues {
+		s.metrics.inconsistency(is.reason)
+		if i == maxIssuesInMessage {
+			fmt.Fprintf(&b, "; and %d more", len(issues)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(is.reason + ": " + is.msg)
+	}
+	c := metav1.Condition{Type: v1alpha1.ConditionTopologyConsistent, Status: metav1.ConditionFalse, Reason: issues[0].reason, Message: b.String()}
+	if c.Message != s.lastIssues {
+		s.lastIssues = c.Message
+		s.logger.Info("NVML answers disagree; publishing the conservative topology", "reason", c.Reason, "issues", len(issues), "detail", c.Message)
+	}
+	return c
+}
+
+// Topology implements Source. Every link is read from both of its GPUs;
+// where they disagree the conservative value is published and the
+// disagreement recorded in the TopologyConsistent condition. Two GPUs with
+// one bus ID make the read fail with a *RefusedError.
 func (s *NVMLSource) Topology() (v1alpha1.NodeGPUTopologyStatus, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -219,18 +301,25 @@ func (s *NVMLSource) Topology() (v1alpha1.NodeGPUTopologyStatus, error) {
 	if count > topology.MaxGPUs {
 		return v1alpha1.NodeGPUTopologyStatus{}, fmt.Errorf("nvml reports %d GPUs; at most %d are supported per node", count, topology.MaxGPUs)
 	}
+	if count < 0 {
+		return v1alpha1.NodeGPUTopologyStatus{}, fmt.Errorf("nvml reports %d GPUs", count)
+	}
 	infos := make([]*deviceInfo, count)
-	byBus := map[string]int{}
 	for i := 0; i < count; i++ {
 		info, err := s.readDevice(i)
 		if err != nil {
 			return v1alpha1.NodeGPUTopologyStatus{}, err
 		}
 		infos[i] = info
-		byBus[info.busKey] = i
 	}
+	byBus, dups := indexByBus(infos)
+	if len(dups) > 0 {
+		c := s.consistency(dups)
+		return v1alpha1.NodeGPUTopologyStatus{}, &RefusedError{Condition: c}
+	}
+	var issues []issue
 	for _, info := range infos {
-		resolveRemotes(info, byBus)
+		issues = append(issues, resolve(info, byBus)...)
 	}
 	gpus := make([]v1alpha1.GPU, count)
 	for i, info := range infos {
@@ -242,11 +331,12 @@ func (s *NVMLSource) Topology() (v1alpha1.NodeGPUTopologyStatus, error) {
 	var links []v1alpha1.Link
 	for a := 0; a < count; a++ {
 		for b := a + 1; b < count; b++ {
-			l, err := s.readLink(infos[a], infos[b])
+			l, pairIssues, err := s.readLink(infos[a], infos[b])
 			if err != nil {
 				return v1alpha1.NodeGPUTopologyStatus{}, err
 			}
 			links = append(links, l)
+			issues = append(issues, pairIssues...)
 		}
 	}
 	g, err := topology.NewGraph(gpus, links)
@@ -255,6 +345,7 @@ func (s *NVMLSource) Topology() (v1alpha1.NodeGPUTopologyStatus, error) {
 	}
 	st := g.Status()
 	st.DriverVersion = s.lastDriver
+	st.Conditions = []metav1.Condition{s.consistency(issues)}
 	for _, gpu := range st.GPUs {
 		s.lastGPUs[gpu.Index] = gpu
 		s.uuidIndex[gpu.UUID] = gpu.Index
@@ -263,6 +354,219 @@ func (s *NVMLSource) Topology() (v1alpha1.NodeGPUTopologyStatus, error) {
 		s.lastLinks[[2]int{l.A, l.B}] = l
 	}
 	return st, nil
+}
+
+// indexByBus maps each GPU's bus key to its index. Two GPUs with one bus
+// ID are an issue each: NVLinks name their remote end by bus ID, so such a
+// node's links cannot be told apart. GPUs whose bus ID is unknown are left
+// out (no NVLink can name them).
+func indexByBus(infos []*deviceInfo) (map[string]int, []issue) {
+	byBus := make(map[string]int, len(infos))
+	var dups []issue
+	for i, info := range infos {
+		if info.busKey == "" {
+			continue
+		}
+		if j, dup := byBus[info.busKey]; dup {
+			dups = append(dups, issue{v1alpha1.ReasonDuplicateBusID, fmt.Sprintf("GPU %d and GPU %d both report PCI bus ID %s; NVLinks cannot be told apart, so the topology is not published",
+				j, i, info.gpu.PCIBusID)})
+			continue
+		}
+		byBus[info.busKey] = i
+	}
+	return byBus, dups
+}
+
+// remoteTypeName names an NVLink remote device type for messages.
+func remoteTypeName(e linkEnd) string {
+	if !e.kindKnown {
+		return "not reported by the driver"
+	}
+	switch e.kind {
+	case nvml.NVLINK_DEVICE_TYPE_GPU:
+		return "GPU"
+	case nvml.NVLINK_DEVICE_TYPE_IBMNPU:
+		return "IBM NPU"
+	case nvml.NVLINK_DEVICE_TYPE_SWITCH:
+		return "NVSwitch"
+	}
+	return fmt.Sprintf("unknown (%#x)", uint32(e.kind))
+}
+
+// resolve sorts one GPU's NVLinks by what NVML says is on the other end:
+//
+//   - NVSwitch (NVLINK_DEVICE_TYPE_SWITCH): a link into the fabric. Only
+//     this answer makes an NVSwitch path; the bus ID is not consulted.
+//   - IBM NPU (NVLINK_DEVICE_TYPE_IBMNPU): a link to an IBM POWER CPU, not
+//     between GPUs; not counted, and not an inconsistency.
+//   - GPU, unknown (0xFF) or not reported: a direct link to the GPU whose
+//     bus ID the link names. A bus ID that is no other GPU of this node is
+//     an issue and the link is not counted: nothing says what is there.
+func resolve(info *deviceInfo, byBus map[string]int) []issue {
+	info.toGPU = map[int]int{}
+	type unknownRemote struct {
+		bus, kind string
+	}
+	unknown := map[unknownRemote][]int{}
+	var order []unknownRemote
+	for _, e := range info.ends {
+		if e.kindKnown {
+			switch e.kind {
+			case nvml.NVLINK_DEVICE_TYPE_SWITCH:
+				info.switchLinks++
+				continue
+			case nvml.NVLINK_DEVICE_TYPE_IBMNPU:
+				continue
+			}
+		}
+		if j, ok := byBus[busKey(e.remoteBus)]; ok && e.remoteBus != "" && j != info.gpu.Index {
+			info.toGPU[j]++
+			continue
+		}
+		k := unknownRemote{e.remoteBus, remoteTypeName(e)}
+		if _, seen := unknown[k]; !seen {
+			order = append(order, k)
+		}
+		unknown[k] = append(unknown[k], e.link)
+	}
+	var issues []issue
+	for _, k := range order {
+		bus := k.bus
+		if bus == "" {
+			bus = "unknown"
+		}
+		issues = append(issues, issue{v1alpha1.ReasonUnknownRemoteBusID, fmt.Sprintf(
+			"GPU %d NVLinks %v lead to bus ID %s (remote type %s), which is no other GPU of this node; not counted (an NVSwitch is believed only when NVML reports the remote type NVSwitch)",
+			info.gpu.Index, unknown[k], bus, k.kind)})
+	}
+	return issues
+}
+
+// pairEnd is what one GPU of a pair says about the other.
+type pairEnd struct {
+	level      v1alpha1.PCIeLevel // CrossSocket when the driver would not say
+	levelKnown bool
+	p2p        nvml.GpuP2PStatus
+	p2pKnown   bool
+}
+
+// readEnd asks GPU a about GPU b. Only a lost GPU is an error.
+func (s *NVMLSource) readEnd(a, b *deviceInfo) (pairEnd, error) {
+	e := pairEnd{level: v1alpha1.PCIeCrossSocket}
+	level, ret := a.dev.GetTopologyCommonAncestor(b.dev)
+	if ok, err := s.check("GetTopologyCommonAncestor", ret); ok {
+		e.level, e.levelKnown = pcieLevel(level), true
+	} else if errors.Is(err, errGPULost) {
+		return e, err
+	}
+	p2p, ret := a.dev.GetP2PStatus(b.dev, nvml.P2P_CAPS_INDEX_READ)
+	if ok, err := s.check("GetP2PStatus", ret); ok {
+		e.p2p, e.p2pKnown = p2p, true
+	} else if errors.Is(err, errGPULost) {
+		return e, err
+	}
+	return e, nil
+}
+
+// readLink describes the pair a<b from both ends: NVLink count and whether
+// it goes through an NVSwitch, the PCIe common ancestor, P2P support and
+// the bandwidth. Where the ends disagree it takes the conservative value:
+// fewer NVLinks, the slower per-link speed, the farther PCIe level, P2P
+// unsupported; each disagreement is an issue. An end the driver cannot
+// answer for counts as the documented default (CrossSocket; P2P from the
+// other end) without being an issue. For a lost GPU the last-known link is
+// kept.
+func (s *NVMLSource) readLink(a, b *deviceInfo) (v1alpha1.Link, []issue, error) {
+	ia, ib := a.gpu.Index, b.gpu.Index
+	if a.lost || b.lost {
+		if l, ok := s.lastLinks[[2]int{ia, ib}]; ok {
+			return l, nil, nil
+		}
+		return v1alpha1.Link{}, nil, fmt.Errorf("gpu %d-gpu %d: no last-known link for a lost GPU: %w", ia, ib, errGPULost)
+	}
+	var issues []issue
+	asym := func(format string, args ...any) {
+		issues = append(issues, issue{v1alpha1.ReasonAsymmetricLink, fmt.Sprintf(format, args...)})
+	}
+	ab, err := s.readEnd(a, b)
+	if err != nil {
+		return v1alpha1.Link{}, nil, fmt.Errorf("gpu %d-gpu %d: %w", ia, ib, err)
+	}
+	ba, err := s.readEnd(b, a)
+	if err != nil {
+		return v1alpha1.Link{}, nil, fmt.Errorf("gpu %d-gpu %d: %w", ib, ia, err)
+	}
+	l := v1alpha1.Link{A: ia, B: ib, PCIe: ab.level}
+	if pcieRank(ba.level) > pcieRank(ab.level) {
+		l.PCIe = ba.level
+	}
+	if ab.levelKnown && ba.levelKnown && ab.level != ba.level {
+		asym("GPU %d sees GPU %d at PCIe level %s, GPU %d sees GPU %d at %s; publishing %s", ia, ib, ab.level, ib, ia, ba.level, l.PCIe)
+	}
+
+	nab, nba := a.toGPU[ib], b.toGPU[ia]
+	l.NVLinks = min(nab, nba)
+	if nab != nba {
+		asym("GPU %d reports %d NVLinks to GPU %d, GPU %d reports %d to GPU %d; publishing %d", ia, nab, ib, ib, nba, ia, l.NVLinks)
+	}
+	if l.NVLinks == 0 && a.switchLinks > 0 && b.switchLinks > 0 {
+		l.NVLinks, l.NVSwitch = min(a.switchLinks, b.switchLinks), true
+	}
+
+	okA := ab.p2pKnown && ab.p2p == nvml.P2P_STATUS_OK
+	okB := ba.p2pKnown && ba.p2p == nvml.P2P_STATUS_OK
+	switch {
+	case ab.p2pKnown && ba.p2pKnown:
+		l.P2P = okA && okB
+		if okA != okB {
+			asym("GPU %d reports P2P reads to GPU %d as %s, GPU %d to GPU %d as %s; publishing P2P unsupported", ia, ib, p2pName(ab.p2p), ib, ia, p2pName(ba.p2p))
+		}
+	case ab.p2pKnown || ba.p2pKnown:
+		l.P2P = okA || okB
+	default:
+		// Neither end answers: NVLinked pairs do P2P over NVLink.
+		l.P2P = l.NVLinks > 0
+	}
+
+	if l.NVLinks > 0 {
+		if a.linkGBps > 0 && b.linkGBps > 0 && a.linkGBps != b.linkGBps {
+			asym("GPU %d reads %d GB/s per NVLink, GPU %d reads %d; publishing %d", ia, a.linkGBps, ib, b.linkGBps, min(a.linkGBps, b.linkGBps))
+		}
+		l.BandwidthGBps = l.NVLinks * min(nonZero(a.linkGBps), nonZero(b.linkGBps))
+	} else {
+		l.BandwidthGBps = topology.PCIeBandwidthGBps(min(nonZeroGen(a.pcieGen), nonZeroGen(b.pcieGen)), l.PCIe)
+	}
+	return l, issues, nil
+}
+
+// pcieRank orders PCIe levels from nearest (0) to farthest, as pcieLevels
+// lists them; CrossSocket (and anything else) is the farthest.
+func pcieRank(l v1alpha1.PCIeLevel) int {
+	for i, p := range pcieLevels {
+		if p.api == l {
+			return i
+		}
+	}
+	return len(pcieLevels)
+}
+
+// p2pName names a P2P status for messages.
+func p2pName(st nvml.GpuP2PStatus) string {
+	switch st {
+	case nvml.P2P_STATUS_OK:
+		return "OK"
+	case nvml.P2P_STATUS_CHIPSET_NOT_SUPPORTED:
+		return "chipset not supported"
+	case nvml.P2P_STATUS_GPU_NOT_SUPPORTED:
+		return "GPU not supported"
+	case nvml.P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED:
+		return "IOH topology not supported"
+	case nvml.P2P_STATUS_DISABLED_BY_REGKEY:
+		return "disabled by regkey"
+	case nvml.P2P_STATUS_NOT_SUPPORTED:
+		return "not supported"
+	}
+	return fmt.Sprintf("status %d", uint32(st))
 }
 
 // readDevice reads one GPU. A GPU lost after it was first read keeps its
@@ -288,7 +592,7 @@ func (s *NVMLSource) readDevice(i int) (*deviceInfo, error) {
 		}
 		return nil, err
 	}
-	info := &deviceInfo{dev: dev, direct: map[string]int{}, gpu: v1alpha1.GPU{Index: i, NUMANode: -1, Health: v1alpha1.GPUHealthy}}
+	info := &deviceInfo{dev: dev, gpu: v1alpha1.GPU{Index: i, NUMANode: -1, Health: v1alpha1.GPUHealthy}}
 	uuid, ret := dev.GetUUID()
 	if ok, err := s.check("GetUUID", ret); !ok {
 		if errors.Is(err, errGPULost) {
@@ -343,9 +647,10 @@ func (s *NVMLSource) readDevice(i int) (*deviceInfo, error) {
 	return info, nil
 }
 
-// readNVLinks counts active NVLinks by what is on the other end: another
-// GPU (direct link, by its PCI bus ID) or an NVSwitch. Links are probed from
-// 0 until the driver says the link does not exist.
+// readNVLinks records the GPU's active NVLinks with what NVML says is on
+// the other end (type and PCI bus ID); resolve sorts them once every GPU's
+// bus ID is known. Links are probed from 0 until the driver says the link
+// does not exist.
 func (s *NVMLSource) readNVLinks(info *deviceInfo, soft func(string, nvml.Return) bool) {
 	for link := 0; link < nvml.NVLINK_MAX_LINKS; link++ {
 		state, ret := info.dev.GetNvLinkState(link)
@@ -358,25 +663,14 @@ func (s *NVMLSource) readNVLinks(info *deviceInfo, soft func(string, nvml.Return
 		if state != nvml.FEATURE_ENABLED {
 			continue
 		}
-		remote, ret := info.dev.GetNvLinkRemotePciInfo(link)
-		remoteKey := ""
-		if soft("GetNvLinkRemotePciInfo", ret) {
-			remoteKey = busKey(busIDString(remote))
+		e := linkEnd{link: link}
+		if remote, ret := info.dev.GetNvLinkRemotePciInfo(link); soft("GetNvLinkRemotePciInfo", ret) {
+			e.remoteBus = busIDString(remote)
 		}
-		kind, ret := info.dev.GetNvLinkRemoteDeviceType(link)
-		if !soft("GetNvLinkRemoteDeviceType", ret) {
-			// Older drivers: a remote that is not a GPU of this node is
-			// taken to be an NVSwitch (resolved in readLink).
-			kind = nvml.NVLINK_DEVICE_TYPE_UNKNOWN
+		if kind, ret := info.dev.GetNvLinkRemoteDeviceType(link); soft("GetNvLinkRemoteDeviceType", ret) {
+			e.kind, e.kindKnown = kind, true
 		}
-		switch kind {
-		case nvml.NVLINK_DEVICE_TYPE_SWITCH:
-			info.switchLink++
-		case nvml.NVLINK_DEVICE_TYPE_GPU:
-			info.direct[remoteKey]++
-		default:
-			info.direct["?"+remoteKey]++
-		}
+		info.ends = append(info.ends, e)
 		if info.linkGBps == 0 {
 			info.linkGBps = s.nvlinkGBps(info.dev, link, soft)
 		}
@@ -389,13 +683,15 @@ func (s *NVMLSource) readNVLinks(info *deviceInfo, soft func(string, nvml.Return
 var nvlinkGBpsByVersion = map[uint32]int{1: 40, 2: 50, 3: 50, 4: 50, 5: 50, 6: 50, 7: 100, 8: 100}
 
 // nvlinkGBps prefers the measured link speed (FI_DEV_NVLINK_SPEED_MBPS_COMMON,
-// MB/s per direction) snapped to the published figure when within 10%, then
+// MB/s per direction) snapped to the published figure when within 10%
+// (a reading of 0 or above topology.MaxPairGBps is not believed), then
 // the NVLink version, then 50 GB/s, the most common per-link rate.
 func (s *NVMLSource) nvlinkGBps(dev nvml.Device, link int, soft func(string, nvml.Return) bool) int {
 	fv := []nvml.FieldValue{{FieldId: nvml.FI_DEV_NVLINK_SPEED_MBPS_COMMON}}
 	if soft("GetFieldValues", dev.GetFieldValues(fv)) && fv[0].NvmlReturn == uint32(nvml.SUCCESS) {
-		mbps := fieldUint(fv[0])
-		if mbps > 0 {
+		// A speed no link can have (above the ceiling on a whole pair, or
+		// rounding to 0) is a bad reading, not a fast link.
+		if mbps := fieldUint(fv[0]); mbps >= 500 && mbps <= topology.MaxPairGBps*1000/2 {
 			bidi := int(2 * mbps / 1000)
 			for _, published := range []int{40, 50, 100} {
 				if bidi*10 >= published*9 && bidi*10 <= published*11 {
@@ -425,57 +721,6 @@ func fieldUint(v nvml.FieldValue) uint64 {
 		return out & 0xffffffff
 	}
 	return out
-}
-
-// resolveRemotes sorts the links whose remote type the driver would not
-// say (older drivers): a link to the bus ID of a GPU of this node is a
-// direct link, any other goes to an NVSwitch.
-func resolveRemotes(info *deviceInfo, byBus map[string]int) {
-	for key, n := range info.direct {
-		if !strings.HasPrefix(key, "?") {
-			continue
-		}
-		delete(info.direct, key)
-		if _, isGPU := byBus[key[1:]]; isGPU {
-			info.direct[key[1:]] += n
-		} else {
-			info.switchLink += n
-		}
-	}
-}
-
-// readLink describes the pair a<b: NVLink count and whether it goes through
-// an NVSwitch, the PCIe common ancestor, P2P support and the bandwidth. For
-// a lost GPU the last-known link is kept.
-func (s *NVMLSource) readLink(a, b *deviceInfo) (v1alpha1.Link, error) {
-	if a.lost || b.lost {
-		if l, ok := s.lastLinks[[2]int{a.gpu.Index, b.gpu.Index}]; ok {
-			return l, nil
-		}
-		return v1alpha1.Link{}, fmt.Errorf("gpu %d-gpu %d: no last-known link for a lost GPU: %w", a.gpu.Index, b.gpu.Index, errGPULost)
-	}
-	l := v1alpha1.Link{A: a.gpu.Index, B: b.gpu.Index, PCIe: v1alpha1.PCIeCrossSocket}
-	level, ret := a.dev.GetTopologyCommonAncestor(b.dev)
-	if ok, err := s.check("GetTopologyCommonAncestor", ret); ok {
-		l.PCIe = pcieLevel(level)
-	} else if errors.Is(err, errGPULost) {
-		return v1alpha1.Link{}, fmt.Errorf("gpu %d-gpu %d: %w", a.gpu.Index, b.gpu.Index, err)
-	}
-	l.NVLinks = a.direct[b.busKey]
-	if l.NVLinks == 0 && a.switchLink > 0 && b.switchLink > 0 {
-		l.NVLinks, l.NVSwitch = min(a.switchLink, b.switchLink), true
-	}
-	p2p, ret := a.dev.GetP2PStatus(b.dev, nvml.P2P_CAPS_INDEX_READ)
-	if ok, _ := s.check("GetP2PStatus", ret); ok {
-		l.P2P = p2p == nvml.P2P_STATUS_OK
-	}
-	if l.NVLinks > 0 {
-		l.P2P = true
-		l.BandwidthGBps = l.NVLinks * min(nonZero(a.linkGBps), nonZero(b.linkGBps))
-	} else {
-		l.BandwidthGBps = topology.PCIeBandwidthGBps(min(nonZeroGen(a.pcieGen), nonZeroGen(b.pcieGen)), l.PCIe)
-	}
-	return l, nil
 }
 
 func nonZero(gbps int) int {

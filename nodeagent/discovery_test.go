@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology"
@@ -61,6 +63,7 @@ func fixtureB(t testing.TB, name string) topology.Fixture {
 func wantStatus(f topology.Fixture) v1alpha1.NodeGPUTopologyStatus {
 	st := f.Graph(testNode).Status()
 	st.DriverVersion = SimulatedDriverVersion
+	st.Conditions = []metav1.Condition{consistentCondition()}
 	return st
 }
 
@@ -178,7 +181,16 @@ func TestNotSupportedDegrades(t *testing.T) {
 			}
 		}},
 		{"nvlink remote type falls back to bus IDs on a cube-mesh", "dgx1-v100", []string{"GetNvLinkRemoteDeviceType"}, nil},
-		{"nvlink remote type falls back to bus IDs on NVSwitch", "dgx-a100", []string{"GetNvLinkRemoteDeviceType"}, nil},
+		{"without the remote type an NVSwitch is not believed", "dgx-a100", []string{"GetNvLinkRemoteDeviceType"}, func(st *v1alpha1.NodeGPUTopologyStatus) {
+			f := fixture(t, "dgx-a100")
+			for i := range st.Links {
+				l := &st.Links[i]
+				l.NVLinks, l.NVSwitch = 0, false
+				l.BandwidthGBps = topology.PCIeBandwidthGBps(f.PCIeGen, l.PCIe)
+				// P2P stays as NVML reports it: the fabric is there.
+			}
+			st.Conditions[0].Status, st.Conditions[0].Reason = metav1.ConditionFalse, v1alpha1.ReasonUnknownRemoteBusID
+		}},
 		{"link speed falls back to the NVLink version", "hgx-h100", []string{"GetFieldValues"}, nil},
 		{"link speed and version unknown count 50 GB/s per link", "dgx1-v100", []string{"GetFieldValues", "GetNvLinkVersion"}, func(st *v1alpha1.NodeGPUTopologyStatus) {
 			for i := range st.Links {
@@ -222,11 +234,15 @@ func TestNotSupportedDegrades(t *testing.T) {
 					t.Fatalf("Topology: %v", err)
 				}
 			}
-			want := f.Graph(testNode).Status()
+			want := wantStatus(f)
 			if tc.mutate != nil {
 				tc.mutate(&want)
 			}
-			want.DriverVersion = SimulatedDriverVersion
+			if want.Conditions[0].Status == metav1.ConditionFalse {
+				// The message is tested where the lie is told; here only
+				// that the degraded answer is called out.
+				want.Conditions[0].Message = got.Conditions[0].Message
+			}
 			// The hash covers the facts; recompute it for the degraded ones.
 			g, err := topology.NewGraph(want.GPUs, want.Links)
 			if err != nil {
@@ -349,4 +365,327 @@ func TestWaitHealthTimesOutQuietly(t *testing.T) {
 	if err != nil || len(evs) != 0 {
 		t.Fatalf("WaitHealth with no events: got %v, %v; want none, nil", evs, err)
 	}
+}
+
+// linkAt is the position of pair a<b in a status's links (every pair once,
+// sorted by (A, B)).
+func linkAt(n, a, b int) int { return a*n - a*(a+1)/2 + (b - a - 1) }
+
+// withoutNVLink is the fixture's link between a and b had they no NVLink.
+func withoutNVLink(f topology.Fixture, l v1alpha1.Link) v1alpha1.Link {
+	l.NVLinks, l.NVSwitch = 0, false
+	l.BandwidthGBps = topology.PCIeBandwidthGBps(f.PCIeGen, l.PCIe)
+	return l
+}
+
+// dropLinkTo removes one of GPU i's NVLinks to bus busID.
+func dropLinkTo(t *testing.T, sim *Simulator, i int, busID string) {
+	t.Helper()
+	links, err := sim.NVLinks(i)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, l := range links {
+		if l.RemoteBusID == busID {
+			if err := sim.SetNVLinks(i, append(links[:k:k], links[k+1:]...)); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+	t.Fatalf("GPU %d has no NVLink to %s", i, busID)
+}
+
+func mustBus(t *testing.T, sim *Simulator, i int) string {
+	t.Helper()
+	b, err := sim.BusID(i)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+const phantomBus = "00000000:99:00.0"
+
+// Machines whose NVML answers contradict each other: discovery publishes
+// the conservative link, says what disagreed in the TopologyConsistent
+// condition and counts it, and never panics.
+func TestHostileTopologyDiscovery(t *testing.T) {
+	tests := []struct {
+		name    string
+		fixture string
+		script  func(t *testing.T, sim *Simulator)
+		// want changes the fixture's status into the one to publish.
+		want func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus)
+		// reason is the condition's reason; "" means Consistent.
+		reason  string
+		message []string
+	}{{
+		name: "NVLink only the lower GPU reports is not published", fixture: "dgx1-v100",
+		script: func(t *testing.T, sim *Simulator) { dropLinkTo(t, sim, 1, mustBus(t, sim, 0)) },
+		want: func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
+			st.Links[linkAt(8, 0, 1)] = withoutNVLink(f, st.Links[linkAt(8, 0, 1)])
+		},
+		reason:  v1alpha1.ReasonAsymmetricLink,
+		message: []string{"GPU 0 reports 1 NVLinks to GPU 1, GPU 1 reports 0 to GPU 0; publishing 0"},
+	}, {
+		name: "NVLink only the higher GPU reports is not published", fixture: "dgx1-v100",
+		script: func(t *testing.T, sim *Simulator) { dropLinkTo(t, sim, 0, mustBus(t, sim, 1)) },
+		want: func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
+			st.Links[linkAt(8, 0, 1)] = withoutNVLink(f, st.Links[linkAt(8, 0, 1)])
+		},
+		reason:  v1alpha1.ReasonAsymmetricLink,
+		message: []string{"GPU 0 reports 0 NVLinks to GPU 1, GPU 1 reports 1 to GPU 0; publishing 0"},
+	}, {
+		name: "double link seen single from one end is published single", fixture: "dgx1-v100",
+		script: func(t *testing.T, sim *Simulator) { dropLinkTo(t, sim, 3, mustBus(t, sim, 0)) },
+		want: func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
+			l := &st.Links[linkAt(8, 0, 3)]
+			l.NVLinks, l.BandwidthGBps = 1, 50
+		},
+		reason:  v1alpha1.ReasonAsymmetricLink,
+		message: []string{"GPU 0 reports 2 NVLinks to GPU 3, GPU 3 reports 1 to GPU 0; publishing 1"},
+	}, {
+		name: "PCIe levels that disagree publish the farther", fixture: "pcie-8x",
+		script: func(t *testing.T, sim *Simulator) { must(t, sim.SetPCIeLevel(1, 0, v1alpha1.PCIeCrossSocket)) },
+		want: func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
+			l := &st.Links[linkAt(8, 0, 1)]
+			l.PCIe, l.BandwidthGBps = v1alpha1.PCIeCrossSocket, topology.PCIeBandwidthGBps(f.PCIeGen, v1alpha1.PCIeCrossSocket)
+		},
+		reason:  v1alpha1.ReasonAsymmetricLink,
+		message: []string{"GPU 0 sees GPU 1 at PCIe level SameSwitch, GPU 1 sees GPU 0 at CrossSocket; publishing CrossSocket"},
+	}, {
+		name: "PCIe level the lower GPU puts farther is published too", fixture: "pcie-8x",
+		script: func(t *testing.T, sim *Simulator) { must(t, sim.SetPCIeLevel(2, 3, v1alpha1.PCIeSameNUMA)) },
+		want: func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
+			l := &st.Links[linkAt(8, 2, 3)]
+			l.PCIe, l.BandwidthGBps = v1alpha1.PCIeSameNUMA, topology.PCIeBandwidthGBps(f.PCIeGen, v1alpha1.PCIeSameNUMA)
+		},
+		reason:  v1alpha1.ReasonAsymmetricLink,
+		message: []string{"GPU 2 sees GPU 3 at PCIe level SameNUMA, GPU 3 sees GPU 2 at SameSwitch; publishing SameNUMA"},
+	}, {
+		name: "P2P one end refuses is published unsupported", fixture: "pcie-8x",
+		script: func(t *testing.T, sim *Simulator) { must(t, sim.SetP2P(5, 4, false)) },
+		want: func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
+			st.Links[linkAt(8, 4, 5)].P2P = false
+		},
+		reason:  v1alpha1.ReasonAsymmetricLink,
+		message: []string{"GPU 4 reports P2P reads to GPU 5 as OK, GPU 5 to GPU 4 as chipset not supported; publishing P2P unsupported"},
+	}, {
+		name: "per-link speeds that disagree publish the slower", fixture: "hgx-h100",
+		script: func(t *testing.T, sim *Simulator) { must(t, sim.SetNVLinkGBps(3, 25)) },
+		want: func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
+			for i := range st.Links {
+				if l := &st.Links[i]; l.A == 3 || l.B == 3 {
+					l.BandwidthGBps = l.NVLinks * 25
+				}
+			}
+		},
+		reason:  v1alpha1.ReasonAsymmetricLink,
+		message: []string{"GPU 0 reads 50 GB/s per NVLink, GPU 3 reads 25; publishing 25", "GPU 3 reads 25 GB/s per NVLink, GPU 7 reads 50; publishing 25"},
+	}, {
+		name: "absurd measured link speed is not believed", fixture: "hgx-h100",
+		script: func(t *testing.T, sim *Simulator) { must(t, sim.SetNVLinkGBps(6, 8_000_000)) },
+	}, {
+		name: "remote GPU at an unknown bus ID is not counted", fixture: "pcie-8x",
+		script: func(t *testing.T, sim *Simulator) {
+			must(t, sim.SetNVLinks(0, []SimNVLink{{phantomBus, nvml.NVLINK_DEVICE_TYPE_GPU}, {phantomBus, nvml.NVLINK_DEVICE_TYPE_GPU}}))
+		},
+		reason:  v1alpha1.ReasonUnknownRemoteBusID,
+		message: []string{"GPU 0 NVLinks [0 1] lead to bus ID 00000000:99:00.0 (remote type GPU), which is no other GPU of this node; not counted"},
+	}, {
+		name: "remote of unknown type at an unknown bus ID is not an NVSwitch", fixture: "pcie-8x",
+		script: func(t *testing.T, sim *Simulator) {
+			must(t, sim.SetNVLinks(0, []SimNVLink{{phantomBus, nvml.NVLINK_DEVICE_TYPE_UNKNOWN}}))
+			must(t, sim.SetNVLinks(1, []SimNVLink{{phantomBus, nvml.NVLINK_DEVICE_TYPE_UNKNOWN}}))
+		},
+		reason:  v1alpha1.ReasonUnknownRemoteBusID,
+		message: []string{"GPU 0 NVLinks [0] lead to bus ID 00000000:99:00.0 (remote type unknown (0xff))", "GPU 1 NVLinks [0]"},
+	}, {
+		name: "remote of a type go-nvml does not define is not an NVSwitch", fixture: "pcie-8x",
+		script: func(t *testing.T, sim *Simulator) {
+			must(t, sim.SetNVLinks(0, []SimNVLink{{phantomBus, nvml.IntNvLinkDeviceType(7)}}))
+			must(t, sim.SetNVLinks(1, []SimNVLink{{phantomBus, nvml.IntNvLinkDeviceType(7)}}))
+		},
+		reason:  v1alpha1.ReasonUnknownRemoteBusID,
+		message: []string{"(remote type unknown (0x7))"},
+	}, {
+		name: "remote type not reported and an unknown bus ID is no phantom NVSwitch", fixture: "pcie-8x",
+		script: func(t *testing.T, sim *Simulator) {
+			sim.Unsupported("GetNvLinkRemoteDeviceType")
+			must(t, sim.SetNVLinks(0, []SimNVLink{{phantomBus, nvml.NVLINK_DEVICE_TYPE_SWITCH}}))
+			must(t, sim.SetNVLinks(1, []SimNVLink{{"00000000:9A:00.0", nvml.NVLINK_DEVICE_TYPE_SWITCH}}))
+		},
+		reason:  v1alpha1.ReasonUnknownRemoteBusID,
+		message: []string{"GPU 0 NVLinks [0] lead to bus ID 00000000:99:00.0 (remote type not reported by the driver)", "GPU 1 NVLinks [0] lead to bus ID 00000000:9A:00.0"},
+	}, {
+		name: "remote type not reported still finds GPUs by bus ID", fixture: "pcie-8x-nvlink-pairs",
+		script: func(t *testing.T, sim *Simulator) { sim.Unsupported("GetNvLinkRemoteDeviceType") },
+	}, {
+		name: "IBM NPU link is a CPU link, neither counted nor an inconsistency", fixture: "pcie-8x",
+		script: func(t *testing.T, sim *Simulator) {
+			must(t, sim.SetNVLinks(0, []SimNVLink{{phantomBus, nvml.NVLINK_DEVICE_TYPE_IBMNPU}}))
+			must(t, sim.SetNVLinks(1, []SimNVLink{{phantomBus, nvml.NVLINK_DEVICE_TYPE_IBMNPU}}))
+		},
+	}, {
+		name: "NVSwitch is believed when NVML says NVSwitch, whatever its bus ID", fixture: "pcie-8x",
+		script: func(t *testing.T, sim *Simulator) {
+			must(t, sim.SetNVLinks(0, []SimNVLink{{phantomBus, nvml.NVLINK_DEVICE_TYPE_SWITCH}, {phantomBus, nvml.NVLINK_DEVICE_TYPE_SWITCH}}))
+			must(t, sim.SetNVLinks(1, []SimNVLink{{"", nvml.NVLINK_DEVICE_TYPE_SWITCH}}))
+		},
+		want: func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
+			l := &st.Links[linkAt(8, 0, 1)]
+			// pcie-8x has no NVLink generation: one link counts 50 GB/s.
+			l.NVLinks, l.NVSwitch, l.BandwidthGBps = 1, true, 50
+		},
+	}, {
+		name: "NVLink to the GPU's own bus ID is not counted", fixture: "pcie-8x",
+		script: func(t *testing.T, sim *Simulator) {
+			must(t, sim.SetNVLinks(2, []SimNVLink{{mustBus(t, sim, 2), nvml.NVLINK_DEVICE_TYPE_GPU}}))
+		},
+		reason:  v1alpha1.ReasonUnknownRemoteBusID,
+		message: []string{"GPU 2 NVLinks [0] lead to bus ID 00000000:27:00.0 (remote type GPU)"},
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := fixture(t, tc.fixture)
+			sim := NewSimulator(f, testNode)
+			tc.script(t, sim)
+			reg := prometheus.NewRegistry()
+			src := NewNVMLSource(sim.NVML(), logr.Discard(), NewMetrics(reg, testNode))
+			got, err := src.Topology()
+			if err != nil {
+				t.Fatalf("Topology: %v", err)
+			}
+			want := wantStatus(f)
+			if tc.want != nil {
+				tc.want(f, &want)
+			}
+			g, err := topology.NewGraph(want.GPUs, want.Links)
+			if err != nil {
+				t.Fatalf("expected status is invalid: %v", err)
+			}
+			want.TopologyHash = g.Hash()
+			if diff := cmp.Diff(want.Links, got.Links); diff != "" {
+				t.Errorf("published links (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(want.GPUs, got.GPUs); diff != "" {
+				t.Errorf("published GPUs (-want +got):\n%s", diff)
+			}
+			if got.TopologyHash != want.TopologyHash {
+				t.Errorf("hash %s, want %s", got.TopologyHash, want.TopologyHash)
+			}
+			checkConsistency(t, got.Conditions, tc.reason, tc.message)
+			for reason, kind := range inconsistencyKinds {
+				n := testutil.ToFloat64(src.metrics.inconsistencies.WithLabelValues(kind))
+				if (reason == tc.reason) != (n > 0) {
+					t.Errorf("inconsistencies{kind=%s} = %v after a read with reason %q", kind, n, tc.reason)
+				}
+			}
+		})
+	}
+}
+
+// checkConsistency asserts the one TopologyConsistent condition: True and
+// Consistent when reason is "", else False with reason and every message
+// fragment.
+func checkConsistency(t *testing.T, conds []metav1.Condition, reason string, message []string) {
+	t.Helper()
+	if len(conds) != 1 || conds[0].Type != v1alpha1.ConditionTopologyConsistent {
+		t.Fatalf("conditions %+v: want exactly one %s", conds, v1alpha1.ConditionTopologyConsistent)
+	}
+	c := conds[0]
+	if reason == "" {
+		if c.Status != metav1.ConditionTrue || c.Reason != v1alpha1.ReasonConsistent {
+			t.Errorf("condition %s/%s %q: want True/%s", c.Status, c.Reason, c.Message, v1alpha1.ReasonConsistent)
+		}
+		return
+	}
+	if c.Status != metav1.ConditionFalse || c.Reason != reason {
+		t.Errorf("condition %s/%s %q: want False/%s", c.Status, c.Reason, c.Message, reason)
+	}
+	for _, m := range message {
+		if !strings.Contains(c.Message, m) {
+			t.Errorf("condition message %q does not contain %q", c.Message, m)
+		}
+	}
+}
+
+// Two GPUs with one bus ID cannot have their NVLinks told apart: the read
+// is refused with a DuplicateBusID condition naming both, not scrambled.
+func TestDuplicateBusIDIsRefused(t *testing.T) {
+	sim := NewSimulator(fixture(t, "dgx1-v100"), testNode)
+	must(t, sim.SetBusID(5, mustBus(t, sim, 2)))
+	reg := prometheus.NewRegistry()
+	src := NewNVMLSource(sim.NVML(), logr.Discard(), NewMetrics(reg, testNode))
+	st, err := src.Topology()
+	var refused *RefusedError
+	if !errors.As(err, &refused) {
+		t.Fatalf("Topology: got %v, %d GPUs; want a *RefusedError", err, len(st.GPUs))
+	}
+	checkConsistency(t, []metav1.Condition{refused.Condition}, v1alpha1.ReasonDuplicateBusID,
+		[]string{"GPU 2 and GPU 5 both report PCI bus ID 00000000:27:00.0"})
+	if len(st.GPUs) != 0 || len(st.Links) != 0 {
+		t.Errorf("refused read returned %d GPUs and %d links; want none", len(st.GPUs), len(st.Links))
+	}
+	if n := testutil.ToFloat64(src.metrics.inconsistencies.WithLabelValues("duplicate_bus_id")); n != 1 {
+		t.Errorf("inconsistencies{kind=duplicate_bus_id} = %v, want 1", n)
+	}
+	// Told the truth again, the same source reads the fixture.
+	must(t, sim.SetBusID(5, fmt.Sprintf("00000000:%02X:00.0", 0x07+5*0x10)))
+	got, err := src.Topology()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(wantStatus(fixture(t, "dgx1-v100")), got); diff != "" {
+		t.Errorf("after the bus IDs are unique again (-want +got):\n%s", diff)
+	}
+}
+
+// bigFixture is an NVSwitch machine of n GPUs, two sockets, a PCIe switch
+// per pair; beyond 64 GPUs it is a machine the model cannot hold.
+func bigFixture(n int) topology.Fixture {
+	var switches, sockets [][]int
+	sockets = make([][]int, 2)
+	for i := 0; i < n; i++ {
+		if i%2 == 0 {
+			switches = append(switches, []int{i, i + 1})
+		}
+		sockets[i*2/n] = append(sockets[i*2/n], i)
+	}
+	return topology.Fixture{Name: fmt.Sprintf("nvswitch-%d", n), Model: "NVIDIA H100 80GB HBM3", GPUs: n, MemoryMiB: 81559,
+		NVLinkGen: 4, NVLinkGBps: 50, NVSwitchLinks: 18, PCIeGen: 5, PCIeSwitches: switches, Sockets: sockets}
+}
+
+func TestDiscoveryAtTheGPULimit(t *testing.T) {
+	t.Run("64 GPUs are read whole, a lie on one pair included", func(t *testing.T) {
+		f := bigFixture(topology.MaxGPUs)
+		sim := NewSimulator(f, testNode)
+		must(t, sim.SetPCIeLevel(63, 62, v1alpha1.PCIeCrossSocket))
+		got, err := NewNVMLSource(sim.NVML(), logr.Discard(), nil).Topology()
+		if err != nil {
+			t.Fatalf("Topology: %v", err)
+		}
+		if len(got.GPUs) != 64 || len(got.Links) != 64*63/2 {
+			t.Fatalf("got %d GPUs and %d links; want 64 and %d", len(got.GPUs), len(got.Links), 64*63/2)
+		}
+		if l := got.Links[linkAt(64, 62, 63)]; l.PCIe != v1alpha1.PCIeCrossSocket || l.BandwidthGBps != 900 {
+			t.Errorf("link 62-63 = %+v; want CrossSocket, still 900 GB/s over NVSwitch", l)
+		}
+		checkConsistency(t, got.Conditions, v1alpha1.ReasonAsymmetricLink, []string{"GPU 62 sees GPU 63 at PCIe level SameSwitch, GPU 63 sees GPU 62 at CrossSocket"})
+	})
+	t.Run("72 GPUs are refused with the limit named", func(t *testing.T) {
+		sim := NewSimulator(bigFixture(72), testNode)
+		_, err := NewNVMLSource(sim.NVML(), logr.Discard(), nil).Topology()
+		if err == nil || !strings.Contains(err.Error(), "nvml reports 72 GPUs; at most 64 are supported per node") {
+			t.Fatalf("Topology of 72 GPUs: got %v; want the 64-GPU limit named", err)
+		}
+	})
 }

@@ -26,6 +26,18 @@ type Metrics struct {
 	preferred   *prometheus.CounterVec
 	drift       prometheus.Counter
 	apiWrites   *prometheus.CounterVec
+	// inconsistencies counts, per topology read, each disagreement in
+	// NVML's answers by kind (see inconsistencyKinds).
+	inconsistencies *prometheus.CounterVec
+}
+
+// inconsistencyKinds are the label values of
+// gputopo_nodeagent_topology_inconsistencies_total, one per reason of the
+// TopologyConsistent condition.
+var inconsistencyKinds = map[string]string{
+	v1alpha1.ReasonAsymmetricLink:     "asymmetric_link",
+	v1alpha1.ReasonUnknownRemoteBusID: "unknown_remote_bus_id",
+	v1alpha1.ReasonDuplicateBusID:     "duplicate_bus_id",
 }
 
 // NewMetrics registers the agent's series with reg.
@@ -55,9 +67,11 @@ func NewMetrics(reg prometheus.Registerer, node string) *Metrics {
 			Help: "Pods whose allocated GPUs (kubelet's truth) differ from the extender's assigned GPUs (the plan)."}),
 		apiWrites: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gputopo_nodeagent_api_writes_total",
 			Help: "Writes to the API server, by kind (topology, telemetry, pod, event) and result."}, []string{"kind", "result"}),
+		inconsistencies: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gputopo_nodeagent_topology_inconsistencies_total",
+			Help: "Disagreements in NVML's topology answers, counted at every topology read, by kind (asymmetric_link, unknown_remote_bus_id, duplicate_bus_id); a lasting one keeps rising."}, []string{"kind"}),
 	}
 	reg.MustRegister(m.utilization, m.memoryUsed, m.temperature, m.power, m.powerLimit,
-		m.nvmlErrors, m.xids, m.allocations, m.preferred, m.drift, m.apiWrites)
+		m.nvmlErrors, m.xids, m.allocations, m.preferred, m.drift, m.apiWrites, m.inconsistencies)
 	return m
 }
 
@@ -121,4 +135,11 @@ func (m *Metrics) apiWrite(kind string, err error) {
 		r = "error"
 	}
 	m.apiWrites.WithLabelValues(kind, r).Inc()
+}
+
+func (m *Metrics) inconsistency(reason string) {
+	if m == nil {
+		return
+	}
+	m.inconsistencies.WithLabelValues(inconsistencyKinds[reason]).Inc()
 }

@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -9,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
@@ -166,8 +168,10 @@ func (p *Publisher) readTopology(now time.Time) {
 	st, err := p.src.Topology()
 	p.topoAt = now
 	tel, telTime := p.status.Telemetry, p.status.TelemetryTime
+	conditions := p.status.Conditions
 	switch {
 	case err == nil:
+		st.Conditions = mergeConditions(conditions, st.Conditions, now)
 		p.lastGood = &st
 		p.status = st
 	case p.lastGood != nil:
@@ -177,6 +181,11 @@ func (p *Publisher) readTopology(now time.Time) {
 	default:
 		p.status = v1alpha1.NodeGPUTopologyStatus{Stale: true, StaleReason: err.Error()}
 		p.logger.Info("NVML topology read failed and no topology was ever read; publishing an empty stale topology", "err", err)
+	}
+	// A refused read says why on the published (stale) status too.
+	var refused *RefusedError
+	if errors.As(err, &refused) {
+		p.status.Conditions = mergeConditions(conditions, []metav1.Condition{refused.Condition}, now)
 	}
 	p.status.ObservedTime = metav1.NewTime(now)
 	p.status.Telemetry, p.status.TelemetryTime = tel, telTime
@@ -283,6 +292,18 @@ func (p *Publisher) getOrCreate(ctx context.Context) (*v1alpha1.NodeGPUTopology,
 		return nil, fmt.Errorf("create NodeGPUTopology %s: %w", p.opts.NodeName, err)
 	}
 	return obj, nil
+}
+
+// mergeConditions sets each of next on a copy of prev: a condition whose
+// status did not change keeps its lastTransitionTime, one that did (or is
+// new) gets now.
+func mergeConditions(prev, next []metav1.Condition, now time.Time) []metav1.Condition {
+	out := append([]metav1.Condition(nil), prev...)
+	for _, c := range next {
+		c.LastTransitionTime = metav1.NewTime(now)
+		meta.SetStatusCondition(&out, c)
+	}
+	return out
 }
 
 func copyStatus(st v1alpha1.NodeGPUTopologyStatus) v1alpha1.NodeGPUTopologyStatus {

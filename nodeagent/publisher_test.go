@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -221,6 +222,60 @@ func TestPublisherMarksStale(t *testing.T) {
 	}
 	if diff := cmp.Diff(good.Links, stale.Links); diff != "" || stale.TopologyHash != good.TopologyHash {
 		t.Errorf("stale status must keep the last good topology (-good +stale):\n%s", diff)
+	}
+}
+
+// The TopologyConsistent condition travels with the topology: its
+// lastTransitionTime moves only when its status does, a refused read
+// (duplicate bus IDs) publishes the last good topology as stale with the
+// refusal's condition, and the truth told again clears it.
+func TestPublisherPublishesConsistency(t *testing.T) {
+	wc := &writeCounter{}
+	c := newFakeClient(t, wc, testNode)
+	f := fixture(t, "dgx1-v100")
+	sim := NewSimulator(f, testNode)
+	src := NewNVMLSource(sim.NVML(), logr.Discard(), nil)
+	p := NewPublisher(c, src, PublisherOptions{NodeName: testNode}, nil, logr.Discard())
+	ctx := context.Background()
+	condition := func() metav1.Condition {
+		t.Helper()
+		st := getNGT(t, c, testNode).Status
+		if len(st.Conditions) != 1 {
+			t.Fatalf("published conditions %+v: want exactly one", st.Conditions)
+		}
+		return st.Conditions[0]
+	}
+	sync := func(at time.Duration) {
+		t.Helper()
+		if err := p.Sync(ctx, t0.Add(at), true); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	sync(0)
+	if c := condition(); c.Status != metav1.ConditionTrue || !c.LastTransitionTime.Time.Equal(t0) {
+		t.Fatalf("first read: %s since %v; want True since %v", c.Status, c.LastTransitionTime, t0)
+	}
+	sync(5 * time.Minute)
+	if c := condition(); !c.LastTransitionTime.Time.Equal(t0) {
+		t.Errorf("unchanged condition moved its lastTransitionTime to %v", c.LastTransitionTime)
+	}
+
+	must(t, sim.SetBusID(5, mustBus(t, sim, 2)))
+	sync(10 * time.Minute)
+	st := getNGT(t, c, testNode).Status
+	if c := condition(); c.Status != metav1.ConditionFalse || c.Reason != v1alpha1.ReasonDuplicateBusID || !c.LastTransitionTime.Time.Equal(t0.Add(10*time.Minute)) {
+		t.Errorf("duplicate bus IDs: condition %s/%s since %v; want False/%s since %v", c.Status, c.Reason, c.LastTransitionTime, v1alpha1.ReasonDuplicateBusID, t0.Add(10*time.Minute))
+	}
+	if !st.Stale || !strings.Contains(st.StaleReason, "GPU 2 and GPU 5 both report PCI bus ID") || st.TopologyHash != wantStatus(f).TopologyHash {
+		t.Errorf("duplicate bus IDs: stale %v reason %q hash %s; want the last good topology, stale, naming GPUs 2 and 5", st.Stale, st.StaleReason, st.TopologyHash)
+	}
+
+	must(t, sim.SetBusID(5, "00000000:57:00.0"))
+	sync(15 * time.Minute)
+	st = getNGT(t, c, testNode).Status
+	if c := condition(); c.Status != metav1.ConditionTrue || st.Stale {
+		t.Errorf("bus IDs unique again: condition %s, stale %v; want True and fresh", c.Status, st.Stale)
 	}
 }
 

@@ -41,14 +41,26 @@ type SimTelemetry struct {
 // NVLink calls unset, which is exactly what a fixture must answer.
 //
 // Tests and the demo script it: SetTelemetry, HeatUp, LoseGPU, InjectXID,
-// FailInit and Unsupported. All methods are safe for concurrent use.
+// FailInit and Unsupported. Tests of hostile or broken machines also make
+// single answers lie: SetNVLinks, SetBusID, SetPCIeLevel, SetP2P and
+// SetNVLinkGBps change what one GPU reports without touching the others.
+// All methods are safe for concurrent use.
 type Simulator struct {
 	fixture topology.Fixture
 	gpus    []v1alpha1.GPU
 	lib     *mock.Interface
 	devices []*mock.Device
 
-	mu          sync.Mutex
+	mu sync.Mutex
+	// links, busIDs and linkGBps are what each GPU reports about its
+	// NVLinks, its own bus ID and its per-link speed; levels and p2p hold
+	// one-directional overrides of the fixture's answers, keyed by
+	// (asking GPU, other GPU).
+	links       [][]SimNVLink
+	busIDs      []string
+	linkGBps    []int
+	levels      map[[2]int]v1alpha1.PCIeLevel
+	p2p         map[[2]int]bool
 	tel         []SimTelemetry
 	heat        []heatScript
 	reads       []uint64
@@ -83,9 +95,14 @@ func NewSimulator(fixture topology.Fixture, nodeName string) *Simulator {
 	for i := range s.tel {
 		s.tel[i] = SimTelemetry{TemperatureC: 30, PowerWatts: 60, PowerLimitWatts: limit}
 	}
+	s.levels, s.p2p = map[[2]int]v1alpha1.PCIeLevel{}, map[[2]int]bool{}
+	s.links, s.busIDs, s.linkGBps = make([][]SimNVLink, len(gpus)), make([]string, len(gpus)), make([]int, len(gpus))
 	s.devices = make([]*mock.Device, len(gpus))
 	for i := range gpus {
 		s.devices[i] = &mock.Device{}
+		s.links[i] = s.fixtureNVLinks(i)
+		s.busIDs[i] = gpus[i].PCIBusID
+		s.linkGBps[i] = fixture.NVLinkGBps
 	}
 	for i := range gpus {
 		s.wireDevice(i)
@@ -219,20 +236,126 @@ func (s *Simulator) indexOf(d nvml.Device) int {
 	return -1
 }
 
-// simLink is one NVLink of a simulated GPU.
-type simLink struct {
-	remoteBus string
-	kind      nvml.IntNvLinkDeviceType
+// SimNVLink is one active NVLink of a simulated GPU as NVML reports it:
+// the remote end's PCI bus ID (GetNvLinkRemotePciInfo) and device type
+// (GetNvLinkRemoteDeviceType).
+type SimNVLink struct {
+	RemoteBusID string
+	RemoteType  nvml.IntNvLinkDeviceType
 }
 
-func (s *Simulator) nvlinks(i int) []simLink {
+// NVLinks returns what GPU i reports about its active NVLinks (a copy),
+// e.g. to change one and hand it to SetNVLinks.
+func (s *Simulator) NVLinks(i int) ([]SimNVLink, error) {
+	if err := s.checkIndex(i); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]SimNVLink(nil), s.links[i]...), nil
+}
+
+// SetNVLinks makes GPU i report links as its active NVLinks (link k is
+// links[k]); no other GPU changes, so an NVLink one end reports and the
+// other does not is made this way. Empty means no NVLink at all.
+func (s *Simulator) SetNVLinks(i int, links []SimNVLink) error {
+	if err := s.checkIndex(i); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.links[i] = append([]SimNVLink(nil), links...)
+	return nil
+}
+
+// BusID returns the PCI bus ID GPU i reports.
+func (s *Simulator) BusID(i int) (string, error) {
+	if err := s.checkIndex(i); err != nil {
+		return "", err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.busIDs[i], nil
+}
+
+// SetBusID makes GPU i report busID from GetPciInfo. The other GPUs'
+// NVLinks keep naming the old one unless SetNVLinks changes them.
+func (s *Simulator) SetBusID(i int, busID string) error {
+	if err := s.checkIndex(i); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.busIDs[i] = busID
+	return nil
+}
+
+// SetPCIeLevel makes GPU i report level as its closest common PCIe
+// ancestor with GPU j (GetTopologyCommonAncestor asked of i); j's answer
+// about i is unchanged.
+func (s *Simulator) SetPCIeLevel(i, j int, level v1alpha1.PCIeLevel) error {
+	if err := s.checkPair(i, j); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.levels[[2]int{i, j}] = level
+	return nil
+}
+
+// SetP2P makes GPU i report P2P reads to GPU j as supported or not
+// (GetP2PStatus asked of i); j's answer about i is unchanged.
+func (s *Simulator) SetP2P(i, j int, ok bool) error {
+	if err := s.checkPair(i, j); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.p2p[[2]int{i, j}] = ok
+	return nil
+}
+
+// SetNVLinkGBps makes GPU i report gbps (GB/s bidirectional) as its
+// per-link NVLink speed (field FI_DEV_NVLINK_SPEED_MBPS_COMMON).
+func (s *Simulator) SetNVLinkGBps(i, gbps int) error {
+	if err := s.checkIndex(i); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.linkGBps[i] = gbps
+	return nil
+}
+
+func (s *Simulator) checkPair(i, j int) error {
+	if err := s.checkIndex(i); err != nil {
+		return err
+	}
+	if err := s.checkIndex(j); err != nil {
+		return err
+	}
+	if i == j {
+		return fmt.Errorf("gpu pair %d-%d: a pair joins two different GPUs", i, j)
+	}
+	return nil
+}
+
+// linksOf is what GPU i reports about its NVLinks now.
+func (s *Simulator) linksOf(i int) []SimNVLink {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.links[i]
+}
+
+// fixtureNVLinks are GPU i's NVLinks as the fixture describes them.
+func (s *Simulator) fixtureNVLinks(i int) []SimNVLink {
 	f := s.fixture
-	var out []simLink
+	var out []SimNVLink
 	if f.NVSwitchLinks > 0 {
 		for l := 0; l < f.NVSwitchLinks; l++ {
 			// NVSwitches sit on their own buses; which switch a link goes
 			// to does not matter to the agent.
-			out = append(out, simLink{remoteBus: fmt.Sprintf("00000000:%02X:00.0", 0xC0+l%6), kind: nvml.NVLINK_DEVICE_TYPE_SWITCH})
+			out = append(out, SimNVLink{RemoteBusID: fmt.Sprintf("00000000:%02X:00.0", 0xC0+l%6), RemoteType: nvml.NVLINK_DEVICE_TYPE_SWITCH})
 		}
 		return out
 	}
@@ -245,7 +368,7 @@ func (s *Simulator) nvlinks(i int) []simLink {
 			other = p.A
 		}
 		for n := 0; other >= 0 && n < p.Links; n++ {
-			out = append(out, simLink{remoteBus: s.gpus[other].PCIBusID, kind: nvml.NVLINK_DEVICE_TYPE_GPU})
+			out = append(out, SimNVLink{RemoteBusID: s.gpus[other].PCIBusID, RemoteType: nvml.NVLINK_DEVICE_TYPE_GPU})
 		}
 	}
 	return out
@@ -298,7 +421,6 @@ func fabricInfo(clique string) (nvml.GpuFabricInfo, bool) {
 
 func (s *Simulator) wireDevice(i int) {
 	d, gpu, f := s.devices[i], s.gpus[i], s.fixture
-	links := s.nvlinks(i)
 	d.GetIndexFunc = func() (int, nvml.Return) { return i, s.gate(i, "GetIndex") }
 	d.GetUUIDFunc = func() (string, nvml.Return) {
 		if r := s.gate(i, "GetUUID"); r != nvml.SUCCESS {
@@ -317,7 +439,14 @@ func (s *Simulator) wireDevice(i int) {
 		total := uint64(gpu.MemoryMiB) << 20
 		return nvml.Memory{Total: total, Used: used, Free: total - min(used, total)}, nvml.SUCCESS
 	}
-	d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) { return pciInfo(gpu.PCIBusID), s.gate(i, "GetPciInfo") }
+	d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
+		if r := s.gate(i, "GetPciInfo"); r != nvml.SUCCESS {
+			return nvml.PciInfo{}, r
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return pciInfo(s.busIDs[i]), nvml.SUCCESS
+	}
 	d.GetNumaNodeIdFunc = func() (int, nvml.Return) { return gpu.NUMANode, s.gate(i, "GetNumaNodeId") }
 	d.GetMaxPcieLinkGenerationFunc = func() (int, nvml.Return) { return f.PCIeGen, s.gate(i, "GetMaxPcieLinkGeneration") }
 	d.GetGpuFabricInfoFunc = func() (nvml.GpuFabricInfo, nvml.Return) {
@@ -334,6 +463,7 @@ func (s *Simulator) wireDevice(i int) {
 		if r := s.gate(i, "GetNvLinkState"); r != nvml.SUCCESS {
 			return nvml.FEATURE_DISABLED, r
 		}
+		links := s.linksOf(i)
 		if len(links) == 0 {
 			return nvml.FEATURE_DISABLED, nvml.ERROR_NOT_SUPPORTED
 		}
@@ -346,19 +476,21 @@ func (s *Simulator) wireDevice(i int) {
 		if r := s.gate(i, "GetNvLinkRemotePciInfo"); r != nvml.SUCCESS {
 			return nvml.PciInfo{}, r
 		}
+		links := s.linksOf(i)
 		if link < 0 || link >= len(links) {
 			return nvml.PciInfo{}, nvml.ERROR_INVALID_ARGUMENT
 		}
-		return pciInfo(links[link].remoteBus), nvml.SUCCESS
+		return pciInfo(links[link].RemoteBusID), nvml.SUCCESS
 	}
 	d.GetNvLinkRemoteDeviceTypeFunc = func(link int) (nvml.IntNvLinkDeviceType, nvml.Return) {
 		if r := s.gate(i, "GetNvLinkRemoteDeviceType"); r != nvml.SUCCESS {
 			return nvml.NVLINK_DEVICE_TYPE_UNKNOWN, r
 		}
+		links := s.linksOf(i)
 		if link < 0 || link >= len(links) {
 			return nvml.NVLINK_DEVICE_TYPE_UNKNOWN, nvml.ERROR_INVALID_ARGUMENT
 		}
-		return links[link].kind, nvml.SUCCESS
+		return links[link].RemoteType, nvml.SUCCESS
 	}
 	d.GetNvLinkVersionFunc = func(link int) (uint32, nvml.Return) {
 		if r := s.gate(i, "GetNvLinkVersion"); r != nvml.SUCCESS {
@@ -370,6 +502,10 @@ func (s *Simulator) wireDevice(i int) {
 		if r := s.gate(i, "GetFieldValues"); r != nvml.SUCCESS {
 			return r
 		}
+		links := s.linksOf(i)
+		s.mu.Lock()
+		gbps := s.linkGBps[i]
+		s.mu.Unlock()
 		for k := range values {
 			v := &values[k]
 			if v.FieldId != nvml.FI_DEV_NVLINK_SPEED_MBPS_COMMON || len(links) == 0 {
@@ -377,7 +513,7 @@ func (s *Simulator) wireDevice(i int) {
 				continue
 			}
 			// MB/s per direction: half the bidirectional GB/s.
-			mbps := uint32(f.NVLinkGBps * 1000 / 2)
+			mbps := uint32(gbps * 1000 / 2)
 			v.ValueType, v.NvmlReturn = uint32(nvml.VALUE_TYPE_UNSIGNED_INT), uint32(nvml.SUCCESS)
 			v.Value = [8]byte{byte(mbps), byte(mbps >> 8), byte(mbps >> 16), byte(mbps >> 24)}
 		}
@@ -394,7 +530,13 @@ func (s *Simulator) wireDevice(i int) {
 		if r := s.gate(j, "GetTopologyCommonAncestor"); r != nvml.SUCCESS {
 			return 0, r
 		}
-		return nvmlLevel(f.PCIeLevel(i, j)), nvml.SUCCESS
+		s.mu.Lock()
+		level, ok := s.levels[[2]int{i, j}]
+		s.mu.Unlock()
+		if !ok {
+			level = f.PCIeLevel(i, j)
+		}
+		return nvmlLevel(level), nvml.SUCCESS
 	}
 	d.GetP2PStatusFunc = func(other nvml.Device, _ nvml.GpuP2PCapsIndex) (nvml.GpuP2PStatus, nvml.Return) {
 		j := s.indexOf(other)
@@ -404,7 +546,13 @@ func (s *Simulator) wireDevice(i int) {
 		if j < 0 || j == i {
 			return nvml.P2P_STATUS_UNKNOWN, nvml.ERROR_INVALID_ARGUMENT
 		}
-		if f.Link(i, j).P2P {
+		s.mu.Lock()
+		ok, set := s.p2p[[2]int{i, j}]
+		s.mu.Unlock()
+		if !set {
+			ok = f.Link(i, j).P2P
+		}
+		if ok {
 			return nvml.P2P_STATUS_OK, nvml.SUCCESS
 		}
 		return nvml.P2P_STATUS_CHIPSET_NOT_SUPPORTED, nvml.SUCCESS
