@@ -98,8 +98,10 @@ type evaluator struct {
 	pr     podRequest
 	now    time.Time
 	maxAge time.Duration
-	// staleBeforeNs is now - maxAge in Unix nanoseconds (0: no age check).
-	staleBeforeNs int64
+	// staleBeforeNs and futureAfterNs bound a fresh observedTime: now -
+	// maxAge and now + topologyClockSkew in Unix nanoseconds (MinInt64 and
+	// MaxInt64: no age check).
+	staleBeforeNs, futureAfterNs int64
 	// telemetryAfterNs is the oldest telemetry time still steered by.
 	telemetryAfterNs int64
 	// slots is a direct-mapped cache in front of memo: most lookups are a
@@ -136,8 +138,10 @@ func newEvaluator(alloc *topology.Allocator, cfg *Configuration, pr podRequest, 
 	e.wSum = e.wU + e.wA + e.wH + e.wF
 	e.idleC, e.limitC = float64(*cfg.Thermal.IdleTemperatureC), float64(*cfg.Thermal.LimitTemperatureC)
 	e.telemetryAfterNs = now.Add(-cfg.TelemetryMaxAge.Duration).UnixNano()
+	e.staleBeforeNs, e.futureAfterNs = math.MinInt64, math.MaxInt64
 	if e.maxAge > 0 {
 		e.staleBeforeNs = now.Add(-e.maxAge).UnixNano()
+		e.futureAfterNs = now.Add(topologyClockSkew).UnixNano()
 	}
 	return e
 }
@@ -156,8 +160,8 @@ func (e *evaluator) check(n *nodeState) *verdict {
 			reason += " (" + n.staleReason + ")"
 		}
 		return &verdict{code: reasonStaleTopology, reason: reason + "; check the gputopo node agent and the GPU driver on this node"}
-	case n.observedNs != 0 && n.observedNs < e.staleBeforeNs:
-		return &verdict{code: reasonStaleTopology, reason: fmt.Sprintf("node's GPU topology was not refreshed for more than %s; check the gputopo node agent on this node", e.maxAge)}
+	case n.observedNs == 0 || n.observedNs < e.staleBeforeNs || n.observedNs > e.futureAfterNs:
+		return e.staleByTime(n)
 	}
 	if size := n.size; e.pr.count > size {
 		return &verdict{code: reasonTooFewGPUs, unresolvable: true, reason: fmt.Sprintf("pod requests %d GPUs; node has %d", e.pr.count, size)}
@@ -176,6 +180,32 @@ func (e *evaluator) check(n *nodeState) *verdict {
 	}
 	if p := e.allocate(n, n.topo.pristine.All(), true); !p.ok {
 		return &verdict{code: p.code, unresolvable: true, reason: "can never fit this node, even with every GPU free and healthy: " + p.reason}
+	}
+	return v
+}
+
+// topologyClockSkew is how far in the future a NodeGPUTopology's
+// observedTime may lie before filter distrusts it: the node's clock and the
+// extender's may differ by this much (docs/extender.md).
+const topologyClockSkew = 2 * time.Minute
+
+// staleByTime says why n's observedTime makes its topology stale. A
+// topology without one was never published by a topology read (the agent
+// sets it on every read, failed or not). With the age check on
+// (topologyMaxAge), one older than the limit is stale, and so is one
+// further in the future than topologyClockSkew: a clock running ahead
+// would otherwise keep a dead agent's topology fresh for as long as it is
+// ahead. With the age check off neither counts.
+func (e *evaluator) staleByTime(n *nodeState) *verdict {
+	v := &verdict{code: reasonStaleTopology}
+	switch {
+	case n.observedNs == 0:
+		v.reason = "node's NodeGPUTopology has no observedTime; the gputopo node agent has not published a topology read (is it running on this node?)"
+	case n.observed.After(e.now.Add(topologyClockSkew)):
+		ahead := n.observed.Sub(e.now).Round(time.Second)
+		v.reason = fmt.Sprintf("node's NodeGPUTopology observedTime is %s in the future (more than the %s clock-skew allowance); check the node's clock (NTP) and the gputopo node agent", ahead, topologyClockSkew)
+	default:
+		v.reason = fmt.Sprintf("node's GPU topology was not refreshed for more than %s; check the gputopo node agent on this node", e.maxAge)
 	}
 	return v
 }
