@@ -10,14 +10,6 @@ import (
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
-// SearchNodeLimit bounds the allocator's search: the number of partial sets
-// it extends. Every partial set has at most k GPUs, so a node of n GPUs
-// needs at most 2^n of them: up to 20 GPUs the search is always complete and
-// the answer exact. Beyond that the search stops after SearchNodeLimit
-// partial sets (tens of milliseconds) and answers with the best set found,
-// which is never worse than the first feasible set in index order.
-const SearchNodeLimit = 1 << 20
-
 // tablesMaxGPUs is the largest graph for which the allocator precomputes
 // the fragmentation of every free mask (2^n entries, 7 bytes each).
 const tablesMaxGPUs = 16
@@ -31,6 +23,9 @@ const maxTables = 64
 // keeps per-topology tables of what every free mask leaves behind.
 type Allocator struct {
 	memoSize int
+	// budget is SearchBudget; tests lower it to reach the heuristic on
+	// small machines.
+	budget int64
 
 	mu   sync.Mutex
 	memo map[memoKey]*list.Element
@@ -65,6 +60,7 @@ type tableEntry struct {
 func NewAllocator(memoSize int) *Allocator {
 	return &Allocator{
 		memoSize: memoSize,
+		budget:   SearchBudget,
 		memo:     make(map[memoKey]*list.Element),
 		lru:      list.New(),
 		tabs:     make(map[string]*tableEntry),
@@ -73,9 +69,12 @@ func NewAllocator(memoSize int) *Allocator {
 
 // Allocate chooses req.Count GPUs among free (ANDed with g.Healthy()) that
 // satisfy req.Requirement and are best under its strategy (see Score).
-// Result.GPUs are in best ring order. Bad input is a plain error naming the
-// field; when the free GPUs cannot satisfy the request the error is an
-// *InfeasibleError whose reason a person can act on.
+// Result.GPUs are in best ring order. The work is bounded by SearchBudget:
+// when the exact search cannot finish within it, the answer is the
+// heuristic's (it still meets every constraint) and Result.Heuristic says
+// so. Bad input is a plain error naming the field; when the free GPUs
+// cannot satisfy the request the error is an *InfeasibleError whose reason
+// a person can act on.
 func (a *Allocator) Allocate(g *Graph, free Mask, req Request) (Result, error) {
 	if g == nil {
 		return Result{}, errors.New("allocate: graph is nil")
@@ -165,8 +164,11 @@ type feasibility struct {
 
 // checkFeasible applies the constraints in the order a person would fix
 // them (count, memory, NVLink, bandwidth) and explains the first that the
-// free GPUs cannot meet.
-func checkFeasible(g *Graph, free Mask, req Request) (feasibility, error) {
+// free GPUs cannot meet. Its clique searches are charged to w (nil: no
+// limit); one that runs out of work without finding k GPUs is reported as
+// infeasible within the budget, a case not seen on any graph of 64 GPUs
+// (docs/topology.md).
+func checkFeasible(g *Graph, free Mask, req Request, w *work) (feasibility, error) {
 	k := req.Count
 	r := req.Requirement
 	free &= g.Healthy() & g.All()
@@ -202,8 +204,9 @@ func checkFeasible(g *Graph, free Mask, req Request) (feasibility, error) {
 		return f, nil
 	}
 	if r.RequireNVLink {
-		if c := maxClique(g.nv, eligible, nil); c < k {
-			return feasibility{}, &InfeasibleError{Reason: fmt.Sprintf("needs NVLink between %d GPUs; largest free NVLink-connected set has %d", k, c)}
+		clique, done := largestClique(g.nv, eligible, 0, k, w)
+		if c := clique.Count(); c < k {
+			return feasibility{}, &InfeasibleError{Reason: fmt.Sprintf("needs NVLink between %d GPUs; largest free NVLink-connected set has %d%s", k, c, unfinished(done))}
 		}
 	}
 	f.ok = make([]Mask, g.n)
@@ -222,18 +225,27 @@ func checkFeasible(g *Graph, free Mask, req Request) (feasibility, error) {
 			}
 		}
 	}
-	clique := maxCliqueSet(f.ok, eligible)
+	clique, done := largestClique(f.ok, eligible, 0, k, w)
 	if c := clique.Count(); c < k {
 		what := "free GPUs"
 		if r.RequireNVLink {
 			what = "free NVLink-connected GPUs"
 		}
 		return feasibility{}, &InfeasibleError{Reason: fmt.Sprintf(
-			"needs at least %d GB/s between every pair of %d GPUs; largest set of %s meeting it has %d (best pair: %d GB/s)",
-			r.MinPairBandwidthGBps, k, what, c, bestPair)}
+			"needs at least %d GB/s between every pair of %d GPUs; largest set of %s meeting it has %d (best pair: %d GB/s)%s",
+			r.MinPairBandwidthGBps, k, what, c, bestPair, unfinished(done))}
 	}
 	f.seed = firstK(clique, k)
 	return f, nil
+}
+
+// unfinished qualifies a largest-clique figure whose search ran out of
+// work: it is then only the largest found.
+func unfinished(done bool) string {
+	if done {
+		return ""
+	}
+	return " found within the search budget"
 }
 
 // firstK is the k lowest GPUs of m.
@@ -248,27 +260,41 @@ func firstK(m Mask, k int) Mask {
 }
 
 func (a *Allocator) allocate(g *Graph, free Mask, req Request) (Result, error) {
-	f, err := checkFeasible(g, free, req)
+	res, _, err := a.decide(g, free, req)
+	return res, err
+}
+
+// decide answers one request within a.budget and also returns the work
+// it spent, for the tests of the bound. The phases: the feasibility check
+// (which finds a seed set meeting the constraints), the exact search up to
+// searchShare percent of what finish does not need (finishReserve), the
+// heuristic up to all of that when the search did not finish, and finish
+// (the final ring and metrics) with the rest.
+func (a *Allocator) decide(g *Graph, free Mask, req Request) (Result, work, error) {
+	w := &work{limit: a.budget}
+	f, err := checkFeasible(g, free, req, w)
 	if err != nil {
-		return Result{}, err
+		return Result{}, *w, err
 	}
-	s := &search{
-		g:     g,
-		k:     req.Count,
-		order: objectives[req.Requirement.EffectiveStrategy()],
-		free:  free & g.All(),
-		ok:    f.ok,
-		util:  req.Utilization,
-		tabs:  a.tables(g),
-	}
-	for a := 0; a < g.n; a++ {
-		for r := s.free &^ (1 << a); r != 0; r &= r - 1 {
-			s.row[a] += int64(g.bw[a*g.n+bits.TrailingZeros64(uint64(r))])
+	var s search
+	s.init(g, free, req, f, a.tables(g))
+	s.w = w
+	w.charge(int64(g.n * g.n))
+	if f.eligible.Count() == req.Count {
+		// Only one set has k of the eligible GPUs, and the feasibility
+		// check has shown that it meets the constraints.
+		s.best = cand{set: f.eligible}
+	} else {
+		rest := a.budget - finishReserve(req.Count, g.n)
+		w.limit = rest * searchShare / 100
+		s.run(f.eligible)
+		if s.heuristic {
+			w.limit = rest
+			s.improve()
 		}
 	}
-	s.best = cand{set: f.seed}
-	s.dfs(partial{minPair: int(^uint(0) >> 1)}, f.eligible)
-	return g.result(s.best.set, free), nil
+	res := s.finish(a.budget)
+	return res, *w, nil
 }
 
 // result describes a chosen set: ring order and metrics.
@@ -327,185 +353,6 @@ func buildTables(nv []Mask, n int) *tables {
 	return t
 }
 
-// search is one branch-and-bound run: a depth-first walk over sets in
-// increasing index order, extending only with GPUs that keep every pair
-// allowed, pruning partial sets that are already worse on the strategy's
-// first key (which only gets worse as GPUs are added), and comparing
-// complete sets key by key, computing a key only when the earlier ones tie.
-type search struct {
-	g     *Graph
-	k     int
-	order []keyKind
-	free  Mask
-	ok    []Mask
-	util  []int32
-	tabs  *tables
-	row   [MaxGPUs]int64 // bandwidth from each GPU to every other free GPU
-	best  cand
-	nodes int
-}
-
-// cand is a complete candidate whose keys are computed on demand.
-type cand struct {
-	set  Mask
-	have uint16
-	vals [numKeyKinds]int64
-}
-
-func (s *search) key(c *cand, k keyKind) int64 {
-	if c.have&(1<<k) == 0 {
-		c.vals[k] = s.compute(k, c.set)
-		c.have |= 1 << k
-	}
-	return c.vals[k]
-}
-
-func (s *search) compute(k keyKind, set Mask) int64 {
-	if s.tabs != nil {
-		left := s.free &^ set
-		switch k {
-		case keyLeftIsland:
-			return int64(s.tabs.island[left])
-		case keyLeftQuads:
-			return int64(s.tabs.quads[left])
-		case keyLeftPairs:
-			return int64(s.tabs.pairs[left])
-		}
-	}
-	return s.g.keyValue(k, set, s.free, s.util)
-}
-
-// better reports whether c beats the current best.
-func (s *search) better(c *cand) bool {
-	for _, k := range s.order {
-		if k == keyRing && c.have&(1<<keyRing) == 0 {
-			// Only a ring at least as good as the best's matters.
-			r, ok := s.g.ringAtLeast(c.set, int(s.key(&s.best, keyRing)))
-			if !ok {
-				return false
-			}
-			c.vals[keyRing] = int64(r)
-			c.have |= 1 << keyRing
-		}
-		x, y := s.key(c, k), s.key(&s.best, k)
-		if x != y {
-			return x > y
-		}
-	}
-	return lowerIndices(c.set, s.best.set)
-}
-
-// partial is a set being built and what is known of it so far.
-type partial struct {
-	chosen           Mask
-	cnt              int
-	minPair, maxPair int
-	sum              int
-	dom              [len(domainLevels)]Mask
-	util             int64
-	row              int64 // bandwidth from the chosen GPUs to every free GPU
-}
-
-// dfs extends p with GPUs from allowed.
-func (s *search) dfs(p partial, allowed Mask) {
-	if p.cnt == s.k {
-		s.leaf(&p)
-		return
-	}
-	if allowed.Count() < s.k-p.cnt {
-		return
-	}
-	if s.nodes++; s.nodes > SearchNodeLimit {
-		return
-	}
-	if p.cnt > 0 && s.prune(&p) {
-		return
-	}
-	g := s.g
-	for r := allowed; r != 0; r &= r - 1 {
-		v := bits.TrailingZeros64(uint64(r))
-		next := r &^ (Mask(2)<<v - 1)
-		if s.ok != nil {
-			next &= s.ok[v]
-		}
-		if next.Count() < s.k-p.cnt-1 {
-			// Later v only have fewer GPUs above them.
-			if s.ok == nil {
-				return
-			}
-			continue
-		}
-		q := p
-		q.chosen |= 1 << v
-		q.cnt++
-		for c := p.chosen; c != 0; c &= c - 1 {
-			bw := g.bw[v*g.n+bits.TrailingZeros64(uint64(c))]
-			q.sum += bw
-			q.minPair = min(q.minPair, bw)
-			q.maxPair = max(q.maxPair, bw)
-		}
-		for t := range q.dom {
-			q.dom[t] |= g.domBit[t][v]
-		}
-		if v < len(s.util) {
-			q.util += int64(s.util[v])
-		}
-		q.row += s.row[v]
-		s.dfs(q, next)
-	}
-}
-
-// leaf compares a complete set with the best, presetting the keys the walk
-// already knows.
-func (s *search) leaf(p *partial) {
-	c := cand{set: p.chosen, have: 1<<keyMinPair | 1<<keySum | 1<<keyNegDomains | 1<<keyNegUtil | 1<<keyNegCut}
-	minPair := p.minPair
-	if p.cnt < 2 {
-		minPair = 0
-	}
-	c.vals[keyMinPair], c.vals[keySum], c.vals[keyNegUtil] = int64(minPair), int64(p.sum), -p.util
-	// Every pair inside the set is counted twice in row.
-	c.vals[keyNegCut] = -(p.row - 2*int64(p.sum))
-	if p.cnt <= 3 || p.minPair == p.maxPair {
-		// Every ring's weakest link is the minimum pair.
-		c.vals[keyRing] = int64(minPair)
-		c.have |= 1 << keyRing
-	}
-	d := 0
-	for _, m := range p.dom {
-		d += m.Count() - 1
-	}
-	c.vals[keyNegDomains] = -int64(d)
-	if s.better(&c) {
-		s.best = c
-	}
-}
-
-// prune reports whether every completion of p is worse than the best on
-// the strategy's first key. Each first key can only get worse as GPUs are
-// added: the minimum pair falls, domains and utilization grow, and the free
-// GPUs left shrink.
-func (s *search) prune(p *partial) bool {
-	switch s.order[0] {
-	case keyMinPair:
-		return p.cnt >= 2 && int64(p.minPair) < s.key(&s.best, keyMinPair)
-	case keyNegDomains:
-		d := 0
-		for _, m := range p.dom {
-			d += m.Count() - 1
-		}
-		return -int64(d) < s.key(&s.best, keyNegDomains)
-	case keyNegUtil:
-		return -p.util < s.key(&s.best, keyNegUtil)
-	case keyLeftIsland:
-		if s.tabs == nil {
-			return false
-		}
-		return int64(s.tabs.island[s.free&^p.chosen]) < s.key(&s.best, keyLeftIsland)
-	}
-	return false
-}
-
 // BruteForce is the reference allocator: it scores every k-subset of the
 // free healthy GPUs that meets the requirement with Objective and keeps the
 // best. It shares no search code with Allocate; tests, benchmarks and the
@@ -553,7 +400,7 @@ func BruteForce(g *Graph, free Mask, req Request) (Result, error) {
 		}
 	}
 	if !found {
-		if _, err := checkFeasible(g, free, req); err != nil {
+		if _, err := checkFeasible(g, free, req, nil); err != nil {
 			return Result{}, err
 		}
 		return Result{}, &InfeasibleError{Reason: fmt.Sprintf("no set of %d free GPUs meets the requirement", k)}

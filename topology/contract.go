@@ -51,6 +51,13 @@ type SetMetrics struct {
 type Result struct {
 	GPUs    []int
 	Metrics SetMetrics
+	// Heuristic is true when the exact search's work budget (SearchBudget)
+	// ran out before it proved its set optimal, and the set (or, rarely,
+	// only its ring order and RingGBps) is the documented heuristic's
+	// instead: it still meets every constraint of the request, but a better
+	// set may exist. False means the answer is the exact optimum that
+	// BruteForce would give.
+	Heuristic bool
 }
 
 // InfeasibleError is returned when no set of the free GPUs satisfies the

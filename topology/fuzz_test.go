@@ -3,6 +3,8 @@ package topology
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
@@ -40,9 +42,8 @@ func FuzzFromStatus(f *testing.F) {
 		if err != nil || back.Hash() != g.Hash() {
 			t.Fatalf("accepted graph does not round-trip: %v", err)
 		}
-		if g.Len() > 12 {
-			return // keep each input fast; the allocator's bounds are tested elsewhere
-		}
+		// Any accepted graph is allocated on: the work budget keeps every
+		// decision within milliseconds.
 		strategy := v1alpha1.Strategies[int(variant)%len(v1alpha1.Strategies)]
 		r := Request{Count: int(k % 10), Requirement: v1alpha1.Requirement{
 			Strategy:             strategy,
@@ -61,5 +62,74 @@ func FuzzFromStatus(f *testing.F) {
 		if len(res.GPUs) != r.Count || set.Count() != r.Count || set&^(Mask(free)&g.Healthy()) != 0 || !meets(g, set, r.Requirement) {
 			t.Fatalf("result %v breaks request %+v on free %s", res.GPUs, r, Mask(free))
 		}
+	})
+}
+
+// FuzzAllocateWithinBudget builds a random node of up to 64 GPUs from the
+// fuzzer's numbers (NVLink density, bandwidth levels, PCIe tree, busy and
+// unhealthy GPUs) and asks for any count under any strategy and
+// constraint: the work stays within the budget, Heuristic is set exactly
+// when it ran out, and every answer meets the request.
+func FuzzAllocateWithinBudget(f *testing.F) {
+	f.Add(uint64(1), uint8(63), uint8(15), uint8(0), uint8(128), uint8(4), uint64(0))
+	f.Add(uint64(2), uint8(15), uint8(7), uint8(1), uint8(255), uint8(1), uint64(0x10))
+	f.Add(uint64(3), uint8(63), uint8(62), uint8(2), uint8(200), uint8(30), uint64(0xf0f0))
+	f.Add(uint64(4), uint8(40), uint8(3), uint8(7), uint8(60), uint8(9), uint64(1))
+	f.Add(uint64(5), uint8(63), uint8(31), uint8(11), uint8(0), uint8(2), uint64(0))
+	f.Fuzz(func(t *testing.T, seed uint64, n, k, variant, density, levels uint8, busy uint64) {
+		size := int(n)%MaxGPUs + 1
+		rng := rand.New(rand.NewPCG(seed, uint64(density)))
+		p := float64(density) / 255
+		spread := int(levels)%32 + 1
+		var sick Mask
+		if variant&32 != 0 {
+			sick = Mask(rng.Uint64()) & Mask(rng.Uint64())
+		}
+		links := []v1alpha1.Link{}
+		for a := 0; a < size; a++ {
+			for b := a + 1; b < size; b++ {
+				lvl := pcieLevelBySize(size, a, b)
+				l := v1alpha1.Link{A: a, B: b, PCIe: lvl, BandwidthGBps: max(PCIeBandwidthGBps(4, lvl)-rng.IntN(spread), 0)}
+				if rng.Float64() < p {
+					l.NVLinks, l.P2P = 1+rng.IntN(4), true
+					l.BandwidthGBps = 50*l.NVLinks + rng.IntN(spread)
+				}
+				links = append(links, l)
+			}
+		}
+		gpus := syntheticGPUs(fmt.Sprint("fuzz-", seed), size)
+		for i := range gpus {
+			if sick.Has(i) {
+				gpus[i].Health = v1alpha1.GPUUnhealthy
+			}
+		}
+		g, err := NewGraph(gpus, links)
+		if err != nil {
+			t.Fatalf("synthetic graph: %v", err)
+		}
+		r := Request{Count: int(k)%size + 1, Requirement: v1alpha1.Requirement{
+			Strategy:             v1alpha1.Strategies[int(variant)%len(v1alpha1.Strategies)],
+			RequireNVLink:        variant&4 != 0,
+			MinPairBandwidthGBps: int(variant&8) * 12,
+		}, Utilization: benchUtil(size)}
+		if variant&16 != 0 {
+			r.Requirement.GPUMemoryMiB = 81920
+		}
+		free := g.All() &^ Mask(busy)
+		res, w, err := NewAllocator(0).decide(g, free, r)
+		if w.used > SearchBudget {
+			t.Fatalf("spent %d work units; the budget is %d", w.used, SearchBudget)
+		}
+		if err != nil {
+			var inf *InfeasibleError
+			if !errors.As(err, &inf) || inf.Reason == "" {
+				t.Fatalf("want an infeasible reason, got %v", err)
+			}
+			return
+		}
+		if res.Heuristic != w.short {
+			t.Fatalf("Heuristic %t but the budget ran out: %t", res.Heuristic, w.short)
+		}
+		checkAnswer(t, "fuzz", g, free, r, res)
 	})
 }

@@ -134,59 +134,12 @@ func (g *Graph) ring(set Mask) (int, []int) {
 }
 
 // ringAtLeast computes the best ring's bottleneck when it is at least floor
-// (ok), and otherwise only reports that it is below floor (!ok), which lets
-// the search drop a candidate early. It tries the bandwidth levels present
-// in the set from the strongest down, bounded above by every GPU's
-// second-strongest link (a ring uses two links per GPU) and below by the
-// minimum pair (any order of a complete graph is a ring). Sets of more than
-// RingExactMaxGPUs GPUs get the lower bound. It does not allocate for sets
-// of up to 12 GPUs.
+// (ok), and otherwise only reports that it is below floor (!ok), without a
+// work limit (see ringWithin). It does not allocate for sets of up to 12
+// GPUs.
 func (g *Graph) ringAtLeast(set Mask, floor int) (int, bool) {
-	var buf [MaxGPUs]int
-	idx := buf[:0]
-	for r := set; r != 0; r &= r - 1 {
-		idx = append(idx, bits.TrailingZeros64(uint64(r)))
-	}
-	k := len(idx)
-	var v int
-	switch {
-	case k <= 1:
-		return 0, floor <= 0
-	case k == 2:
-		v = g.bw[idx[0]*g.n+idx[1]]
-		return v, v >= floor
-	}
-	minPair, _ := g.pairStats(set)
-	if minPair >= floor && (k == 3 || k > RingExactMaxGPUs) {
-		return minPair, true
-	}
-	if k == 3 || k > RingExactMaxGPUs {
-		return minPair, false
-	}
-	upper := g.ringUpperBound(idx)
-	if upper < floor {
-		return upper, false
-	}
-	if upper <= minPair {
-		return minPair, minPair >= floor
-	}
-	// Candidate levels: distinct pair bandwidths in (max(minPair, floor-1), upper].
-	var lv [64]int
-	levels := lv[:0]
-	for i, a := range idx {
-		for _, b := range idx[i+1:] {
-			if bw := g.bw[a*g.n+b]; bw > minPair && bw <= upper && bw >= floor {
-				levels = appendUnique(levels, bw)
-			}
-		}
-	}
-	sortDesc(levels)
-	for _, t := range levels {
-		if g.hamiltonCycle(idx, t, false) != nil {
-			return t, true
-		}
-	}
-	return minPair, minPair >= floor
+	v, ok, _ := g.ringWithin(set, floor, nil)
+	return v, ok
 }
 
 // ringUpperBound is the smallest second-strongest link over the set's GPUs.
@@ -238,14 +191,18 @@ func (g *Graph) hamiltonCycle(idx []int, minBW int, wantOrder bool) []int {
 	}
 	reach[1] = 1
 	full := uint32(1)<<k - 1
-	for mask := uint32(1); mask <= full; mask += 2 { // bit 0 always set
-		for ends := uint32(reach[mask]); ends != 0; ends &= ends - 1 {
-			v := bits.TrailingZeros32(ends)
-			for next := adj[v] &^ mask; next != 0; next &= next - 1 {
-				u := bits.TrailingZeros32(next)
-				reach[mask|1<<u] |= 1 << u
+	// A path through mask (bit 0 always set) can end at u when one through
+	// mask without u ends at a neighbour of u: 2^(k-1)·(k-1) steps whatever
+	// the links (ringTableCost).
+	for mask := uint32(3); mask <= full; mask += 2 {
+		var ends uint16
+		for m := mask &^ 1; m != 0; m &= m - 1 {
+			u := bits.TrailingZeros32(m)
+			if uint32(reach[mask&^(1<<u)])&adj[u] != 0 {
+				ends |= 1 << u
 			}
 		}
+		reach[mask] = ends
 	}
 	closing := uint32(reach[full]) & adj[0]
 	if closing == 0 {
@@ -279,59 +236,6 @@ func (g *Graph) hamiltonCycle(idx []int, minBW int, wantOrder bool) []int {
 	return order
 }
 
-// maxClique is the size of the largest clique of adj inside set: branch and
-// bound, taking the lowest vertex in or out; bound by the set size. When
-// budget is not nil it counts search nodes down and stops at zero (the
-// answer is then a lower bound).
-func maxClique(adj []Mask, set Mask, budget *int) int {
-	best := 0
-	var grow func(cand Mask, size int)
-	grow = func(cand Mask, size int) {
-		if size > best {
-			best = size
-		}
-		for cand != 0 {
-			if size+cand.Count() <= best {
-				return
-			}
-			if budget != nil {
-				if *budget <= 0 {
-					return
-				}
-				*budget--
-			}
-			v := bits.TrailingZeros64(uint64(cand))
-			cand &^= 1 << v
-			grow(cand&adj[v], size+1)
-		}
-	}
-	grow(set, 0)
-	return best
-}
-
-// maxCliqueSet returns one largest clique of adj inside set (lowest indices
-// among equals, found first by the search order).
-func maxCliqueSet(adj []Mask, set Mask) Mask {
-	var best Mask
-	bestN := 0
-	var grow func(cand, in Mask, size int)
-	grow = func(cand, in Mask, size int) {
-		if size > bestN {
-			best, bestN = in, size
-		}
-		for cand != 0 {
-			if size+cand.Count() <= bestN {
-				return
-			}
-			v := bits.TrailingZeros64(uint64(cand))
-			cand &^= 1 << v
-			grow(cand&adj[v], in|1<<v, size+1)
-		}
-	}
-	grow(set, 0, 0)
-	return best
-}
-
 // countPairs counts the edges of adj inside set.
 func countPairs(adj []Mask, set Mask) int {
 	c := 0
@@ -358,21 +262,4 @@ func countQuads(adj []Mask, set Mask) int {
 		}
 	}
 	return c
-}
-
-func appendUnique(s []int, v int) []int {
-	for _, x := range s {
-		if x == v {
-			return s
-		}
-	}
-	return append(s, v)
-}
-
-func sortDesc(s []int) {
-	for i := 1; i < len(s); i++ {
-		for j := i; j > 0 && s[j] > s[j-1]; j-- {
-			s[j], s[j-1] = s[j-1], s[j]
-		}
-	}
 }

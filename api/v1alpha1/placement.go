@@ -66,6 +66,10 @@ type Placement struct {
 	RingBandwidthGBps int `json:"ringBandwidthGBps"`
 	// Score is the node's prioritize score, 0..10.
 	Score int `json:"score"`
+	// Heuristic is true when the allocator's exact search ran out of its
+	// work budget and the set is the documented heuristic's (it meets the
+	// requirement, but a better set may exist); see docs/topology.md.
+	Heuristic bool `json:"heuristic,omitempty"`
 }
 
 // String encodes p as compact JSON.
