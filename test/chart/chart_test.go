@@ -39,9 +39,18 @@ var defaultRelease = release{name: "gputopo", namespace: "gputopo-system"}
 var customRelease = release{name: "topo", namespace: "gpu-platform", values: `
 certManager:
   issuer: {name: corp-ca, kind: ClusterIssuer, group: cert-manager.io}
+gpuResourceName: example.com/gpu
 serviceMonitor:
   enabled: true
   labels: {release: prometheus}
+networkPolicy:
+  enabled: true
+  metricsFrom:
+    - namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: monitoring}}
+      podSelector: {matchLabels: {app.kubernetes.io/name: prometheus}}
+  extenderFrom:
+    - namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: kube-system}}
+      podSelector: {matchLabels: {component: kube-scheduler}}
 webhook:
   replicas: 3
   timeoutSeconds: 3
@@ -83,8 +92,27 @@ shadowExtender:
     weights: {fragmentation: 40}
 `}
 
+// The plain-HTTP opt-out, with a shadow extender (mirrored to over HTTP)
+// and NetworkPolicies that admit no scraper.
+var plainHTTPRelease = release{name: "gputopo-plain", namespace: "gputopo-test", values: `
+extender:
+  tls: {enabled: false}
+shadowExtender:
+  enabled: true
+networkPolicy:
+  enabled: true
+`}
+
 // want is what a release must render to.
 type want struct {
+	// tls: the verbs are served with mutual TLS.
+	tls bool
+	// networkPolicy: NetworkPolicies are rendered; scrapers: metricsFrom
+	// admits the monitoring/prometheus peer; extenderFrom: the
+	// kube-system/kube-scheduler peer may call the extender.
+	networkPolicy, scrapers, extenderFrom bool
+	// resourceName every component is given.
+	resourceName     string
 	weights          [4]int32 // utilization, affinity, thermal, fragmentation
 	ignorable        bool
 	httpTimeout      time.Duration
@@ -105,10 +133,12 @@ type want struct {
 	// prometheus is the telemetry.prometheus block as written, before the
 	// extender's defaulting; nil: source nodeGPUTopology.
 	prometheus *extender.PrometheusTelemetry
-	// shadow: a shadow extender runs, with shadowImage and shadowWeights.
+	// shadow: a shadow extender runs, with shadowImage, shadowWeights and
+	// shadowLogRate.
 	shadow        bool
 	shadowImage   string
 	shadowWeights [4]int32
+	shadowLogRate float64
 }
 
 func wants() map[string]struct {
@@ -120,13 +150,15 @@ func wants() map[string]struct {
 		want want
 	}{
 		"default values": {rel: defaultRelease, want: want{
+			tls: true, resourceName: v1alpha1.ResourceGPU,
 			weights: [4]int32{40, 30, 20, 10}, httpTimeout: 5 * time.Second, extenderReplicas: 2,
 			issuerName: "gputopo-ca", issuerKind: "Issuer", ownCA: true,
 			timeoutSeconds: 5, kubeletRoot: "/var/lib/kubelet",
 			image: "ghcr.io/gputopo/gputopo:0.2.0", schedulerImage: "registry.k8s.io/kube-scheduler:v1.37.2",
 			modelPolicy: webhook.DefaultConfig().PolicyTable.Model,
 		}},
-		"existing issuer, ServiceMonitors, other weights, ignorable, 3 extenders": {rel: customRelease, want: want{
+		"existing issuer, ServiceMonitors, NetworkPolicies, other resource name, other weights, ignorable, 3 extenders": {rel: customRelease, want: want{
+			tls: true, networkPolicy: true, scrapers: true, extenderFrom: true, resourceName: "example.com/gpu",
 			weights: [4]int32{10, 20, 30, 40}, ignorable: true, httpTimeout: 8 * time.Second, extenderReplicas: 3,
 			issuerName: "corp-ca", issuerKind: "ClusterIssuer",
 			serviceMonitors: 4, excludedNamespaces: []string{"monitoring"}, timeoutSeconds: 3,
@@ -136,13 +168,23 @@ func wants() map[string]struct {
 			modelPolicy: webhook.Policy{Strategy: v1alpha1.StrategyHighestBandwidth, RequireNVLinkFromGPUs: 4, MinPairBandwidthGBps: 300},
 		}},
 		"shadow extender with other weights and Prometheus telemetry": {rel: shadowRelease, want: want{
+			tls: true, resourceName: v1alpha1.ResourceGPU,
 			weights: [4]int32{40, 30, 20, 10}, httpTimeout: 5 * time.Second, extenderReplicas: 2,
 			issuerName: "rollout-gputopo-ca", issuerKind: "Issuer", ownCA: true,
 			serviceMonitors: 5, timeoutSeconds: 5, kubeletRoot: "/var/lib/kubelet",
 			image: "ghcr.io/gputopo/gputopo:0.2.0", schedulerImage: "registry.k8s.io/kube-scheduler:v1.37.2",
 			modelPolicy: webhook.DefaultConfig().PolicyTable.Model,
 			prometheus:  &extender.PrometheusTelemetry{URL: "http://prometheus.monitoring:9090", Selector: `job="dcgm-exporter"`},
-			shadow:      true, shadowImage: "ghcr.io/gputopo/gputopo:v0.2.0", shadowWeights: [4]int32{40, 30, 20, 40},
+			shadow:      true, shadowImage: "ghcr.io/gputopo/gputopo:v0.2.0", shadowWeights: [4]int32{40, 30, 20, 40}, shadowLogRate: 0.25,
+		}},
+		"plain HTTP opt-out with a shadow extender and NetworkPolicies": {rel: plainHTTPRelease, want: want{
+			networkPolicy: true, resourceName: v1alpha1.ResourceGPU,
+			weights: [4]int32{40, 30, 20, 10}, httpTimeout: 5 * time.Second, extenderReplicas: 2,
+			issuerName: "gputopo-plain-ca", issuerKind: "Issuer", ownCA: true,
+			timeoutSeconds: 5, kubeletRoot: "/var/lib/kubelet",
+			image: "ghcr.io/gputopo/gputopo:0.2.0", schedulerImage: "registry.k8s.io/kube-scheduler:v1.37.2",
+			modelPolicy: webhook.DefaultConfig().PolicyTable.Model,
+			shadow:      true, shadowImage: "ghcr.io/gputopo/gputopo:0.2.0", shadowWeights: [4]int32{40, 30, 20, 10}, shadowLogRate: 0.1,
 		}},
 	}
 }
@@ -155,8 +197,9 @@ func TestChartLintsAndRendersWhatTheComponentsRead(t *testing.T) {
 			r, w := tc.rel, tc.want
 			for _, check := range []func(*testing.T, release, want, []*unstructured.Unstructured){
 				checkSchedulerConfig, checkExtenderConfig, checkWebhookConfig, checkWebhookRegistration,
-				checkCertificates, checkNodeAgentRBAC, checkLeaseRBAC, checkDeploymentArgs,
-				checkNodeAgentDaemonSet, checkExtenderHA, checkMonitoring, checkShadowExtender,
+				checkCertificates, checkExtenderTLS, checkNodeAgentRBAC, checkExtenderRBAC, checkLeaseRBAC,
+				checkDeploymentArgs, checkNodeAgentDaemonSet, checkExtenderHA, checkMonitoring,
+				checkShadowExtender, checkNetworkPolicies, checkResourceName,
 			} {
 				check(t, r, w, objs)
 			}
@@ -181,31 +224,44 @@ func checkSchedulerConfig(t *testing.T, r release, w want, objs []*unstructured.
 		t.Errorf("leaderElection = %s, want its own Lease %s/%s-scheduler", mustYAML(le), r.namespace, fn)
 	}
 	wantExt := []schedconfigv1.Extender{{
-		URLPrefix:        fmt.Sprintf("http://%s-extender.%s.svc:8080/scheduler", fn, r.namespace),
+		URLPrefix:        fmt.Sprintf("%s://%s-extender.%s.svc:8080/scheduler", scheme(w), fn, r.namespace),
 		FilterVerb:       "filter",
 		PrioritizeVerb:   "prioritize",
 		BindVerb:         "bind",
 		Weight:           10,
-		EnableHTTPS:      false,
+		EnableHTTPS:      w.tls,
 		HTTPTimeout:      metav1.Duration{Duration: w.httpTimeout},
 		NodeCacheCapable: true,
-		ManagedResources: []schedconfigv1.ExtenderManagedResource{{Name: v1alpha1.ResourceGPU, IgnoredByScheduler: false}},
+		ManagedResources: []schedconfigv1.ExtenderManagedResource{{Name: w.resourceName, IgnoredByScheduler: false}},
 		Ignorable:        w.ignorable,
 	}}
+	if w.tls {
+		// Files of the client Secret; checkExtenderTLS checks the mount.
+		dir := "/etc/kubernetes/gputopo-scheduler-tls/"
+		wantExt[0].TLSConfig = &schedconfigv1.ExtenderTLSConfig{CertFile: dir + "tls.crt", KeyFile: dir + "tls.key", CAFile: dir + "ca.crt"}
+	}
 	if diff := cmp.Diff(wantExt, cfg.Extenders); diff != "" {
 		t.Errorf("scheduler extenders (-want +got):\n%s", diff)
 	}
 }
 
+// scheme of the extender's verbs port.
+func scheme(w want) string {
+	if w.tls {
+		return "https"
+	}
+	return "http"
+}
+
 func checkExtenderConfig(t *testing.T, r release, w want, objs []*unstructured.Unstructured) {
-	checkExtenderConfigMap(t, objs, r.fullname()+"-extender", w.weights, w.prometheus)
+	checkExtenderConfigMap(t, objs, r.fullname()+"-extender", w.weights, w.prometheus, w.resourceName)
 }
 
 // checkExtenderConfigMap parses the ExtenderConfiguration in ConfigMap name
 // as the extender does: it must have the weights, the telemetry source
 // (prometheus, with the chart's defaults equal to the extender's, when
 // prometheus is not nil) and otherwise the extender's own defaults.
-func checkExtenderConfigMap(t *testing.T, objs []*unstructured.Unstructured, name string, weights [4]int32, prometheus *extender.PrometheusTelemetry) {
+func checkExtenderConfigMap(t *testing.T, objs []*unstructured.Unstructured, name string, weights [4]int32, prometheus *extender.PrometheusTelemetry, resourceName string) {
 	t.Helper()
 	cfg, err := extender.ParseConfiguration(configData(t, objs, name, "config.yaml"))
 	if err != nil {
@@ -221,8 +277,12 @@ func checkExtenderConfigMap(t *testing.T, objs []*unstructured.Unstructured, nam
 		def = &extender.Configuration{Telemetry: extender.Telemetry{Source: extender.TelemetryPrometheus, Prometheus: &p}}
 		extender.SetDefaults(def)
 	}
-	// Everything but the weights is the extender's own default.
-	def.Weights = cfg.Weights
+	if cfg.ResourceName != resourceName {
+		t.Errorf("%s: resourceName = %q, want %q", name, cfg.ResourceName, resourceName)
+	}
+	// Everything but the weights and the resource name is the extender's
+	// own default.
+	def.Weights, def.ResourceName = cfg.Weights, cfg.ResourceName
 	if diff := cmp.Diff(def, cfg); diff != "" {
 		t.Errorf("%s: configuration beyond weights differs from the extender's defaults (-defaults +rendered):\n%s", name, diff)
 	}
@@ -341,13 +401,55 @@ func checkNodeAgentRBAC(t *testing.T, r release, _ want, objs []*unstructured.Un
 	if diff := cmp.Diff(nodeagent.RBACRules(), role.Rules); diff != "" {
 		t.Errorf("node agent ClusterRole differs from nodeagent.RBACRules (-code +chart):\n%s", diff)
 	}
+	checkBoundTo(t, r, objs, "ClusterRoleBinding", r.fullname()+"-nodeagent", "ClusterRole", r.fullname()+"-nodeagent")
+}
+
+// The extender gets exactly what the extender's code says it uses: its
+// ClusterRole is extender.ClusterRBACRules() and its Lease Role
+// extender.LeaderElectionRBACRules(its --leader-election-id), each bound to
+// the extender's service account and nothing else.
+func checkExtenderRBAC(t *testing.T, r release, _ want, objs []*unstructured.Unstructured) {
+	fn := r.fullname()
+	var role rbacv1.ClusterRole
+	into(t, find(t, objs, "ClusterRole", fn+"-extender"), &role)
+	if diff := cmp.Diff(extender.ClusterRBACRules(), role.Rules); diff != "" {
+		t.Errorf("extender ClusterRole differs from extender.ClusterRBACRules (-code +chart):\n%s", diff)
+	}
+	var lease rbacv1.Role
+	into(t, find(t, objs, "Role", fn+"-extender"), &lease)
+	if diff := cmp.Diff(extender.LeaderElectionRBACRules(fn+"-extender"), lease.Rules); diff != "" {
+		t.Errorf("extender Role differs from extender.LeaderElectionRBACRules (-code +chart):\n%s", diff)
+	}
+	checkBoundTo(t, r, objs, "ClusterRoleBinding", fn+"-extender", "ClusterRole", fn+"-extender")
+	checkBoundTo(t, r, objs, "RoleBinding", fn+"-extender", "Role", fn+"-extender")
+	// extender.RBACRules, what the component tests grant in one
+	// ClusterRole, is the same set of permissions on any Lease.
+	all := append(extender.ClusterRBACRules(), rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update"}})
+	if diff := cmp.Diff(all, extender.RBACRules()); diff != "" {
+		t.Errorf("extender.RBACRules is not ClusterRBACRules plus the Lease verbs (-want +got):\n%s", diff)
+	}
+}
+
+// checkBoundTo: the binding name of kind binds role roleKind/roleName to
+// the service account of the same name as the binding, and to nobody else.
+func checkBoundTo(t *testing.T, r release, objs []*unstructured.Unstructured, kind, name, roleKind, roleName string) {
+	t.Helper()
+	var b rbacv1.RoleBinding // same fields as a ClusterRoleBinding
+	u := find(t, objs, kind, name).DeepCopy()
+	u.SetKind("RoleBinding")
+	into(t, u, &b)
+	wantSubjects := []rbacv1.Subject{{Kind: "ServiceAccount", Name: name, Namespace: r.namespace}}
+	if b.RoleRef.Kind != roleKind || b.RoleRef.Name != roleName || !cmp.Equal(wantSubjects, b.Subjects) {
+		t.Errorf("%s %s binds %s %s to %s; want %s %s to %s", kind, name, b.RoleRef.Kind, b.RoleRef.Name, mustYAML(b.Subjects), roleKind, roleName, mustYAML(wantSubjects))
+	}
+	find(t, objs, "ServiceAccount", name)
 }
 
 // Each leader-elected component may renew exactly the Lease its flags or
 // configuration name.
 func checkLeaseRBAC(t *testing.T, r release, _ want, objs []*unstructured.Unstructured) {
 	fn := r.fullname()
-	for _, lease := range []string{fn + "-extender", fn + "-scheduler"} {
+	for _, lease := range []string{fn + "-scheduler"} {
 		var role rbacv1.Role
 		into(t, find(t, objs, "Role", lease), &role)
 		wantRules := []rbacv1.PolicyRule{
@@ -516,8 +618,11 @@ func checkExtenderHA(t *testing.T, r release, w want, objs []*unstructured.Unstr
 	if p := ctr.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" {
 		t.Errorf("extender readiness probe = %s, want GET /readyz", mustYAML(p))
 	}
-	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != extender.DefaultPort || svc.Spec.Ports[0].TargetPort.StrVal != "http" {
-		t.Errorf("extender Service ports = %s, want %d -> http", mustYAML(svc.Spec.Ports), extender.DefaultPort)
+	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != extender.DefaultPort || svc.Spec.Ports[0].TargetPort.StrVal != scheme(w) ||
+		!slices.ContainsFunc(ctr.Ports, func(p corev1.ContainerPort) bool {
+			return p.Name == scheme(w) && p.ContainerPort == extender.DefaultPort
+		}) {
+		t.Errorf("extender Service ports = %s, container ports %s; want %d -> %s", mustYAML(svc.Spec.Ports), mustYAML(ctr.Ports), extender.DefaultPort, scheme(w))
 	}
 }
 
@@ -594,6 +699,14 @@ func TestChartRefusesBadValues(t *testing.T) {
 			"shadowExtender.logSampleRate: -0.5 is out of range; must be between 0 and 1"},
 		"shadow without replicas": {"shadowExtender: {enabled: true, replicas: 0}",
 			"shadowExtender.replicas: must be at least 1 while shadowExtender.enabled is true"},
+		"GPU resource name without a domain": {"gpuResourceName: gpu",
+			`gpuResourceName: "gpu" is not an extended resource name; use a domain-prefixed name such as nvidia.com/gpu`},
+		"GPU resource name in the kubernetes.io namespace": {"gpuResourceName: kubernetes.io/gpu",
+			`gpuResourceName: "kubernetes.io/gpu" is reserved for Kubernetes' own resources`},
+		"deprecated resource name alias naming another resource": {"gpuResourceName: example.com/gpu\nnodeAgent: {resourceName: other.example/gpu}",
+			`nodeAgent.resourceName ("other.example/gpu") and gpuResourceName ("example.com/gpu") differ`},
+		"scraper peers that are not a list": {"networkPolicy: {enabled: true, metricsFrom: {namespaceSelector: {}}}",
+			"networkPolicy.metricsFrom: must be a list of NetworkPolicyPeers"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			rel := release{name: "gputopo", namespace: "gputopo-system", values: tc.values}
@@ -633,8 +746,8 @@ func TestCertsDirMatchesChart(t *testing.T) {
 		}
 		fromCerts[key(o)] = o.Object["spec"]
 	}
-	if len(fromChart) != 4 {
-		t.Fatalf("chart renders %d cert-manager objects, want 4 (self-signed Issuer, CA Certificate, CA Issuer, serving Certificate)", len(fromChart))
+	if len(fromChart) != 6 {
+		t.Fatalf("chart renders %d cert-manager objects, want 6 (self-signed Issuer, CA Certificate, CA Issuer, webhook and extender serving Certificates, scheduler client Certificate)", len(fromChart))
 	}
 	if diff := cmp.Diff(fromChart, fromCerts); diff != "" {
 		t.Errorf("certs/ differs from the chart's default cert-manager objects (-chart +certs):\n%s", diff)

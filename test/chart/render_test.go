@@ -5,6 +5,7 @@ package chart
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -93,15 +94,26 @@ func (r release) lint(t testing.TB) {
 // render returns every object helm template produces, CRDs included.
 func (r release) render(t testing.TB) []*unstructured.Unstructured {
 	t.Helper()
-	out, err := r.helm(t, "template", r.name, chartDir(), "--namespace", r.namespace, "--kube-version", kubeVersion, "--include-crds")
+	objs, err := r.renderFor(t, kubeVersion)
 	if err != nil {
-		t.Fatalf("helm template: %v", err)
+		t.Fatal(err)
+	}
+	return objs
+}
+
+// renderFor renders the release for a cluster of Kubernetes version kv,
+// returning helm's error when it refuses.
+func (r release) renderFor(t testing.TB, kv string) ([]*unstructured.Unstructured, error) {
+	t.Helper()
+	out, err := r.helm(t, "template", r.name, chartDir(), "--namespace", r.namespace, "--kube-version", kv, "--include-crds")
+	if err != nil {
+		return nil, fmt.Errorf("helm template for Kubernetes %s: %w", kv, err)
 	}
 	objs, err := decodeObjects(out)
 	if err != nil {
-		t.Fatalf("decode rendered manifests: %v", err)
+		return nil, fmt.Errorf("decode rendered manifests: %w", err)
 	}
-	return objs
+	return objs, nil
 }
 
 // decodeObjects splits a multi-document YAML stream into objects, skipping

@@ -72,10 +72,10 @@ func checkShadowExtender(t *testing.T, r release, w want, objs []*unstructured.U
 	name := fn + "-extender-shadow"
 	var svc corev1.Service
 	into(t, find(t, objs, "Service", name), &svc)
-	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != extender.DefaultPort || svc.Spec.Ports[0].TargetPort.StrVal != "http" {
-		t.Fatalf("shadow Service ports = %s, want %d -> http", mustYAML(svc.Spec.Ports), extender.DefaultPort)
+	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != extender.DefaultPort || svc.Spec.Ports[0].TargetPort.StrVal != scheme(w) {
+		t.Fatalf("shadow Service ports = %s, want %d -> %s", mustYAML(svc.Spec.Ports), extender.DefaultPort, scheme(w))
 	}
-	url := fmt.Sprintf("http://%s.%s.svc:%d", svc.Name, r.namespace, svc.Spec.Ports[0].Port)
+	url := fmt.Sprintf("%s://%s.%s.svc:%d", scheme(w), svc.Name, r.namespace, svc.Spec.Ports[0].Port)
 	if servingOpts.ShadowURL != url || servingOpts.ShadowSampleRate != 1 || servingOpts.ShadowTimeout != 2*time.Second {
 		t.Errorf("serving extender mirrors to %q (sample rate %g, timeout %s), want %q (1, 2s); args %q",
 			servingOpts.ShadowURL, servingOpts.ShadowSampleRate, servingOpts.ShadowTimeout, url, servingArgs)
@@ -92,13 +92,13 @@ func checkShadowExtender(t *testing.T, r release, w want, objs []*unstructured.U
 	if slices.ContainsFunc(ctr.Args, func(a string) bool { return strings.HasPrefix(a, "--leader-elect") }) || opts.LeaderElect {
 		t.Errorf("shadow extender args %q elect a leader; every shadow replica answers", ctr.Args)
 	}
-	if opts.ShadowLogSampleRate != 0.25 || opts.ShadowURL != "" {
-		t.Errorf("shadow extender: log sample rate %g, shadow URL %q; want 0.25 and none", opts.ShadowLogSampleRate, opts.ShadowURL)
+	if opts.ShadowLogSampleRate != w.shadowLogRate || opts.ShadowURL != "" {
+		t.Errorf("shadow extender: log sample rate %g, shadow URL %q; want %g and none", opts.ShadowLogSampleRate, opts.ShadowURL, w.shadowLogRate)
 	}
 	if opts.Port != extender.DefaultPort || !slices.ContainsFunc(ctr.Ports, func(p corev1.ContainerPort) bool {
-		return p.Name == "http" && p.ContainerPort == int32(opts.Port)
+		return p.Name == scheme(w) && p.ContainerPort == int32(opts.Port)
 	}) {
-		t.Errorf("shadow extender listens on %d, container ports %s; the Service targets http", opts.Port, mustYAML(ctr.Ports))
+		t.Errorf("shadow extender listens on %d, container ports %s; the Service targets %s", opts.Port, mustYAML(ctr.Ports), scheme(w))
 	}
 	if p := ctr.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" {
 		t.Errorf("shadow readiness probe = %s, want GET /readyz", mustYAML(p))
@@ -121,7 +121,7 @@ func checkShadowExtender(t *testing.T, r release, w want, objs []*unstructured.U
 	if i < 0 || pod.Spec.Volumes[i].ConfigMap == nil || pod.Spec.Volumes[i].ConfigMap.Name != name {
 		t.Errorf("shadow extender mounts %s, want ConfigMap %s", mustYAML(pod.Spec.Volumes), name)
 	}
-	checkExtenderConfigMap(t, objs, name, w.shadowWeights, w.prometheus)
+	checkExtenderConfigMap(t, objs, name, w.shadowWeights, w.prometheus, w.resourceName)
 
 	// Same identity and the same restrictions as the serving extender.
 	if pod.Spec.ServiceAccountName != serving.Spec.Template.Spec.ServiceAccountName {
@@ -165,11 +165,14 @@ func checkShadowExtender(t *testing.T, r release, w want, objs []*unstructured.U
 
 // helm upgrade --reuse-values renders the new chart with the values of the
 // chart a release was installed from, which lack extender.telemetry,
-// extender.shadow and shadowExtender: the release must render as with the
-// new defaults.
+// extender.shadow, shadowExtender, extender.tls, networkPolicy and
+// gpuResourceName, and have nodeAgent.resourceName and the scheduler tag
+// pinned as that chart did: the release must render as with the new
+// defaults (TLS on).
 func TestChartRendersValuesWithoutTelemetryOrShadowAsDefaults(t *testing.T) {
 	old := defaultRelease
-	old.values = "extender: {telemetry: null, shadow: null}\nshadowExtender: null\n"
+	old.values = "extender: {telemetry: null, shadow: null, tls: null}\nshadowExtender: null\nnetworkPolicy: null\n" +
+		"gpuResourceName: null\nnodeAgent: {resourceName: nvidia.com/gpu}\nscheduler: {image: {tag: v1.37.2}}\n"
 	want, got := defaultRelease.render(t), old.render(t)
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("render without the new values (-defaults +without):\n%s", diff)

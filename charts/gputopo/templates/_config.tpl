@@ -28,10 +28,11 @@ namespaceDefaultAnnotation: {{ .Values.webhook.namespaceDefaultAnnotation | quot
 
 {{/*
 ExtenderConfiguration, decoded strictly by extender.ParseConfiguration.
-Call with (dict "v" <extender values>): .Values.extender for the serving
-extender, or those values with shadowExtender.overrides merged over them
-for the shadow (gputopo.shadowExtender.values). gputopo.validate checks
-both before anything is rendered.
+Call with (dict "v" <extender values> "resourceName" <the GPU resource
+name>): .Values.extender for the serving extender, or those values with
+shadowExtender.overrides merged over them for the shadow
+(gputopo.shadowExtender.values). gputopo.validate checks both before
+anything is rendered.
 */}}
 {{- define "gputopo.extender.config" -}}
 {{- $v := .v -}}
@@ -49,6 +50,7 @@ topologyMaxAge: {{ $v.topologyMaxAge | quote }}
 telemetryMaxAge: {{ $v.telemetryMaxAge | quote }}
 bindTimeout: {{ $v.bindTimeout | quote }}
 reservationTTL: {{ $v.reservationTTL | quote }}
+resourceName: {{ .resourceName | quote }}
 {{- $t := include "gputopo.extender.telemetry" $v | fromJson }}
 telemetry:
   source: {{ $t.source | quote }}
@@ -74,7 +76,11 @@ telemetry:
 {{/*
 KubeSchedulerConfiguration of gputopo-scheduler: files/scheduler-config.yaml
 with the release's names and the values applied. The file stays the one
-source of the extender wiring (verbs, nodeCacheCapable, managedResources).
+source of the extender wiring (verbs, nodeCacheCapable, managedResources);
+it calls the extender over plain HTTP, as the tests' local extenders
+serve, and the chart turns on HTTPS with a client certificate
+(extender.tls.enabled): the scheduler presents the tls.crt of its client
+Secret and verifies the extender against that Secret's ca.crt.
 */}}
 {{- define "gputopo.scheduler.config" -}}
 {{- $cfg := .Files.Get "files/scheduler-config.yaml" | fromYaml }}
@@ -86,13 +92,18 @@ source of the extender wiring (verbs, nodeCacheCapable, managedResources).
 {{- $profile := first $cfg.profiles }}
 {{- $_ := set $profile "schedulerName" .Values.scheduler.schedulerName }}
 {{- $ext := first $cfg.extenders }}
-{{- $url := printf "http://%s.%s.svc:%d/scheduler" (include "gputopo.extender.name" .) .Release.Namespace (int .Values.extender.port) }}
+{{- $url := printf "%s://%s.%s.svc:%d/scheduler" (include "gputopo.extender.scheme" .) (include "gputopo.extender.name" .) .Release.Namespace (int .Values.extender.port) }}
 {{- $_ := set $ext "urlPrefix" $url }}
+{{- if include "gputopo.extender.tls.enabled" . }}
+{{- $dir := include "gputopo.scheduler.tlsDir" . }}
+{{- $_ := set $ext "enableHTTPS" true }}
+{{- $_ := set $ext "tlsConfig" (dict "certFile" (printf "%s/tls.crt" $dir) "keyFile" (printf "%s/tls.key" $dir) "caFile" (printf "%s/ca.crt" $dir)) }}
+{{- end }}
 {{- $_ := set $ext "ignorable" .Values.scheduler.ignorable }}
 {{- $_ := set $ext "httpTimeout" .Values.scheduler.extenderHTTPTimeout }}
 {{- $_ := set $ext "weight" (int .Values.scheduler.extenderWeight) }}
 {{- range $ext.managedResources }}
-{{- $_ := set . "name" $.Values.nodeAgent.resourceName }}
+{{- $_ := set . "name" (include "gputopo.gpuResourceName" $) }}
 {{- end }}
 {{- toYaml $cfg }}
 {{- end }}

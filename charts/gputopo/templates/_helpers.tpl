@@ -32,6 +32,31 @@ gputopo-nodeagent, ...), which is also what certs/ contains.
 {{- define "gputopo.caName" -}}{{ include "gputopo.fullname" . }}-ca{{- end }}
 {{- define "gputopo.webhook.certificate" -}}{{ include "gputopo.fullname" . }}-webhook{{- end }}
 {{- define "gputopo.webhook.secret" -}}{{ include "gputopo.fullname" . }}-webhook-tls{{- end }}
+{{- define "gputopo.extender.certificate" -}}{{ include "gputopo.fullname" . }}-extender{{- end }}
+{{- define "gputopo.extender.secret" -}}{{ include "gputopo.fullname" . }}-extender-tls{{- end }}
+{{- define "gputopo.scheduler.clientCertificate" -}}{{ include "gputopo.fullname" . }}-scheduler-client{{- end }}
+{{- define "gputopo.scheduler.clientSecret" -}}{{ include "gputopo.fullname" . }}-scheduler-client-tls{{- end }}
+
+{{/*
+Where the TLS Secrets are mounted: the extender's serving Secret (also the
+shadow's) and gputopo-scheduler's client Secret. Each holds tls.crt,
+tls.key and ca.crt, as cert-manager writes them.
+*/}}
+{{- define "gputopo.extender.tlsDir" -}}/etc/gputopo/tls{{- end }}
+{{- define "gputopo.scheduler.tlsDir" -}}/etc/kubernetes/gputopo-scheduler-tls{{- end }}
+
+{{/* issuerRef of every Certificate the chart's CA or the existing issuer signs. */}}
+{{- define "gputopo.issuerRef" -}}
+{{- if .Values.certManager.issuer.name }}
+name: {{ .Values.certManager.issuer.name }}
+kind: {{ .Values.certManager.issuer.kind }}
+group: {{ .Values.certManager.issuer.group }}
+{{- else }}
+name: {{ include "gputopo.caName" . }}
+kind: Issuer
+group: cert-manager.io
+{{- end }}
+{{- end }}
 
 {{- define "gputopo.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
@@ -117,6 +142,56 @@ below, which fall back to the defaults when they are absent: helm upgrade
 without the new defaults.
 */}}
 
+{{/*
+"true" when the verbs are served with mutual TLS (extender.tls.enabled,
+default true: a release upgraded with --reuse-values from a chart without
+the value gets TLS), else empty.
+*/}}
+{{- define "gputopo.extender.tls.enabled" -}}
+{{- $tls := include "gputopo.withDefaults" (dict "v" .Values.extender.tls "defaults" (dict "enabled" true)) | fromJson }}
+{{- if $tls.enabled }}true{{ end }}
+{{- end }}
+
+{{/* Name and scheme of the extender's verbs port: https with TLS, else http. */}}
+{{- define "gputopo.extender.scheme" -}}
+{{- if include "gputopo.extender.tls.enabled" . }}https{{ else }}http{{ end }}
+{{- end }}
+
+{{/* networkPolicy with its defaults, as JSON. */}}
+{{- define "gputopo.networkPolicy" -}}
+{{- include "gputopo.withDefaults" (dict "v" .Values.networkPolicy "defaults" (dict "enabled" false "metricsFrom" list "extenderFrom" list)) }}
+{{- end }}
+
+{{/*
+The GPUs' extended resource name, the one every component is given:
+gpuResourceName, or its deprecated alias nodeAgent.resourceName when
+gpuResourceName stays at the default (gputopo.validate refuses two
+different names).
+*/}}
+{{- define "gputopo.gpuResourceName" -}}
+{{- $name := .Values.gpuResourceName | default "nvidia.com/gpu" }}
+{{- $alias := (.Values.nodeAgent | default dict).resourceName | default "" }}
+{{- if and $alias (eq $name "nvidia.com/gpu") }}{{ $alias }}{{ else }}{{ $name }}{{ end }}
+{{- end }}
+
+{{/*
+The kube-scheduler image: scheduler.image.tag, or the cluster's own
+version v<major>.<minor>.<patch> (any vendor suffix such as -eks-... or
++k3s1 dropped: upstream publishes only the plain versions).
+*/}}
+{{- define "gputopo.scheduler.imageTag" -}}
+{{- if .Values.scheduler.image.tag }}
+{{- .Values.scheduler.image.tag }}
+{{- else }}
+{{- $v := semver .Capabilities.KubeVersion.Version }}
+{{- printf "v%d.%d.%d" $v.Major $v.Minor $v.Patch }}
+{{- end }}
+{{- end }}
+
+{{- define "gputopo.scheduler.image" -}}
+{{ .Values.scheduler.image.repository }}:{{ include "gputopo.scheduler.imageTag" . }}
+{{- end }}
+
 {{/* "true" when the shadow extender runs, else empty. */}}
 {{- define "gputopo.shadowExtender.enabled" -}}
 {{- if (.Values.shadowExtender | default dict).enabled }}true{{ end }}
@@ -159,8 +234,19 @@ mirroring).
 {{- if $shadow.url -}}
 {{ $shadow.url }}
 {{- else if include "gputopo.shadowExtender.enabled" . -}}
-http://{{ include "gputopo.shadowExtender.name" . }}.{{ .Release.Namespace }}.svc:{{ int .Values.extender.port }}
+{{ include "gputopo.extender.scheme" . }}://{{ include "gputopo.shadowExtender.name" . }}.{{ .Release.Namespace }}.svc:{{ int .Values.extender.port }}
 {{- end -}}
+{{- end }}
+
+{{/*
+DNS names of a Service: the four forms clients use. Call with (dict "name"
+<service> "namespace" <namespace>); one name per line, each "- <name>".
+*/}}
+{{- define "gputopo.serviceDNSNames" -}}
+- {{ .name }}
+- {{ .name }}.{{ .namespace }}
+- {{ .name }}.{{ .namespace }}.svc
+- {{ .name }}.{{ .namespace }}.svc.cluster.local
 {{- end }}
 
 {{/* Service account user names as the apiserver reports them. */}}
@@ -233,6 +319,15 @@ seccompProfile:
 {{- if lt (int .Values.extender.replicas) 1 }}
 {{- fail "extender.replicas: must be at least 1; GPU pods wait while no extender serves" }}
 {{- end }}
+{{- include "gputopo.validate.gpuResourceName" . }}
+{{- include "gputopo.validate.kubeVersion" . }}
+{{- $np := include "gputopo.networkPolicy" . | fromJson }}
+{{- range $key := list "metricsFrom" "extenderFrom" }}
+{{- $peers := index $np $key }}
+{{- if and $peers (not (kindIs "slice" $peers)) }}
+{{- fail (printf "networkPolicy.%s: must be a list of NetworkPolicyPeers (namespaceSelector, podSelector or ipBlock), got %s" $key (toJson (index $np $key))) }}
+{{- end }}
+{{- end }}
 {{- include "gputopo.validate.extenderValues" (dict "v" .Values.extender "path" "extender") }}
 {{- $shadow := include "gputopo.extender.shadow" . | fromJson }}
 {{- $r := float64 $shadow.sampleRate }}
@@ -262,5 +357,49 @@ Call with (dict "v" <values> "path" <where they come from, for messages>).
 {{- end }}
 {{- if and (eq $t.source "prometheus") (not ($t.prometheus | default dict).url) }}
 {{- fail (printf "%s.telemetry.prometheus.url: required with telemetry.source prometheus; set the URL of the Prometheus server that scrapes DCGM exporter, e.g. http://prometheus.monitoring:9090" .path) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The GPU resource name must be an extended resource (a domain-prefixed name
+outside kubernetes.io), and gpuResourceName and its deprecated alias
+nodeAgent.resourceName must not name two different resources.
+*/}}
+{{- define "gputopo.validate.gpuResourceName" -}}
+{{- $name := .Values.gpuResourceName | default "nvidia.com/gpu" }}
+{{- $alias := (.Values.nodeAgent | default dict).resourceName | default "" }}
+{{- if and $alias (ne $name "nvidia.com/gpu") (ne $alias $name) }}
+{{- fail (printf "nodeAgent.resourceName (%q) and gpuResourceName (%q) differ: nodeAgent.resourceName is a deprecated alias; set only gpuResourceName" $alias $name) }}
+{{- end }}
+{{- $r := include "gputopo.gpuResourceName" . }}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$" $r) }}
+{{- fail (printf "gpuResourceName: %q is not an extended resource name; use a domain-prefixed name such as nvidia.com/gpu" $r) }}
+{{- end }}
+{{- if or (hasSuffix "kubernetes.io" (first (splitList "/" $r))) (hasPrefix "requests." $r) }}
+{{- fail (printf "gpuResourceName: %q is reserved for Kubernetes' own resources; use a vendor domain such as nvidia.com/gpu" $r) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The cluster must be one the chart supports (Chart.yaml kubeVersion), and
+kube-scheduler must not be newer than the API server nor more than one
+minor version older (Kubernetes' version skew policy). Every supported
+version reads kubescheduler.config.k8s.io/v1 (GA since 1.25).
+*/}}
+{{- define "gputopo.validate.kubeVersion" -}}
+{{- $kv := .Capabilities.KubeVersion.Version }}
+{{- if not (semverCompare .Chart.KubeVersion $kv) }}
+{{- fail (printf "Kubernetes %s is outside the versions this chart supports (%s); gputopo-scheduler runs kube-scheduler of the cluster's version with the kubescheduler.config.k8s.io/v1 configuration" $kv .Chart.KubeVersion) }}
+{{- end }}
+{{- $tag := .Values.scheduler.image.tag }}
+{{- if and $tag (regexMatch "^v?[0-9]+\\.[0-9]+\\.[0-9]+" $tag) }}
+{{- $c := semver $kv }}
+{{- $s := semver (regexFind "^v?[0-9]+\\.[0-9]+\\.[0-9]+" $tag) }}
+{{- if or (ne $s.Major $c.Major) (gt $s.Minor $c.Minor) }}
+{{- fail (printf "scheduler.image.tag: %s is newer than the cluster (Kubernetes %s); kube-scheduler must not be newer than the API server. Leave the tag empty to run the cluster's version" $tag $kv) }}
+{{- end }}
+{{- if gt (sub $c.Minor $s.Minor) 1 }}
+{{- fail (printf "scheduler.image.tag: %s is more than one minor version older than the cluster (Kubernetes %s); leave the tag empty to run the cluster's version" $tag $kv) }}
+{{- end }}
 {{- end }}
 {{- end }}
