@@ -19,8 +19,8 @@ import (
 // sent them (errors metric).
 const errRefused = "refused"
 
-// bindTarget reads what bind decides on: the pod (the informer cache when
-// it holds this very pod, else the API server) and the node.
+// bindPod reads the pod bind decides on: the informer cache when it holds
+// this very pod, else the API server.
 func (x *Extender) bindPod(ctx context.Context, key types.NamespacedName, uid types.UID) (*corev1.Pod, error) {
 	if x.cache != nil {
 		p := &corev1.Pod{}
@@ -31,12 +31,18 @@ func (x *Extender) bindPod(ctx context.Context, key types.NamespacedName, uid ty
 	return x.getPod(ctx, key)
 }
 
+// bindNode reads the node from the informer cache, which watches every
+// Node (the extender may list and watch nodes, not get them): a node it
+// has not seen does not exist, or was created a moment ago and is bound
+// to on kube-scheduler's retry. Without informers (in-process use) it asks
+// the API server.
 func (x *Extender) bindNode(ctx context.Context, name string) (*corev1.Node, error) {
 	if x.cache != nil {
 		n := &corev1.Node{}
-		if err := x.cache.Get(ctx, types.NamespacedName{Name: name}, n); err == nil {
-			return n, nil
+		if err := x.cache.Get(ctx, types.NamespacedName{Name: name}, n); err != nil {
+			return nil, err
 		}
+		return n, nil
 	}
 	gctx, cancel := context.WithTimeout(ctx, x.cfg.BindTimeout.Duration)
 	defer cancel()

@@ -117,7 +117,8 @@ func (te *tlsExtender) client(t *testing.T, signer *harness.CA) *http.Client {
 		if err != nil {
 			t.Fatal(err)
 		}
-		tc.Certificates = []tls.Certificate{pair}
+		// Sent whatever CAs the server asks for, as an attacker would.
+		tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &pair, nil }
 	}
 	tr := &http.Transport{TLSClientConfig: tc, DisableKeepAlives: true}
 	t.Cleanup(tr.CloseIdleConnections)
