@@ -45,8 +45,9 @@ type search struct {
 	strong      [MaxGPUs]Mask
 	strongFloor int
 	freeN       int            // number of free GPUs
-	maxBW       int64          // strongest pair among the eligible GPUs
-	minRow      int64          // smallest row among the eligible GPUs
+	maxBW       int64          // strongest pair among the eligible GPUs (once bounded)
+	minRow      int64          // smallest row among the eligible GPUs (once bounded)
+	bounded     bool           // maxBW and minRow are set
 	byUtil      [MaxGPUs]uint8 // eligible GPUs, least utilized first (ties: lower index)
 	minUtil     int64          // least utilization among the eligible GPUs
 	nUtil       int
@@ -81,20 +82,11 @@ func (s *search) init(g *Graph, free Mask, req Request, f feasibility, tabs *tab
 	s.free = free & g.Healthy() & g.All()
 	s.ok, s.util, s.tabs, s.eligible = f.ok, req.Utilization, tabs, f.eligible
 	s.omega, s.quadsFree, s.strongFloor = -1, -1, -1
-	s.minRow = int64(maxInt)
 	s.best = cand{set: f.seed}
 	s.freeN = s.free.Count()
 	for a := 0; a < g.n; a++ {
 		for r := s.free &^ (1 << a); r != 0; r &= r - 1 {
-			b := bits.TrailingZeros64(uint64(r))
-			bw := int64(g.bw[a*g.n+b])
-			s.row[a] += bw
-			if f.eligible.Has(a) && f.eligible.Has(b) {
-				s.maxBW = max(s.maxBW, bw)
-			}
-		}
-		if f.eligible.Has(a) {
-			s.minRow = min(s.minRow, s.row[a])
+			s.row[a] += int64(g.bw[a*g.n+bits.TrailingZeros64(uint64(r))])
 		}
 	}
 	if s.order[0] == keyNegUtil {
@@ -412,6 +404,24 @@ func (s *search) dfs(p partial, allowed Mask) {
 	}
 }
 
+// prepareBounds finds what the cheap bounds need, once per search, only
+// when some subtree is large enough for them.
+func (s *search) prepareBounds() {
+	g := s.g
+	s.w.charge(int64(2 * g.n * g.n))
+	s.minRow = int64(maxInt)
+	for a := 0; a < g.n; a++ {
+		if !s.eligible.Has(a) {
+			continue
+		}
+		s.minRow = min(s.minRow, s.row[a])
+		for r := s.eligible &^ (Mask(2)<<a - 1); r != 0; r &= r - 1 {
+			s.maxBW = max(s.maxBW, int64(g.bw[a*g.n+bits.TrailingZeros64(uint64(r))]))
+		}
+	}
+	s.bounded = true
+}
+
 // buildStrong fills strong for floor: O(n^2), once per improvement of the
 // best's minimum pair.
 func (s *search) buildStrong(floor int) {
@@ -475,14 +485,18 @@ func (s *search) domainsOf(p *partial) int {
 // GPUs), if those do not cut, the tight bounds, which cost a pass over
 // allowed. It is true as well when the work ran out.
 func (s *search) prune(p *partial, allowed Mask) bool {
-	if s.firstCut(p) {
+	first := s.firstBound(p)
+	bv := s.key(&s.best, s.order[0])
+	if s.halt || first < bv {
 		return true
 	}
 	n, r := allowed.Count(), s.k-p.cnt
 	if !binomialAtLeast(n, r, boundMinSets) {
 		return false
 	}
-	if s.cuts(p, allowed, false, len(s.order)) {
+	// Above the best on the first key, the cheap bounds of the others
+	// cannot cut (highest_bandwidth's has one more term: try it).
+	if (first == bv || s.order[0] == keyMinPair) && s.cuts(p, allowed, false, len(s.order)) {
 		return true
 	}
 	// Deep partial sets (k close to n) cost O(|p|) each, as much as the
@@ -490,29 +504,26 @@ func (s *search) prune(p *partial, allowed Mask) bool {
 	return (p.cnt >= tightBoundMinDepth || binomialAtLeast(n, r, tightBoundMinSets)) && s.cuts(p, allowed, true, len(s.order))
 }
 
-// firstCut is the O(1) bound of the strategy's first key, the one every
-// partial set gets: true when every completion is worse than the best on
-// it (or the work ran out).
-func (s *search) firstCut(p *partial) bool {
-	first := s.order[0]
-	bv := s.key(&s.best, first)
-	if s.halt {
-		return true
-	}
-	switch first {
+// firstBound is the O(1) bound of the strategy's first key over p's
+// completions, the one every partial set gets.
+func (s *search) firstBound(p *partial) int64 {
+	switch s.order[0] {
 	case keyMinPair:
-		return p.cnt >= 2 && int64(p.minPair) < bv
+		if p.cnt < 2 {
+			return int64(maxInt)
+		}
+		return int64(p.minPair)
 	case keyNegDomains:
-		return -int64(s.domainsOf(p)) < bv
+		return -int64(s.domainsOf(p))
 	case keyNegUtil:
-		return -(p.util + int64(s.k-p.cnt)*s.minUtil) < bv
+		return -(p.util + int64(s.k-p.cnt)*s.minUtil)
 	case keyLeftIsland:
 		if s.tabs != nil {
-			return int64(s.tabs.island[s.free&^p.chosen]) < bv
+			return min(int64(s.freeN-s.k), int64(s.tabs.island[s.free&^p.chosen]))
 		}
-		return int64(s.freeN-s.k) < bv
+		return int64(s.freeN - s.k)
 	}
-	return false
+	return int64(maxInt)
 }
 
 // boundMinSets and tightBoundMinSets are the smallest subtrees (in
@@ -527,6 +538,9 @@ const (
 // cuts compares the bounds of the first keys keys with the best's; with
 // every key and all of them tied, the lower indices decide.
 func (s *search) cuts(p *partial, allowed Mask, tight bool, keys int) bool {
+	if !s.bounded {
+		s.prepareBounds()
+	}
 	for _, k := range s.order[:keys] {
 		ub := s.upper(k, p, allowed, tight)
 		bv := s.key(&s.best, k)
