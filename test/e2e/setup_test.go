@@ -30,6 +30,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apiserver/pkg/authentication/serviceaccount"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/textlogger"
 	schedconfigv1 "k8s.io/kube-scheduler/config/v1"
@@ -68,6 +70,10 @@ const (
 // same addresses, as a crashed and rescheduled replica comes back behind
 // its Service.
 type env struct {
+	// resource is the GPU resource name every component is configured
+	// with (the chart's gpuResourceName).
+	resource corev1.ResourceName
+
 	cp  *harness.ControlPlane
 	k   *kubelet.Kubelet
 	sim *nodeagent.Simulator
@@ -144,8 +150,16 @@ func (r *running) exited() (bool, error) {
 // setup starts everything and returns once a GPU pod can go the whole way.
 func setup(t *testing.T) *env {
 	t.Helper()
+	return setupWith(t, v1alpha1.ResourceGPU)
+}
+
+// setupWith is setup with every component (webhook, extender, scheduler
+// profile, node agent) configured for the GPU resource name resource, as
+// the chart's gpuResourceName renders them.
+func setupWith(t *testing.T, resource corev1.ResourceName) *env {
+	t.Helper()
 	start := time.Now()
-	e := &env{dir: t.TempDir()}
+	e := &env{dir: t.TempDir(), resource: resource}
 	// kubelet runs in the test's working directory, and when it removes a
 	// container it deletes the files matching "<log path>*"; the fake
 	// runtime reports no log path, so the pattern is "*". Give it an empty
@@ -168,7 +182,7 @@ func setup(t *testing.T) *env {
 	})
 	e.logger = textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(logFile), textlogger.Verbosity(2)))
 
-	mut, val, err := webhook.Registration(webhook.RegistrationOptions{ServiceName: "gputopo-webhook", ServiceNamespace: "gputopo-system"})
+	mut, val, err := webhook.Registration(webhook.RegistrationOptions{ServiceName: "gputopo-webhook", ServiceNamespace: "gputopo-system", ResourceName: string(resource)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,6 +282,7 @@ func (e *env) schedulerConfig(t *testing.T, ignorable bool) *schedconfigv1.KubeS
 		t.Fatal("the chart's extender is ignorable; GPU pods would run on GPUs the extender did not choose while it is down")
 	}
 	cfg.Extenders[0].Ignorable = ignorable
+	cfg.Extenders[0].ManagedResources[0].Name = string(e.resource)
 	return cfg
 }
 
@@ -297,7 +312,9 @@ func (e *env) startScheduler(t *testing.T, ignorable bool) {
 func (e *env) startWebhook(t *testing.T) {
 	t.Helper()
 	wio := e.cp.Env.WebhookInstallOptions
-	mgr, err := webhook.NewManager(webhook.DefaultConfig(), e.cp.Config, webhook.Options{
+	hookCfg := webhook.DefaultConfig()
+	hookCfg.ResourceName = string(e.resource)
+	mgr, err := webhook.NewManager(hookCfg, e.cp.Config, webhook.Options{
 		Host: wio.LocalServingHost, Port: wio.LocalServingPort, CertDir: wio.LocalServingCertDir,
 		CertName: "tls.crt", KeyName: "tls.key", MetricsBindAddress: "0", HealthProbeBindAddress: "0",
 	})
@@ -315,7 +332,7 @@ func (e *env) startWebhook(t *testing.T) {
 	// The webhook reads namespaces from its cache: a dry-run GPU pod is
 	// mutated once the cache has the opt-in label.
 	e.poll(t, time.Minute, "the webhook to mutate pods in "+nsTeam, func() (bool, string) {
-		probe := gpuPod(nsTeam, "probe", 1)
+		probe := e.gpuPod(nsTeam, "probe", 1)
 		if err := e.cp.Client.Create(context.Background(), probe, client.DryRunAll); err != nil {
 			return false, err.Error()
 		}
@@ -354,6 +371,10 @@ func (e *env) startExtender(t *testing.T) {
 func (e *env) newExtender(t *testing.T, o extender.Options) (*extender.Extender, *running, *faultTransport) {
 	t.Helper()
 	o.BindAddress, o.MetricsBindAddress = "127.0.0.1", "0"
+	if o.Config == nil {
+		o.Config = extender.DefaultConfiguration()
+	}
+	o.Config.ResourceName = string(e.resource)
 	cfg := e.cp.UserConfig(t, extenderUser)
 	ft := &faultTransport{e: e}
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { ft.next = rt; return ft })
@@ -485,10 +506,14 @@ func (e *env) injectBindFault(f *bindFault) {
 func (e *env) startAgent(t *testing.T) {
 	t.Helper()
 	ready := make(chan *nodeagent.Agent, 1)
-	cfg := e.cp.UserConfig(t, agentUser)
+	// The webhook lets a node agent write allocated-gpus only on pods of
+	// the node its credential names; a pod-bound token carries the name
+	// in the user's extra, impersonated here.
+	cfg := rest.CopyConfig(e.cp.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: agentUser, Extra: map[string][]string{serviceaccount.NodeNameKey: {nodeName}}}
 	e.agentRn = goRun(klog.NewContext(context.Background(), e.logger.WithName("nodeagent")), func(ctx context.Context) error {
 		return nodeagent.Run(ctx, cfg, nodeagent.Options{
-			NodeName: nodeName, Simulator: e.sim, ResourceName: v1alpha1.ResourceGPU,
+			NodeName: nodeName, Simulator: e.sim, ResourceName: string(e.resource),
 			DevicePluginDir: kubelet.DevicePluginDir, PodResourcesSocket: e.k.PodResourcesSocket,
 			TopologyInterval: 5 * time.Minute, TelemetryInterval: 30 * time.Second, ReconcileInterval: 2 * time.Second,
 			MetricsBindAddress: "0",
@@ -520,7 +545,7 @@ func (e *env) stopAgent(t *testing.T) {
 // also right after kubelet or the agent restarted.
 func (e *env) waitKubeletGPUs(t *testing.T, want int64) {
 	t.Helper()
-	e.poll(t, time.Minute, fmt.Sprintf("kubelet to hold %d healthy %s", want, v1alpha1.ResourceGPU), func() (bool, string) {
+	e.poll(t, time.Minute, fmt.Sprintf("kubelet to hold %d healthy %s", want, e.resource), func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		resp, err := e.prAlloc.GetAllocatableResources(ctx, &podresourcesapi.AllocatableResourcesRequest{})
@@ -529,7 +554,7 @@ func (e *env) waitKubeletGPUs(t *testing.T, want int64) {
 		}
 		n := 0
 		for _, d := range resp.GetDevices() {
-			if d.ResourceName == v1alpha1.ResourceGPU {
+			if d.ResourceName == string(e.resource) {
 				n += len(d.DeviceIds)
 			}
 		}
@@ -540,12 +565,12 @@ func (e *env) waitKubeletGPUs(t *testing.T, want int64) {
 
 func (e *env) waitAllocatable(t *testing.T, want int64) {
 	t.Helper()
-	e.poll(t, time.Minute, fmt.Sprintf("node %s to have %d allocatable %s", nodeName, want, v1alpha1.ResourceGPU), func() (bool, string) {
+	e.poll(t, time.Minute, fmt.Sprintf("node %s to have %d allocatable %s", nodeName, want, e.resource), func() (bool, string) {
 		node := &corev1.Node{}
 		if err := e.cp.Client.Get(context.Background(), client.ObjectKey{Name: nodeName}, node); err != nil {
 			return false, err.Error()
 		}
-		q := node.Status.Allocatable[corev1.ResourceName(v1alpha1.ResourceGPU)]
+		q := node.Status.Allocatable[e.resource]
 		return q.Value() == want, fmt.Sprintf("allocatable %s", q.String())
 	})
 }
@@ -574,7 +599,16 @@ func gpuPod(namespace, name string, gpus int64) *corev1.Pod {
 	}
 }
 
-func podSpec(gpus int64) corev1.PodSpec {
+// gpuPod is gpuPod with the environment's GPU resource name.
+func (e *env) gpuPod(namespace, name string, gpus int64) *corev1.Pod {
+	p := gpuPod(namespace, name, gpus)
+	p.Spec = podSpecOf(gpus, e.resource)
+	return p
+}
+
+func podSpec(gpus int64) corev1.PodSpec { return podSpecOf(gpus, v1alpha1.ResourceGPU) }
+
+func podSpecOf(gpus int64, name corev1.ResourceName) corev1.PodSpec {
 	spec := corev1.PodSpec{
 		RestartPolicy:                 corev1.RestartPolicyNever,
 		TerminationGracePeriodSeconds: ptr.To[int64](0),
@@ -584,8 +618,8 @@ func podSpec(gpus int64) corev1.PodSpec {
 	if gpus > 0 {
 		q := *resource.NewQuantity(gpus, resource.DecimalSI)
 		spec.Containers[0].Resources = corev1.ResourceRequirements{
-			Requests: corev1.ResourceList{v1alpha1.ResourceGPU: q},
-			Limits:   corev1.ResourceList{v1alpha1.ResourceGPU: q},
+			Requests: corev1.ResourceList{name: q},
+			Limits:   corev1.ResourceList{name: q},
 		}
 	}
 	return spec
