@@ -54,8 +54,20 @@ test-unit: ## Unit tests (no API server)
 test-integration: tools ## Integration and e2e tests on the real control plane
 	$(GO) test $(INTEGRATION_FLAGS) ./...
 
+# The security suite: attempts as a tenant, a client on the pod network and a
+# compromised node (test/security), plus the tests of the other suites that
+# hold the same line: the chart's mutual TLS with the real kube-scheduler, its
+# RBAC and resource name, device-list strategies under a real kubelet, and a
+# renamed GPU resource end to end.
+SECURITY_TESTS_CHART    := TestRenderedSchedulerConfigRunsThroughExtender|TestChartLintsAndRendersWhatTheComponentsRead|TestEveryComponentGetsTheGPUResourceName|TestSchedulerImageFollowsTheCluster
+SECURITY_TESTS_NODE     := TestDeviceListStrategyWithRealKubelet
+SECURITY_TESTS_E2E      := TestRenamedGPUResource
+
 test-security: tools ## The security suite alone (real control plane, kube-scheduler and kubelet)
 	$(GO) test $(INTEGRATION_FLAGS) ./test/security/
+	$(GO) test $(INTEGRATION_FLAGS) -run '$(SECURITY_TESTS_CHART)' ./test/chart/
+	$(GO) test $(INTEGRATION_FLAGS) -run '$(SECURITY_TESTS_NODE)' ./test/nodeagent/
+	$(GO) test $(INTEGRATION_FLAGS) -run '$(SECURITY_TESTS_E2E)' ./test/e2e/
 
 bench: ## Benchmarks (allocator, extender, webhook) and the simulator on the bundled traces; regenerates docs/benchmarks.md
 	@mkdir -p _out
