@@ -97,15 +97,38 @@ func (p *PodWrapper) Ephemeral(name string, env ...corev1.EnvVar) *PodWrapper {
 
 // Env appends env entries to the named container (app or init).
 func (p *PodWrapper) Env(container string, env ...corev1.EnvVar) *PodWrapper {
+	c := p.container(container)
+	c.Env = append(c.Env, env...)
+	return p
+}
+
+// EnvFrom appends envFrom sources to the named container (app or init).
+func (p *PodWrapper) EnvFrom(container string, src ...corev1.EnvFromSource) *PodWrapper {
+	p.container(container).EnvFrom = append(p.container(container).EnvFrom, src...)
+	return p
+}
+
+// Resources sets the limits of the named container (app or init).
+func (p *PodWrapper) Resources(container string, limits corev1.ResourceList) *PodWrapper {
+	p.container(container).Resources = corev1.ResourceRequirements{Limits: limits}
+	return p
+}
+
+// Node binds the pod to node, as a Binding would.
+func (p *PodWrapper) Node(node string) *PodWrapper {
+	p.Spec.NodeName = node
+	return p
+}
+
+func (p *PodWrapper) container(name string) *corev1.Container {
 	for _, list := range [][]corev1.Container{p.Spec.Containers, p.Spec.InitContainers} {
 		for i := range list {
-			if list[i].Name == container {
-				list[i].Env = append(list[i].Env, env...)
-				return p
+			if list[i].Name == name {
+				return &list[i]
 			}
 		}
 	}
-	panic("test pod has no container " + container)
+	panic("test pod has no container " + name)
 }
 
 // Void appends NVIDIA_VISIBLE_DEVICES=void to the named containers.

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -30,6 +33,12 @@ const (
 	DefaultExtenderServiceAccount  = "system:serviceaccount:gputopo-system:gputopo-extender"
 	DefaultNodeAgentServiceAccount = "system:serviceaccount:gputopo-system:gputopo-nodeagent"
 )
+
+// DefaultCertManagerNamespace is where cert-manager usually runs. It issues
+// the webhook's serving certificate, so it is excluded by default: a
+// webhook waiting for its certificate must never block cert-manager's own
+// pods.
+const DefaultCertManagerNamespace = "cert-manager"
 
 // Config is the webhook's configuration file. A file states only what it
 // changes: LoadConfig decodes it over DefaultConfig, field by field.
@@ -59,10 +68,39 @@ type Config struct {
 	// in another namespace must change both.
 	SystemServiceAccounts []string `json:"systemServiceAccounts"`
 
+	// NodeAgentServiceAccounts are the node agents' user names. Such a user
+	// may set, change or remove gputopo.io/allocated-gpus and no other
+	// system annotation, and only on pods bound to the node named in its
+	// credential (the authentication.kubernetes.io/node-name extra that
+	// kube-apiserver adds for a service account token bound to a pod);
+	// these rules hold even when SystemServiceAccounts lists the user too.
+	// Default: the node agent's service account in gputopo-system
+	// ("system:serviceaccount:gputopo-system:gputopo-nodeagent").
+	NodeAgentServiceAccounts []string `json:"nodeAgentServiceAccounts"`
+
+	// ResourceName is the extended resource that stands for one GPU: a pod
+	// that requests it is a GPU pod. It must equal the node agent's
+	// --resource-name and the scheduler's managedResources. Default
+	// "nvidia.com/gpu".
+	ResourceName string `json:"resourceName"`
+
+	// GPUContainerEnvFrom decides about envFrom sources in containers that
+	// request ResourceName, whose variables the webhook cannot see:
+	// "Refuse" (the default) refuses a source whose variable names could
+	// start with NVIDIA_ (no prefix, or a prefix that could begin
+	// NVIDIA_), because such a variable would override the GPUs kubelet
+	// allocated; "Allow" admits every source, for clusters where the
+	// device list does not travel through the environment (node agent
+	// strategy volume-mounts or cdi-cri, and the NVIDIA container toolkit
+	// set to accept-nvidia-visible-devices-envvar-when-unprivileged =
+	// false).
+	GPUContainerEnvFrom EnvFromPolicy `json:"gpuContainerEnvFrom"`
+
 	// ExcludedNamespaces are never mutated, whatever their labels; the
-	// registration's namespaceSelector leaves them out too. Default
-	// ["kube-system"]; the release namespace is always added by
-	// Registration.
+	// registration's namespaceSelector leaves them out too, so no pod
+	// there waits on the webhook. Default ["kube-system", "cert-manager"]
+	// (cert-manager issues the webhook's own certificate); the release
+	// namespace is always added by Registration.
 	ExcludedNamespaces []string `json:"excludedNamespaces"`
 
 	// NamespaceDefaultAnnotation is the Namespace annotation whose value
@@ -71,6 +109,17 @@ type Config struct {
 	// "gputopo.io/parallelism".
 	NamespaceDefaultAnnotation string `json:"namespaceDefaultAnnotation"`
 }
+
+// EnvFromPolicy is the value of Config.GPUContainerEnvFrom.
+type EnvFromPolicy string
+
+const (
+	// EnvFromRefuse refuses, in GPU containers, envFrom sources that could
+	// set an NVIDIA_ variable.
+	EnvFromRefuse EnvFromPolicy = "Refuse"
+	// EnvFromAllow admits every envFrom source.
+	EnvFromAllow EnvFromPolicy = "Allow"
+)
 
 // PolicyTable holds one Policy per intent. Intents are fixed (the values of
 // gputopo.io/parallelism plus "none"), so the table is a struct: an unknown
@@ -135,7 +184,10 @@ func DefaultConfig() Config {
 			None:  Policy{Strategy: v1alpha1.StrategyLowestFragmentation},
 		},
 		SystemServiceAccounts:      []string{DefaultExtenderServiceAccount, DefaultNodeAgentServiceAccount},
-		ExcludedNamespaces:         []string{"kube-system"},
+		NodeAgentServiceAccounts:   []string{DefaultNodeAgentServiceAccount},
+		ResourceName:               v1alpha1.ResourceGPU,
+		GPUContainerEnvFrom:        EnvFromRefuse,
+		ExcludedNamespaces:         []string{"kube-system", DefaultCertManagerNamespace},
 		NamespaceDefaultAnnotation: v1alpha1.AnnotationParallelism,
 	}
 }
@@ -209,33 +261,35 @@ func (c Config) Validate() field.ErrorList {
 	errs = append(errs, c.PolicyTable.Data.validate(pt.Child("data"))...)
 	errs = append(errs, c.PolicyTable.None.validate(pt.Child("none"))...)
 
-	p = field.NewPath("systemServiceAccounts")
-	if len(c.SystemServiceAccounts) == 0 {
+	// systemServiceAccounts may be empty: the extender writes the plan
+	// through Bindings, which no webhook sees, and the node agents have
+	// their own list.
+	errs = append(errs, validateUserNames(field.NewPath("systemServiceAccounts"), c.SystemServiceAccounts)...)
+	p = field.NewPath("nodeAgentServiceAccounts")
+	if len(c.NodeAgentServiceAccounts) == 0 {
 		errs = append(errs, field.Required(p, "list the node agent's service account user name (system:serviceaccount:<namespace>:<name>), or it cannot record allocated GPUs"))
 	}
-	seen := sets.New[string]()
-	for i, u := range c.SystemServiceAccounts {
-		ip := p.Index(i)
-		if seen.Has(u) {
-			errs = append(errs, field.Duplicate(ip, u))
-			continue
+	errs = append(errs, validateUserNames(p, c.NodeAgentServiceAccounts)...)
+
+	p = field.NewPath("resourceName")
+	switch msgs := validation.IsQualifiedName(c.ResourceName); {
+	case c.ResourceName == "":
+		errs = append(errs, field.Required(p, "name the extended resource the node agent serves, e.g. "+v1alpha1.ResourceGPU))
+	case len(msgs) > 0:
+		for _, msg := range msgs {
+			errs = append(errs, field.Invalid(p, c.ResourceName, msg))
 		}
-		seen.Insert(u)
-		ns, name, err := serviceaccount.SplitUsername(u)
-		if err != nil {
-			errs = append(errs, field.Invalid(ip, u, "must be a service account user name: system:serviceaccount:<namespace>:<name>"))
-			continue
-		}
-		for _, msg := range validation.IsDNS1123Label(ns) {
-			errs = append(errs, field.Invalid(ip, u, "namespace: "+msg))
-		}
-		for _, msg := range validation.IsDNS1123Subdomain(name) {
-			errs = append(errs, field.Invalid(ip, u, "name: "+msg))
-		}
+	case !strings.Contains(c.ResourceName, "/"):
+		errs = append(errs, field.Invalid(p, c.ResourceName, "must be an extended resource name with a domain, e.g. "+v1alpha1.ResourceGPU))
+	}
+
+	p = field.NewPath("gpuContainerEnvFrom")
+	if c.GPUContainerEnvFrom != EnvFromRefuse && c.GPUContainerEnvFrom != EnvFromAllow {
+		errs = append(errs, field.NotSupported(p, c.GPUContainerEnvFrom, []EnvFromPolicy{EnvFromRefuse, EnvFromAllow}))
 	}
 
 	p = field.NewPath("excludedNamespaces")
-	seen = sets.New[string]()
+	seen := sets.New[string]()
 	for i, ns := range c.ExcludedNamespaces {
 		if seen.Has(ns) {
 			errs = append(errs, field.Duplicate(p.Index(i), ns))
@@ -258,6 +312,32 @@ func (c Config) Validate() field.ErrorList {
 	return errs
 }
 
+// validateUserNames checks a list of service account user names.
+func validateUserNames(p *field.Path, users []string) field.ErrorList {
+	var errs field.ErrorList
+	seen := sets.New[string]()
+	for i, u := range users {
+		ip := p.Index(i)
+		if seen.Has(u) {
+			errs = append(errs, field.Duplicate(ip, u))
+			continue
+		}
+		seen.Insert(u)
+		ns, name, err := serviceaccount.SplitUsername(u)
+		if err != nil {
+			errs = append(errs, field.Invalid(ip, u, "must be a service account user name: system:serviceaccount:<namespace>:<name>"))
+			continue
+		}
+		for _, msg := range validation.IsDNS1123Label(ns) {
+			errs = append(errs, field.Invalid(ip, u, "namespace: "+msg))
+		}
+		for _, msg := range validation.IsDNS1123Subdomain(name) {
+			errs = append(errs, field.Invalid(ip, u, "name: "+msg))
+		}
+	}
+	return errs
+}
+
 func (p Policy) validate(path *field.Path) field.ErrorList {
 	var errs field.ErrorList
 	if p.RequireNVLinkFromGPUs < 0 {
@@ -270,22 +350,32 @@ func (p Policy) validate(path *field.Path) field.ErrorList {
 	return errs
 }
 
-// isSystem reports whether user may write system annotations.
+// gpuResource is ResourceName as a resource name.
+func (c Config) gpuResource() corev1.ResourceName { return corev1.ResourceName(c.ResourceName) }
+
+// isSystem reports whether user may write every system annotation.
 func (c Config) isSystem(user string) bool {
-	for _, u := range c.SystemServiceAccounts {
-		if u == user {
-			return true
+	return slices.Contains(c.SystemServiceAccounts, user)
+}
+
+// isNodeAgent reports whether user is a node agent, held to its own node.
+func (c Config) isNodeAgent(user string) bool {
+	return slices.Contains(c.NodeAgentServiceAccounts, user)
+}
+
+// writers lists every user who may write some system annotation, each
+// once.
+func (c Config) writers() []string {
+	out := slices.Clone(c.SystemServiceAccounts)
+	for _, u := range c.NodeAgentServiceAccounts {
+		if !slices.Contains(out, u) {
+			out = append(out, u)
 		}
 	}
-	return false
+	return out
 }
 
 // isExcluded reports whether namespace ns is never mutated.
 func (c Config) isExcluded(ns string) bool {
-	for _, e := range c.ExcludedNamespaces {
-		if e == ns {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(c.ExcludedNamespaces, ns)
 }

@@ -86,9 +86,31 @@ func TestParseConfig(t *testing.T) {
 				`excludedNamespaces[0]: Invalid value: "Bad NS": a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?'), ` +
 				`namespaceDefaultAnnotation: Invalid value: "not a key!": name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')]`,
 		},
-		"an empty service account list is an error": {
-			in:      `{"systemServiceAccounts":[]}`,
-			wantErr: `systemServiceAccounts: Required value: list the node agent's service account user name (system:serviceaccount:<namespace>:<name>), or it cannot record allocated GPUs`,
+		"an empty node agent list is an error": {
+			in:      `{"nodeAgentServiceAccounts":[]}`,
+			wantErr: `nodeAgentServiceAccounts: Required value: list the node agent's service account user name (system:serviceaccount:<namespace>:<name>), or it cannot record allocated GPUs`,
+		},
+		"an empty system account list is allowed: the extender writes through Bindings": {
+			in:   `{"systemServiceAccounts":[]}`,
+			want: func(c *Config) { c.SystemServiceAccounts = []string{} },
+		},
+		"another GPU resource and envFrom allowed": {
+			in: "resourceName: example.com/gpu\ngpuContainerEnvFrom: Allow\nnodeAgentServiceAccounts: [\"system:serviceaccount:gpu:agent\"]\n",
+			want: func(c *Config) {
+				c.ResourceName, c.GPUContainerEnvFrom = "example.com/gpu", EnvFromAllow
+				c.NodeAgentServiceAccounts = []string{"system:serviceaccount:gpu:agent"}
+			},
+		},
+		"node agents, resource name and envFrom policy are checked": {
+			in: `{"nodeAgentServiceAccounts":["agent","system:serviceaccount:gpu:agent","system:serviceaccount:gpu:agent"],"resourceName":"gpu","gpuContainerEnvFrom":"refuse"}`,
+			wantErr: `[nodeAgentServiceAccounts[0]: Invalid value: "agent": must be a service account user name: system:serviceaccount:<namespace>:<name>, ` +
+				`nodeAgentServiceAccounts[2]: Duplicate value: "system:serviceaccount:gpu:agent", ` +
+				`resourceName: Invalid value: "gpu": must be an extended resource name with a domain, e.g. nvidia.com/gpu, ` +
+				`gpuContainerEnvFrom: Unsupported value: "refuse": supported values: "Refuse", "Allow"]`,
+		},
+		"a resource name that is not a qualified name is an error": {
+			in:      `{"resourceName":"nvidia.com/gpu'"}`,
+			wantErr: `resourceName: Invalid value: "nvidia.com/gpu'": name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')`,
 		},
 	}
 	for name, tc := range tests {

@@ -22,6 +22,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -251,7 +252,11 @@ func TestIntegration(t *testing.T) {
 	})
 	t.Run("a user-set NVIDIA_VISIBLE_DEVICES in a GPU container is denied", func(t *testing.T) {
 		err := e.client.Create(ctx, MakePod("see-all", nsOptedIn).GPU(1).Env("main", envVar(v1alpha1.EnvVisibleDevices, "all")).Obj())
-		denial(t, err, WebhookValidatePod, "spec.containers[0].env[0]: Forbidden: must not be set in a container that requests nvidia.com/gpu")
+		denial(t, err, WebhookValidatePod, `spec.containers[0].env[0]: Forbidden: container "main" requests nvidia.com/gpu, so NVIDIA_VISIBLE_DEVICES must not be set there`)
+	})
+	t.Run("a user-set NVIDIA_VISIBLE_DEVICES in a GPU container is denied where the namespace did not opt in", func(t *testing.T) {
+		err := e.client.Create(ctx, MakePod("see-all", nsPlain).GPU(1).Env("main", envVar(v1alpha1.EnvVisibleDevices, uuidB)).Obj())
+		denial(t, err, WebhookValidatePod, `spec.containers[0].env[0]: Forbidden: container "main" requests nvidia.com/gpu, so NVIDIA_VISIBLE_DEVICES must not be set there`)
 	})
 
 	t.Run("pods in a namespace that did not opt in are untouched", func(t *testing.T) {
@@ -270,11 +275,16 @@ func TestIntegration(t *testing.T) {
 		e.create(t, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "gputopo-nodeagent"},
 			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "gputopo-nodeagent"},
 			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: releaseNS, Name: "gputopo-nodeagent"}}})
-		pod := MakePod("allocated", nsOptedIn).GPU(1).Obj()
+		pod := MakePod("allocated", nsOptedIn).GPU(1).Node("gpu-node-1").Obj()
 		e.create(t, pod)
 
+		// A node agent authenticates with a token bound to its pod, for which
+		// kube-apiserver adds the node's name to the user's extra;
+		// impersonation stands in for it here (test/security uses real
+		// tokens).
 		agentCfg := rest.CopyConfig(e.cfg)
-		agentCfg.Impersonate = rest.ImpersonationConfig{UserName: DefaultNodeAgentServiceAccount}
+		agentCfg.Impersonate = rest.ImpersonationConfig{UserName: DefaultNodeAgentServiceAccount,
+			Extra: map[string][]string{serviceaccount.NodeNameKey: {"gpu-node-1"}}}
 		agent, err := client.New(agentCfg, client.Options{})
 		if err != nil {
 			t.Fatal(err)

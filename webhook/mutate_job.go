@@ -63,7 +63,7 @@ func (m *JobMutator) Handle(ctx context.Context, req admission.Request) admissio
 	}
 	if val, ok := tmpl[v1alpha1.AnnotationRequirement]; ok {
 		if _, err := v1alpha1.ParseRequirement(val); err != nil {
-			for _, fe := range fieldErrors(err) {
+			for _, fe := range fieldErrors(err, annotationsPath.Key(v1alpha1.AnnotationRequirement)) {
 				fe.Field = "spec.template." + fe.Field
 				errs = append(errs, fe)
 			}

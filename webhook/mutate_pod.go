@@ -33,8 +33,12 @@ const intentNone = "none"
 var voidEnvEntry = json.RawMessage(`{"name":"` + v1alpha1.EnvVisibleDevices + `","value":"` + envVoid + `"}`)
 
 // PodMutator mutates pods on CREATE in opted-in namespaces: it derives the
-// topology requirement, routes GPU pods to the gputopo scheduler, labels
-// them with their job, and hides GPUs from containers that requested none.
+// topology requirement, routes GPU pods (pods that request
+// Config.ResourceName) to the gputopo scheduler, labels them with their
+// job, and hides GPUs from containers that requested none. The
+// registration's match conditions send it only pods that concern GPUs
+// (podMatchExpression), so a pod without GPUs is left alone unless it sets
+// an NVIDIA_ variable.
 // It never denies on content: that is PodValidator's job, which sees the
 // object after every mutating webhook has run. On UPDATE of the
 // ephemeralcontainers subresource it hides GPUs from the new ephemeral
@@ -86,24 +90,32 @@ func (m *PodMutator) Handle(ctx context.Context, req admission.Request) admissio
 
 func (m *PodMutator) mutateCreate(ctx context.Context, pod *corev1.Pod, shape *rawPod, info namespaceInfo) []jsonpatch.JsonPatchOperation {
 	var ops []jsonpatch.JsonPatchOperation
+	res := m.cfg.gpuResource()
 	for i := range pod.Spec.InitContainers {
 		c := &pod.Spec.InitContainers[i]
-		if containerGPUs(c.Resources) == 0 {
+		if !requestsResource(&c.Resources, res) {
 			ops = voidEnv(ops, indexPath("/spec/initContainers", i), c.Env, shape.Spec.InitContainers[i].Env)
 		}
 	}
 	for i := range pod.Spec.Containers {
 		c := &pod.Spec.Containers[i]
-		if containerGPUs(c.Resources) == 0 {
+		if !requestsResource(&c.Resources, res) {
 			ops = voidEnv(ops, indexPath("/spec/containers", i), c.Env, shape.Spec.Containers[i].Env)
 		}
 	}
 
-	gpus := podGPUs(&pod.Spec)
+	log := logf.FromContext(ctx).WithValues("pod", klog.KObj(pod))
+	gpus, err := v1alpha1.PodGPUDemand(&pod.Spec, res)
+	if err != nil {
+		// PodValidator denies the pod naming the field; nothing is derived
+		// from a count that means nothing.
+		log.V(1).Info("not routing a pod whose GPU counts are invalid", "error", err.Error())
+		return ops
+	}
 	if gpus == 0 {
 		return ops
 	}
-	log := logf.FromContext(ctx).WithValues("pod", klog.KObj(pod), "gpus", gpus)
+	log = log.WithValues("gpus", gpus)
 
 	annotations := map[string]string{}
 	if _, ok := pod.Annotations[v1alpha1.AnnotationRequirement]; !ok {

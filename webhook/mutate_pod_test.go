@@ -8,6 +8,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -348,6 +349,44 @@ func TestPodMutatorConfiguredPolicy(t *testing.T) {
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("mutated pod (-want +got):\n%s", diff)
 			}
+		})
+	}
+}
+
+func TestPodMutatorResourceName(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.ResourceName = "example.com/gpu"
+	m := NewPodMutator(cfg, fakeReader(t))
+	other := corev1.ResourceList{"example.com/gpu": resource.MustParse("4")}
+	tests := map[string]struct {
+		pod  *corev1.Pod
+		want *corev1.Pod
+	}{
+		"a pod requesting the configured resource is routed with its count": {
+			pod:  MakePod("p", nsOptedIn).Resources("main", other).Intent("model").Container("logger", 0).Obj(),
+			want: MakePod("p", nsOptedIn).Resources("main", other).Intent("model").Container("logger", 0).Void("logger").Requirement(reqModelNVLink).JobLabel("p").SchedulerName(sched).Obj(),
+		},
+		"nvidia.com/gpu is just another resource then: its container gets void": {
+			pod:  MakePod("p", nsOptedIn).GPU(1).Obj(),
+			want: MakePod("p", nsOptedIn).GPU(1).Void("main").Obj(),
+		},
+		"a pod whose count is not whole is not routed; the validator denies it": {
+			pod:  MakePod("p", nsOptedIn).Resources("main", corev1.ResourceList{"example.com/gpu": resource.MustParse("1500m")}).Intent("model").Obj(),
+			want: MakePod("p", nsOptedIn).Resources("main", corev1.ResourceList{"example.com/gpu": resource.MustParse("1500m")}).Intent("model").Obj(),
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			req := podCreate(t, tc.pod, userAlice)
+			resp := handle(m, req)
+			if !resp.Allowed {
+				t.Fatalf("denied: %v", resp.Result)
+			}
+			got := decodePodBytes(t, applyPatch(t, req.Object.Raw, resp))
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("mutated pod (-want +got):\n%s", diff)
+			}
+			checkIdempotent(t, m, req, resp)
 		})
 	}
 }

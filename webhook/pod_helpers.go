@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"net/http"
+	"slices"
 	"strings"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -22,43 +23,54 @@ import (
 // container runtime expose no GPU at all, whatever the image says.
 const envVoid = "void"
 
-// containerGPUs returns the nvidia.com/gpu count a container asks for. For
-// extended resources requests default to limits and must equal them, so
-// the limit wins when both are present; negative counts count as none.
-func containerGPUs(r corev1.ResourceRequirements) int64 {
-	q, ok := r.Limits[v1alpha1.ResourceGPU]
-	if !ok {
-		q, ok = r.Requests[v1alpha1.ResourceGPU]
-	}
-	if !ok {
-		return 0
-	}
-	if n := q.Value(); n > 0 {
-		return n
-	}
-	return 0
+// DeviceEnvVars are the environment variables through which the NVIDIA
+// container toolkit (nvidia-container-runtime and its hook, with the
+// envvar device-list strategy) chooses the devices a container gets:
+//
+//   - NVIDIA_VISIBLE_DEVICES: the GPUs (index, UUID, MIG device, "all");
+//   - NVIDIA_MIG_CONFIG_DEVICES and NVIDIA_MIG_MONITOR_DEVICES: the GPUs
+//     whose MIG configuration, or MIG monitoring, the container gets;
+//   - NVIDIA_IMEX_CHANNELS: the IMEX channels (multi-node NVLink memory
+//     sharing) the container gets.
+//
+// In a container that requests the GPU resource only the node agent's
+// answer to kubelet may set them; a container that does not may only hide
+// every GPU (NVIDIA_VISIBLE_DEVICES=void). The toolkit's feature switches
+// NVIDIA_GDS, NVIDIA_MOFED, NVIDIA_NVSWITCH and NVIDIA_GDRCOPY add device
+// nodes of other kinds (storage, network, fabric) to a container that
+// already has GPUs; they select no GPU and are not listed.
+var DeviceEnvVars = []string{
+	v1alpha1.EnvVisibleDevices,
+	"NVIDIA_MIG_CONFIG_DEVICES",
+	"NVIDIA_MIG_MONITOR_DEVICES",
+	"NVIDIA_IMEX_CHANNELS",
 }
 
-// podGPUs returns the pod's effective GPU count, computed the way
-// kube-scheduler computes an effective request: the larger of the app
-// containers plus sidecars, and the largest one-shot init container plus the
-// sidecars started before it.
-func podGPUs(spec *corev1.PodSpec) int64 {
-	var sidecars, initPeak int64
-	for i := range spec.InitContainers {
-		c := &spec.InitContainers[i]
-		n := containerGPUs(c.Resources)
-		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
-			sidecars += n
-			continue
-		}
-		initPeak = max(initPeak, sidecars+n)
+// EnvPrefixNVIDIA begins every variable the NVIDIA container toolkit reads.
+// A pod that sets one in any container is sent to the webhooks.
+const EnvPrefixNVIDIA = "NVIDIA_"
+
+// isDeviceEnv reports whether name is one of DeviceEnvVars.
+func isDeviceEnv(name string) bool { return slices.Contains(DeviceEnvVars, name) }
+
+// envFromCanSetNVIDIA reports whether an envFrom source with this prefix
+// can produce a variable whose name starts with NVIDIA_: it can when the
+// prefix is itself the start of "NVIDIA_" (the empty prefix included), or
+// starts with it.
+func envFromCanSetNVIDIA(prefix string) bool {
+	return strings.HasPrefix(EnvPrefixNVIDIA, prefix) || strings.HasPrefix(prefix, EnvPrefixNVIDIA)
+}
+
+// requestsResource reports whether a container asks for a positive count
+// of resource: its limit, else its request (for extended resources
+// requests default to limits and must equal them). A count that is not a
+// positive number gets no device; v1alpha1.PodGPUDemand reports it.
+func requestsResource(r *corev1.ResourceRequirements, resource corev1.ResourceName) bool {
+	q, ok := r.Limits[resource]
+	if !ok {
+		q, ok = r.Requests[resource]
 	}
-	app := sidecars
-	for i := range spec.Containers {
-		app += containerGPUs(spec.Containers[i].Resources)
-	}
-	return max(app, initPeak)
+	return ok && q.Sign() > 0
 }
 
 // labelValue turns a name into a valid label value. Object names may be

@@ -9,6 +9,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/ptr"
 
@@ -56,17 +57,97 @@ type RegistrationOptions struct {
 	ExcludedNamespaces []string
 	// TimeoutSeconds for each webhook, 1 to MaxTimeoutSeconds. Default 5.
 	TimeoutSeconds int32
+	// ResourceName is the GPU resource the match conditions look for
+	// (Config.ResourceName). Default nvidia.com/gpu.
+	ResourceName string
+}
+
+// ForConfig returns o with what the registration takes from the webhook's
+// own configuration: its resource name and excluded namespaces.
+func (o RegistrationOptions) ForConfig(cfg Config) RegistrationOptions {
+	o.ResourceName = cfg.ResourceName
+	o.ExcludedNamespaces = slices.Clone(cfg.ExcludedNamespaces)
+	return o
+}
+
+// Names of the match conditions, as the apiserver reports them when one
+// fails to evaluate.
+const (
+	MatchPodConcernsGPUs         = "pod-concerns-gpus"
+	MatchJobConcernsGPUs         = "job-concerns-gpus"
+	MatchSystemAnnotationChanged = "system-annotation-changed"
+)
+
+// The match conditions are CEL over the object as the apiserver will store
+// it (after every mutating webhook, for the validating ones). Webhooks
+// that match no condition are not called, so a webhook outage blocks only
+// what concerns GPUs. Every field access is optional (.?field.orValue),
+// because mutating webhooks see objects before the apiserver has
+// validated them, and an expression that fails to evaluate fails the
+// request like the webhook would.
+
+// annotationPrefix begins every gputopo annotation key.
+var annotationPrefix = v1alpha1.GroupVersion.Group + "/"
+
+// celString quotes s for CEL. Callers pass only annotation keys, resource
+// names and prefixes, validated to hold no quote or backslash.
+func celString(s string) string { return "'" + s + "'" }
+
+// celSystemKeys is the CEL list of the system annotation keys.
+func celSystemKeys() string {
+	keys := make([]string, len(v1alpha1.SystemAnnotations))
+	for i, k := range v1alpha1.SystemAnnotations {
+		keys[i] = celString(k)
+	}
+	return "[" + strings.Join(keys, ", ") + "]"
+}
+
+// celRequests is true when an app or init container of the pod spec at
+// spec lists resource under limits or requests, whatever the count (a
+// count of 0 is judged by the webhook, which lets it pass). Ephemeral
+// containers cannot request resources.
+func celRequests(spec, resource string) string {
+	r := celString(resource)
+	return fmt.Sprintf("[%[1]s.?containers.orValue([]), %[1]s.?initContainers.orValue([])].exists(l, l.exists(c, %[2]s in c.?resources.?limits.orValue({}) || %[2]s in c.?resources.?requests.orValue({})))", spec, r)
+}
+
+// celSetsNVIDIAEnv is true when any container, init container or ephemeral
+// container of the pod names an env variable that begins with NVIDIA_.
+// envFrom cannot be seen here: its keys live in a ConfigMap or Secret.
+func celSetsNVIDIAEnv() string {
+	return "[object.spec.?containers.orValue([]), object.spec.?initContainers.orValue([]), object.spec.?ephemeralContainers.orValue([])]" +
+		".exists(l, l.exists(c, c.?env.orValue([]).exists(e, e.?name.orValue('').startsWith(" + celString(EnvPrefixNVIDIA) + "))))"
+}
+
+// celCarriesSystemAnnotation is true when the new object carries a system
+// annotation or the old one did (oldObject is null on CREATE), which
+// covers setting, changing and removing one.
+func celCarriesSystemAnnotation() string {
+	return celSystemKeys() + ".exists(k, k in object.metadata.?annotations.orValue({}) || (oldObject != null && k in oldObject.metadata.?annotations.orValue({})))"
+}
+
+// podMatchExpression is the match condition of the pod webhooks (mutating
+// and validating): the pod requests the GPU resource, sets an NVIDIA_
+// variable, or carries (or carried) a system annotation.
+func podMatchExpression(resource string) string {
+	return celRequests("object.spec", resource) + " || " + celSetsNVIDIAEnv() + " || " + celCarriesSystemAnnotation()
+}
+
+// jobMatchExpression is the match condition of the Job webhook: the Job
+// states an intent, its pod template carries a gputopo.io/ annotation
+// (which the Job webhook judges early), or the template requests the GPU
+// resource.
+func jobMatchExpression(resource string) string {
+	return celString(v1alpha1.AnnotationParallelism) + " in object.metadata.?annotations.orValue({})" +
+		" || object.spec.?template.?metadata.?annotations.orValue({}).exists(k, k.startsWith(" + celString(annotationPrefix) + "))" +
+		" || " + celRequests("object.spec.?template.?spec", resource)
 }
 
 // systemAnnotationChanged is the CEL match condition of the status webhook:
 // the apiserver calls it only when a pods/status write sets, changes or
 // removes a system annotation, so kubelet status traffic never waits on it.
 func systemAnnotationChanged() string {
-	keys := make([]string, len(v1alpha1.SystemAnnotations))
-	for i, k := range v1alpha1.SystemAnnotations {
-		keys[i] = "'" + k + "'"
-	}
-	return "[" + strings.Join(keys, ", ") + "].exists(k, object.metadata.?annotations[?k] != oldObject.metadata.?annotations[?k])"
+	return celSystemKeys() + ".exists(k, object.metadata.?annotations[?k] != oldObject.metadata.?annotations[?k])"
 }
 
 // Registration returns the webhook configurations the chart installs and
@@ -74,11 +155,17 @@ func systemAnnotationChanged() string {
 //
 // Every webhook fails closed (failurePolicy Fail): failing open would let a
 // user write assigned-gpus or run a pod with every GPU visible whenever the
-// webhook is down. The mutating webhooks see only opted-in namespaces; the
-// pod validator sees every namespace but the excluded ones, because the
-// system annotations are protected everywhere. Bindings (pods/binding) are
-// a subresource that no rule here matches: that is how the extender writes
-// assigned-gpus and placement together with nodeName.
+// webhook is down. What an outage blocks is kept to what concerns GPUs:
+// match conditions send the webhooks only pods that request the GPU
+// resource, set an NVIDIA_ variable or carry a system annotation, and only
+// Jobs that state an intent or request GPUs; the excluded namespaces
+// (kube-system, the release namespace, cert-manager's by default) are
+// never sent at all. The mutating webhooks see only opted-in namespaces;
+// the pod validator sees every namespace but the excluded ones, because
+// the system annotations are protected everywhere and the node agent is the
+// device plugin of every GPU pod. Bindings (pods/binding) are a subresource
+// that no rule here matches: that is how the extender writes assigned-gpus
+// and placement together with nodeName.
 func Registration(o RegistrationOptions) (*admissionregistrationv1.MutatingWebhookConfiguration, *admissionregistrationv1.ValidatingWebhookConfiguration, error) {
 	if errs := o.validate(); len(errs) > 0 {
 		return nil, nil, fmt.Errorf("webhook registration: %w", errs.ToAggregate())
@@ -95,6 +182,11 @@ func Registration(o RegistrationOptions) (*admissionregistrationv1.MutatingWebho
 	if release == "" {
 		release = o.ServiceNamespace
 	}
+	resource := o.ResourceName
+	if resource == "" {
+		resource = v1alpha1.ResourceGPU
+	}
+	podMatch := []admissionregistrationv1.MatchCondition{{Name: MatchPodConcernsGPUs, Expression: podMatchExpression(resource)}}
 	excluded := []string{"kube-system"}
 	for _, ns := range append([]string{release}, o.ExcludedNamespaces...) {
 		if ns != "" && !slices.Contains(excluded, ns) {
@@ -153,6 +245,7 @@ func Registration(o RegistrationOptions) (*admissionregistrationv1.MutatingWebho
 			NamespaceSelector:       optedIn,
 			AdmissionReviewVersions: versions,
 			ReinvocationPolicy:      ptr.To(admissionregistrationv1.IfNeededReinvocationPolicy),
+			MatchConditions:         podMatch,
 		}, {
 			Name:                    WebhookMutateJob,
 			ClientConfig:            client(PathMutateJob),
@@ -164,6 +257,7 @@ func Registration(o RegistrationOptions) (*admissionregistrationv1.MutatingWebho
 			NamespaceSelector:       optedIn,
 			AdmissionReviewVersions: versions,
 			ReinvocationPolicy:      ptr.To(admissionregistrationv1.IfNeededReinvocationPolicy),
+			MatchConditions:         []admissionregistrationv1.MatchCondition{{Name: MatchJobConcernsGPUs, Expression: jobMatchExpression(resource)}},
 		}},
 	}
 	validating := &admissionregistrationv1.ValidatingWebhookConfiguration{
@@ -179,6 +273,7 @@ func Registration(o RegistrationOptions) (*admissionregistrationv1.MutatingWebho
 			FailurePolicy: fail, SideEffects: none, TimeoutSeconds: ptr.To(timeout), MatchPolicy: equivalent,
 			NamespaceSelector:       everywhere,
 			AdmissionReviewVersions: versions,
+			MatchConditions:         podMatch,
 		}, {
 			Name:          WebhookValidatePodStat,
 			ClientConfig:  client(PathValidatePod),
@@ -187,7 +282,7 @@ func Registration(o RegistrationOptions) (*admissionregistrationv1.MutatingWebho
 			NamespaceSelector:       everywhere,
 			AdmissionReviewVersions: versions,
 			MatchConditions: []admissionregistrationv1.MatchCondition{{
-				Name: "system-annotation-changed", Expression: systemAnnotationChanged(),
+				Name: MatchSystemAnnotationChanged, Expression: systemAnnotationChanged(),
 			}},
 		}},
 	}
@@ -207,6 +302,17 @@ func (o RegistrationOptions) validate() field.ErrorList {
 	}
 	if o.TimeoutSeconds < 0 || o.TimeoutSeconds > MaxTimeoutSeconds {
 		errs = append(errs, field.Invalid(root.Child("timeoutSeconds"), o.TimeoutSeconds, fmt.Sprintf("must be between 1 and %d (0 for the default, %d)", MaxTimeoutSeconds, MaxTimeoutSeconds)))
+	}
+	if o.ResourceName != "" {
+		p := root.Child("resourceName")
+		for _, msg := range validation.IsQualifiedName(o.ResourceName) {
+			errs = append(errs, field.Invalid(p, o.ResourceName, msg))
+		}
+	}
+	for i, ns := range o.ExcludedNamespaces {
+		for _, msg := range validation.IsDNS1123Label(ns) {
+			errs = append(errs, field.Invalid(root.Child("excludedNamespaces").Index(i), ns, msg))
+		}
 	}
 	if o.ServicePort < 0 || o.ServicePort > 65535 {
 		errs = append(errs, field.Invalid(root.Child("servicePort"), o.ServicePort, "must be a port number (0 for the default, 443)"))

@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -20,7 +21,15 @@ type hookSummary struct {
 	Versions               []string
 	Rules                  []admissionregistrationv1.RuleWithOperations
 	Selector               *metav1.LabelSelector
-	Conditions             int
+	Conditions             []string // names
+}
+
+func conditionNames(mc []admissionregistrationv1.MatchCondition) []string {
+	var out []string
+	for _, c := range mc {
+		out = append(out, c.Name)
+	}
+	return out
 }
 
 func summarize(m *admissionregistrationv1.MutatingWebhookConfiguration, v *admissionregistrationv1.ValidatingWebhookConfiguration) []hookSummary {
@@ -35,13 +44,14 @@ func summarize(m *admissionregistrationv1.MutatingWebhookConfiguration, v *admis
 	}
 	for _, w := range m.Webhooks {
 		h := hookSummary{Name: w.Name, Failure: *w.FailurePolicy, SideEffects: *w.SideEffects, Timeout: *w.TimeoutSeconds,
-			Reinvocation: *w.ReinvocationPolicy, Versions: w.AdmissionReviewVersions, Rules: w.Rules, Selector: w.NamespaceSelector}
+			Reinvocation: *w.ReinvocationPolicy, Versions: w.AdmissionReviewVersions, Rules: w.Rules, Selector: w.NamespaceSelector,
+			Conditions: conditionNames(w.MatchConditions)}
 		cc(&h, w.ClientConfig)
 		out = append(out, h)
 	}
 	for _, w := range v.Webhooks {
 		h := hookSummary{Name: w.Name, Failure: *w.FailurePolicy, SideEffects: *w.SideEffects, Timeout: *w.TimeoutSeconds,
-			Versions: w.AdmissionReviewVersions, Rules: w.Rules, Selector: w.NamespaceSelector, Conditions: len(w.MatchConditions)}
+			Versions: w.AdmissionReviewVersions, Rules: w.Rules, Selector: w.NamespaceSelector, Conditions: conditionNames(w.MatchConditions)}
 		cc(&h, w.ClientConfig)
 		out = append(out, h)
 	}
@@ -68,13 +78,13 @@ func TestRegistration(t *testing.T) {
 	const c, u = admissionregistrationv1.Create, admissionregistrationv1.Update
 	want := []hookSummary{
 		{Name: "mpod.gputopo.io", ServicePath: "gpu/gputopo-webhook:443/mutate-pod", Failure: "Fail", SideEffects: "None", Timeout: 5, Reinvocation: "IfNeeded", Versions: []string{"v1"},
-			Rules: []admissionregistrationv1.RuleWithOperations{rule("", "pods", c), rule("", "pods/ephemeralcontainers", u)}, Selector: ns(true)},
+			Rules: []admissionregistrationv1.RuleWithOperations{rule("", "pods", c), rule("", "pods/ephemeralcontainers", u)}, Selector: ns(true), Conditions: []string{"pod-concerns-gpus"}},
 		{Name: "mjob.gputopo.io", ServicePath: "gpu/gputopo-webhook:443/mutate-job", Failure: "Fail", SideEffects: "None", Timeout: 5, Reinvocation: "IfNeeded", Versions: []string{"v1"},
-			Rules: []admissionregistrationv1.RuleWithOperations{rule("batch", "jobs", c)}, Selector: ns(true)},
+			Rules: []admissionregistrationv1.RuleWithOperations{rule("batch", "jobs", c)}, Selector: ns(true), Conditions: []string{"job-concerns-gpus"}},
 		{Name: "vpod.gputopo.io", ServicePath: "gpu/gputopo-webhook:443/validate-pod", Failure: "Fail", SideEffects: "None", Timeout: 5, Versions: []string{"v1"},
-			Rules: []admissionregistrationv1.RuleWithOperations{rule("", "pods", c, u), rule("", "pods/ephemeralcontainers", u)}, Selector: ns(false)},
+			Rules: []admissionregistrationv1.RuleWithOperations{rule("", "pods", c, u), rule("", "pods/ephemeralcontainers", u)}, Selector: ns(false), Conditions: []string{"pod-concerns-gpus"}},
 		{Name: "vpodstatus.gputopo.io", ServicePath: "gpu/gputopo-webhook:443/validate-pod", Failure: "Fail", SideEffects: "None", Timeout: 5, Versions: []string{"v1"},
-			Rules: []admissionregistrationv1.RuleWithOperations{rule("", "pods/status", u)}, Selector: ns(false), Conditions: 1},
+			Rules: []admissionregistrationv1.RuleWithOperations{rule("", "pods/status", u)}, Selector: ns(false), Conditions: []string{"system-annotation-changed"}},
 	}
 	if diff := cmp.Diff(want, summarize(m, v)); diff != "" {
 		t.Errorf("webhooks (-want +got):\n%s", diff)
@@ -84,8 +94,61 @@ func TestRegistration(t *testing.T) {
 			t.Errorf("%s: CA bundle %q, want CA", w.Name, w.ClientConfig.CABundle)
 		}
 	}
-	if want := `['gputopo.io/assigned-gpus', 'gputopo.io/placement', 'gputopo.io/allocated-gpus'].exists(k, object.metadata.?annotations[?k] != oldObject.metadata.?annotations[?k])`; v.Webhooks[1].MatchConditions[0].Expression != want {
-		t.Errorf("match condition = %s, want %s", v.Webhooks[1].MatchConditions[0].Expression, want)
+	// The expressions are a contract with the chart, which renders the same
+	// text; test/security proves on a real kube-apiserver what they match.
+	wantExpr := map[string]string{
+		"mpod.gputopo.io": podExprDefault,
+		"mjob.gputopo.io": `'gputopo.io/parallelism' in object.metadata.?annotations.orValue({})` +
+			` || object.spec.?template.?metadata.?annotations.orValue({}).exists(k, k.startsWith('gputopo.io/'))` +
+			` || [object.spec.?template.?spec.?containers.orValue([]), object.spec.?template.?spec.?initContainers.orValue([])].exists(l, l.exists(c,` +
+			` 'nvidia.com/gpu' in c.?resources.?limits.orValue({}) || 'nvidia.com/gpu' in c.?resources.?requests.orValue({})))`,
+		"vpod.gputopo.io":       podExprDefault,
+		"vpodstatus.gputopo.io": `['gputopo.io/assigned-gpus', 'gputopo.io/placement', 'gputopo.io/allocated-gpus'].exists(k, object.metadata.?annotations[?k] != oldObject.metadata.?annotations[?k])`,
+	}
+	if diff := cmp.Diff(wantExpr, expressions(m, v)); diff != "" {
+		t.Errorf("match conditions (-want +got):\n%s", diff)
+	}
+}
+
+// podExprDefault is the pod webhooks' match condition for nvidia.com/gpu.
+const podExprDefault = `[object.spec.?containers.orValue([]), object.spec.?initContainers.orValue([])].exists(l, l.exists(c,` +
+	` 'nvidia.com/gpu' in c.?resources.?limits.orValue({}) || 'nvidia.com/gpu' in c.?resources.?requests.orValue({})))` +
+	` || [object.spec.?containers.orValue([]), object.spec.?initContainers.orValue([]), object.spec.?ephemeralContainers.orValue([])]` +
+	`.exists(l, l.exists(c, c.?env.orValue([]).exists(e, e.?name.orValue('').startsWith('NVIDIA_'))))` +
+	` || ['gputopo.io/assigned-gpus', 'gputopo.io/placement', 'gputopo.io/allocated-gpus'].exists(k,` +
+	` k in object.metadata.?annotations.orValue({}) || (oldObject != null && k in oldObject.metadata.?annotations.orValue({})))`
+
+// expressions maps each webhook to its match condition's expression.
+func expressions(m *admissionregistrationv1.MutatingWebhookConfiguration, v *admissionregistrationv1.ValidatingWebhookConfiguration) map[string]string {
+	out := map[string]string{}
+	for _, w := range m.Webhooks {
+		out[w.Name] = w.MatchConditions[0].Expression
+	}
+	for _, w := range v.Webhooks {
+		out[w.Name] = w.MatchConditions[0].Expression
+	}
+	return out
+}
+
+func TestRegistrationResourceNameFromConfig(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.ResourceName = "example.com/gpu"
+	cfg.ExcludedNamespaces = []string{"cert-manager", "monitoring"}
+	m, v, err := Registration(RegistrationOptions{URL: "https://127.0.0.1:9443", ReleaseNamespace: "gpu"}.ForConfig(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strings.ReplaceAll(podExprDefault, "nvidia.com/gpu", "example.com/gpu")
+	for name, expr := range expressions(m, v) {
+		if strings.Contains(expr, "nvidia.com/gpu") {
+			t.Errorf("%s still matches nvidia.com/gpu: %s", name, expr)
+		}
+		if (name == WebhookMutatePod || name == WebhookValidatePod) && expr != want {
+			t.Errorf("%s match condition = %s\nwant %s", name, expr, want)
+		}
+	}
+	if diff := cmp.Diff([]string{"kube-system", "gpu", "cert-manager", "monitoring"}, v.Webhooks[0].NamespaceSelector.MatchExpressions[0].Values); diff != "" {
+		t.Errorf("excluded namespaces (-want +got):\n%s", diff)
 	}
 }
 
@@ -119,6 +182,10 @@ func TestRegistrationErrors(t *testing.T) {
 			`webhook registration: registration.url: Invalid value: "http://x": must start with https://; the apiserver calls webhooks over TLS only`},
 		"timeout above 5 seconds": {RegistrationOptions{URL: "https://x", TimeoutSeconds: 10},
 			"webhook registration: registration.timeoutSeconds: Invalid value: 10: must be between 1 and 5 (0 for the default, 5)"},
+		"a resource name that would break out of the CEL string": {RegistrationOptions{URL: "https://x", ResourceName: "a/b') || true || ('"},
+			`webhook registration: registration.resourceName: Invalid value: "a/b') || true || ('": name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')`},
+		"an excluded namespace that is no name": {RegistrationOptions{URL: "https://x", ExcludedNamespaces: []string{"a b"}},
+			`webhook registration: registration.excludedNamespaces[0]: Invalid value: "a b": a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')`},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

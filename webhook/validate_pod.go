@@ -8,11 +8,13 @@ import (
 	"strings"
 
 	admissionv1 "k8s.io/api/admission/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -26,12 +28,17 @@ import (
 //
 //   - only SystemServiceAccounts may set, change or remove the system
 //     annotations, in every namespace the webhook sees and whatever the
-//     pod's schedulerName;
+//     pod's schedulerName; NodeAgentServiceAccounts may write only
+//     allocated-gpus, and only on pods bound to their own node;
 //   - a requirement or intent annotation must be valid (on UPDATE, when it
-//     changed, so pods admitted under older rules stay updatable);
-//   - in opted-in namespaces, no container may choose its own
-//     NVIDIA_VISIBLE_DEVICES: GPU containers get theirs from the node
-//     agent, the others must have "void".
+//     changed, so pods admitted under older rules stay updatable), and so
+//     must the pod's GPU counts (on CREATE);
+//   - in GPU pods, in every namespace, no container may choose its own
+//     devices (DeviceEnvVars): GPU containers get them from the node agent,
+//     the others may only hide every GPU with NVIDIA_VISIBLE_DEVICES=void;
+//     and GPU containers may not take envFrom sources that could set an
+//     NVIDIA_ variable (GPUContainerEnvFrom);
+//   - in opted-in namespaces the same holds for pods without GPUs.
 type PodValidator struct {
 	cfg  Config
 	meta metadataReader
@@ -61,23 +68,37 @@ func (v *PodValidator) Handle(ctx context.Context, req admission.Request) admiss
 		}
 	}
 
-	errs := v.systemAnnotations(req.UserInfo.Username, pod, old)
+	errs := v.systemAnnotations(req.UserInfo, pod, old)
 	errs = append(errs, validateUserAnnotations(pod, old)...)
 
+	gpus, demandErr := v1alpha1.PodGPUDemand(&pod.Spec, v.cfg.gpuResource())
+	if demandErr != nil && old == nil {
+		// Container resources are immutable, so only a create can bring
+		// a bad count.
+		errs = append(errs, fieldErrors(demandErr, field.NewPath("spec"))...)
+	}
+	gpuPod := gpus > 0 || demandErr != nil
+
+	var envErrs field.ErrorList
+	switch {
+	case old == nil:
+		envErrs = v.envCreate(pod)
+	case req.SubResource == "ephemeralcontainers":
+		envErrs = v.envEphemeral(pod, old)
+	}
 	ns := req.Namespace
 	if ns == "" {
 		ns = pod.Namespace
 	}
-	var envErrs field.ErrorList
 	switch {
-	case old == nil:
-		envErrs = visibleDevicesCreate(pod)
-	case req.SubResource == "ephemeralcontainers":
-		envErrs = visibleDevicesEphemeral(pod, old)
-	}
-	// The namespace is read only when a container sets the variable, so
-	// the common pod costs no lookup.
-	if len(envErrs) > 0 && !v.cfg.isExcluded(ns) {
+	case len(envErrs) == 0:
+	case gpuPod:
+		// The node agent is the device plugin of every GPU pod on its
+		// node, opted in or not: a GPU pod never chooses its devices.
+		errs = append(errs, envErrs...)
+	case !v.cfg.isExcluded(ns):
+		// The namespace is read only when a container of a pod without
+		// GPUs sets a device variable, so the common pod costs no lookup.
 		info, err := v.meta.namespace(ctx, ns, v.cfg.NamespaceDefaultAnnotation)
 		if err != nil {
 			return admission.Errored(http.StatusInternalServerError, err)
@@ -95,10 +116,11 @@ func (v *PodValidator) Handle(ctx context.Context, req admission.Request) admiss
 }
 
 // systemAnnotations reports each system annotation whose presence or value
-// differs between old (nil on CREATE) and pod, unless user may write them.
-func (v *PodValidator) systemAnnotations(user string, pod, old *corev1.Pod) field.ErrorList {
+// differs between old (nil on CREATE) and pod, unless user may write it.
+func (v *PodValidator) systemAnnotations(user authenticationv1.UserInfo, pod, old *corev1.Pod) field.ErrorList {
 	var errs field.ErrorList
-	if v.cfg.isSystem(user) {
+	nodeAgent := v.cfg.isNodeAgent(user.Username)
+	if !nodeAgent && v.cfg.isSystem(user.Username) {
 		return nil
 	}
 	for _, key := range v1alpha1.SystemAnnotations {
@@ -118,11 +140,54 @@ func (v *PodValidator) systemAnnotations(user string, pod, old *corev1.Pod) fiel
 		case ook:
 			verb = "change"
 		}
-		errs = append(errs, field.Forbidden(annotationsPath.Key(key), fmt.Sprintf(
-			"user %q may not %s this annotation: it decides which GPUs the pod gets and only gputopo's system service accounts (%s) write it; remove it from the pod (and from any template that creates it)",
-			user, verb, strings.Join(v.cfg.SystemServiceAccounts, ", "))))
+		path := annotationsPath.Key(key)
+		switch {
+		case nodeAgent && key == v1alpha1.AnnotationAllocatedGPUs:
+			if ferr := nodeIdentity(path, user, pod, old); ferr != nil {
+				errs = append(errs, ferr)
+			}
+		case nodeAgent:
+			errs = append(errs, field.Forbidden(path, fmt.Sprintf(
+				"node agent %q may not %s this annotation: a node agent records only %s, what kubelet allocated on its node; the extender writes the plan through the pod's Binding",
+				user.Username, verb, v1alpha1.AnnotationAllocatedGPUs)))
+		default:
+			errs = append(errs, field.Forbidden(path, fmt.Sprintf(
+				"user %q may not %s this annotation: it decides which GPUs the pod gets and only gputopo's system service accounts (%s) write it; remove it from the pod (and from any template that creates it)",
+				user.Username, verb, strings.Join(v.cfg.writers(), ", "))))
+		}
 	}
 	return errs
+}
+
+// nodeIdentity checks that a node agent writes allocated-gpus only on a
+// pod bound to its own node. kube-apiserver names the node in the user's
+// extra authentication.kubernetes.io/node-name when the credential is a
+// service account token bound to a pod that runs on a node (the projected
+// token kubelet mounts into every pod); the pod's node is the stored one
+// (old on UPDATE), since a write cannot move a pod.
+func nodeIdentity(path *field.Path, user authenticationv1.UserInfo, pod, old *corev1.Pod) *field.Error {
+	nodes := user.Extra[serviceaccount.NodeNameKey]
+	if len(nodes) != 1 || nodes[0] == "" {
+		return field.Forbidden(path, fmt.Sprintf(
+			"node agent %q presented a credential that names no node (user extra %s is %v): a node agent may record allocated GPUs only of pods on its own node, so it must authenticate with a service account token bound to its pod, the projected token kubelet mounts into the pod by default, not with a long-lived Secret token or a client certificate",
+			user.Username, serviceaccount.NodeNameKey, []string(nodes)))
+	}
+	node := nodes[0]
+	bound := pod.Spec.NodeName
+	if old != nil {
+		bound = old.Spec.NodeName
+	}
+	switch {
+	case bound == "":
+		return field.Forbidden(path, fmt.Sprintf(
+			"node agent %q runs on node %q and this pod is bound to no node yet: a node agent records allocated GPUs only of pods bound to its own node",
+			user.Username, node))
+	case bound != node:
+		return field.Forbidden(path, fmt.Sprintf(
+			"node agent %q runs on node %q but this pod is bound to node %q: a node agent records allocated GPUs only of pods bound to its own node",
+			user.Username, node, bound))
+	}
+	return nil
 }
 
 // validateUserAnnotations checks the requirement and intent annotations; on
@@ -143,7 +208,7 @@ func validateUserAnnotations(pod, old *corev1.Pod) field.ErrorList {
 	}
 	if val, ok := changed(v1alpha1.AnnotationRequirement); ok {
 		if _, err := v1alpha1.ParseRequirement(val); err != nil {
-			errs = append(errs, fieldErrors(err)...)
+			errs = append(errs, fieldErrors(err, annotationsPath.Key(v1alpha1.AnnotationRequirement))...)
 		}
 	}
 	if val, ok := changed(v1alpha1.AnnotationParallelism); ok {
@@ -154,12 +219,13 @@ func validateUserAnnotations(pod, old *corev1.Pod) field.ErrorList {
 	return errs
 }
 
-// fieldErrors unpacks the aggregate ParseRequirement returns into its field
-// errors, so they merge with the others into one message.
-func fieldErrors(err error) field.ErrorList {
+// fieldErrors unpacks an aggregate of field errors (ParseRequirement's,
+// PodGPUDemand's) so they merge with the others into one message; an
+// error of another kind is reported at path.
+func fieldErrors(err error, path *field.Path) field.ErrorList {
 	var agg utilerrors.Aggregate
 	if !errors.As(err, &agg) {
-		return field.ErrorList{field.Invalid(annotationsPath.Key(v1alpha1.AnnotationRequirement), nil, err.Error())}
+		return field.ErrorList{field.Invalid(path, nil, err.Error())}
 	}
 	var out field.ErrorList
 	for _, e := range agg.Errors() {
@@ -168,54 +234,40 @@ func fieldErrors(err error) field.ErrorList {
 			out = append(out, fe)
 			continue
 		}
-		out = append(out, field.Invalid(annotationsPath.Key(v1alpha1.AnnotationRequirement), nil, e.Error()))
+		out = append(out, field.Invalid(path, nil, e.Error()))
 	}
 	return out
 }
 
-const (
-	msgGPUContainerEnv = "must not be set in a container that requests " + v1alpha1.ResourceGPU +
-		": the node agent sets it to exactly the GPUs kubelet allocated; remove this entry"
-	msgOtherContainerEnv = "must be \"" + envVoid + "\" (or absent) in a container that requests no " + v1alpha1.ResourceGPU +
-		", so it sees no GPU; request " + v1alpha1.ResourceGPU + " to get one"
-)
-
-// visibleDevicesCreate reports containers that set NVIDIA_VISIBLE_DEVICES
-// themselves.
-func visibleDevicesCreate(pod *corev1.Pod) field.ErrorList {
+// envCreate reports every container that chooses its own devices, and GPU
+// containers whose envFrom could.
+func (v *PodValidator) envCreate(pod *corev1.Pod) field.ErrorList {
 	var errs field.ErrorList
-	check := func(path *field.Path, gpu bool, env []corev1.EnvVar) {
-		for j := range env {
-			e := &env[j]
-			if e.Name != v1alpha1.EnvVisibleDevices {
-				continue
-			}
-			switch {
-			case gpu:
-				errs = append(errs, field.Forbidden(path.Child("env").Index(j), msgGPUContainerEnv))
-			case e.Value != envVoid || e.ValueFrom != nil:
-				errs = append(errs, field.Forbidden(path.Child("env").Index(j), msgOtherContainerEnv))
-			}
+	res := v.cfg.gpuResource()
+	spec := field.NewPath("spec")
+	check := func(path *field.Path, c *corev1.Container) {
+		gpu := requestsResource(&c.Resources, res)
+		errs = append(errs, deviceEnv(path, c.Name, res, gpu, c.Env)...)
+		if gpu && v.cfg.GPUContainerEnvFrom != EnvFromAllow {
+			errs = append(errs, gpuEnvFrom(path, c.Name, res, c.EnvFrom)...)
 		}
 	}
-	spec := field.NewPath("spec")
 	for i := range pod.Spec.InitContainers {
-		c := &pod.Spec.InitContainers[i]
-		check(spec.Child("initContainers").Index(i), containerGPUs(c.Resources) > 0, c.Env)
+		check(spec.Child("initContainers").Index(i), &pod.Spec.InitContainers[i])
 	}
 	for i := range pod.Spec.Containers {
-		c := &pod.Spec.Containers[i]
-		check(spec.Child("containers").Index(i), containerGPUs(c.Resources) > 0, c.Env)
+		check(spec.Child("containers").Index(i), &pod.Spec.Containers[i])
 	}
 	for i := range pod.Spec.EphemeralContainers {
 		c := &pod.Spec.EphemeralContainers[i]
-		check(spec.Child("ephemeralContainers").Index(i), false, c.Env)
+		errs = append(errs, deviceEnv(spec.Child("ephemeralContainers").Index(i), c.Name, res, false, c.Env)...)
 	}
 	return errs
 }
 
-// visibleDevicesEphemeral checks ephemeral containers being added.
-func visibleDevicesEphemeral(pod, old *corev1.Pod) field.ErrorList {
+// envEphemeral checks the ephemeral containers being added; they cannot
+// request resources, and existing ones cannot change.
+func (v *PodValidator) envEphemeral(pod, old *corev1.Pod) field.ErrorList {
 	existing := sets.New[string]()
 	for i := range old.Spec.EphemeralContainers {
 		existing.Insert(old.Spec.EphemeralContainers[i].Name)
@@ -224,15 +276,69 @@ func visibleDevicesEphemeral(pod, old *corev1.Pod) field.ErrorList {
 	path := field.NewPath("spec", "ephemeralContainers")
 	for i := range pod.Spec.EphemeralContainers {
 		c := &pod.Spec.EphemeralContainers[i]
-		if existing.Has(c.Name) {
+		if !existing.Has(c.Name) {
+			errs = append(errs, deviceEnv(path.Index(i), c.Name, v.cfg.gpuResource(), false, c.Env)...)
+		}
+	}
+	return errs
+}
+
+// deviceEnv reports the env entries of one container that select devices
+// (DeviceEnvVars), by value or valueFrom. A GPU container may set none; a
+// container without GPUs may only hide them all.
+func deviceEnv(path *field.Path, container string, res corev1.ResourceName, gpu bool, env []corev1.EnvVar) field.ErrorList {
+	var errs field.ErrorList
+	for j := range env {
+		e := &env[j]
+		if !isDeviceEnv(e.Name) {
 			continue
 		}
-		for j := range c.Env {
-			e := &c.Env[j]
-			if e.Name == v1alpha1.EnvVisibleDevices && (e.Value != envVoid || e.ValueFrom != nil) {
-				errs = append(errs, field.Forbidden(path.Index(i).Child("env").Index(j), msgOtherContainerEnv))
-			}
+		p := path.Child("env").Index(j)
+		switch {
+		case gpu:
+			errs = append(errs, field.Forbidden(p, fmt.Sprintf(
+				"container %q requests %s, so %s must not be set there: the node agent gives the container exactly the devices kubelet allocated; remove this entry",
+				container, res, e.Name)))
+		case e.Name == v1alpha1.EnvVisibleDevices && e.Value == envVoid && e.ValueFrom == nil:
+		case e.Name == v1alpha1.EnvVisibleDevices:
+			errs = append(errs, field.Forbidden(p, fmt.Sprintf(
+				"container %q requests no %s, so %s may only be %q (or absent) there, which hides every GPU; request %s to get one",
+				container, res, e.Name, envVoid, res)))
+		default:
+			errs = append(errs, field.Forbidden(p, fmt.Sprintf(
+				"container %q requests no %s, so it may not select devices with %s; remove this entry, or request %s to get GPUs",
+				container, res, e.Name, res)))
 		}
+	}
+	return errs
+}
+
+// gpuEnvFrom reports the envFrom sources of a GPU container that could set
+// an NVIDIA_ variable. Their keys are unknown at admission (a ConfigMap or
+// Secret read now may change before the container starts), and a variable
+// from envFrom overrides the device plugin's: kubelet hands the runtime the
+// plugin's variables first and the container's own after them.
+func gpuEnvFrom(path *field.Path, container string, res corev1.ResourceName, sources []corev1.EnvFromSource) field.ErrorList {
+	var errs field.ErrorList
+	for j := range sources {
+		src := &sources[j]
+		if !envFromCanSetNVIDIA(src.Prefix) {
+			continue
+		}
+		what := "this source"
+		switch {
+		case src.ConfigMapRef != nil:
+			what = fmt.Sprintf("ConfigMap %q", src.ConfigMapRef.Name)
+		case src.SecretRef != nil:
+			what = fmt.Sprintf("Secret %q", src.SecretRef.Name)
+		}
+		prefix := "no prefix"
+		if src.Prefix != "" {
+			prefix = fmt.Sprintf("prefix %q", src.Prefix)
+		}
+		errs = append(errs, field.Forbidden(path.Child("envFrom").Index(j), fmt.Sprintf(
+			"container %q requests %s and takes every key of %s with %s, so it could set %s and override the devices kubelet allocated; give envFrom[%d] a prefix that cannot begin %s (e.g. \"CFG_\"), or name the variables you need under env",
+			container, res, what, prefix, v1alpha1.EnvVisibleDevices, j, EnvPrefixNVIDIA)))
 	}
 	return errs
 }

@@ -1,12 +1,15 @@
 package webhook
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	admissionv1 "k8s.io/api/admission/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -45,12 +48,51 @@ func protectedBy(key, user, verb string) string {
 	return "metadata.annotations[" + key + "]: Forbidden: user \"" + user + "\" may not " + verb + " this annotation" + protectedMsg
 }
 
+// gpuEnvMsg is the denial of a device variable in a container that
+// requests GPUs.
+func gpuEnvMsg(path, container, name string) string {
+	return path + `: Forbidden: container "` + container + `" requests nvidia.com/gpu, so ` + name +
+		` must not be set there: the node agent gives the container exactly the devices kubelet allocated; remove this entry`
+}
+
+// voidOnlyMsg is the denial of NVIDIA_VISIBLE_DEVICES other than void in a
+// container without GPUs.
+func voidOnlyMsg(path, container string) string {
+	return path + `: Forbidden: container "` + container + `" requests no nvidia.com/gpu, so NVIDIA_VISIBLE_DEVICES may only be "void" (or absent) there, which hides every GPU; request nvidia.com/gpu to get one`
+}
+
+// envFromMsg is the denial of an envFrom source that could set NVIDIA_
+// variables in a GPU container.
+func envFromMsg(path, container, source, prefix string, j int) string {
+	return fmt.Sprintf(`%s: Forbidden: container %q requests nvidia.com/gpu and takes every key of %s with %s, so it could set NVIDIA_VISIBLE_DEVICES and override the devices kubelet allocated; give envFrom[%d] a prefix that cannot begin NVIDIA_ (e.g. "CFG_"), or name the variables you need under env`,
+		path, container, source, prefix, j)
+}
+
+// onNode is the user extra kube-apiserver sets for a service account token
+// bound to a pod on node.
+func onNode(node string) map[string]authenticationv1.ExtraValue {
+	return map[string]authenticationv1.ExtraValue{
+		"authentication.kubernetes.io/node-name": {node},
+		"authentication.kubernetes.io/pod-name":  {"gputopo-nodeagent-x7k2p"},
+	}
+}
+
+func configMapEnvFrom(name, prefix string) corev1.EnvFromSource {
+	return corev1.EnvFromSource{Prefix: prefix, ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: name}}}
+}
+
+func secretEnvFrom(name, prefix string) corev1.EnvFromSource {
+	return corev1.EnvFromSource{Prefix: prefix, SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: name}}}
+}
+
 func TestPodValidator(t *testing.T) {
 	nodeAgent := DefaultNodeAgentServiceAccount
 	tests := map[string]struct {
 		op          admissionv1.Operation
 		subresource string
 		user        string
+		extra       map[string]authenticationv1.ExtraValue
+		cfg         func(*Config)
 		objs        []client.Object
 		pod, old    *corev1.Pod
 		want        verdict
@@ -113,11 +155,91 @@ func TestPodValidator(t *testing.T) {
 			pod:  MakePod("p", nsOptedIn).GPU(1).Annotation(v1alpha1.AnnotationAssignedGPUs, uuidA).Label("team", "x").Obj(),
 			want: allowed,
 		},
-		"the node agent may record allocated-gpus": {
+		"the node agent may record allocated-gpus on a pod of its own node": {
+			op:   admissionv1.Update,
+			user: nodeAgent, extra: onNode("gpu-node-a"),
+			old:  MakePod("p", nsOptedIn).GPU(1).Node("gpu-node-a").Annotation(v1alpha1.AnnotationAssignedGPUs, uuidA).Obj(),
+			pod:  MakePod("p", nsOptedIn).GPU(1).Node("gpu-node-a").Annotation(v1alpha1.AnnotationAssignedGPUs, uuidA).Annotation(v1alpha1.AnnotationAllocatedGPUs, uuidA).Obj(),
+			want: allowed,
+		},
+		"the node agent may correct allocated-gpus on a pod of its own node": {
+			op:   admissionv1.Update,
+			user: nodeAgent, extra: onNode("gpu-node-a"),
+			old:  MakePod("p", nsPlain).GPU(1).Node("gpu-node-a").Annotation(v1alpha1.AnnotationAllocatedGPUs, uuidA).Obj(),
+			pod:  MakePod("p", nsPlain).GPU(1).Node("gpu-node-a").Annotation(v1alpha1.AnnotationAllocatedGPUs, uuidB).Obj(),
+			want: allowed,
+		},
+		"the node agent may not record allocated-gpus on a pod of another node": {
+			op:   admissionv1.Update,
+			user: nodeAgent, extra: onNode("gpu-node-a"),
+			old:  MakePod("p", nsOptedIn).GPU(1).Node("gpu-node-b").Obj(),
+			pod:  MakePod("p", nsOptedIn).GPU(1).Node("gpu-node-b").Annotation(v1alpha1.AnnotationAllocatedGPUs, uuidA).Obj(),
+			want: forbidden(`metadata.annotations[gputopo.io/allocated-gpus]: Forbidden: node agent "` + nodeAgent + `" runs on node "gpu-node-a" but this pod is bound to node "gpu-node-b": a node agent records allocated GPUs only of pods bound to its own node`),
+		},
+		"the node agent may not remove allocated-gpus from a pod of another node": {
+			op:   admissionv1.Update,
+			user: nodeAgent, extra: onNode("gpu-node-a"),
+			old:  MakePod("p", nsOptedIn).GPU(1).Node("gpu-node-b").Annotation(v1alpha1.AnnotationAllocatedGPUs, uuidA).Obj(),
+			pod:  MakePod("p", nsOptedIn).GPU(1).Node("gpu-node-b").Obj(),
+			want: forbidden(`metadata.annotations[gputopo.io/allocated-gpus]: Forbidden: node agent "` + nodeAgent + `" runs on node "gpu-node-a" but this pod is bound to node "gpu-node-b": a node agent records allocated GPUs only of pods bound to its own node`),
+		},
+		"the node is the stored pod's, not the one the update claims": {
+			op:   admissionv1.Update,
+			user: nodeAgent, extra: onNode("gpu-node-a"),
+			old:  MakePod("p", nsOptedIn).GPU(1).Node("gpu-node-b").Obj(),
+			pod:  MakePod("p", nsOptedIn).GPU(1).Node("gpu-node-a").Annotation(v1alpha1.AnnotationAllocatedGPUs, uuidA).Obj(),
+			want: forbidden(`metadata.annotations[gputopo.io/allocated-gpus]: Forbidden: node agent "` + nodeAgent + `" runs on node "gpu-node-a" but this pod is bound to node "gpu-node-b": a node agent records allocated GPUs only of pods bound to its own node`),
+		},
+		"the node agent may not record allocated-gpus on a pod bound to no node": {
+			op:   admissionv1.Update,
+			user: nodeAgent, extra: onNode("gpu-node-a"),
+			old:  MakePod("p", nsOptedIn).GPU(1).Obj(),
+			pod:  MakePod("p", nsOptedIn).GPU(1).Annotation(v1alpha1.AnnotationAllocatedGPUs, uuidA).Obj(),
+			want: forbidden(`metadata.annotations[gputopo.io/allocated-gpus]: Forbidden: node agent "` + nodeAgent + `" runs on node "gpu-node-a" and this pod is bound to no node yet: a node agent records allocated GPUs only of pods bound to its own node`),
+		},
+		"a node agent credential without a node name may not write allocated-gpus": {
 			op:   admissionv1.Update,
 			user: nodeAgent,
-			old:  MakePod("p", nsOptedIn).GPU(1).Annotation(v1alpha1.AnnotationAssignedGPUs, uuidA).Obj(),
-			pod:  MakePod("p", nsOptedIn).GPU(1).Annotation(v1alpha1.AnnotationAssignedGPUs, uuidA).Annotation(v1alpha1.AnnotationAllocatedGPUs, uuidA).Obj(),
+			old:  MakePod("p", nsOptedIn).GPU(1).Node("gpu-node-a").Obj(),
+			pod:  MakePod("p", nsOptedIn).GPU(1).Node("gpu-node-a").Annotation(v1alpha1.AnnotationAllocatedGPUs, uuidA).Obj(),
+			want: forbidden(`metadata.annotations[gputopo.io/allocated-gpus]: Forbidden: node agent "` + nodeAgent + `" presented a credential that names no node (user extra authentication.kubernetes.io/node-name is []): a node agent may record allocated GPUs only of pods on its own node, so it must authenticate with a service account token bound to its pod, the projected token kubelet mounts into the pod by default, not with a long-lived Secret token or a client certificate`),
+		},
+		"a node agent credential naming two nodes may not write allocated-gpus": {
+			op:   admissionv1.Update,
+			user: nodeAgent, extra: map[string]authenticationv1.ExtraValue{"authentication.kubernetes.io/node-name": {"gpu-node-a", "gpu-node-b"}},
+			old:  MakePod("p", nsOptedIn).GPU(1).Node("gpu-node-a").Obj(),
+			pod:  MakePod("p", nsOptedIn).GPU(1).Node("gpu-node-a").Annotation(v1alpha1.AnnotationAllocatedGPUs, uuidA).Obj(),
+			want: forbidden(`metadata.annotations[gputopo.io/allocated-gpus]: Forbidden: node agent "` + nodeAgent + `" presented a credential that names no node (user extra authentication.kubernetes.io/node-name is [gpu-node-a gpu-node-b]): a node agent may record allocated GPUs only of pods on its own node, so it must authenticate with a service account token bound to its pod, the projected token kubelet mounts into the pod by default, not with a long-lived Secret token or a client certificate`),
+		},
+		"the node agent may not write the plan, even on its own node": {
+			op:   admissionv1.Update,
+			user: nodeAgent, extra: onNode("gpu-node-a"),
+			old:  MakePod("p", nsOptedIn).GPU(1).Node("gpu-node-a").Annotation(v1alpha1.AnnotationAssignedGPUs, uuidA).Obj(),
+			pod:  MakePod("p", nsOptedIn).GPU(1).Node("gpu-node-a").Annotation(v1alpha1.AnnotationAssignedGPUs, uuidB).Obj(),
+			want: forbidden(`metadata.annotations[gputopo.io/assigned-gpus]: Forbidden: node agent "` + nodeAgent + `" may not change this annotation: a node agent records only gputopo.io/allocated-gpus, what kubelet allocated on its node; the extender writes the plan through the pod's Binding`),
+		},
+		"a node agent listed among the system accounts too is still held to its node": {
+			op:   admissionv1.Update,
+			user: nodeAgent, extra: onNode("gpu-node-a"),
+			cfg: func(c *Config) {
+				c.SystemServiceAccounts = []string{DefaultExtenderServiceAccount, nodeAgent}
+			},
+			old:  MakePod("p", nsOptedIn).GPU(1).Node("gpu-node-b").Obj(),
+			pod:  MakePod("p", nsOptedIn).GPU(1).Node("gpu-node-b").Annotation(v1alpha1.AnnotationAllocatedGPUs, uuidA).Obj(),
+			want: forbidden(`metadata.annotations[gputopo.io/allocated-gpus]: Forbidden: node agent "` + nodeAgent + `" runs on node "gpu-node-a" but this pod is bound to node "gpu-node-b": a node agent records allocated GPUs only of pods bound to its own node`),
+		},
+		"the node agent's other updates are not judged by node": {
+			op:   admissionv1.Update,
+			user: nodeAgent, extra: onNode("gpu-node-a"),
+			old:  MakePod("p", nsOptedIn).GPU(1).Node("gpu-node-b").Annotation(v1alpha1.AnnotationAllocatedGPUs, uuidA).Obj(),
+			pod:  MakePod("p", nsOptedIn).GPU(1).Node("gpu-node-b").Annotation(v1alpha1.AnnotationAllocatedGPUs, uuidA).Label("x", "y").Obj(),
+			want: allowed,
+		},
+		"an extender system account is not held to a node": {
+			op:   admissionv1.Update,
+			user: DefaultExtenderServiceAccount,
+			old:  MakePod("p", nsOptedIn).GPU(1).Node("gpu-node-b").Obj(),
+			pod:  MakePod("p", nsOptedIn).GPU(1).Node("gpu-node-b").Annotation(v1alpha1.AnnotationAllocatedGPUs, uuidA).Obj(),
 			want: allowed,
 		},
 		"a status update adding assigned-gpus is denied": {
@@ -161,26 +283,116 @@ func TestPodValidator(t *testing.T) {
 		},
 		"NVIDIA_VISIBLE_DEVICES set in a GPU container is denied": {
 			pod:  MakePod("p", nsOptedIn).GPU(1).Env("main", envVar("A", "b"), envVar(v1alpha1.EnvVisibleDevices, "all")).Obj(),
-			want: forbidden(`spec.containers[0].env[1]: Forbidden: must not be set in a container that requests nvidia.com/gpu: the node agent sets it to exactly the GPUs kubelet allocated; remove this entry`),
+			want: forbidden(gpuEnvMsg("spec.containers[0].env[1]", "main", "NVIDIA_VISIBLE_DEVICES")),
+		},
+		"NVIDIA_VISIBLE_DEVICES set in a GPU container is denied in a namespace that did not opt in": {
+			pod:  MakePod("p", nsPlain).GPU(1).Env("main", envVar(v1alpha1.EnvVisibleDevices, uuidB)).Obj(),
+			want: forbidden(gpuEnvMsg("spec.containers[0].env[0]", "main", "NVIDIA_VISIBLE_DEVICES")),
+		},
+		"a GPU requested without a limit makes a GPU container too": {
+			pod:  MakePod("p", nsPlain).GPURequestOnly(1).Env("main", envVar(v1alpha1.EnvVisibleDevices, "all")).Obj(),
+			want: forbidden(gpuEnvMsg("spec.containers[0].env[0]", "main", "NVIDIA_VISIBLE_DEVICES")),
+		},
+		"every device-selecting variable is denied in a GPU container": {
+			pod: MakePod("p", nsPlain).GPU(1).Env("main", envVar("NVIDIA_MIG_CONFIG_DEVICES", "all"), envVar("NVIDIA_MIG_MONITOR_DEVICES", "all"),
+				envVar("NVIDIA_IMEX_CHANNELS", "0"), envVar("NVIDIA_DRIVER_CAPABILITIES", "compute,utility")).Obj(),
+			want: forbidden("[" + gpuEnvMsg("spec.containers[0].env[0]", "main", "NVIDIA_MIG_CONFIG_DEVICES") + ", " +
+				gpuEnvMsg("spec.containers[0].env[1]", "main", "NVIDIA_MIG_MONITOR_DEVICES") + ", " +
+				gpuEnvMsg("spec.containers[0].env[2]", "main", "NVIDIA_IMEX_CHANNELS") + "]"),
 		},
 		"NVIDIA_VISIBLE_DEVICES from a Secret in a GPU container is denied": {
 			pod: MakePod("p", nsOptedIn).GPU(1).Env("main", corev1.EnvVar{Name: v1alpha1.EnvVisibleDevices, ValueFrom: &corev1.EnvVarSource{
 				SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "s"}, Key: "k"}}}).Obj(),
-			want: forbidden(`spec.containers[0].env[0]: Forbidden: must not be set in a container that requests nvidia.com/gpu: the node agent sets it to exactly the GPUs kubelet allocated; remove this entry`),
+			want: forbidden(gpuEnvMsg("spec.containers[0].env[0]", "main", "NVIDIA_VISIBLE_DEVICES")),
 		},
 		"NVIDIA_VISIBLE_DEVICES=void in a GPU init container is denied too": {
 			pod:  MakePod("p", nsOptedIn).InitContainer("warmup", 1).Env("warmup", envVar(v1alpha1.EnvVisibleDevices, envVoid)).Void("main").Obj(),
-			want: forbidden(`spec.initContainers[0].env[0]: Forbidden: must not be set in a container that requests nvidia.com/gpu: the node agent sets it to exactly the GPUs kubelet allocated; remove this entry`),
+			want: forbidden(gpuEnvMsg("spec.initContainers[0].env[0]", "warmup", "NVIDIA_VISIBLE_DEVICES")),
 		},
 		"void in containers without GPUs is allowed": {
 			pod:  MakePod("p", nsOptedIn).GPU(1).Container("logger", 0).Void("logger").Obj(),
 			want: allowed,
 		},
+		"other NVIDIA_ variables are allowed in every container": {
+			pod: MakePod("p", nsOptedIn).GPU(1).Container("logger", 0).Env("main", envVar("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"), envVar("NVIDIA_REQUIRE_CUDA", "cuda>=12.4")).
+				Env("logger", envVar("NVIDIA_DISABLE_REQUIRE", "true")).Obj(),
+			want: allowed,
+		},
 		"a visible-devices value other than void in a container without GPUs is denied": {
 			pod:  MakePod("p", nsOptedIn).GPU(1).Container("logger", 0).Env("logger", envVar(v1alpha1.EnvVisibleDevices, "0,1")).Obj(),
-			want: forbidden(`spec.containers[1].env[0]: Forbidden: must be "void" (or absent) in a container that requests no nvidia.com/gpu, so it sees no GPU; request nvidia.com/gpu to get one`),
+			want: forbidden(voidOnlyMsg("spec.containers[1].env[0]", "logger")),
 		},
-		"NVIDIA_VISIBLE_DEVICES in a namespace that did not opt in is not gputopo's business": {
+		"a sidecar without GPUs in a GPU pod may not name a GPU in a namespace that did not opt in": {
+			pod:  MakePod("p", nsPlain).GPU(1).Container("thief", 0).Env("thief", envVar(v1alpha1.EnvVisibleDevices, uuidB)).Obj(),
+			want: forbidden(voidOnlyMsg("spec.containers[1].env[0]", "thief")),
+		},
+		"a container without GPUs may not take MIG configuration rights": {
+			pod:  MakePod("p", nsOptedIn).Env("main", envVar("NVIDIA_MIG_CONFIG_DEVICES", "all")).Obj(),
+			want: forbidden(`spec.containers[0].env[0]: Forbidden: container "main" requests no nvidia.com/gpu, so it may not select devices with NVIDIA_MIG_CONFIG_DEVICES; remove this entry, or request nvidia.com/gpu to get GPUs`),
+		},
+		"a pod without GPUs naming GPUs is denied in an opted-in namespace": {
+			pod:  MakePod("p", nsOptedIn).Env("main", envVar(v1alpha1.EnvVisibleDevices, "all")).Obj(),
+			want: forbidden(voidOnlyMsg("spec.containers[0].env[0]", "main")),
+		},
+		"a pod without GPUs naming GPUs is the operator's business in a namespace that did not opt in": {
+			pod:  MakePod("p", nsPlain).Env("main", envVar(v1alpha1.EnvVisibleDevices, "all")).Obj(),
+			want: allowed,
+		},
+		"a pod without GPUs naming GPUs is the operator's business in an excluded namespace": {
+			pod:  MakePod("p", "kube-system").Env("main", envVar(v1alpha1.EnvVisibleDevices, "all")).Obj(),
+			want: allowed,
+		},
+		"envFrom without a prefix in a GPU container is denied": {
+			pod:  MakePod("p", nsOptedIn).GPU(1).EnvFrom("main", configMapEnvFrom("train-config", "")).Obj(),
+			want: forbidden(envFromMsg("spec.containers[0].envFrom[0]", "main", `ConfigMap "train-config"`, "no prefix", 0)),
+		},
+		"envFrom from a Secret in a GPU container is denied in a namespace that did not opt in": {
+			pod:  MakePod("p", nsPlain).GPU(2).EnvFrom("main", configMapEnvFrom("ok", "CFG_"), secretEnvFrom("creds", "")).Obj(),
+			want: forbidden(envFromMsg("spec.containers[0].envFrom[1]", "main", `Secret "creds"`, "no prefix", 1)),
+		},
+		"envFrom with a prefix that can begin NVIDIA_ is denied": {
+			pod: MakePod("p", nsOptedIn).GPU(1).EnvFrom("main", configMapEnvFrom("a", "NV"), configMapEnvFrom("b", "NVIDIA_VISIBLE_")).Obj(),
+			want: forbidden("[" + envFromMsg("spec.containers[0].envFrom[0]", "main", `ConfigMap "a"`, `prefix "NV"`, 0) + ", " +
+				envFromMsg("spec.containers[0].envFrom[1]", "main", `ConfigMap "b"`, `prefix "NVIDIA_VISIBLE_"`, 1) + "]"),
+		},
+		"envFrom in a GPU init container is denied": {
+			pod:  MakePod("p", nsOptedIn).Sidecar("loader", 1).EnvFrom("loader", configMapEnvFrom("c", "")).Obj(),
+			want: forbidden(envFromMsg("spec.initContainers[0].envFrom[0]", "loader", `ConfigMap "c"`, "no prefix", 0)),
+		},
+		"a prefix such as CFG_ makes envFrom safe, one that can begin NVIDIA_ does not": {
+			pod:  MakePod("p", nsOptedIn).GPU(1).EnvFrom("main", configMapEnvFrom("c", "CFG_"), secretEnvFrom("s", "NVI")).Obj(),
+			want: forbidden(envFromMsg("spec.containers[0].envFrom[1]", "main", `Secret "s"`, `prefix "NVI"`, 1)),
+		},
+		"envFrom in a container without GPUs is not judged": {
+			pod:  MakePod("p", nsOptedIn).GPU(1).Container("logger", 0).EnvFrom("logger", configMapEnvFrom("c", "")).Obj(),
+			want: allowed,
+		},
+		"envFrom in a GPU container is allowed when the device list does not travel through env": {
+			cfg:  func(c *Config) { c.GPUContainerEnvFrom = EnvFromAllow },
+			pod:  MakePod("p", nsOptedIn).GPU(1).EnvFrom("main", configMapEnvFrom("c", "")).Obj(),
+			want: allowed,
+		},
+		"literal device variables stay denied when envFrom is allowed": {
+			cfg:  func(c *Config) { c.GPUContainerEnvFrom = EnvFromAllow },
+			pod:  MakePod("p", nsPlain).GPU(1).Env("main", envVar(v1alpha1.EnvVisibleDevices, "all")).Obj(),
+			want: forbidden(gpuEnvMsg("spec.containers[0].env[0]", "main", "NVIDIA_VISIBLE_DEVICES")),
+		},
+		"a GPU count that is not whole is denied naming the field": {
+			pod:  MakePod("p", nsPlain).Resources("main", corev1.ResourceList{v1alpha1.ResourceGPU: resource.MustParse("500m")}).Obj(),
+			want: invalid(`spec.containers[0].resources.limits[nvidia.com/gpu]: Invalid value: "500m": must be a whole number of devices`),
+		},
+		"a negative GPU count is denied naming the field": {
+			pod:  MakePod("p", nsPlain).InitContainer("warmup", 0).Resources("warmup", corev1.ResourceList{v1alpha1.ResourceGPU: resource.MustParse("-1")}).Obj(),
+			want: invalid(`spec.initContainers[0].resources.limits[nvidia.com/gpu]: Invalid value: "-1": must not be negative`),
+		},
+		"the configured resource name decides what a GPU container is": {
+			cfg: func(c *Config) { c.ResourceName = "example.com/gpu" },
+			pod: MakePod("p", nsPlain).Resources("main", corev1.ResourceList{"example.com/gpu": resource.MustParse("2")}).
+				Container("logger", 1).Env("main", envVar(v1alpha1.EnvVisibleDevices, "all")).Obj(),
+			want: forbidden(`spec.containers[0].env[0]: Forbidden: container "main" requests example.com/gpu, so NVIDIA_VISIBLE_DEVICES must not be set there: the node agent gives the container exactly the devices kubelet allocated; remove this entry`),
+		},
+		"another resource name's count is not the pod's GPU count": {
+			cfg:  func(c *Config) { c.ResourceName = "example.com/gpu" },
 			pod:  MakePod("p", nsPlain).GPU(1).Env("main", envVar(v1alpha1.EnvVisibleDevices, "all")).Obj(),
 			want: allowed,
 		},
@@ -188,7 +400,13 @@ func TestPodValidator(t *testing.T) {
 			op: admissionv1.Update, subresource: "ephemeralcontainers",
 			old:  MakePod("p", nsOptedIn).GPU(1).Obj(),
 			pod:  MakePod("p", nsOptedIn).GPU(1).Ephemeral("debug", envVar(v1alpha1.EnvVisibleDevices, "all")).Obj(),
-			want: forbidden(`spec.ephemeralContainers[0].env[0]: Forbidden: must be "void" (or absent) in a container that requests no nvidia.com/gpu, so it sees no GPU; request nvidia.com/gpu to get one`),
+			want: forbidden(voidOnlyMsg("spec.ephemeralContainers[0].env[0]", "debug")),
+		},
+		"a new ephemeral container naming a GPU of a GPU pod is denied in a namespace that did not opt in": {
+			op: admissionv1.Update, subresource: "ephemeralcontainers",
+			old:  MakePod("p", nsPlain).GPU(1).Obj(),
+			pod:  MakePod("p", nsPlain).GPU(1).Ephemeral("debug", envVar(v1alpha1.EnvVisibleDevices, uuidB)).Obj(),
+			want: forbidden(voidOnlyMsg("spec.ephemeralContainers[0].env[0]", "debug")),
 		},
 		"an existing ephemeral container is not judged again": {
 			op: admissionv1.Update, subresource: "ephemeralcontainers",
@@ -198,10 +416,11 @@ func TestPodValidator(t *testing.T) {
 		},
 		"every problem is reported at once": {
 			pod: MakePod("p", nsOptedIn).GPU(1).Annotation(v1alpha1.AnnotationAssignedGPUs, uuidA).Intent("pipeline").
-				Env("main", envVar(v1alpha1.EnvVisibleDevices, "all")).Obj(),
+				Env("main", envVar(v1alpha1.EnvVisibleDevices, "all")).EnvFrom("main", configMapEnvFrom("c", "")).Obj(),
 			want: forbidden("[" + protectedBy(v1alpha1.AnnotationAssignedGPUs, userAlice, "set") +
-				`, metadata.annotations[gputopo.io/parallelism]: Unsupported value: "pipeline": supported values: "data", "model"` +
-				`, spec.containers[0].env[0]: Forbidden: must not be set in a container that requests nvidia.com/gpu: the node agent sets it to exactly the GPUs kubelet allocated; remove this entry]`),
+				`, metadata.annotations[gputopo.io/parallelism]: Unsupported value: "pipeline": supported values: "data", "model", ` +
+				gpuEnvMsg("spec.containers[0].env[0]", "main", "NVIDIA_VISIBLE_DEVICES") + ", " +
+				envFromMsg("spec.containers[0].envFrom[0]", "main", `ConfigMap "c"`, "no prefix", 0) + "]"),
 		},
 		"DELETE is allowed": {
 			op:   admissionv1.Delete,
@@ -211,7 +430,11 @@ func TestPodValidator(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			v := NewPodValidator(DefaultConfig(), fakeReader(t, tc.objs...))
+			cfg := DefaultConfig()
+			if tc.cfg != nil {
+				tc.cfg(&cfg)
+			}
+			v := NewPodValidator(cfg, fakeReader(t, tc.objs...))
 			op, user := tc.op, tc.user
 			if op == "" {
 				op = admissionv1.Create
@@ -223,7 +446,9 @@ func TestPodValidator(t *testing.T) {
 			if tc.old != nil {
 				old = tc.old
 			}
-			resp := handle(v, request(t, op, "pods", tc.subresource, tc.pod, old, user))
+			req := request(t, op, "pods", tc.subresource, tc.pod, old, user)
+			req.UserInfo.Extra = tc.extra
+			resp := handle(v, req)
 			got := verdict{Allowed: resp.Allowed}
 			if resp.Result != nil {
 				got.Code, got.Reason, got.Message = resp.Result.Code, resp.Result.Reason, resp.Result.Message
@@ -247,6 +472,7 @@ func TestPodValidator(t *testing.T) {
 func TestPodValidatorConfiguredServiceAccounts(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.SystemServiceAccounts = []string{"system:serviceaccount:gpu:agent"}
+	cfg.NodeAgentServiceAccounts = []string{"system:serviceaccount:gpu:nodeagent"}
 	v := NewPodValidator(cfg, fakeReader(t))
 	pod := MakePod("p", nsOptedIn).GPU(1).Annotation(v1alpha1.AnnotationAllocatedGPUs, uuidA).Obj()
 	for name, tc := range map[string]struct {

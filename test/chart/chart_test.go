@@ -153,7 +153,7 @@ func wants() map[string]struct {
 			tls: true, resourceName: v1alpha1.ResourceGPU,
 			weights: [4]int32{40, 30, 20, 10}, httpTimeout: 5 * time.Second, extenderReplicas: 2,
 			issuerName: "gputopo-ca", issuerKind: "Issuer", ownCA: true,
-			timeoutSeconds: 5, kubeletRoot: "/var/lib/kubelet",
+			excludedNamespaces: []string{"cert-manager"}, timeoutSeconds: 5, kubeletRoot: "/var/lib/kubelet",
 			image: "ghcr.io/gputopo/gputopo:0.2.0", schedulerImage: "registry.k8s.io/kube-scheduler:v1.37.2",
 			modelPolicy: webhook.DefaultConfig().PolicyTable.Model,
 		}},
@@ -171,7 +171,7 @@ func wants() map[string]struct {
 			tls: true, resourceName: v1alpha1.ResourceGPU,
 			weights: [4]int32{40, 30, 20, 10}, httpTimeout: 5 * time.Second, extenderReplicas: 2,
 			issuerName: "rollout-gputopo-ca", issuerKind: "Issuer", ownCA: true,
-			serviceMonitors: 5, timeoutSeconds: 5, kubeletRoot: "/var/lib/kubelet",
+			serviceMonitors: 5, excludedNamespaces: []string{"cert-manager"}, timeoutSeconds: 5, kubeletRoot: "/var/lib/kubelet",
 			image: "ghcr.io/gputopo/gputopo:0.2.0", schedulerImage: "registry.k8s.io/kube-scheduler:v1.37.2",
 			modelPolicy: webhook.DefaultConfig().PolicyTable.Model,
 			prometheus:  &extender.PrometheusTelemetry{URL: "http://prometheus.monitoring:9090", Selector: `job="dcgm-exporter"`},
@@ -181,7 +181,7 @@ func wants() map[string]struct {
 			networkPolicy: true, resourceName: v1alpha1.ResourceGPU,
 			weights: [4]int32{40, 30, 20, 10}, httpTimeout: 5 * time.Second, extenderReplicas: 2,
 			issuerName: "gputopo-plain-ca", issuerKind: "Issuer", ownCA: true,
-			timeoutSeconds: 5, kubeletRoot: "/var/lib/kubelet",
+			excludedNamespaces: []string{"cert-manager"}, timeoutSeconds: 5, kubeletRoot: "/var/lib/kubelet",
 			image: "ghcr.io/gputopo/gputopo:0.2.0", schedulerImage: "registry.k8s.io/kube-scheduler:v1.37.2",
 			modelPolicy: webhook.DefaultConfig().PolicyTable.Model,
 			shadow:      true, shadowImage: "ghcr.io/gputopo/gputopo:0.2.0", shadowWeights: [4]int32{40, 30, 20, 10}, shadowLogRate: 0.1,
@@ -327,6 +327,7 @@ func checkWebhookRegistration(t *testing.T, r release, w want, objs []*unstructu
 	wantM, wantV, err := webhook.Registration(webhook.RegistrationOptions{
 		Name: fn + "-webhook", ServiceName: fn + "-webhook", ServiceNamespace: r.namespace,
 		ExcludedNamespaces: append([]string{"kube-system"}, w.excludedNamespaces...), TimeoutSeconds: w.timeoutSeconds,
+		ResourceName: w.resourceName,
 	})
 	if err != nil {
 		t.Fatalf("webhook.Registration: %v", err)

@@ -22,6 +22,10 @@ systemServiceAccounts:
   {{- range .Values.webhook.extraSystemServiceAccounts }}
   - {{ . | quote }}
   {{- end }}
+nodeAgentServiceAccounts:
+  - {{ include "gputopo.nodeagent.user" . | quote }}
+resourceName: {{ include "gputopo.gpuResourceName" . | quote }}
+gpuContainerEnvFrom: {{ .Values.webhook.gpuContainerEnvFrom | quote }}
 excludedNamespaces: {{ include "gputopo.webhook.excludedNamespaces" . }}
 namespaceDefaultAnnotation: {{ .Values.webhook.namespaceDefaultAnnotation | quote }}
 {{- end }}
