@@ -171,10 +171,9 @@ func (p *DevicePlugin) notePreference(cr *pluginapi.ContainerPreferredAllocation
 // devices were among those offered; else, when every device is already the
 // pod allocated just before (a container reusing its one-shot init
 // containers' devices: kubelet asks for no preference then), that pod;
-// else the first pending
-// pod, in admission order, that still needs devices and whose plan holds
-// them all, else the first that still needs devices. An allocation no pod
-// fits is logged and left to PodResources.
+// else the first pending pod, in admission order, that still needs
+// devices and whose plan holds them all, else the first that still needs
+// devices. An allocation no pod fits is logged and left to PodResources.
 func (p *DevicePlugin) noteAllocation(devices []string) {
 	if len(devices) == 0 {
 		return
