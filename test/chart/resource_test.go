@@ -14,6 +14,7 @@ import (
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/nodeagent"
 	"github.com/gputopo/gputopo/test/harness"
+	"github.com/gputopo/gputopo/webhook"
 )
 
 // checkResourceName: every component is given the one GPU resource name,
@@ -67,6 +68,12 @@ func renderedResourceNames(t *testing.T, r release, w want, objs []*unstructured
 		}
 		out["ExtenderConfiguration "+name+" (resourceName)"] = cfg.ResourceName
 	}
+
+	wh, err := webhook.ParseConfig(configData(t, objs, fn+"-webhook", "config.yaml"))
+	if err != nil {
+		t.Fatalf("webhook ConfigMap: %v", err)
+	}
+	out["WebhookConfiguration (resourceName)"] = wh.ResourceName
 	return out
 }
 
@@ -93,10 +100,11 @@ func TestEveryComponentGetsTheGPUResourceName(t *testing.T) {
 					t.Errorf("%s is given %q, want %q", c, n, tc.want)
 				}
 			}
-			// Every component reads it: node agent, scheduler, extender(s).
-			if len(got) != 3+btoi(w.shadow) {
+			// Every component reads it: node agent, scheduler, extender(s),
+			// webhook.
+			if len(got) != 4+btoi(w.shadow) {
 				slices.Sort(components)
-				t.Errorf("resource name read by %q, want the node agent, the scheduler and every extender", components)
+				t.Errorf("resource name read by %q, want the node agent, the scheduler, every extender and the webhook", components)
 			}
 		})
 	}
