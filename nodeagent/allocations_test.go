@@ -330,12 +330,12 @@ func drainEvents(r *record.FakeRecorder) []string {
 	}
 }
 
-// TestWholePodAccounting admits pods of every shape through a kubelet that
+// TestReconcilerWholePodAccounting admits pods of every shape through a kubelet that
 // allocates as kubelet's device manager does, with node agent restarts at
 // the moments that lose the in-memory log, and checks that allocated-gpus
 // names every GPU kubelet holds for the pod and that following a plan the
 // size of the pod's demand raises no drift.
-func TestWholePodAccounting(t *testing.T) {
+func TestReconcilerWholePodAccounting(t *testing.T) {
 	gpus := make([]string, 8)
 	for i := range gpus {
 		gpus[i] = topology.FixtureUUID(testNode, i)
