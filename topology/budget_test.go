@@ -395,7 +395,7 @@ func TestRingWithinMatchesEveryOrder(t *testing.T) {
 			t.Fatalf("trial %d: out of work: ring %d (best %d), short %t", trial, v, best, w.short)
 		}
 		order := make([]int, n)
-		if v := g.greedyRing(idx, order); v > best || ringOf(g, order) != v || MaskOf(order...) != g.All() || order[0] != 0 {
+		if v := g.greedyRing(idx, order, n); v > best || ringOf(g, order) != v || MaskOf(order...) != g.All() || order[0] != 0 {
 			t.Fatalf("trial %d: greedy ring %d with order %v (its ring %d); best %d", trial, v, order, ringOf(g, order), best)
 		}
 	}

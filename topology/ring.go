@@ -47,7 +47,7 @@ func (g *Graph) ringWithin(set Mask, floor int, w *work) (v int, ok, done bool) 
 		v = g.bw[idx[0]*g.n+idx[1]]
 		return v, v >= floor, true
 	}
-	w.charge(int64(4 * k * k))
+	w.charge(int64(2 * k * k))
 	minPair, _ := g.pairStats(set)
 	if k == 3 || k > RingExactMaxGPUs {
 		return minPair, minPair >= floor, true
@@ -61,8 +61,8 @@ func (g *Graph) ringWithin(set Mask, floor int, w *work) (v int, ok, done bool) 
 	}
 	lower := minPair
 	if k >= ringTourMinGPUs {
-		w.charge(int64(3 * k * k * k))
-		lower = max(g.greedyRing(idx, nil), minPair)
+		w.charge(int64(3 * k * k))
+		lower = max(g.greedyRing(idx, nil, 1), minPair)
 		if lower >= upper {
 			return upper, upper >= floor, true
 		}
@@ -82,13 +82,19 @@ func (g *Graph) ringWithin(set Mask, floor int, w *work) (v int, ok, done bool) 
 	slices.Sort(levels)
 	levels = slices.Compact(levels)
 	// levels[lo] has a cycle (lo = -1: lower has one), levels[hi] has none
-	// (hi = len(levels): nothing above upper has one). The strongest level
-	// is tried first: on real machines the upper bound is usually the ring.
+	// (hi = len(levels): nothing above upper has one). Below a floor above
+	// lower, the floor's level is tried first: most candidates of a search
+	// fail there. Then the strongest: on real machines the upper bound is
+	// usually the ring.
 	lo, hi := -1, len(levels)
-	for first := true; hi-lo > 1; first = false {
+	atFloor, atTop := floor > lower, true
+	for hi-lo > 1 {
 		mid := (lo + hi) / 2
-		if first {
-			mid = hi - 1
+		switch {
+		case atFloor:
+			mid, atFloor = 0, false
+		case atTop:
+			mid, atTop = hi-1, false
 		}
 		cycle, done := g.cycleAtLeast(idx, levels[mid], w)
 		if !done {
@@ -110,17 +116,18 @@ func (g *Graph) ringWithin(set Mask, floor int, w *work) (v int, ok, done bool) 
 }
 
 // greedyRing is the best bottleneck among the nearest-neighbour tours
-// through idx, one from each GPU, each step taking the strongest link to
-// a GPU not yet visited (the lowest index among equals). When order is not
-// nil it receives the best tour, rotated to start at idx[0]. O(k^3).
-func (g *Graph) greedyRing(idx []int, order []int) int {
+// through idx from its first starts GPUs (all of them when starts >= k),
+// each step taking the strongest link to a GPU not yet visited (the lowest
+// index among equals). When order is not nil it receives the best tour,
+// rotated to start at idx[0]. O(starts·k^2).
+func (g *Graph) greedyRing(idx []int, order []int, starts int) int {
 	k := len(idx)
 	best := -1
 	var tour [RingExactMaxGPUs]int
 	if k > RingExactMaxGPUs {
 		return 0
 	}
-	for s := range idx {
+	for s := range min(starts, k) {
 		var seen uint32 = 1 << s
 		cur, bottleneck := s, int(^uint(0)>>1)
 		tour[0] = s
@@ -176,13 +183,13 @@ func (g *Graph) cycleAtLeast(idx []int, t int, w *work) (cycle, done bool) {
 				}
 			}
 		}
-		w.charge(int64(k*k + k*k*k))
+		w.charge(int64(3 * k * k))
 		if !biconnected(&adj, k) {
 			return false, true
 		}
 		h := hamiltonSearch{adj: &adj, k: k, full: uint32(1)<<k - 1, left: 64 * k}
 		found := h.extend(0, 1)
-		w.charge(int64((64*k - h.left) * k * k))
+		w.charge(int64((64*k - h.left) * 3 * k))
 		if found || h.left > 0 {
 			return found, true
 		}
@@ -197,7 +204,7 @@ func (g *Graph) cycleAtLeast(idx []int, t int, w *work) (cycle, done bool) {
 
 // biconnected reports whether the graph adj on vertices 0..k-1 (k >= 3)
 // stays connected after removing any one vertex, which a Hamiltonian
-// cycle needs. O(k^3) mask steps.
+// cycle needs. O(k^2) mask steps (k+1 searches of O(k)).
 func biconnected(adj *[RingExactMaxGPUs]uint32, k int) bool {
 	all := uint32(1)<<k - 1
 	for v := -1; v < k; v++ {

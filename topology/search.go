@@ -149,19 +149,25 @@ func (s *search) warmStart() {
 	}
 }
 
-// binomialAtLeast reports whether C(n, k) >= t, computing only as many
-// factors as it needs.
+// binomialAtLeast reports whether C(n, k) >= t (0 <= n <= MaxGPUs).
 func binomialAtLeast(n, k int, t int64) bool {
-	k = min(k, n-k)
-	if k < 0 {
+	if k < 0 || k > n {
 		return t <= 0
 	}
-	c := int64(1)
-	for i := 1; i <= k && c < t; i++ {
-		c = c * int64(n-k+i) / int64(i) // C(n-k+i, i), exact
-	}
-	return c >= t
+	return binomials[n][k] >= t
 }
+
+// binomials is Pascal's triangle up to MaxGPUs, saturating at 2^62: a
+// constant table, looked up on every partial set.
+var binomials = func() (c [MaxGPUs + 1][MaxGPUs + 1]int64) {
+	for n := range c {
+		c[n][0] = 1
+		for k := 1; k <= n; k++ {
+			c[n][k] = min(c[n-1][k-1]+c[n-1][k], 1<<62)
+		}
+	}
+	return c
+}()
 
 // key is c's key k, computed on first use (halt is set when the work ran
 // out). The cached case inlines.
@@ -349,7 +355,7 @@ func (s *search) dfs(p partial, allowed Mask) {
 	if allowed.Count() < need {
 		return
 	}
-	if !s.w.spend(int64(8 + 2*p.cnt + 2*allowed.Count())) {
+	if !s.w.spend(int64(8 + 2*p.cnt + 4*allowed.Count())) {
 		s.halt = true
 		return
 	}
@@ -800,7 +806,8 @@ func (s *search) finish(budget int64) Result {
 		default:
 			exact = false
 			order = make([]int, k)
-			ring = g.greedyRing(idx, order)
+			s.w.charge(int64(3 * k * k * k))
+			ring = g.greedyRing(idx, order, k)
 		}
 	}
 	// What is left: from the search's keys or the tables when it has them,
