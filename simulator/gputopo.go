@@ -56,12 +56,17 @@ func newGputopoPolicy(nodes []Node, table webhook.PolicyTable) (*gputopoPolicy, 
 	for i, n := range nodes {
 		p.names = append(p.names, n.Name)
 		p.index[n.Name] = i
-		l.UpsertNode(&corev1.Node{
+		node := &corev1.Node{
 			ObjectMeta: metav1.ObjectMeta{Name: n.Name},
 			Status: corev1.NodeStatus{Allocatable: corev1.ResourceList{
 				v1alpha1.ResourceGPU: *resource.NewQuantity(int64(n.Graph.Len()), resource.DecimalSI),
 			}},
-		})
+		}
+		// Bind checks the node exists and admits the pod, as in a cluster.
+		if err := cs.Tracker().Add(node); err != nil {
+			return nil, fmt.Errorf("node %s: %w", n.Name, err)
+		}
+		l.UpsertNode(node)
 		st := n.Graph.Status()
 		st.ObservedTime = now
 		l.UpsertTopology(&v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: n.Name}, Status: st})
