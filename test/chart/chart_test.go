@@ -154,7 +154,7 @@ func wants() map[string]struct {
 			weights: [4]int32{40, 30, 20, 10}, httpTimeout: 5 * time.Second, extenderReplicas: 2,
 			issuerName: "gputopo-ca", issuerKind: "Issuer", ownCA: true,
 			excludedNamespaces: []string{"cert-manager"}, timeoutSeconds: 5, kubeletRoot: "/var/lib/kubelet",
-			image: "ghcr.io/gputopo/gputopo:0.2.0", schedulerImage: "registry.k8s.io/kube-scheduler:v1.37.2",
+			image: "ghcr.io/gputopo/gputopo:0.3.0", schedulerImage: "registry.k8s.io/kube-scheduler:v1.37.2",
 			modelPolicy: webhook.DefaultConfig().PolicyTable.Model,
 		}},
 		"existing issuer, ServiceMonitors, NetworkPolicies, other resource name, other weights, ignorable, 3 extenders": {rel: customRelease, want: want{
@@ -172,7 +172,7 @@ func wants() map[string]struct {
 			weights: [4]int32{40, 30, 20, 10}, httpTimeout: 5 * time.Second, extenderReplicas: 2,
 			issuerName: "rollout-gputopo-ca", issuerKind: "Issuer", ownCA: true,
 			serviceMonitors: 5, excludedNamespaces: []string{"cert-manager"}, timeoutSeconds: 5, kubeletRoot: "/var/lib/kubelet",
-			image: "ghcr.io/gputopo/gputopo:0.2.0", schedulerImage: "registry.k8s.io/kube-scheduler:v1.37.2",
+			image: "ghcr.io/gputopo/gputopo:0.3.0", schedulerImage: "registry.k8s.io/kube-scheduler:v1.37.2",
 			modelPolicy: webhook.DefaultConfig().PolicyTable.Model,
 			prometheus:  &extender.PrometheusTelemetry{URL: "http://prometheus.monitoring:9090", Selector: `job="dcgm-exporter"`},
 			shadow:      true, shadowImage: "ghcr.io/gputopo/gputopo:v0.2.0", shadowWeights: [4]int32{40, 30, 20, 40}, shadowLogRate: 0.25,
@@ -182,9 +182,9 @@ func wants() map[string]struct {
 			weights: [4]int32{40, 30, 20, 10}, httpTimeout: 5 * time.Second, extenderReplicas: 2,
 			issuerName: "gputopo-plain-ca", issuerKind: "Issuer", ownCA: true,
 			excludedNamespaces: []string{"cert-manager"}, timeoutSeconds: 5, kubeletRoot: "/var/lib/kubelet",
-			image: "ghcr.io/gputopo/gputopo:0.2.0", schedulerImage: "registry.k8s.io/kube-scheduler:v1.37.2",
+			image: "ghcr.io/gputopo/gputopo:0.3.0", schedulerImage: "registry.k8s.io/kube-scheduler:v1.37.2",
 			modelPolicy: webhook.DefaultConfig().PolicyTable.Model,
-			shadow:      true, shadowImage: "ghcr.io/gputopo/gputopo:0.2.0", shadowWeights: [4]int32{40, 30, 20, 10}, shadowLogRate: 0.1,
+			shadow:      true, shadowImage: "ghcr.io/gputopo/gputopo:0.3.0", shadowWeights: [4]int32{40, 30, 20, 10}, shadowLogRate: 0.1,
 		}},
 	}
 }
