@@ -24,6 +24,9 @@ type Metrics struct {
 	utilization   *prometheus.GaugeVec
 	errors        *prometheus.CounterVec
 	placements    *prometheus.CounterVec
+	// heuristic counts bound placements whose GPUs the allocator chose
+	// heuristically (its exact search's work budget ran out).
+	heuristic prometheus.Counter
 
 	promQueries     *prometheus.CounterVec
 	promLastSuccess prometheus.Gauge
@@ -89,6 +92,10 @@ func NewMetrics(l *Ledger) *Metrics {
 			Name: "gputopo_placements_total",
 			Help: "Bound placements by the link tier the requirement asked for and the tier achieved.",
 		}, []string{"requested_tier", "achieved_tier"}),
+		heuristic: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gputopo_extender_heuristic_placements_total",
+			Help: "Bound placements whose GPUs were chosen by the allocator's documented heuristic because its exact search ran out of work budget (placement record heuristic=true).",
+		}),
 		promQueries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gputopo_extender_prometheus_query_rounds_total",
 			Help: "Telemetry query rounds against Prometheus (telemetry.source: prometheus) by result (success, error).",
@@ -118,7 +125,7 @@ func NewMetrics(l *Ledger) *Metrics {
 			Help: "Nodes filtered differently: shadow_rejects (the serving extender passed the node, the shadow would not), shadow_accepts (the reverse).",
 		}, []string{"direction"}),
 	}
-	m.Registry.MustRegister(m.latency, m.filterResults, m.scores, m.utilization, m.errors, m.placements,
+	m.Registry.MustRegister(m.latency, m.filterResults, m.scores, m.utilization, m.errors, m.placements, m.heuristic,
 		m.promQueries, m.promLastSuccess, m.doubleHeldDetections, m.shadowMirrors, m.shadowDecisions, m.shadowDifferences, m.shadowFilterNodes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&ledgerCollector{l: l, desc: prometheus.NewDesc("gputopo_ledger_gpus",

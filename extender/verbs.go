@@ -261,6 +261,9 @@ func (x *Extender) bound(args *extenderv1.ExtenderBindingArgs, pr podRequest, uu
 	}
 	x.ledger.confirm(args.PodUID, args.Node, uuids)
 	x.metrics.placements.WithLabelValues(requestedTier(pr), string(placement.Tier)).Inc()
+	if placement.Heuristic {
+		x.metrics.heuristic.Inc()
+	}
 	klog.V(2).InfoS("pod bound", "pod", klog.KRef(args.PodNamespace, args.PodName), "node", args.Node, "gpus", placement.GPUIndices, "tier", placement.Tier)
 }
 
@@ -326,6 +329,7 @@ func (x *Extender) reserve(uid types.UID, key types.NamespacedName, node string,
 		MinPairBandwidthGBps: m.MinPairGBps,
 		RingBandwidthGBps:    m.RingGBps,
 		Score:                int(score),
+		Heuristic:            v.res.Heuristic,
 	}
 	l.setHoldingLocked(&holding{uid: uid, pod: key, node: node, uuids: uuids, reserved: true, since: l.now(), placement: placement})
 	return uuids, placement, nil
