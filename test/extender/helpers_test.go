@@ -71,15 +71,7 @@ func newEnv(t *testing.T, nodes int) *env {
 		name := fmt.Sprintf("dgx-%d", i)
 		e.nodes = append(e.nodes, name)
 		createNode(t, cp, name)
-		obj := &v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: name}}
-		if err := cp.Client.Create(ctx, obj); err != nil {
-			t.Fatalf("create NodeGPUTopology %s: %v", name, err)
-		}
-		obj.Status = f.Graph(name).Status()
-		obj.Status.ObservedTime = metav1.Now()
-		if err := cp.Client.Status().Update(ctx, obj); err != nil {
-			t.Fatalf("update NodeGPUTopology status %s: %v", name, err)
-		}
+		cp.PublishTopology(t, name, f)
 	}
 	return e
 }

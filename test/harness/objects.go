@@ -11,7 +11,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/internal/localcluster"
+	"github.com/gputopo/gputopo/topology"
 )
 
 // CreateGPUNode creates a Ready Node with gpus nvidia.com/gpu and no
@@ -48,4 +50,20 @@ func (cp *ControlPlane) WaitForPod(ctx context.Context, namespace, name string, 
 		return pod, fmt.Errorf("pod %s/%s: %w (nodeName=%q phase=%s conditions=%v)", namespace, name, err, pod.Spec.NodeName, pod.Status.Phase, pod.Status.Conditions)
 	}
 	return pod, nil
+}
+
+// PublishTopology creates the NodeGPUTopology of node name with a fixture's
+// machine, observed now, as the node agent publishes it.
+func (cp *ControlPlane) PublishTopology(t testing.TB, name string, f topology.Fixture) {
+	t.Helper()
+	ctx := context.Background()
+	obj := &v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if err := cp.Client.Create(ctx, obj); err != nil {
+		t.Fatalf("create NodeGPUTopology %s: %v", name, err)
+	}
+	obj.Status = f.Graph(name).Status()
+	obj.Status.ObservedTime = metav1.Now()
+	if err := cp.Client.Status().Update(ctx, obj); err != nil {
+		t.Fatalf("update NodeGPUTopology status %s: %v", name, err)
+	}
 }

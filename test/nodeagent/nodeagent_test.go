@@ -8,12 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr/testr"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
@@ -49,56 +47,7 @@ type env struct {
 
 func setup(t *testing.T) *env {
 	t.Helper()
-	cp := harness.Start(t, harness.Options{})
-	k := kubelet.Start(t, cp, kubelet.Options{NodeName: nodeName})
-	ctx := harness.Context(t)
-	for _, obj := range []client.Object{
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}},
-		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "default"}},
-		// The agent runs with exactly the rules it documents.
-		rbacClusterRole.DeepCopy(), rbacBinding.DeepCopy(),
-	} {
-		if err := cp.Client.Create(ctx, obj); err != nil {
-			t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
-		}
-	}
-	f, err := topology.FixtureByName("dgx-a100")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{cp: cp, k: k, sim: nodeagent.NewSimulator(f, nodeName)}
-	ready := make(chan *nodeagent.Agent, 1)
-	done := make(chan error, 1)
-	agentCtx, cancel := context.WithCancel(klog.NewContext(ctx, testr.NewWithOptions(t, testr.Options{Verbosity: 1})))
-	go func() {
-		done <- nodeagent.Run(agentCtx, cp.UserConfig(t, agentUser), nodeagent.Options{
-			NodeName: nodeName, Simulator: e.sim, ResourceName: v1alpha1.ResourceGPU,
-			DevicePluginDir: kubelet.DevicePluginDir, PodResourcesSocket: k.PodResourcesSocket,
-			TopologyInterval: 5 * time.Minute, TelemetryInterval: 30 * time.Second, ReconcileInterval: 2 * time.Second,
-			MetricsBindAddress: "0",
-			Ready:              func(a *nodeagent.Agent) { ready <- a },
-		})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("agent: %v", err)
-		}
-	})
-	select {
-	case e.agent = <-ready:
-	case err := <-done:
-		t.Fatalf("agent stopped before it was ready: %v", err)
-	case <-time.After(60 * time.Second):
-		t.Fatal("agent not ready after 60s")
-	}
-	e.pr, err = nodeagent.DialPodResources(k.PodResourcesSocket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.pr.Close() })
-	e.waitAllocatable(t, 8)
-	return e
+	return setupWithStrategies(t, nil)
 }
 
 func (e *env) waitAllocatable(t *testing.T, want int64) {

@@ -23,8 +23,10 @@ import (
 	"github.com/gputopo/gputopo/topology"
 )
 
-// setupWithStrategies is setup with the agent's device list strategies
-// set; no webhook runs, so nothing stands between a pod's env and kubelet.
+// setupWithStrategies starts a control plane, a real kubelet and the node
+// agent on a simulated DGX A100 with the given device-list strategies (nil:
+// the default, envvar), running with exactly the RBAC it documents. No
+// webhook runs, so nothing stands between a pod's env and kubelet.
 func setupWithStrategies(t *testing.T, strategies []string) *env {
 	t.Helper()
 	cp := harness.Start(t, harness.Options{})
@@ -33,6 +35,7 @@ func setupWithStrategies(t *testing.T, strategies []string) *env {
 	for _, obj := range []client.Object{
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}},
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "default"}},
+		// The agent runs with exactly the rules it documents.
 		rbacClusterRole.DeepCopy(), rbacBinding.DeepCopy(),
 	} {
 		if err := cp.Client.Create(ctx, obj); err != nil {

@@ -144,22 +144,13 @@ func post(c *http.Client, url string, body any) (int, string) {
 // gpuCluster creates GPU nodes with a DGX A100 topology each.
 func gpuCluster(t *testing.T, cp *harness.ControlPlane, nodes map[string]map[string]string) {
 	t.Helper()
-	ctx := harness.Context(t)
 	f, err := topology.FixtureByName("dgx-a100")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for name, labels := range nodes {
 		cp.CreateGPUNode(t, name, 8, labels)
-		obj := &v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: name}}
-		if err := cp.Client.Create(ctx, obj); err != nil {
-			t.Fatalf("create NodeGPUTopology %s: %v", name, err)
-		}
-		obj.Status = f.Graph(name).Status()
-		obj.Status.ObservedTime = metav1.Now()
-		if err := cp.Client.Status().Update(ctx, obj); err != nil {
-			t.Fatalf("update NodeGPUTopology %s: %v", name, err)
-		}
+		cp.PublishTopology(t, name, f)
 	}
 }
 
