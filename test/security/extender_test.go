@@ -180,9 +180,12 @@ func TestExtenderVerbsRefuseClientsWithoutCertificate(t *testing.T) {
 				}
 			})
 			t.Run(fmt.Sprintf("%s with a certificate of another CA", prefix+"/"+verb), func(t *testing.T) {
+				// With TLS 1.3 the client may learn of the refusal as a
+				// bad-certificate alert or as a broken connection when it
+				// writes the request; either way no HTTP answer comes.
 				status, msg := post(te.client(t, stranger), url, body)
-				if status != 0 || !strings.Contains(msg, "certificate") {
-					t.Errorf("POST %s = %d %q; want the handshake refused", url, status, msg)
+				if status != 0 {
+					t.Errorf("POST %s = %d %q; want the handshake refused, no HTTP answer", url, status, msg)
 				}
 			})
 			t.Run(fmt.Sprintf("%s over plain HTTP", prefix+"/"+verb), func(t *testing.T) {
