@@ -15,6 +15,7 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/topology"
 )
 
 // Filter keeps the nodes whose currently free healthy GPUs satisfy the pod.
@@ -265,6 +266,7 @@ func (x *Extender) bound(args *extenderv1.ExtenderBindingArgs, pr podRequest, uu
 		x.metrics.heuristic.Inc()
 	}
 	klog.V(2).InfoS("pod bound", "pod", klog.KRef(args.PodNamespace, args.PodName), "node", args.Node, "gpus", placement.GPUIndices, "tier", placement.Tier)
+	x.recordBound(args, uuids, placement)
 }
 
 func (x *Extender) getPod(ctx context.Context, key types.NamespacedName) (*corev1.Pod, error) {
@@ -333,4 +335,36 @@ func (x *Extender) reserve(uid types.UID, key types.NamespacedName, node string,
 	}
 	l.setHoldingLocked(&holding{uid: uid, pod: key, node: node, uuids: uuids, reserved: true, since: l.now(), placement: placement})
 	return uuids, placement, nil
+}
+
+// NodeExplanation is one node's outcome for a pod, as filter, prioritize
+// and bind would decide it.
+type NodeExplanation struct {
+	Node string
+	// Passed is filter's verdict; Reason says why not, as filter writes it
+	// (with ReasonPrefix).
+	Passed bool
+	Reason string
+	// Score is prioritize's 0..10 and Result the GPUs bind would take, in
+	// ring order, with their tier and bandwidths; set only when Passed.
+	Score  int64
+	Result topology.Result
+}
+
+// Explain evaluates the pod on every node of args with the code the verbs
+// run, as if the pod held no GPUs yet, keeping each node's verdict, score
+// and GPU choice: what `kubectl gputopo explain` shows.
+func (x *Extender) Explain(args *extenderv1.ExtenderArgs) ([]NodeExplanation, error) {
+	evals, err := x.evaluateAll(args)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]NodeExplanation, len(evals))
+	for i, ev := range evals {
+		out[i] = NodeExplanation{Node: ev.name, Passed: ev.ok, Score: ev.score, Result: ev.res}
+		if !ev.ok {
+			out[i].Reason = ReasonPrefix + ev.reason
+		}
+	}
+	return out, nil
 }

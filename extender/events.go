@@ -1,0 +1,49 @@
+package extender
+
+import (
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+)
+
+// ReasonGPUsBound is the reason of the Normal Event a pod gets when the
+// extender binds it: the GPUs, their link tier and bandwidths, so that
+// `kubectl describe pod` answers "which GPUs did I get, and how well are
+// they connected" without reading annotations.
+const ReasonGPUsBound = "GPUsBound"
+
+// recordBound gives the pod its GPUsBound Event. Only the serving replica
+// (the leader) binds, and it records through the same rate-limited
+// broadcaster as GPUDoubleHeld; without a cluster (the simulator) there is
+// no recorder and nothing is recorded.
+func (x *Extender) recordBound(args *extenderv1.ExtenderBindingArgs, uuids []string, p v1alpha1.Placement) {
+	if x.recorder == nil || !x.leading.Load() {
+		return
+	}
+	ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: args.PodNamespace, Name: args.PodName, UID: args.PodUID}
+	x.recorder.Event(ref, corev1.EventTypeNormal, ReasonGPUsBound, boundMessage(args.Node, uuids, p))
+}
+
+// boundMessage is the GPUsBound Event's text: "node n1: GPUs 0,1 (GPU-a,
+// GPU-b), tier nvlink, ring 100 GB/s, min pair 100 GB/s (bidirectional),
+// strategy highest_bandwidth".
+func boundMessage(node string, uuids []string, p v1alpha1.Placement) string {
+	idx := make([]string, len(p.GPUIndices))
+	for i, g := range p.GPUIndices {
+		idx[i] = fmt.Sprint(g)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "node %s: GPUs %s (%s), tier %s", node, strings.Join(idx, ","), strings.Join(uuids, ", "), p.Tier)
+	if len(p.GPUIndices) > 1 {
+		fmt.Fprintf(&b, ", ring %d GB/s, min pair %d GB/s (bidirectional)", p.RingBandwidthGBps, p.MinPairBandwidthGBps)
+	}
+	fmt.Fprintf(&b, ", strategy %s", p.Strategy)
+	if p.Heuristic {
+		b.WriteString(" (heuristic choice: the exact search ran out of its work budget)")
+	}
+	return b.String()
+}

@@ -1,0 +1,58 @@
+package extender
+
+import (
+	"strings"
+	"testing"
+
+	"k8s.io/client-go/tools/record"
+)
+
+// A bound pod gets one Normal GPUsBound Event naming its node, GPU
+// indices and UUIDs, tier and ring bandwidth; a replica that does not lead
+// records nothing.
+func TestBindRecordsGPUsBoundEventOnLeaderOnly(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		leading bool
+		want    int
+	}{
+		{name: "leader records the event", leading: true, want: 1},
+		{name: "standby records nothing", leading: false, want: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := makePod("mp").gpus(4).req(modelParallel).obj()
+			x, cs := newTestExtender(t, nil, pod)
+			rec := record.NewFakeRecorder(4)
+			x.recorder = rec
+			x.leading.Store(tc.leading)
+			x.ledger.UpsertTopology(topo(t, "dgx1-v100", "a"))
+			x.ledger.UpsertPod(pod)
+			if res := x.Bind(bindArgs(pod, "a")); res.Error != "" {
+				t.Fatalf("bind: %s", res.Error)
+			}
+			close(rec.Events)
+			var events []string
+			for e := range rec.Events {
+				events = append(events, e)
+			}
+			if len(events) != tc.want {
+				t.Fatalf("events %q; want %d", events, tc.want)
+			}
+			if tc.want == 0 {
+				return
+			}
+			got := getPod(t, cs, "mp")
+			e := events[0]
+			for _, want := range []string{"Normal " + ReasonGPUsBound, "node a:", "tier nvlink", "ring ", "GB/s", "strategy highest_bandwidth"} {
+				if !strings.Contains(e, want) {
+					t.Errorf("event %q does not contain %q", e, want)
+				}
+			}
+			for _, u := range assignedOf(t, got) {
+				if !strings.Contains(e, u) {
+					t.Errorf("event %q does not name assigned GPU %s", e, u)
+				}
+			}
+		})
+	}
+}
