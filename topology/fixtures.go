@@ -78,6 +78,37 @@ type Fixture struct {
 	Sockets [][]int
 	// FabricClique, when set, is the multi-node NVLink domain of every GPU.
 	FabricClique string
+
+	// The fields below are what imported machines (LoadMachine, ImportSMI,
+	// a node agent dump) carry beyond the hand-written fixtures; each is
+	// optional and, when empty, the fixture behaves as before.
+
+	// PCIeLevels, when set, is the closest common PCIe ancestor of every
+	// pair (n×n, symmetric; the diagonal is not read). It overrides the
+	// level PCIeSwitches and Sockets would give.
+	PCIeLevels [][]v1alpha1.PCIeLevel
+	// NUMANodes, when set, is each GPU's NUMA node (-1: unknown); otherwise
+	// a GPU's NUMA node is its socket's position in Sockets.
+	NUMANodes []int
+	// PCIBusIDs, when set, is each GPU's PCI bus ID as NVML writes it;
+	// otherwise the IDs are generated from the index.
+	PCIBusIDs []string
+	// NICs are the machine's network adapters with their PCIe distance to
+	// every GPU (GPU↔NIC affinity, as nvidia-smi topo -m prints it).
+	NICs []NIC
+	// Source says where the description came from (a built-in fixture
+	// leaves it empty).
+	Source string
+	// Notes record what an importer inferred rather than read, so that a
+	// reader of the machine file can check it.
+	Notes []string
+}
+
+// NIC is a network adapter of a machine and its PCIe distance to each GPU.
+type NIC struct {
+	Name string
+	// PCIe[i] is the closest common PCIe ancestor of the NIC and GPU i.
+	PCIe []v1alpha1.PCIeLevel
 }
 
 // Fixtures returns every machine in a stable order.
@@ -185,6 +216,9 @@ func FixtureByName(name string) (Fixture, error) {
 // fixture: same switch, else same socket (different root ports of one
 // NUMA node), else across sockets.
 func (f Fixture) PCIeLevel(a, b int) v1alpha1.PCIeLevel {
+	if a >= 0 && a < len(f.PCIeLevels) && b >= 0 && b < len(f.PCIeLevels[a]) {
+		return f.PCIeLevels[a][b]
+	}
 	if groupOf(f.PCIeSwitches, a) == groupOf(f.PCIeSwitches, b) && groupOf(f.PCIeSwitches, a) >= 0 {
 		return v1alpha1.PCIeSameSwitch
 	}
@@ -203,6 +237,24 @@ func groupOf(groups [][]int, i int) int {
 		}
 	}
 	return -1
+}
+
+// NUMANode is GPU i's NUMA node: NUMANodes when given, else its socket's
+// position in Sockets, else -1 (unknown).
+func (f Fixture) NUMANode(i int) int {
+	if i >= 0 && i < len(f.NUMANodes) {
+		return f.NUMANodes[i]
+	}
+	return max(groupOf(f.Sockets, i), -1)
+}
+
+// BusID is GPU i's PCI bus ID: PCIBusIDs when given, else one generated
+// from the index (07, 17, 27, ... as on many 8-GPU boards).
+func (f Fixture) BusID(i int) string {
+	if i >= 0 && i < len(f.PCIBusIDs) && f.PCIBusIDs[i] != "" {
+		return f.PCIBusIDs[i]
+	}
+	return fmt.Sprintf("00000000:%02X:00.0", 0x07+i*0x10)
 }
 
 // Link is the fixture's link between a and b (a != b), bandwidth included.
@@ -253,8 +305,8 @@ func (f Fixture) Parts(nodeName string) ([]v1alpha1.GPU, []v1alpha1.Link) {
 			UUID:         FixtureUUID(nodeName, i),
 			Model:        f.Model,
 			MemoryMiB:    f.MemoryMiB,
-			NUMANode:     max(groupOf(f.Sockets, i), -1),
-			PCIBusID:     fmt.Sprintf("00000000:%02X:00.0", 0x07+i*0x10),
+			NUMANode:     f.NUMANode(i),
+			PCIBusID:     f.BusID(i),
 			Health:       v1alpha1.GPUHealthy,
 			FabricClique: f.FabricClique,
 		}
