@@ -1,0 +1,287 @@
+package kubectlplugin
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"k8s.io/klog/v2"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/extender"
+	"github.com/gputopo/gputopo/topology"
+)
+
+// Explanation is `kubectl gputopo explain POD`.
+type Explanation struct {
+	Namespace   string `json:"namespace"`
+	Name        string `json:"name"`
+	Phase       string `json:"phase"`
+	Requested   int    `json:"requested"`
+	Requirement string `json:"requirement,omitempty"`
+	Strategy    string `json:"strategy,omitempty"`
+	// RequestedTier is what the requirement asks for: single-gpu, nvlink,
+	// a bandwidth floor, or any.
+	RequestedTier string `json:"requestedTier"`
+	// ConfigSource is where the extender configuration came from.
+	ConfigSource string `json:"configSource"`
+	// Nodes are every GPU node's verdict (Pending pods): passing nodes by
+	// score, best first, then the others by name.
+	Nodes []NodeVerdict `json:"nodes,omitempty"`
+	// Bound is the bound pod's plan and truth.
+	Bound *BoundView `json:"bound,omitempty"`
+}
+
+// NodeVerdict is one node's answer for a Pending pod.
+type NodeVerdict struct {
+	Node string `json:"node"`
+	// Scheduler is why kube-scheduler's own filters leave the node out
+	// (node selector or affinity, taints, GPU count), empty when they let
+	// it through; gputopo's verdict below is then the one that decides.
+	Scheduler string `json:"scheduler,omitempty"`
+	// Verdict is fits, fails or never (fails even with every GPU free and
+	// healthy: kube-scheduler does not preempt for it).
+	Verdict string `json:"verdict"`
+	Reason  string `json:"reason,omitempty"`
+	Score   int64  `json:"score,omitempty"`
+	// GPUs are the indices bind would take, in ring order, and what they
+	// give.
+	GPUs              []int  `json:"gpus,omitempty"`
+	Tier              string `json:"tier,omitempty"`
+	RingBandwidthGBps int    `json:"ringBandwidthGBps,omitempty"`
+	MinPairGBps       int    `json:"minPairBandwidthGBps,omitempty"`
+	// LeftLargestIsland is the largest free NVLink island the node keeps.
+	LeftLargestIsland int `json:"leftLargestIsland,omitempty"`
+}
+
+// Verdicts.
+const (
+	VerdictFits  = "fits"
+	VerdictFails = "fails"
+	VerdictNever = "never"
+)
+
+// BoundView is a bound pod's requested against achieved placement.
+type BoundView struct {
+	Node string `json:"node"`
+	// Placement is the extender's record (the plan); nil when the pod was
+	// not bound by gputopo.
+	Placement *v1alpha1.Placement `json:"placement,omitempty"`
+	Assigned  []string            `json:"assignedGPUs,omitempty"`
+	Allocated []string            `json:"allocatedGPUs,omitempty"`
+	// Truth is matches, drift, not-recorded or no-plan.
+	Truth string `json:"truth"`
+	// Achieved is the tier and bandwidth of the GPUs the pod really holds.
+	AchievedTier string `json:"achievedTier,omitempty"`
+	AchievedRing int    `json:"achievedRingBandwidthGBps,omitempty"`
+	// Met says whether the held GPUs meet the requirement.
+	Met bool `json:"met"`
+}
+
+// Truth values.
+const (
+	TruthMatches     = "matches"
+	TruthDrift       = "drift"
+	TruthNotRecorded = "not-recorded"
+	TruthNoPlan      = "no-plan"
+)
+
+// Explain explains one pod: every node's verdict by the extender's own
+// decision code when it is Pending, plan against truth when it is bound.
+func (s *Snapshot) Explain(namespace, name string) (*Explanation, error) {
+	p := s.pod(namespace, name)
+	if p == nil {
+		return nil, fmt.Errorf("pod %s/%s not found (or finished)", namespace, name)
+	}
+	want, err := v1alpha1.PodGPUDemand(&p.Spec, s.resource())
+	if err != nil {
+		return nil, fmt.Errorf("pod %s/%s: %w", namespace, name, err)
+	}
+	if want == 0 {
+		return nil, fmt.Errorf("pod %s/%s requests no %s: gputopo does not place it", namespace, name, s.resource())
+	}
+	e := &Explanation{Namespace: namespace, Name: name, Phase: string(p.Status.Phase), Requested: int(want),
+		Requirement: p.Annotations[v1alpha1.AnnotationRequirement], ConfigSource: s.ConfigSource}
+	if e.Phase == "" {
+		e.Phase = string(corev1.PodPending)
+	}
+	req := v1alpha1.Requirement{}
+	if e.Requirement != "" {
+		if req, err = v1alpha1.ParseRequirement(e.Requirement); err != nil {
+			return nil, fmt.Errorf("pod %s/%s: %w", namespace, name, err)
+		}
+	}
+	e.Strategy = string(req.EffectiveStrategy())
+	e.RequestedTier = requestedTier(int(want), req)
+	if p.Spec.NodeName != "" {
+		e.Bound = s.bound(p, req)
+		return e, nil
+	}
+	e.Nodes, err = s.verdicts(p)
+	return e, err
+}
+
+// requestedTier names what the requirement asks for.
+func requestedTier(count int, req v1alpha1.Requirement) string {
+	switch {
+	case count == 1:
+		return string(v1alpha1.TierSingleGPU)
+	case req.RequireNVLink && req.MinPairBandwidthGBps > 0:
+		return fmt.Sprintf("nvlink, >= %d GB/s per pair", req.MinPairBandwidthGBps)
+	case req.RequireNVLink:
+		return string(v1alpha1.TierNVLink)
+	case req.MinPairBandwidthGBps > 0:
+		return fmt.Sprintf(">= %d GB/s per pair", req.MinPairBandwidthGBps)
+	}
+	return "any"
+}
+
+// verdicts runs the extender's Filter and Explain on a core fed with the
+// snapshot, as its informers would feed it.
+func (s *Snapshot) verdicts(p *corev1.Pod) ([]NodeVerdict, error) {
+	x := extender.NewWithClient(s.Config, nil)
+	l := x.Ledger()
+	for i := range s.Topologies {
+		l.UpsertTopology(&s.Topologies[i])
+	}
+	for i := range s.Nodes {
+		l.UpsertNode(&s.Nodes[i])
+	}
+	for i := range s.Pods {
+		l.UpsertPod(&s.Pods[i])
+	}
+	names := s.gpuNodeNames()
+	args := &extenderv1.ExtenderArgs{Pod: p, NodeNames: &names}
+	filtered := x.Filter(args)
+	if filtered.Error != "" {
+		return nil, fmt.Errorf("extender filter: %s", filtered.Error)
+	}
+	expl, err := x.Explain(args)
+	if err != nil {
+		return nil, fmt.Errorf("extender explain: %w", err)
+	}
+	out := make([]NodeVerdict, 0, len(expl))
+	for _, ex := range expl {
+		v := NodeVerdict{Node: ex.Node, Scheduler: s.schedulerVerdict(p, ex.Node)}
+		switch {
+		case filtered.FailedAndUnresolvableNodes[ex.Node] != "":
+			v.Verdict, v.Reason = VerdictNever, filtered.FailedAndUnresolvableNodes[ex.Node]
+		case filtered.FailedNodes[ex.Node] != "":
+			v.Verdict, v.Reason = VerdictFails, filtered.FailedNodes[ex.Node]
+		case ex.Passed:
+			m := ex.Result.Metrics
+			v.Verdict, v.Score, v.GPUs = VerdictFits, ex.Score, ex.Result.GPUs
+			v.Tier, v.RingBandwidthGBps, v.MinPairGBps, v.LeftLargestIsland = string(m.Tier), m.RingGBps, m.MinPairGBps, m.LeftLargestIsland
+		default:
+			v.Verdict, v.Reason = VerdictFails, ex.Reason
+		}
+		out = append(out, v)
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		if (a.Verdict == VerdictFits) != (b.Verdict == VerdictFits) {
+			return a.Verdict == VerdictFits
+		}
+		if a.Score != b.Score {
+			return a.Score > b.Score
+		}
+		return a.Node < b.Node
+	})
+	return out, nil
+}
+
+// schedulerVerdict says why kube-scheduler's own filters would leave the
+// node out before the extender is asked: the pod's node selector or
+// required affinity, an untolerated taint, or too few GPUs left by count.
+func (s *Snapshot) schedulerVerdict(p *corev1.Pod, name string) string {
+	n := s.node(name)
+	if n == nil {
+		return "no Node object"
+	}
+	var why []string
+	if ok, err := nodeaffinity.GetRequiredNodeAffinity(p).Match(n); err != nil || !ok {
+		why = append(why, "node selector or affinity does not match")
+	}
+	if t, bad := corev1helpers.FindMatchingUntoleratedTaint(klog.Background(), n.Spec.Taints, p.Spec.Tolerations, func(t *corev1.Taint) bool {
+		return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
+	}, false); bad {
+		why = append(why, fmt.Sprintf("untolerated taint %s", t.ToString()))
+	}
+	if q, ok := n.Status.Allocatable[s.resource()]; ok {
+		used := 0
+		for i := range s.Pods {
+			if o := &s.Pods[i]; o.Spec.NodeName == name {
+				used += demand(o, s.resource())
+			}
+		}
+		if int(q.Value())-used < demand(p, s.resource()) {
+			why = append(why, fmt.Sprintf("Insufficient %s", s.resource()))
+		}
+	} else {
+		why = append(why, fmt.Sprintf("advertises no %s", s.resource()))
+	}
+	return strings.Join(why, "; ")
+}
+
+func (s *Snapshot) bound(p *corev1.Pod, req v1alpha1.Requirement) *BoundView {
+	b := &BoundView{Node: p.Spec.NodeName, Assigned: gpuList(p, v1alpha1.AnnotationAssignedGPUs), Allocated: gpuList(p, v1alpha1.AnnotationAllocatedGPUs)}
+	if pl, err := v1alpha1.ParsePlacement(p.Annotations[v1alpha1.AnnotationPlacement]); err == nil {
+		b.Placement = &pl
+	}
+	held := b.Allocated
+	switch {
+	case b.Assigned == nil && b.Allocated == nil:
+		b.Truth = TruthNoPlan
+	case b.Assigned == nil:
+		b.Truth = TruthNoPlan
+	case b.Allocated == nil:
+		b.Truth, held = TruthNotRecorded, b.Assigned
+	case strings.Join(v1alpha1.SortedGPUList(b.Assigned), ",") == strings.Join(v1alpha1.SortedGPUList(b.Allocated), ","):
+		b.Truth = TruthMatches
+	default:
+		b.Truth = TruthDrift
+	}
+	n := s.nodeState(p.Spec.NodeName)
+	if n.graph != nil && len(held) > 0 {
+		var set topology.Mask
+		for _, u := range held {
+			if i, ok := n.graph.IndexOf(u); ok {
+				set |= topology.MaskOf(i)
+			}
+		}
+		if set.Count() > 0 {
+			m := n.graph.Metrics(set, 0)
+			b.AchievedTier, b.AchievedRing = string(m.Tier), m.RingGBps
+			b.Met = meets(n.graph, set, req)
+		}
+	}
+	return b
+}
+
+// meets says whether set satisfies the requirement's link constraints.
+func meets(g *topology.Graph, set topology.Mask, req v1alpha1.Requirement) bool {
+	idx := set.Indices()
+	for i, a := range idx {
+		for _, b := range idx[i+1:] {
+			if req.RequireNVLink && !g.NVLinked(a, b) {
+				return false
+			}
+			if req.MinPairBandwidthGBps > 0 && g.Bandwidth(a, b) < req.MinPairBandwidthGBps {
+				return false
+			}
+		}
+	}
+	if req.GPUMemoryMiB > 0 {
+		gpus := g.GPUs()
+		for _, i := range idx {
+			if gpus[i].MemoryMiB < req.GPUMemoryMiB {
+				return false
+			}
+		}
+	}
+	return true
+}

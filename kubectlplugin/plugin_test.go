@@ -1,0 +1,271 @@
+package kubectlplugin
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8stypes "k8s.io/apimachinery/pkg/types"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/extender"
+	"github.com/gputopo/gputopo/topology"
+)
+
+var now = time.Now()
+
+func topo(t *testing.T, fixture, node string, observed time.Time) v1alpha1.NodeGPUTopology {
+	t.Helper()
+	f, err := topology.FixtureByName(fixture)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := f.Graph(node).Status()
+	st.ObservedTime = metav1.NewTime(observed)
+	return v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: node}, Status: st}
+}
+
+func node(name string, gpus int64, labels map[string]string) corev1.Node {
+	return corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}, Status: corev1.NodeStatus{
+		Allocatable: corev1.ResourceList{v1alpha1.ResourceGPU: *resource.NewQuantity(gpus, resource.DecimalSI)}}}
+}
+
+func pod(name, nodeName string, gpus int64, ann map[string]string) corev1.Pod {
+	q := *resource.NewQuantity(gpus, resource.DecimalSI)
+	return corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: name, UID: k8stypes.UID("uid-" + name), Annotations: ann},
+		Spec: corev1.PodSpec{NodeName: nodeName, SchedulerName: v1alpha1.DefaultSchedulerName, Containers: []corev1.Container{{Name: "main",
+			Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{v1alpha1.ResourceGPU: q}, Limits: corev1.ResourceList{v1alpha1.ResourceGPU: q}}}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+}
+
+func uuids(node string, idx ...int) string {
+	out := make([]string, len(idx))
+	for i, g := range idx {
+		out[i] = topology.FixtureUUID(node, g)
+	}
+	return strings.Join(out, ",")
+}
+
+// cluster: a DGX-1 V100 whose quad {0,1,2,3} is held and whose GPU 4 is
+// held by a pod whose truth differs from its plan (drift); an empty DGX
+// A100 whose topology is older than topologyMaxAge; a PCIe box.
+func cluster(t *testing.T) *Snapshot {
+	s := &Snapshot{Now: now, Config: extender.DefaultConfiguration(), ConfigSource: "defaults"}
+	s.Topologies = []v1alpha1.NodeGPUTopology{
+		topo(t, "dgx1-v100", "v100", now),
+		topo(t, "dgx-a100", "a100", now.Add(-time.Hour)),
+		topo(t, "pcie-8x", "pcie", now),
+	}
+	s.Nodes = []corev1.Node{node("a100", 8, nil), node("pcie", 8, map[string]string{"pool": "pcie"}), node("v100", 8, nil)}
+	s.Pods = []corev1.Pod{
+		pod("quad", "v100", 4, map[string]string{v1alpha1.AnnotationAssignedGPUs: uuids("v100", 0, 1, 2, 3),
+			v1alpha1.AnnotationPlacement: `{"node":"v100","strategy":"highest_bandwidth","gpuIndices":[0,1,2,3],"tier":"nvlink","minPairBandwidthGBps":50,"ringBandwidthGBps":100,"score":7}`}),
+		pod("drifted", "v100", 1, map[string]string{v1alpha1.AnnotationAssignedGPUs: uuids("v100", 5), v1alpha1.AnnotationAllocatedGPUs: uuids("v100", 4)}),
+	}
+	s.sort()
+	return s
+}
+
+func TestNodeSummariesCountFreeIslandsDriftAndStaleness(t *testing.T) {
+	got := cluster(t).NodeSummaries()
+	for i := range got {
+		got[i].ObservedTime, got[i].AgeSeconds = nil, 0
+	}
+	want := []NodeSummary{
+		{Name: "a100", Machine: "8x NVIDIA A100-SXM4-40GB, NVSwitch", GPUs: 8, Free: 8, LargestFreeNVLinkIsland: 8, Status: StatusStale, StaleReason: "not refreshed for more than 15m0s (topologyMaxAge)"},
+		{Name: "pcie", Machine: "8x NVIDIA L40S, PCIe", GPUs: 8, Free: 8, LargestFreeNVLinkIsland: 1, Status: StatusFresh},
+		// GPU 4 is held (truth), 5 is free again; {5,6,7} is not a full
+		// NVLink clique on the cube-mesh: 5-6 and 5-7 and 6-7 are links,
+		// so the island is 3.
+		{Name: "v100", Machine: "8x Tesla V100-SXM2-16GB, NVLink", GPUs: 8, Free: 3, LargestFreeNVLinkIsland: 3, Drift: 1, Status: StatusFresh},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("node summaries (-want +got):\n%s", diff)
+	}
+}
+
+// explain's reasons are the extender's Filter's, word for word, and the
+// GPUs of a passing node are the ones its allocator picks.
+func TestExplainPendingPodUsesTheExtendersVerdicts(t *testing.T) {
+	s := cluster(t)
+	p := pod("big", "", 4, map[string]string{v1alpha1.AnnotationRequirement: `{"requireNVLink":true,"strategy":"highest_bandwidth"}`})
+	p.Status.Phase = corev1.PodPending
+	p.Spec.NodeSelector = map[string]string{"pool": "pcie"}
+	s.Pods = append(s.Pods, p)
+	s.sort()
+	e, err := s.Explain("team", "big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := extender.NewWithClient(s.Config, nil)
+	for i := range s.Topologies {
+		x.Ledger().UpsertTopology(&s.Topologies[i])
+	}
+	for i := range s.Nodes {
+		x.Ledger().UpsertNode(&s.Nodes[i])
+	}
+	for i := range s.Pods {
+		x.Ledger().UpsertPod(&s.Pods[i])
+	}
+	names := []string{"a100", "pcie", "v100"}
+	res := x.Filter(&extenderv1.ExtenderArgs{Pod: &p, NodeNames: &names})
+	byNode := map[string]NodeVerdict{}
+	for _, v := range e.Nodes {
+		byNode[v.Node] = v
+	}
+	for _, n := range names {
+		want := res.FailedNodes[n] + res.FailedAndUnresolvableNodes[n]
+		if byNode[n].Reason != want {
+			t.Errorf("node %s: explain reason %q, extender filter %q", n, byNode[n].Reason, want)
+		}
+	}
+	if v := byNode["pcie"]; v.Verdict != VerdictNever || v.Scheduler != "" {
+		t.Errorf("pcie: %+v; want never (no NVLink at all) and kube-scheduler ok (the selector matches)", v)
+	}
+	if v := byNode["a100"]; v.Verdict != VerdictFails || !strings.Contains(v.Reason, "not refreshed") || !strings.Contains(v.Scheduler, "node selector") {
+		t.Errorf("a100: %+v; want fails (stale topology) and the selector mismatch", v)
+	}
+	if e.RequestedTier != string(v1alpha1.TierNVLink) || e.Strategy != string(v1alpha1.StrategyHighestBandwidth) {
+		t.Errorf("requested %q strategy %q", e.RequestedTier, e.Strategy)
+	}
+
+	// Without the selector and with a fresh A100, the A100 fits with 4
+	// NVSwitch GPUs and comes first.
+	s.Topologies[0].Status.ObservedTime = metav1.NewTime(now)
+	for i := range s.Pods {
+		s.Pods[i].Spec.NodeSelector = nil
+	}
+	e, err = s.Explain("team", "big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := e.Nodes[0]; v.Node != "a100" || v.Verdict != VerdictFits || len(v.GPUs) != 4 || v.Tier != string(v1alpha1.TierNVSwitch) || v.RingBandwidthGBps != 600 {
+		t.Errorf("best node %+v; want a100 fitting 4 NVSwitch GPUs at 600 GB/s", v)
+	}
+}
+
+func TestExplainBoundPodComparesPlanAndTruth(t *testing.T) {
+	s := cluster(t)
+	for _, tc := range []struct {
+		name, pod, truth, tier string
+	}{
+		{name: "plan without truth yet", pod: "quad", truth: TruthNotRecorded, tier: "nvlink"},
+		{name: "truth differs from plan", pod: "drifted", truth: TruthDrift, tier: "single-gpu"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, err := s.Explain("team", tc.pod)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e.Bound == nil || e.Bound.Truth != tc.truth || e.Bound.AchievedTier != tc.tier || !e.Bound.Met {
+				t.Errorf("bound view %+v; want truth %s, achieved tier %s, requirement met", e.Bound, tc.truth, tc.tier)
+			}
+		})
+	}
+}
+
+func TestNodeDetailShowsHoldersGroupsAndLinks(t *testing.T) {
+	d, err := cluster(t).NodeDetail("v100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := d.GPUList[4].Holders; !slices.Equal(got, []string{"team/drifted"}) {
+		t.Errorf("GPU 4 held by %v; want the drifted pod (truth over plan)", got)
+	}
+	if d.GPUList[5].Holders != nil {
+		t.Errorf("GPU 5 held by %v; its pod's truth is GPU 4", d.GPUList[5].Holders)
+	}
+	// DGX-1: PCIe switches {0,1},{2,3},{4,5},{6,7}.
+	var groups []int
+	for _, g := range d.GPUList {
+		groups = append(groups, g.PCIeGroup)
+	}
+	if want := []int{0, 0, 1, 1, 2, 2, 3, 3}; !slices.Equal(groups, want) {
+		t.Errorf("PCIe groups %v; want %v", groups, want)
+	}
+	if len(d.Links) != 28 {
+		t.Errorf("%d links; want 28 pairs", len(d.Links))
+	}
+	var out bytes.Buffer
+	if err := writeNode(&out, painter{}, d); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"NV2 100", "NV1 50", "SYS ", "team/drifted", "GPU7"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("node picture lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestColourOnlyWhenAsked(t *testing.T) {
+	for _, tc := range []struct {
+		color string
+		want  bool
+	}{
+		{"auto", false}, // a buffer is not a terminal
+		{"never", false},
+		{"always", true},
+	} {
+		t.Run(tc.color, func(t *testing.T) {
+			var out bytes.Buffer
+			o := &Options{Out: &out, Color: tc.color}
+			if got := o.painter().on; got != tc.want {
+				t.Errorf("colour %v; want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestTableAlignsColouredCells(t *testing.T) {
+	var out bytes.Buffer
+	p := painter{on: true}
+	tb := newTable(&out)
+	tb.Write([]byte("A\tB\n" + p.c(red, "x") + "\ty\nlonger\tz\n"))
+	if err := tb.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(ansi.ReplaceAllString(out.String(), ""), "\n")
+	for _, l := range lines[:3] {
+		if strings.Index(l, l[len(l)-1:]) != 8 {
+			t.Errorf("line %q: last column not at 8", l)
+		}
+	}
+}
+
+func TestCommandOutputsJSONAndRejectsBadFlags(t *testing.T) {
+	s := cluster(t)
+	run := func(args ...string) (string, error) {
+		var out, errOut bytes.Buffer
+		cmd := newCommand(&Options{Out: &out, ErrOut: &errOut, load: func(context.Context, *Options) (*Snapshot, error) { return s, nil }})
+		cmd.SetArgs(args)
+		err := cmd.ExecuteContext(context.Background())
+		return out.String(), err
+	}
+	out, err := run("pods", "-A", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []PodRow
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		t.Fatalf("pods -o json: %v\n%s", err, out)
+	}
+	if len(rows) != 2 || rows[0].Name != "quad" || !rows[1].Drift {
+		t.Errorf("pods: %+v; want quad then the drifted pod", rows)
+	}
+	for _, args := range [][]string{{"nodes", "-o", "wide"}, {"nodes", "--color", "sometimes"}, {"node", "nosuch"}, {"explain", "team/nosuch"}} {
+		if _, err := run(args...); err == nil {
+			t.Errorf("%v: no error", args)
+		}
+	}
+}
