@@ -16,7 +16,7 @@ export KUBEBUILDER_ASSETS := $(BIN)
 
 GENERATED := api/v1alpha1/zz_generated.deepcopy.go charts/gputopo/crds
 
-.PHONY: all build tools prometheus generate verify test test-unit test-integration test-security bench bench-scheduler demo clean help
+.PHONY: all build kubectl-gputopo tools kubectl prometheus generate verify test test-unit test-integration test-security bench bench-scheduler demo clean help
 
 all: build
 
@@ -26,8 +26,25 @@ help: ## List targets
 build: ## Build bin/gputopo
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/gputopo ./cmd/gputopo
 
+kubectl-gputopo: ## Build the kubectl plugin into bin/kubectl-gputopo (kubectl runs it as `kubectl gputopo` when bin/ is on PATH)
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/kubectl-gputopo ./cmd/kubectl-gputopo
+
 tools: ## Build the control-plane binaries into bin/ (about 15 minutes cold, cached)
 	bash hack/tools/build.sh
+
+# kubectl is built from the tools' pins in a scratch module (_out/kubectl-build)
+# whose go.sum may grow by kubectl's own modules: the tools' stamp stays as it
+# is. After `make tools` most of it is in the build cache (about a minute).
+kubectl: $(BIN)/kubectl ## Build kubectl into bin/ (the plugin-discovery test runs `kubectl gputopo` with it)
+
+$(BIN)/kubectl: hack/tools/go.mod hack/tools/go.sum
+	@mkdir -p _out/kubectl-build
+	cp hack/tools/go.mod hack/tools/go.sum _out/kubectl-build/
+	cd _out/kubectl-build && sed -i 's#^module .*#module kubectl-build#' go.mod && \
+	  kver=$$($(GO) list -m -f '{{.Version}}' k8s.io/kubernetes) && \
+	  CGO_ENABLED=0 GOFLAGS=-mod=mod $(GO) build -trimpath -o $(BIN)/kubectl \
+	    -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$$kver -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$$(echo $$kver | cut -d. -f2)" \
+	    k8s.io/kubernetes/cmd/kubectl
 
 prometheus: ## Install Debian's prometheus package if missing (the Prometheus telemetry test skips without it)
 	bash hack/tools/prometheus.sh
@@ -51,7 +68,7 @@ test: verify test-unit test-integration ## Every test tier
 test-unit: ## Unit tests (no API server)
 	$(GO) test -count=1 ./...
 
-test-integration: tools ## Integration and e2e tests on the real control plane
+test-integration: tools kubectl ## Integration and e2e tests on the real control plane
 	$(GO) test $(INTEGRATION_FLAGS) ./...
 
 # The security suite: attempts as a tenant, a client on the pod network and a
@@ -85,8 +102,8 @@ bench-scheduler: tools ## kube-scheduler throughput with and without the extende
 	cat _out/schedbench.md
 	$(GO) run ./test/schedbench/docsplice -doc docs/benchmarks.md schedbench=_out/schedbench.md
 
-demo: tools ## Run the whole system on a simulated mixed GPU cluster
-	$(GO) run -ldflags "$(LDFLAGS)" ./cmd/gputopo demo
+demo: tools kubectl-gputopo ## Run the whole system on a simulated mixed GPU cluster (DEMO_FLAGS=--keep keeps it up for kubectl gputopo)
+	$(GO) run -ldflags "$(LDFLAGS)" ./cmd/gputopo demo $(DEMO_FLAGS)
 
 clean: ## Remove build outputs except the cached control-plane binaries
-	rm -f $(BIN)/gputopo
+	rm -f $(BIN)/gputopo $(BIN)/kubectl-gputopo

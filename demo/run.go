@@ -81,6 +81,12 @@ type Options struct {
 	// OutDir receives placement.svg and the component logs.
 	OutDir string
 	Out    io.Writer
+	// Keep leaves the cluster running after the report, until ctx ends
+	// (Ctrl-C), for `kubectl gputopo` against it.
+	Keep bool
+	// AfterPlacement, when set, runs against the still-running cluster
+	// after the report, with an admin kubeconfig; its error is Run's.
+	AfterPlacement func(ctx context.Context, kubeconfig string) error
 }
 
 const demoNamespace = "ml-team"
@@ -246,7 +252,56 @@ func Run(ctx context.Context, o Options) (err error) {
 		return fmt.Errorf("write %s: %w", svgPath, err)
 	}
 	fmt.Fprintf(o.Out, "picture of every node's GPUs and links, coloured by pod: %s\n", svgPath)
+	kubeconfig, err := cp.Kubeconfig("gputopo-demo-admin", "system:masters")
+	if err != nil {
+		return err
+	}
+	printPluginCommands(o.Out, kubeconfig, example(o.Workloads, placed), o.Keep)
+	if o.AfterPlacement != nil {
+		if err := o.AfterPlacement(ctx, kubeconfig); err != nil {
+			return err
+		}
+	}
+	if o.Keep {
+		say("the cluster keeps running; press Ctrl-C to tear it down")
+		<-ctx.Done()
+	}
 	return nil
+}
+
+// example is the placed pod the printed commands show: the first
+// standalone one (its name is known in advance), else the first placed.
+func example(ws []Workload, placed []PodView) PodView {
+	for _, p := range placed {
+		for _, w := range ws {
+			if w.Bare && strings.HasPrefix(p.Name, w.Name+"-") {
+				return p
+			}
+		}
+	}
+	if len(placed) > 0 {
+		return placed[0]
+	}
+	return PodView{}
+}
+
+// printPluginCommands shows the kubectl gputopo commands to try against
+// the demo's cluster (make kubectl-gputopo builds the plugin into bin/).
+func printPluginCommands(w io.Writer, kubeconfig string, ex PodView, kept bool) {
+	fmt.Fprintf(w, "\nsee what gputopo sees with the kubectl plugin (make kubectl-gputopo; kubectl finds bin/kubectl-gputopo on PATH):\n\n")
+	fmt.Fprintf(w, "  export KUBECONFIG=%s PATH=$PWD/bin:$PATH\n", kubeconfig)
+	for _, c := range []string{
+		"kubectl gputopo nodes",
+		"kubectl gputopo node " + ex.Node,
+		"kubectl gputopo node " + ex.Node + " --svg node.svg",
+		"kubectl gputopo pods -n " + demoNamespace,
+		"kubectl gputopo explain -n " + demoNamespace + " " + ex.Name,
+	} {
+		fmt.Fprintf(w, "  %s\n", c)
+	}
+	if !kept {
+		fmt.Fprintf(w, "\n(run the demo with --keep to keep the cluster up for these until Ctrl-C)\n")
+	}
 }
 
 // goRun runs fn in the background; the returned channel yields its error.

@@ -18,8 +18,9 @@ from bin/ (make tools), the webhook, the extender and a node agent on
 simulated NVML per node of a mixed cluster (2x DGX A100, 2x DGX-1 V100,
 2x 8-GPU PCIe), submits model-parallel, data-parallel and single-GPU work,
 and prints each pod's GPUs against what count-only scheduling would have
-given. It writes a picture of every node to <out>/placement.svg and tears
-everything down on exit or Ctrl-C.`,
+given. It writes a picture of every node to <out>/placement.svg, prints the
+kubectl gputopo commands to try with the cluster's kubeconfig, and tears
+everything down on exit or Ctrl-C (with --keep, only on Ctrl-C).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opts.Out = cmd.OutOrStdout()
@@ -27,5 +28,6 @@ everything down on exit or Ctrl-C.`,
 		},
 	}
 	cmd.Flags().StringVar(&opts.OutDir, "out", opts.OutDir, "directory for placement.svg and component logs")
+	cmd.Flags().BoolVar(&opts.Keep, "keep", false, "keep the cluster running after the report, for kubectl gputopo, until Ctrl-C")
 	return cmd
 }
