@@ -491,22 +491,18 @@ func padCells(cells []string) string {
 // accepts what LoadMachine accepts.
 func LoadMachine(spec string) (Fixture, error) {
 	spec = strings.TrimSpace(spec)
-	if f, err := FixtureByName(spec); err == nil {
+	f, err := FixtureByName(spec)
+	if err == nil {
 		return f, nil
 	}
 	if !looksLikePath(spec) {
-		var names []string
-		for _, f := range Fixtures() {
-			names = append(names, f.Name)
-		}
-		return Fixture{}, fmt.Errorf("machine %q: not a built-in fixture (%s) and not a machine file (a path ending in .yaml, .yml or .json; `gputopo machine import` writes one)",
-			spec, strings.Join(names, ", "))
+		return Fixture{}, fmt.Errorf("%w; nor is it a machine file (a path ending in .yaml, .yml or .json; `gputopo machine import` writes one)", err)
 	}
 	data, err := os.ReadFile(spec)
 	if err != nil {
 		return Fixture{}, fmt.Errorf("machine file %s: %w", spec, err)
 	}
-	f, err := ParseMachine(data)
+	f, err = ParseMachine(data)
 	if err != nil {
 		return Fixture{}, fmt.Errorf("machine file %s: %w", spec, err)
 	}

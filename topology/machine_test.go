@@ -146,7 +146,7 @@ func TestLoadMachineTakesFixtureNamesAndFiles(t *testing.T) {
 		t.Error("IsMachineFile tells files from fixture names wrongly")
 	}
 	for spec, want := range map[string]string{
-		"dgx-9":                  "not a built-in fixture (dgx1-p100, dgx1-v100",
+		"dgx-9":                  `fixture "dgx-9": unknown; known fixtures are dgx1-p100`,
 		"missing.yaml":           "machine file missing.yaml",
 		filepath.Dir(path) + "/": "machine file",
 	} {
