@@ -61,7 +61,7 @@ type Options struct {
 // AddFlags binds the options to flags with their defaults.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "Name of this node (default $NODE_NAME, set from the downward API).")
-	fs.StringVar(&o.Simulate, "simulate", "", "Run against a simulated GPU node built from this topology fixture (e.g. dgx-a100) instead of the NVIDIA driver; empty uses NVML.")
+	fs.StringVar(&o.Simulate, "simulate", "", "Run against a simulated GPU node built from this machine, a topology fixture (e.g. dgx-a100) or a machine file (mybox.yaml), instead of the NVIDIA driver; empty uses NVML.")
 	fs.StringVar(&o.ResourceName, "resource-name", v1alpha1.ResourceGPU, "Extended resource served by the device plugin.")
 	fs.StringVar(&o.DevicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins", "kubelet's device plugin directory (holds kubelet.sock).")
 	fs.StringVar(&o.PodResourcesSocket, "pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet's PodResources API socket.")
@@ -84,7 +84,7 @@ func (o *Options) Validate() error {
 		errs = append(errs, field.Required(field.NewPath("node-name"), "set --node-name or $NODE_NAME (downward API spec.nodeName)"))
 	}
 	if o.Simulate != "" && o.Simulator == nil {
-		if _, err := topology.FixtureByName(o.Simulate); err != nil {
+		if _, err := topology.LoadMachine(o.Simulate); err != nil {
 			errs = append(errs, field.Invalid(field.NewPath("simulate"), o.Simulate, err.Error()))
 		}
 	}
@@ -134,7 +134,7 @@ func Run(ctx context.Context, restCfg *rest.Config, o Options) error {
 	case o.Simulator != nil:
 		lib = o.Simulator.NVML()
 	case o.Simulate != "":
-		f, _ := topology.FixtureByName(o.Simulate)
+		f, _ := topology.LoadMachine(o.Simulate)
 		lib = NewSimulator(f, o.NodeName).NVML()
 	default:
 		lib = nvml.New()

@@ -29,12 +29,14 @@ type SimTelemetry struct {
 	ThrottleReasons uint64
 }
 
-// Simulator is a GPU node built from a topology fixture behind go-nvml's
-// mock.Interface: every NVML answer the discovery code asks for (devices,
-// common PCIe ancestors, NVLink state and remote ends, NVSwitches, P2P,
-// fabric clique, telemetry, XID events) comes from the fixture, so the
-// simulated agent runs the real NVML code path. It never loads
-// libnvidia-ml.so.
+// Simulator is a GPU node built from a machine description (a built-in
+// topology fixture or a machine file, see topology.LoadMachine) behind
+// go-nvml's mock.Interface: every NVML answer the discovery code asks for
+// (devices, common PCIe ancestors, NVLink state and remote ends, NVSwitches,
+// P2P, fabric clique, telemetry, XID events) comes from the machine, its
+// explicit per-pair PCIe levels, NUMA nodes and PCI bus IDs included, so the
+// simulated agent runs the real NVML code path on the user's machine shape.
+// It never loads libnvidia-ml.so.
 //
 // go-nvml's ready-made machines (mock/dgxa100, ...) are not used: they
 // cover four of the fixtures, draw random UUIDs and leave the topology and
@@ -75,9 +77,10 @@ type heatScript struct {
 	perRead, max uint32
 }
 
-// NewSimulator builds the simulated NVML of node nodeName from fixture. UUIDs
-// and PCI bus IDs are the fixture's (topology.FixtureUUID), so the extender
-// and tests can name GPUs without asking the node. Idle GPUs read 30 °C, 0%
+// NewSimulator builds the simulated NVML of node nodeName from fixture (any
+// machine: topology.LoadMachine's answer). UUIDs are derived from the node
+// name (topology.FixtureUUID) and PCI bus IDs are the machine's, so the
+// extender and tests can name GPUs without asking the node. Idle GPUs read 30 °C, 0%
 // and 60 W with a small deterministic jitter, as real idle GPUs do.
 func NewSimulator(fixture topology.Fixture, nodeName string) *Simulator {
 	gpus, _ := fixture.Parts(nodeName)
@@ -128,7 +131,7 @@ func (s *Simulator) UUIDs() []string {
 
 func (s *Simulator) checkIndex(i int) error {
 	if i < 0 || i >= len(s.gpus) {
-		return fmt.Errorf("gpu index %d: out of range; fixture %s has GPUs 0..%d", i, s.fixture.Name, len(s.gpus)-1)
+		return fmt.Errorf("gpu index %d: out of range; machine %s has GPUs 0..%d", i, s.fixture.Name, len(s.gpus)-1)
 	}
 	return nil
 }

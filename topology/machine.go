@@ -284,6 +284,12 @@ func (f Fixture) Validate() error {
 	return nil
 }
 
+// ValidateMachineName checks a machine's name: a DNS label of at most 50
+// characters, since simulated nodes are named <name>-<i>.
+func ValidateMachineName(name string) error {
+	return validateMachineName(name, field.NewPath("name")).ToAggregate()
+}
+
 func validateMachineName(name string, p *field.Path) field.ErrorList {
 	if name == "" {
 		return field.ErrorList{field.Required(p, "a name for the machine, e.g. dgx-a100-lab; simulated nodes are named <name>-<i>")}
