@@ -297,7 +297,11 @@ func writeExplanation(w io.Writer, p painter, e *Explanation) error {
 	if b := e.Bound; b != nil {
 		fmt.Fprintf(w, "bound to node %s\n", b.Node)
 		if pl := b.Placement; pl != nil {
-			fmt.Fprintf(w, "planned:   GPUs %s, tier %s, ring %d GB/s, min pair %d GB/s, score %d\n", ints(pl.GPUIndices), p.c(tierColour(string(pl.Tier)), string(pl.Tier)), pl.RingBandwidthGBps, pl.MinPairBandwidthGBps, pl.Score)
+			bw := ""
+			if len(pl.GPUIndices) > 1 {
+				bw = fmt.Sprintf(", ring %d GB/s, min pair %d GB/s", pl.RingBandwidthGBps, pl.MinPairBandwidthGBps)
+			}
+			fmt.Fprintf(w, "planned:   GPUs %s on node %s, tier %s%s, strategy %s, score %d\n", ints(pl.GPUIndices), pl.Node, p.c(tierColour(string(pl.Tier)), string(pl.Tier)), bw, pl.Strategy, pl.Score)
 		}
 		fmt.Fprintf(w, "assigned:  %s\n", dash(strings.Join(b.Assigned, ",")))
 		fmt.Fprintf(w, "allocated: %s\n", dash(strings.Join(b.Allocated, ",")))

@@ -1,0 +1,309 @@
+//go:build integration
+
+package kubectl
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/demo"
+	"github.com/gputopo/gputopo/extender"
+	"github.com/gputopo/gputopo/internal/localcluster"
+	"github.com/gputopo/gputopo/kubectlplugin"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+const ns = "ml-team"
+
+// One node per machine and every workload pinned to its machine: with one
+// candidate node per pod, kube-scheduler's random choice among equal
+// scores cannot change the picture, so the outputs are stable enough for
+// golden files.
+var (
+	cluster = []demo.NodeSpec{
+		{Name: "dgx-a100-1", Fixture: "dgx-a100"},
+		{Name: "dgx1-v100-1", Fixture: "dgx1-v100"},
+		{Name: "pcie-l40s-1", Fixture: "pcie-8x"},
+	}
+	workloads = []demo.Workload{
+		{Name: "llm-finetune", Intent: v1alpha1.ParallelismModel, Pods: 1, GPUs: 4, Machine: "dgx-a100"},
+		{Name: "llm-pretrain", Intent: v1alpha1.ParallelismModel, Pods: 1, GPUs: 4, Machine: "dgx1-v100"},
+		{Name: "notebook", Pods: 2, GPUs: 1, Bare: true, Machine: "dgx1-v100"},
+		{Name: "resnet", Intent: v1alpha1.ParallelismData, Pods: 2, GPUs: 2, Machine: "pcie-8x"},
+	}
+)
+
+// unsatisfiable asks every node for more bandwidth per GPU pair than any
+// machine has: each node fails gputopo's filter with its own reason.
+const unsatisfiable = `{"requireNVLink":true,"minPairBandwidthGBps":5000,"strategy":"highest_bandwidth"}`
+
+func TestKubectlGputopoOnTheDemoCluster(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	ran := false
+	err := demo.Run(ctx, demo.Options{
+		Cluster: cluster, Workloads: workloads, OutDir: t.TempDir(), Out: &out,
+		AfterPlacement: func(ctx context.Context, kubeconfig string) error {
+			ran = true
+			checkPlugin(ctx, t, kubeconfig)
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatalf("demo: %v\n%s", err, out.String())
+	}
+	if !ran {
+		t.Fatal("the demo never reached its placements")
+	}
+	for _, want := range []string{"kubectl gputopo nodes", "export KUBECONFIG="} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the demo's report does not print %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func checkPlugin(ctx context.Context, t *testing.T, kubeconfig string) {
+	cs := clientset(t, kubeconfig)
+	pending := createUnsatisfiable(ctx, t, cs)
+	event := waitFailedScheduling(ctx, t, cs, pending)
+
+	goldens := []struct {
+		name string
+		args []string
+	}{
+		{"nodes.txt", []string{"nodes"}},
+		{"nodes.json", []string{"nodes", "-o", "json"}},
+		{"node-dgx1-v100-1.txt", []string{"node", "dgx1-v100-1"}},
+		{"node-dgx-a100-1.json", []string{"node", "dgx-a100-1", "-o", "json"}},
+		{"pods.txt", []string{"pods", "-n", ns}},
+		{"pods.json", []string{"pods", "-A", "-o", "json"}},
+		{"explain-bound.txt", []string{"explain", "-n", ns, "notebook-0"}},
+		{"explain-bound.json", []string{"explain", "-n", ns, "notebook-0", "-o", "json"}},
+		{"explain-pending.txt", []string{"explain", "-n", ns, pending.Name}},
+		{"explain-pending.yaml", []string{"explain", ns + "/" + pending.Name, "-o", "yaml"}},
+	}
+	for _, g := range goldens {
+		t.Run(g.name, func(t *testing.T) {
+			got := plugin(ctx, t, kubeconfig, g.args...)
+			golden(t, g.name, normalize(got))
+		})
+	}
+
+	t.Run("explain names the reasons of the FailedScheduling event", func(t *testing.T) {
+		var e kubectlplugin.Explanation
+		if err := json.Unmarshal([]byte(plugin(ctx, t, kubeconfig, "explain", "-n", ns, pending.Name, "-o", "json")), &e); err != nil {
+			t.Fatal(err)
+		}
+		rest := event
+		asked := 0
+		for _, v := range e.Nodes {
+			if v.Scheduler != "" {
+				continue // kube-scheduler's own filters left it out; the extender never saw it
+			}
+			asked++
+			if v.Verdict == kubectlplugin.VerdictFits || !strings.HasPrefix(v.Reason, extender.ReasonPrefix) {
+				t.Errorf("node %s: verdict %s reason %q; want a gputopo reason", v.Node, v.Verdict, v.Reason)
+				continue
+			}
+			if !strings.Contains(event, v.Reason) {
+				t.Errorf("node %s: explain says %q; the FailedScheduling event does not:\n%s", v.Node, v.Reason, event)
+			}
+			rest = strings.ReplaceAll(rest, v.Reason, "")
+		}
+		if asked != len(cluster) {
+			t.Errorf("explain says %d nodes reach gputopo's filter; want all %d", asked, len(cluster))
+		}
+		if strings.Contains(rest, extender.ReasonPrefix) {
+			t.Errorf("the FailedScheduling event has gputopo reasons explain does not name:\n%s", rest)
+		}
+	})
+
+	t.Run("node --svg draws the demo's picture", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "node.svg")
+		plugin(ctx, t, kubeconfig, "node", "dgx1-v100-1", "--svg", path)
+		b, err := os.ReadFile(path)
+		if err != nil || !bytes.HasPrefix(b, []byte("<svg")) || !bytes.Contains(b, []byte(ns+"/notebook-0")) {
+			t.Errorf("%s is not the node's picture with its pods: %v\n%.300s", path, err, b)
+		}
+	})
+
+	t.Run("kubectl finds the plugin on PATH", func(t *testing.T) {
+		kubectl := kubectlBinary(t)
+		dir := t.TempDir()
+		build := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(dir, "kubectl-gputopo"), "./cmd/kubectl-gputopo")
+		build.Dir = localcluster.RepoRoot()
+		if b, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("build the plugin: %v\n%s", err, b)
+		}
+		env := append(os.Environ(), "PATH="+dir+string(os.PathListSeparator)+os.Getenv("PATH"), "KUBECONFIG="+kubeconfig)
+		run := func(args ...string) string {
+			cmd := exec.CommandContext(ctx, kubectl, args...)
+			cmd.Env = env
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			if err := cmd.Run(); err != nil {
+				t.Fatalf("kubectl %s: %v\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
+			}
+			return stdout.String()
+		}
+		if list := run("plugin", "list"); !strings.Contains(list, filepath.Join(dir, "kubectl-gputopo")) {
+			t.Errorf("kubectl plugin list does not list %s:\n%s", dir, list)
+		}
+		got := normalize(run("gputopo", "nodes"))
+		want := normalize(plugin(ctx, t, kubeconfig, "nodes"))
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("kubectl gputopo nodes differs from the plugin run directly (-direct +kubectl):\n%s", diff)
+		}
+		// The bind Event, as kubectl describe shows it.
+		if d := run("describe", "pod", "-n", ns, "notebook-0"); !strings.Contains(d, extender.ReasonGPUsBound) || !strings.Contains(d, "node dgx1-v100-1: GPUs ") {
+			t.Errorf("kubectl describe pod notebook-0 shows no %s event naming its GPUs:\n%s", extender.ReasonGPUsBound, d)
+		}
+	})
+}
+
+// plugin runs kubectl-gputopo in-process with the kubeconfig.
+func plugin(ctx context.Context, t *testing.T, kubeconfig string, args ...string) string {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	cmd := kubectlplugin.NewCommand(&out, &errOut)
+	cmd.SetArgs(append(args, "--kubeconfig", kubeconfig))
+	if err := cmd.ExecuteContext(ctx); err != nil {
+		t.Fatalf("kubectl gputopo %s: %v\n%s", strings.Join(args, " "), err, errOut.String())
+	}
+	return out.String()
+}
+
+func clientset(t *testing.T, kubeconfig string) kubernetes.Interface {
+	t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+func createUnsatisfiable(ctx context.Context, t *testing.T, cs kubernetes.Interface) *corev1.Pod {
+	t.Helper()
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "too-fast", Annotations: map[string]string{v1alpha1.AnnotationRequirement: unsatisfiable}},
+		Spec:       localcluster.GPUPodSpec(2),
+	}
+	p, err := cs.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create the unsatisfiable pod: %v", err)
+	}
+	if p.Spec.SchedulerName != v1alpha1.DefaultSchedulerName {
+		t.Fatalf("the webhook did not route %s to %s (schedulerName %q)", p.Name, v1alpha1.DefaultSchedulerName, p.Spec.SchedulerName)
+	}
+	return p
+}
+
+// waitFailedScheduling returns the message of the pod's FailedScheduling
+// event once kube-scheduler has asked the extender.
+func waitFailedScheduling(ctx context.Context, t *testing.T, cs kubernetes.Interface, p *corev1.Pod) string {
+	t.Helper()
+	sel := fields.Set{"involvedObject.name": p.Name, "involvedObject.uid": string(p.UID), "reason": "FailedScheduling"}.AsSelector().String()
+	var msg string
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		evs, err := cs.CoreV1().Events(p.Namespace).List(ctx, metav1.ListOptions{FieldSelector: sel})
+		if err != nil {
+			return false, err
+		}
+		for _, e := range evs.Items {
+			if strings.Contains(e.Message, extender.ReasonPrefix) {
+				msg = e.Message
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("no FailedScheduling event with gputopo's reasons for %s: %v", p.Name, err)
+	}
+	return msg
+}
+
+// kubectlBinary is bin/kubectl (make kubectl), else kubectl on PATH.
+func kubectlBinary(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(localcluster.BinDir(), "kubectl")
+	if _, err := os.Stat(p); err == nil {
+		return p
+	}
+	p, err := exec.LookPath("kubectl")
+	if errors.Is(err, exec.ErrNotFound) {
+		t.Skip("no kubectl in bin/ or on PATH: run make kubectl")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+var normalizers = []struct {
+	re   *regexp.Regexp
+	with string
+}{
+	// Job pods' generated name suffixes.
+	{regexp.MustCompile(`\b((?:llm-finetune|llm-pretrain|resnet)-)[a-z0-9]{5}\b`), "${1}xxxxx"},
+	// Times and ages: the last column of the nodes table, "observed ... ago",
+	// and the JSON fields.
+	{regexp.MustCompile(`(?m)(fresh|stale[^\n]*\))( +)\S+$`), "${1}${2}AGE"},
+	{regexp.MustCompile(`observed \S+ ago`), "observed AGE ago"},
+	{regexp.MustCompile(`("observedTime": |observedTime: )"?[0-9TZ:.-]+"?`), "${1}TIME"},
+	{regexp.MustCompile(`("ageSeconds": |ageSeconds: )\d+`), "${1}0"},
+	// Scores follow telemetry and the scoring weights; the tests of the
+	// extender pin them, these files pin the picture.
+	{regexp.MustCompile(`("score": |score: |score )\d+`), "${1}N"},
+}
+
+func normalize(s string) string {
+	for _, n := range normalizers {
+		s = n.re.ReplaceAllString(s, n.with)
+	}
+	return s
+}
+
+// golden compares got with testdata/name; -update rewrites it.
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to write it)", err)
+	}
+	if diff := cmp.Diff(string(want), got); diff != "" {
+		t.Errorf("%s differs (-want +got); if the change is intended, rerun with -update:\n%s", name, diff)
+	}
+}
