@@ -83,7 +83,9 @@ func newExtenderCommand() *cobra.Command {
 
 func newNodeAgentCommand() *cobra.Command {
 	var opts nodeagent.Options
-	return component("nodeagent", "Discover GPUs with NVML, publish NodeGPUTopology, and serve the kubelet device plugin",
+	cmd := component("nodeagent", "Discover GPUs with NVML, publish NodeGPUTopology, and serve the kubelet device plugin",
 		opts.AddFlags, func() error { return opts.Validate() },
 		func(ctx context.Context, rc *rest.Config) error { return nodeagent.Run(ctx, rc, opts) })
+	cmd.AddCommand(newNodeAgentDumpCommand())
+	return cmd
 }
