@@ -2,6 +2,7 @@ package simulator
 
 import (
 	"bufio"
+	"encoding/csv"
 	"fmt"
 	"io"
 	"math"
@@ -137,8 +138,8 @@ func esc(s string) string {
 // policy, job, start_s, gpus, parallelism, node, fixture, indices, tier,
 // ring_gbps. It is the evidence behind the table: where each job ran.
 func WritePlacements(w io.Writer, results []Result) error {
-	b := bufio.NewWriter(w)
-	fmt.Fprintln(b, "policy,job,start_s,gpus,parallelism,node,fixture,indices,tier,ring_gbps")
+	b := csv.NewWriter(w)
+	_ = b.Write(strings.Split("policy,job,start_s,gpus,parallelism,node,fixture,indices,tier,ring_gbps", ","))
 	for _, r := range results {
 		for _, p := range r.Placed {
 			par := string(p.Job.Parallelism)
@@ -149,9 +150,13 @@ func WritePlacements(w io.Writer, results []Result) error {
 			for i, g := range p.GPUs {
 				idx[i] = strconv.Itoa(g)
 			}
-			fmt.Fprintf(b, "%s,%s,%s,%d,%s,%s,%s,%s,%s,%d\n", r.Policy, p.Job.ID, strconv.FormatFloat(p.Start.Seconds(), 'f', -1, 64),
-				p.Job.GPUs, par, p.Node, p.Fixture, strings.Join(idx, " "), p.Tier, p.RingGBps)
+			_ = b.Write([]string{r.Policy, p.Job.ID, strconv.FormatFloat(p.Start.Seconds(), 'f', -1, 64),
+				strconv.Itoa(p.Job.GPUs), par, p.Node, p.Fixture, strings.Join(idx, " "), string(p.Tier), strconv.Itoa(p.RingGBps)})
 		}
 	}
-	return b.Flush()
+	b.Flush() // a write error sticks and is returned here
+	if err := b.Error(); err != nil {
+		return fmt.Errorf("write placements: %w", err)
+	}
+	return nil
 }

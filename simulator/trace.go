@@ -3,6 +3,7 @@ package simulator
 import (
 	"bufio"
 	"embed"
+	"encoding/csv"
 	"fmt"
 	"io"
 	"math"
@@ -86,42 +87,47 @@ func LoadTrace(src string) (Trace, error) {
 
 var bundledClusters = map[string]string{"mixed": ClusterMixed, "fragment": ClusterDGX1}
 
-// ParseTrace reads the CSV trace format: the header line TraceHeader, then
-// one job per line; blank lines and lines starting with '#' are ignored.
-// Times are seconds (decimals allowed); parallelism is model, data or
-// none. Jobs are returned ordered by arrival, ties by file order.
+// ParseTrace reads the CSV trace format (RFC 4180, through encoding/csv):
+// the header line TraceHeader, then one job per line; blank lines and lines
+// starting with '#' are ignored. A field may be quoted, so a job ID may hold
+// commas, quotes or line breaks. Times are seconds (decimals allowed);
+// parallelism is model, data or none. Jobs are returned ordered by
+// arrival, ties by file order.
 func ParseTrace(r io.Reader) ([]Job, error) {
-	sc := bufio.NewScanner(r)
+	cr := csv.NewReader(r)
+	cr.Comment = '#'
+	cr.FieldsPerRecord = -1 // counted here, for an error naming the line
+	cr.TrimLeadingSpace = true
 	var jobs []Job
 	seen := map[string]int{}
 	header := false
-	line := 0
-	for sc.Scan() {
-		line++
-		text := strings.TrimSpace(sc.Text())
-		if text == "" || strings.HasPrefix(text, "#") {
-			continue
+	for {
+		f, err := cr.Read()
+		if err == io.EOF {
+			break
 		}
+		if err != nil {
+			return nil, fmt.Errorf("read: %w", err)
+		}
+		line, _ := cr.FieldPos(0)
 		if !header {
-			if text != TraceHeader {
-				return nil, fmt.Errorf("line %d: header is %q, want %q", line, text, TraceHeader)
+			if got := strings.Join(trimAll(f), ","); got != TraceHeader {
+				return nil, fmt.Errorf("line %d: header is %q, want %q", line, got, TraceHeader)
 			}
 			header = true
 			continue
 		}
-		f := strings.Split(text, ",")
 		if len(f) != 5 {
 			return nil, fmt.Errorf("line %d: %d fields, want 5 (%s)", line, len(f), TraceHeader)
 		}
-		j := Job{ID: strings.TrimSpace(f[0])}
-		if j.ID == "" {
+		j := Job{ID: f[0]}
+		if strings.TrimSpace(j.ID) == "" {
 			return nil, fmt.Errorf("line %d: id: empty", line)
 		}
 		if prev, dup := seen[j.ID]; dup {
 			return nil, fmt.Errorf("line %d: id %q already used on line %d", line, j.ID, prev)
 		}
 		seen[j.ID] = line
-		var err error
 		if j.Arrival, err = seconds(f[1]); err != nil {
 			return nil, fmt.Errorf("line %d: arrival_s: %w", line, err)
 		}
@@ -143,9 +149,6 @@ func ParseTrace(r io.Reader) ([]Job, error) {
 		}
 		jobs = append(jobs, j)
 	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read: %w", err)
-	}
 	if !header {
 		return nil, fmt.Errorf("empty trace: want the header %q and at least one job", TraceHeader)
 	}
@@ -154,6 +157,14 @@ func ParseTrace(r io.Reader) ([]Job, error) {
 	}
 	sort.SliceStable(jobs, func(a, b int) bool { return jobs[a].Arrival < jobs[b].Arrival })
 	return jobs, nil
+}
+
+func trimAll(f []string) []string {
+	out := make([]string, len(f))
+	for i, s := range f {
+		out[i] = strings.TrimSpace(s)
+	}
+	return out
 }
 
 func seconds(s string) (time.Duration, error) {
@@ -165,20 +176,40 @@ func seconds(s string) (time.Duration, error) {
 }
 
 // WriteTrace writes jobs in the format ParseTrace reads, with comment
-// lines first.
+// lines first; encoding/csv quotes what needs quoting. An ID that could
+// not be read back is an error naming the job: an empty one, or one that
+// starts with '#' (the line would read as a comment).
 func WriteTrace(w io.Writer, comments []string, jobs []Job) error {
 	bw := bufio.NewWriter(w)
 	for _, c := range comments {
-		fmt.Fprintf(bw, "# %s\n", c)
+		for _, l := range strings.Split(c, "\n") {
+			fmt.Fprintf(bw, "# %s\n", strings.TrimRight(l, "\r"))
+		}
 	}
-	fmt.Fprintln(bw, TraceHeader)
-	for _, j := range jobs {
+	cw := csv.NewWriter(bw)
+	if err := cw.Write(strings.Split(TraceHeader, ",")); err != nil {
+		return fmt.Errorf("write trace: %w", err)
+	}
+	for i, j := range jobs {
+		switch {
+		case strings.TrimSpace(j.ID) == "":
+			return fmt.Errorf("write trace: job %d: id: empty; give every job an ID", i)
+		case strings.HasPrefix(j.ID, "#"):
+			return fmt.Errorf("write trace: job %d: id %q starts with '#', which reads as a comment line; rename the job", i, j.ID)
+		}
 		p := string(j.Parallelism)
 		if p == "" {
 			p = "none"
 		}
-		fmt.Fprintf(bw, "%s,%s,%s,%d,%s\n", j.ID, strconv.FormatFloat(j.Arrival.Seconds(), 'f', -1, 64),
-			strconv.FormatFloat(j.Duration.Seconds(), 'f', -1, 64), j.GPUs, p)
+		rec := []string{j.ID, strconv.FormatFloat(j.Arrival.Seconds(), 'f', -1, 64),
+			strconv.FormatFloat(j.Duration.Seconds(), 'f', -1, 64), strconv.Itoa(j.GPUs), p}
+		if err := cw.Write(rec); err != nil {
+			return fmt.Errorf("write trace: job %q: %w", j.ID, err)
+		}
+	}
+	cw.Flush()
+	if err := cw.Error(); err != nil {
+		return fmt.Errorf("write trace: %w", err)
 	}
 	return bw.Flush()
 }

@@ -2,6 +2,8 @@ package simulator
 
 import (
 	"bytes"
+	"encoding/csv"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +26,9 @@ func TestParseTraceRejectsBadInputNamingTheField(t *testing.T) {
 		{"zero duration", TraceHeader + "\na,0,0,1,data\n", "duration_s: must be > 0"},
 		{"too many gpus", TraceHeader + "\na,0,1,65,data\n", "gpus"},
 		{"unknown parallelism", TraceHeader + "\na,0,1,1,pipeline\n", `parallelism: "pipeline" must be model, data or none`},
+		{"unterminated quote", TraceHeader + "\n\"a,0,1,1,data\n", "line 2"},
+		{"bare quote in a field", TraceHeader + "\na\"b,0,1,1,data\n", "line 2"},
+		{"empty quoted id", TraceHeader + "\n\"\",0,1,1,data\n", "line 2: id: empty"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -52,6 +57,55 @@ func TestTraceRoundTripsAndSortsByArrival(t *testing.T) {
 	again := mustJobs(t, buf.String())
 	if diff := cmp.Diff(jobs, again); diff != "" {
 		t.Errorf("round trip (-want +got):\n%s", diff)
+	}
+}
+
+// IDs with the characters the old hand-written CSV broke on (commas,
+// quotes, line breaks, leading spaces) survive a write and a read; an ID
+// that would read back as a comment or as nothing is refused by name.
+func TestTraceRoundTripsAwkwardIDs(t *testing.T) {
+	ids := []string{
+		"team-a,job 1",
+		`say "hi"`,
+		"two\nlines",
+		"  leading spaces",
+		"trailing space ",
+		"a#b",
+		"ünïcode/θ",
+		"crlf\r\ninside",
+		`"quoted"`,
+	}
+	var jobs []Job
+	for i, id := range ids {
+		jobs = append(jobs, Job{ID: id, Arrival: time.Duration(i) * time.Second, Duration: time.Minute, GPUs: 1 + i%8, Parallelism: v1alpha1.ParallelismData})
+	}
+	var buf bytes.Buffer
+	if err := WriteTrace(&buf, []string{"awkward ids", "two\nline comment"}, jobs); err != nil {
+		t.Fatal(err)
+	}
+	again, err := ParseTrace(&buf)
+	if err != nil {
+		t.Fatalf("read back: %v\n%s", err, buf.String())
+	}
+	// encoding/csv reads a quoted \r\n as \n.
+	want := slices.Clone(jobs)
+	for i := range want {
+		want[i].ID = strings.ReplaceAll(want[i].ID, "\r\n", "\n")
+	}
+	if diff := cmp.Diff(want, again); diff != "" {
+		t.Errorf("round trip (-want +got):\n%s", diff)
+	}
+
+	for _, tc := range []struct{ name, id, want string }{
+		{"comment-like id", "#1", `id "#1" starts with '#'`},
+		{"empty id", "", "id: empty"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := WriteTrace(&bytes.Buffer{}, nil, []Job{{ID: tc.id, Duration: time.Second, GPUs: 1}})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want one containing %q", err, tc.want)
+			}
+		})
 	}
 }
 
@@ -147,5 +201,31 @@ func TestParseClusterErrors(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"pcie-8x-0", "pcie-8x-1", "dgx2-0"}, names); diff != "" {
 		t.Errorf("node names (-want +got):\n%s", diff)
+	}
+}
+
+// placements.csv quotes a job ID with a comma or a quote, so that every
+// row reads back with its ten fields.
+func TestPlacementsQuoteAwkwardJobIDs(t *testing.T) {
+	ids := []string{"team-a,job 1", `say "hi"`}
+	res := Result{Policy: "gputopo"}
+	for _, id := range ids {
+		res.Placed = append(res.Placed, Placed{Job: Job{ID: id, GPUs: 2}, Node: "n,1", Fixture: "dgx-a100", GPUs: []int{0, 1}, Tier: v1alpha1.TierNVSwitch, RingGBps: 600})
+	}
+	var buf bytes.Buffer
+	if err := WritePlacements(&buf, []Result{res}); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := csv.NewReader(&buf).ReadAll()
+	if err != nil {
+		t.Fatalf("read placements back: %v", err)
+	}
+	if len(rows) != 1+len(ids) {
+		t.Fatalf("%d rows; want a header and %d jobs", len(rows), len(ids))
+	}
+	for i, id := range ids {
+		if got := rows[i+1]; got[1] != id || got[5] != "n,1" || got[7] != "0 1" {
+			t.Errorf("row %d = %q; want job %q on node n,1 with GPUs 0 1", i+1, got, id)
+		}
 	}
 }
