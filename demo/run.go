@@ -33,7 +33,9 @@ import (
 
 // NodeSpec is one simulated node of the demo cluster.
 type NodeSpec struct {
-	Name    string
+	Name string
+	// Fixture is the node's machine: a built-in fixture name or the path
+	// of a machine file (topology.LoadMachine).
 	Fixture string
 }
 
@@ -56,13 +58,82 @@ type Workload struct {
 	Pods   int
 	GPUs   int
 	Bare   bool
-	// Machine, when set, pins the pods to nodes of that fixture, as a team
-	// pins work to its own pool of machines.
+	// Machine, when set, pins the pods to nodes of that machine (its name),
+	// as a team pins work to its own pool of machines.
 	Machine string
 }
 
-// labelMachine is the node label the demo sets to the node's fixture.
+// labelMachine is the node label the demo sets to the node's machine name.
 const labelMachine = "demo.gputopo.io/machine"
+
+// ParseMachines reads --machines: "machine=count,..." where a machine is a
+// built-in fixture name or a machine file, e.g. "mybox.yaml=2,dgx-a100=2".
+// Nodes are named "<machine name>-<i>" from 1, as in DefaultCluster.
+func ParseMachines(spec string) ([]NodeSpec, error) {
+	spec = strings.TrimSpace(spec)
+	if spec == "" {
+		return nil, fmt.Errorf("--machines: empty; give machine=count pairs, e.g. mybox.yaml=2,dgx-a100=2")
+	}
+	var out []NodeSpec
+	seen := map[string]string{}
+	for _, part := range strings.Split(spec, ",") {
+		machine, count, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if !ok {
+			return nil, fmt.Errorf("--machines: entry %q: want machine=count, e.g. mybox.yaml=2 or dgx-a100=2", part)
+		}
+		n, err := strconv.Atoi(count)
+		if err != nil || n < 1 || n > 50 {
+			return nil, fmt.Errorf("--machines: entry %q: count must be an integer 1..50 (every node runs its own agent)", part)
+		}
+		f, err := topology.LoadMachine(machine)
+		if err != nil {
+			return nil, fmt.Errorf("--machines: entry %q: %w", part, err)
+		}
+		if prev, dup := seen[f.Name]; dup {
+			return nil, fmt.Errorf("--machines: entries %q and %q are both machine %q; node names would clash (sum the counts, or rename one machine file)", prev, machine, f.Name)
+		}
+		seen[f.Name] = machine
+		for i := 1; i <= n; i++ {
+			out = append(out, NodeSpec{Name: fmt.Sprintf("%s-%d", f.Name, i), Fixture: machine})
+		}
+	}
+	return out, nil
+}
+
+// WorkloadsFor adapts DefaultWorkloads to a cluster: a pin to a machine the
+// cluster lacks is dropped, a job larger than the largest node shrinks to
+// it, and each workload keeps only as many pods as the GPUs the earlier
+// ones left allow (a workload with none left is dropped). On
+// DefaultCluster it returns DefaultWorkloads.
+func WorkloadsFor(cluster []NodeSpec) ([]Workload, error) {
+	machines := map[string]int{} // machine name -> GPUs
+	largest, total := 0, 0
+	for _, s := range cluster {
+		f, err := topology.LoadMachine(s.Fixture)
+		if err != nil {
+			return nil, fmt.Errorf("node %s: %w", s.Name, err)
+		}
+		machines[f.Name] = f.GPUs
+		largest, total = max(largest, f.GPUs), total+f.GPUs
+	}
+	out := make([]Workload, 0, len(DefaultWorkloads))
+	used := 0
+	for _, w := range DefaultWorkloads {
+		if _, ok := machines[w.Machine]; !ok {
+			w.Machine = ""
+		}
+		w.GPUs = min(w.GPUs, largest)
+		if w.GPUs > 0 {
+			w.Pods = min(w.Pods, (total-used)/w.GPUs)
+		}
+		if w.Pods < 1 || w.GPUs < 1 {
+			continue
+		}
+		used += w.Pods * w.GPUs
+		out = append(out, w)
+	}
+	return out, nil
+}
 
 // DefaultWorkloads fill most of the cluster: model-parallel jobs that need
 // NVLink, data-parallel jobs, and single-GPU notebooks that must not break
@@ -100,7 +171,11 @@ func Run(ctx context.Context, o Options) (err error) {
 		o.Cluster = DefaultCluster
 	}
 	if len(o.Workloads) == 0 {
-		o.Workloads = DefaultWorkloads
+		w, err := WorkloadsFor(o.Cluster)
+		if err != nil {
+			return err
+		}
+		o.Workloads = w
 	}
 	if o.Out == nil {
 		o.Out = os.Stdout
@@ -357,11 +432,11 @@ func startWebhook(ctx context.Context, cp *localcluster.ControlPlane, stops *[]f
 func startNodes(ctx context.Context, c client.Client, specs []NodeSpec, stops *[]func()) ([]NodeView, error) {
 	views := make([]NodeView, 0, len(specs))
 	for _, s := range specs {
-		f, err := topology.FixtureByName(s.Fixture)
+		f, err := topology.LoadMachine(s.Fixture)
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", s.Name, err)
 		}
-		if _, err := localcluster.CreateGPUNode(ctx, c, s.Name, f.GPUs, map[string]string{"nvidia.com/gpu.present": "true", labelMachine: s.Fixture}); err != nil {
+		if _, err := localcluster.CreateGPUNode(ctx, c, s.Name, f.GPUs, map[string]string{"nvidia.com/gpu.present": "true", labelMachine: f.Name}); err != nil {
 			return nil, err
 		}
 		sim := nodeagent.NewSimulator(f, s.Name)
@@ -370,7 +445,7 @@ func startNodes(ctx context.Context, c client.Client, specs []NodeSpec, stops *[
 		pub := nodeagent.NewPublisher(c, src, nodeagent.PublisherOptions{NodeName: s.Name}, nil, logger)
 		goRun(ctx, stops, pub.Run)
 		*stops = append(*stops, src.Close)
-		views = append(views, NodeView{Name: s.Name, Fixture: s.Fixture})
+		views = append(views, NodeView{Name: s.Name, Fixture: f.Name})
 	}
 	// The extender places on what the agents published: wait for it, and
 	// draw the same graphs.

@@ -10,6 +10,7 @@ func init() { subcommands = append(subcommands, newDemoCommand) }
 
 func newDemoCommand() *cobra.Command {
 	opts := demo.Options{OutDir: "_out/demo"}
+	var machines string
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Run the whole system on a simulated mixed GPU cluster and show where the GPUs landed",
@@ -20,14 +21,28 @@ simulated NVML per node of a mixed cluster (2x DGX A100, 2x DGX-1 V100,
 and prints each pod's GPUs against what count-only scheduling would have
 given. It writes a picture of every node to <out>/placement.svg, prints the
 kubectl gputopo commands to try with the cluster's kubeconfig, and tears
-everything down on exit or Ctrl-C (with --keep, only on Ctrl-C).`,
+everything down on exit or Ctrl-C (with --keep, only on Ctrl-C).
+
+--machines runs it on other machines instead: built-in fixtures or machine
+files imported from your own servers ('gputopo machine import'); the
+workloads shrink to fit them.`,
+		Example: `  gputopo demo
+  gputopo demo --machines mybox.yaml=2,dgx-a100=2`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if machines != "" {
+				cluster, err := demo.ParseMachines(machines)
+				if err != nil {
+					return err
+				}
+				opts.Cluster = cluster
+			}
 			opts.Out = cmd.OutOrStdout()
 			return demo.Run(cmd.Context(), opts)
 		},
 	}
 	cmd.Flags().StringVar(&opts.OutDir, "out", opts.OutDir, "directory for placement.svg and component logs")
+	cmd.Flags().StringVar(&machines, "machines", "", "nodes as machine=count,... where a machine is a fixture name or a machine file, e.g. mybox.yaml=2,dgx-a100=2 (default: 2x dgx-a100, 2x dgx1-v100, 2x pcie-8x)")
 	cmd.Flags().BoolVar(&opts.Keep, "keep", false, "keep the cluster running after the report, for kubectl gputopo, until Ctrl-C")
 	return cmd
 }
