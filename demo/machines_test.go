@@ -6,6 +6,9 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/topology"
 )
 
 var importedV100 = filepath.Join("..", "topology", "testdata", "smi", "dgx1-v100.yaml")
@@ -43,37 +46,54 @@ func TestWorkloadsForTheDefaultClusterAreTheDefaults(t *testing.T) {
 	}
 }
 
-// On a cluster of two 4-GPU imported boxes and one DGX A100 the workloads
-// drop pins to absent machines and never ask for more GPUs than exist.
+// On a cluster of two 4-GPU imported boxes and one DGX A100 the plan pins
+// every workload to a machine the cluster has, never asks for more GPUs
+// than it has, and puts model-parallel jobs where an all-NVLink set of
+// their size exists.
 func TestWorkloadsForFitTheCluster(t *testing.T) {
-	cluster, err := ParseMachines(importedA30 + "=2,dgx-a100=1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := WorkloadsFor(cluster)
-	if err != nil {
-		t.Fatal(err)
-	}
-	total := 0
-	for _, w := range got {
-		if w.Machine != "" {
-			t.Errorf("%s pinned to %s, which the cluster lacks", w.Name, w.Machine)
-		}
-		if w.GPUs > 8 {
-			t.Errorf("%s asks %d GPUs per pod; the largest node has 8", w.Name, w.GPUs)
-		}
-		total += w.Pods * w.GPUs
-	}
-	if total > 16 || total < 8 {
-		t.Errorf("workloads ask %d GPUs of the cluster's 16; want most, never more", total)
-	}
-	small, err := WorkloadsFor([]NodeSpec{{"a30-1", importedA30}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, w := range small {
-		if w.GPUs > 4 {
-			t.Errorf("%s asks %d GPUs per pod on a 4-GPU machine", w.Name, w.GPUs)
-		}
+	for _, spec := range []string{importedA30 + "=2,dgx-a100=1", importedA30 + "=2," + importedV100 + "=1", importedA30 + "=1"} {
+		t.Run(filepath.Base(spec), func(t *testing.T) {
+			cluster, err := ParseMachines(spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := WorkloadsFor(cluster)
+			if err != nil {
+				t.Fatal(err)
+			}
+			capacity := map[string]int{}
+			graphs := map[string]*topology.Graph{}
+			for _, s := range cluster {
+				f, err := topology.LoadMachine(s.Fixture)
+				if err != nil {
+					t.Fatal(err)
+				}
+				capacity[f.Name] += f.GPUs
+				graphs[f.Name] = f.Graph(s.Name)
+			}
+			used := map[string]int{}
+			for _, w := range got {
+				g, ok := graphs[w.Machine]
+				if !ok {
+					t.Errorf("%s pinned to %q, which the cluster lacks", w.Name, w.Machine)
+					continue
+				}
+				used[w.Machine] += w.Pods * w.GPUs
+				if w.Intent == v1alpha1.ParallelismModel && w.GPUs > 1 {
+					req := topology.Request{Count: w.GPUs, Requirement: v1alpha1.Requirement{RequireNVLink: true}}
+					if _, err := topology.NewAllocator(0).Allocate(g, g.All(), req); err != nil {
+						t.Errorf("%s: %d all-NVLink GPUs do not exist on %s: %v", w.Name, w.GPUs, w.Machine, err)
+					}
+				}
+			}
+			for m, n := range used {
+				if n > capacity[m] {
+					t.Errorf("workloads ask %d GPUs of %s's %d", n, m, capacity[m])
+				}
+			}
+			if len(got) == 0 {
+				t.Error("no workload planned")
+			}
+		})
 	}
 }

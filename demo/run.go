@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -100,37 +101,106 @@ func ParseMachines(spec string) ([]NodeSpec, error) {
 	return out, nil
 }
 
-// WorkloadsFor adapts DefaultWorkloads to a cluster: a pin to a machine the
-// cluster lacks is dropped, a job larger than the largest node shrinks to
-// it, and each workload keeps only as many pods as the GPUs the earlier
-// ones left allow (a workload with none left is dropped). On
-// DefaultCluster it returns DefaultWorkloads.
+// WorkloadsFor adapts DefaultWorkloads to a cluster. On DefaultCluster it
+// returns them as they are. On any other cluster it plans them the way the
+// system will place them, in the order they are then submitted:
+// model-parallel jobs first (their NVLink needs are the constraint, and
+// every node is still empty when they come), then the rest; each workload
+// is pinned to the machine (by name) where the most of its pods fit with
+// the webhook's default requirement for their intent and the allocator's
+// own choice of GPUs among those still free. A job too large for every
+// machine halves its GPUs per pod; a workload with no room left is
+// dropped. Pinning keeps the scheduler from spending a machine the plan
+// saved for a later job.
 func WorkloadsFor(cluster []NodeSpec) ([]Workload, error) {
-	machines := map[string]int{} // machine name -> GPUs
-	largest, total := 0, 0
+	if slices.Equal(cluster, DefaultCluster) {
+		return DefaultWorkloads, nil
+	}
+	type planNode struct {
+		machine string
+		g       *topology.Graph
+		free    topology.Mask
+	}
+	var nodes []*planNode
+	var machines []string
+	largest := 0
 	for _, s := range cluster {
 		f, err := topology.LoadMachine(s.Fixture)
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", s.Name, err)
 		}
-		machines[f.Name] = f.GPUs
-		largest, total = max(largest, f.GPUs), total+f.GPUs
+		g := f.Graph(s.Name)
+		nodes = append(nodes, &planNode{machine: f.Name, g: g, free: g.All()})
+		if !slices.Contains(machines, f.Name) {
+			machines = append(machines, f.Name)
+		}
+		largest = max(largest, f.GPUs)
 	}
-	out := make([]Workload, 0, len(DefaultWorkloads))
-	used := 0
-	for _, w := range DefaultWorkloads {
-		if _, ok := machines[w.Machine]; !ok {
-			w.Machine = ""
+	policy := webhook.DefaultConfig().PolicyTable
+	alloc := topology.NewAllocator(0)
+	// fit places up to pods pods of gpus GPUs on nodes of machine, first
+	// fit, and returns how many fit and the GPUs they took per node.
+	fit := func(machine string, intent v1alpha1.Parallelism, pods, gpus int) (int, map[*planNode]topology.Mask) {
+		taken := map[*planNode]topology.Mask{}
+		req := topology.Request{Count: gpus, Requirement: policy.For(intent).Requirement(int64(gpus))}
+		placed := 0
+		for placed < pods {
+			ok := false
+			for _, n := range nodes {
+				if n.machine != machine {
+					continue
+				}
+				res, err := alloc.Allocate(n.g, n.free&^taken[n], req)
+				if err != nil {
+					continue
+				}
+				taken[n] |= topology.MaskOf(res.GPUs...)
+				placed, ok = placed+1, true
+				break
+			}
+			if !ok {
+				break
+			}
 		}
-		w.GPUs = min(w.GPUs, largest)
-		if w.GPUs > 0 {
-			w.Pods = min(w.Pods, (total-used)/w.GPUs)
+		return placed, taken
+	}
+	planned := make([]*Workload, len(DefaultWorkloads))
+	order := make([]int, 0, len(DefaultWorkloads))
+	for i, w := range DefaultWorkloads {
+		if w.Intent == v1alpha1.ParallelismModel {
+			order = append(order, i)
 		}
-		if w.Pods < 1 || w.GPUs < 1 {
-			continue
+	}
+	for i, w := range DefaultWorkloads {
+		if w.Intent != v1alpha1.ParallelismModel {
+			order = append(order, i)
 		}
-		used += w.Pods * w.GPUs
-		out = append(out, w)
+	}
+	for _, i := range order {
+		w := DefaultWorkloads[i]
+		for gpus := min(w.GPUs, largest); gpus >= 1 && planned[i] == nil; gpus /= 2 {
+			best, bestPods := "", 0
+			var bestTaken map[*planNode]topology.Mask
+			for _, m := range machines {
+				if pods, taken := fit(m, w.Intent, w.Pods, gpus); pods > bestPods {
+					best, bestPods, bestTaken = m, pods, taken
+				}
+			}
+			if bestPods == 0 {
+				continue
+			}
+			for n, m := range bestTaken {
+				n.free &^= m
+			}
+			w.Machine, w.Pods, w.GPUs = best, bestPods, gpus
+			planned[i] = &w
+		}
+	}
+	var out []Workload
+	for _, i := range order {
+		if planned[i] != nil {
+			out = append(out, *planned[i])
+		}
 	}
 	return out, nil
 }
