@@ -102,3 +102,18 @@ func TestMachineImportReadsStdinAndWritesStdout(t *testing.T) {
 		t.Fatalf("stdout is not the machine file: %v\n%s", err, out.String())
 	}
 }
+
+// `gputopo simulate --cluster mybox.yaml=N,...` end to end from the CLI.
+func TestSimulateTakesAnImportedMachineFile(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "lab-v100.yaml")
+	if out, err := run(t, "machine", "import", "--smi", realTopo, "--gpu", "v100", "-o", file); err != nil {
+		t.Fatalf("import: %v\n%s", err, out)
+	}
+	out, err := run(t, "simulate", "--cluster", file+"=2,dgx-a100=1", "--trace", "gen:mixed:seed=5:jobs=40", "--policy", "gputopo")
+	if err != nil {
+		t.Fatalf("simulate: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "3 nodes, 24 GPUs") {
+		t.Errorf("simulate did not run on the imported nodes:\n%s", out)
+	}
+}
