@@ -41,8 +41,9 @@ const (
 type Configuration struct {
 	metav1.TypeMeta `json:",inline"`
 
-	// Weights of the prioritize components. Defaults 40/30/20/10, the
-	// design's split; only their ratios matter.
+	// Weights of the prioritize components. Defaults: the placement
+	// profile (docs/extender.md); profile: design restores the design's
+	// 40/30/20/10. Only their ratios matter.
 	Weights Weights `json:"weights"`
 
 	// TopologyMaxAge is how old a NodeGPUTopology's observedTime may be
@@ -169,22 +170,88 @@ type DCGMMetrics struct {
 }
 
 // Weights of the prioritize components (see docs/extender.md for the
-// formula). Each is a non-negative integer; at least one must be positive.
+// formula and the measurements behind the defaults). Each is a
+// non-negative integer; at least one must be positive. Only their ratios
+// matter.
 type Weights struct {
+	// Profile picks the values of the weights left unset: "placement" (the
+	// default; the split measured best for whole traces, docs/extender.md)
+	// or "design" (the original 40/30/20/10 over the first four terms,
+	// with the three node-choice terms off). A weight written in the file
+	// always wins over its profile.
+	Profile string `json:"profile"`
 	// UtilizationBalance favours nodes whose GPUs stay least busy after the
 	// placement (held GPUs count as busy; free ones by their telemetry).
-	// Default 40.
+	// Default 10 (design profile 40).
 	UtilizationBalance *int32 `json:"utilizationBalance"`
 	// TaskAffinity favours nodes already running pods of the same
 	// gputopo.io/job (1.0), or in the same NVLink fabric clique (0.5).
-	// Default 30.
+	// It counts only for pods whose job has pods placed already. Default
+	// 30 (design profile 30).
 	TaskAffinity *int32 `json:"taskAffinity"`
 	// ThermalPowerHeadroom favours GPUs that run cool and below their power
-	// limit. Default 20.
+	// limit. Default 20 (design profile 20).
 	ThermalPowerHeadroom *int32 `json:"thermalPowerHeadroom"`
 	// Fragmentation favours placements that leave the node's largest free
-	// NVLink island intact. Default 10.
+	// NVLink island intact. Default 10 (design profile 10).
 	Fragmentation *int32 `json:"fragmentation"`
+	// BandwidthFit favours, for pods that ask for bandwidth (NVLink
+	// required, a minimum pair bandwidth, or highest_bandwidth with more
+	// than one GPU), the node whose chosen set has the highest bottleneck
+	// ring bandwidth, against the best of the nodes that passed filter.
+	// It counts only for those pods.
+	// Default 100 (design profile 0).
+	BandwidthFit *int32 `json:"bandwidthFit"`
+	// CapabilityConservation favours the node whose machine has the least
+	// interconnect to offer (peak pair bandwidth times largest NVLink
+	// clique: PCIe before NVLink meshes before NVLink-bridged pairs before
+	// NVSwitch), keeping the fast machines for the pods that need them. For
+	// a pod that asks for bandwidth, bandwidth fit weighs first, so this
+	// picks the least capable of the machines that give it the same ring. Default 60
+	// (design profile 0).
+	CapabilityConservation *int32 `json:"capabilityConservation"`
+	// IslandBestFit favours the node where the pod fills an NVLink island
+	// that is already partly used, rather than breaking into an intact one
+	// (bin packing by island). Default 40 (design profile 0).
+	IslandBestFit *int32 `json:"islandBestFit"`
+}
+
+// Weight profiles.
+const (
+	// WeightsPlacement is the default profile, chosen by measurement on
+	// generated traces and cluster mixes (docs/extender.md).
+	WeightsPlacement = "placement"
+	// WeightsDesign is the design's original split: utilization balance
+	// 40, task affinity 30, thermal/power 20, fragmentation 10.
+	WeightsDesign = "design"
+)
+
+// weightProfiles holds each profile's weights, in the order of
+// Weights.fields.
+var weightProfiles = map[string][numWeights]int32{
+	WeightsPlacement: {10, 30, 20, 10, 100, 60, 40},
+	WeightsDesign:    {40, 30, 20, 10, 0, 0, 0},
+}
+
+const numWeights = 7
+
+// weightField is one weight with its configuration name.
+type weightField struct {
+	name string
+	p    **int32
+}
+
+// fields lists the weights in profile order.
+func (w *Weights) fields() [numWeights]weightField {
+	return [numWeights]weightField{
+		{"utilizationBalance", &w.UtilizationBalance},
+		{"taskAffinity", &w.TaskAffinity},
+		{"thermalPowerHeadroom", &w.ThermalPowerHeadroom},
+		{"fragmentation", &w.Fragmentation},
+		{"bandwidthFit", &w.BandwidthFit},
+		{"capabilityConservation", &w.CapabilityConservation},
+		{"islandBestFit", &w.IslandBestFit},
+	}
 }
 
 // Thermal fixes the temperature scale of the thermal headroom component.
@@ -218,10 +285,18 @@ func SetDefaults(c *Configuration) {
 			*p = &v
 		}
 	}
-	setInt32(&c.Weights.UtilizationBalance, 40)
-	setInt32(&c.Weights.TaskAffinity, 30)
-	setInt32(&c.Weights.ThermalPowerHeadroom, 20)
-	setInt32(&c.Weights.Fragmentation, 10)
+	if c.Weights.Profile == "" {
+		c.Weights.Profile = WeightsPlacement
+	}
+	// An unknown profile is left for Validate to name; its weights
+	// default to the placement profile's meanwhile.
+	profile, ok := weightProfiles[c.Weights.Profile]
+	if !ok {
+		profile = weightProfiles[WeightsPlacement]
+	}
+	for i, f := range c.Weights.fields() {
+		setInt32(f.p, profile[i])
+	}
 	setInt32(&c.Thermal.IdleTemperatureC, 30)
 	setInt32(&c.Thermal.LimitTemperatureC, 85)
 	setDuration := func(d *metav1.Duration, v time.Duration) {
@@ -276,27 +351,32 @@ func (c *Configuration) Validate() field.ErrorList {
 		errs = append(errs, field.NotSupported(field.NewPath("kind"), c.Kind, []string{ConfigKind}))
 	}
 	wp := field.NewPath("weights")
+	if _, ok := weightProfiles[c.Weights.Profile]; !ok {
+		errs = append(errs, field.NotSupported(wp.Child("profile"), c.Weights.Profile, []string{WeightsPlacement, WeightsDesign}))
+	}
 	var sum int64
-	for _, w := range []struct {
-		name string
-		v    *int32
-	}{
-		{"utilizationBalance", c.Weights.UtilizationBalance},
-		{"taskAffinity", c.Weights.TaskAffinity},
-		{"thermalPowerHeadroom", c.Weights.ThermalPowerHeadroom},
-		{"fragmentation", c.Weights.Fragmentation},
-	} {
-		switch {
-		case w.v == nil:
+	for _, w := range c.Weights.fields() {
+		switch v := *w.p; {
+		case v == nil:
 			errs = append(errs, field.Required(wp.Child(w.name), "set by defaulting; must not be null"))
-		case *w.v < 0 || *w.v > 1000:
-			errs = append(errs, field.Invalid(wp.Child(w.name), *w.v, "must be between 0 and 1000"))
+		case *v < 0 || *v > 1000:
+			errs = append(errs, field.Invalid(wp.Child(w.name), *v, "must be between 0 and 1000"))
 		default:
-			sum += int64(*w.v)
+			sum += int64(*v)
 		}
 	}
 	if sum == 0 && len(errs) == 0 {
 		errs = append(errs, field.Invalid(wp, "all 0", "at least one weight must be positive"))
+	}
+	if sum > 0 && len(errs) == 0 {
+		// Task affinity counts only for pods of a job with pods placed,
+		// bandwidth fit only for pods that ask for bandwidth: the other
+		// terms must leave every other pod something to score by.
+		w := c.Weights
+		always := int64(*w.UtilizationBalance) + int64(*w.ThermalPowerHeadroom) + int64(*w.Fragmentation) + int64(*w.IslandBestFit) + int64(*w.CapabilityConservation)
+		if always == 0 {
+			errs = append(errs, field.Invalid(wp, "only taskAffinity and bandwidthFit", "most pods would score 0 on every node: make one of utilizationBalance, thermalPowerHeadroom, fragmentation, capabilityConservation, islandBestFit positive"))
+		}
 	}
 	tp := field.NewPath("thermal")
 	if c.Thermal.IdleTemperatureC == nil || c.Thermal.LimitTemperatureC == nil {

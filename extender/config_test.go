@@ -56,7 +56,7 @@ func TestParseConfiguration(t *testing.T) {
 		name: "explicit zero weight switches a component off, others keep defaults",
 		doc:  "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nweights:\n  taskAffinity: 0\nbindTimeout: 2s\n",
 		check: func(t *testing.T, c *Configuration) {
-			if *c.Weights.TaskAffinity != 0 || *c.Weights.UtilizationBalance != 40 || c.BindTimeout.Duration != 2*time.Second {
+			if *c.Weights.TaskAffinity != 0 || *c.Weights.UtilizationBalance != weightProfiles[WeightsPlacement][0] || c.BindTimeout.Duration != 2*time.Second {
 				t.Errorf("weights %+v bindTimeout %s", c.Weights, c.BindTimeout.Duration)
 			}
 		},
@@ -201,8 +201,30 @@ func TestParseConfiguration(t *testing.T) {
 		wantErr: []string{`resourceName: Invalid value: "nvidia.com/gpu count"`},
 	}, {
 		name:    "all weights zero",
-		doc:     "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nweights: {utilizationBalance: 0, taskAffinity: 0, thermalPowerHeadroom: 0, fragmentation: 0}\n",
+		doc:     "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nweights: {utilizationBalance: 0, taskAffinity: 0, thermalPowerHeadroom: 0, fragmentation: 0, bandwidthFit: 0, capabilityConservation: 0, islandBestFit: 0}\n",
 		wantErr: []string{"weights: Invalid value: \"all 0\": at least one weight must be positive"},
+	}, {
+		name:    "weights that leave most pods unscored",
+		doc:     "weights: {utilizationBalance: 0, taskAffinity: 5, thermalPowerHeadroom: 0, fragmentation: 0, bandwidthFit: 10, capabilityConservation: 0, islandBestFit: 0}\n",
+		wantErr: []string{`weights: Invalid value: "only taskAffinity and bandwidthFit": most pods would score 0 on every node`},
+	}, {
+		name:    "unknown weight profile",
+		doc:     "weights: {profile: balanced}\n",
+		wantErr: []string{`weights.profile: Unsupported value: "balanced": supported values: "placement", "design"`},
+	}, {
+		name:    "unknown term",
+		doc:     "weights: {bandwidth: 10}\n",
+		wantErr: []string{`unknown field "weights.bandwidth"`},
+	}, {
+		name: "design profile restores 40/30/20/10 and switches the node-choice terms off",
+		doc:  "weights: {profile: design, fragmentation: 15}\n",
+		check: func(t *testing.T, c *Configuration) {
+			w := c.Weights
+			got := []int32{*w.UtilizationBalance, *w.TaskAffinity, *w.ThermalPowerHeadroom, *w.Fragmentation, *w.BandwidthFit, *w.CapabilityConservation, *w.IslandBestFit}
+			if diff := cmp.Diff([]int32{40, 30, 20, 15, 0, 0, 0}, got); diff != "" {
+				t.Errorf("weights (-want +got):\n%s", diff)
+			}
+		},
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

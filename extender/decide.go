@@ -47,14 +47,20 @@ type podRequest struct {
 	count int
 	req   v1alpha1.Requirement
 	job   string // namespace/job label
+	// strict is the requirement as written. With fallbackAfter due, req
+	// is its relaxed form and fallback is true; fallbackIn is the time
+	// left before it falls back (0: it never does, or it already did).
+	strict     v1alpha1.Requirement
+	fallback   bool
+	fallbackIn time.Duration
 }
 
-// parsePodRequest reads the GPU count and requirement of a pod. A pod
-// without the requirement annotation gets the zero requirement: no
+// parsePodRequest reads the GPU count and requirement of a pod at now. A
+// pod without the requirement annotation gets the zero requirement: no
 // constraint, the default strategy (lowest_fragmentation), which keeps
 // NVLink islands whole for the pods that do need them. A malformed
 // annotation is an error naming the field.
-func parsePodRequest(pod *corev1.Pod, resource corev1.ResourceName) (podRequest, error) {
+func parsePodRequest(pod *corev1.Pod, resource corev1.ResourceName, now time.Time) (podRequest, error) {
 	n, err := GPUCount(pod, resource)
 	if err != nil {
 		return podRequest{}, err
@@ -68,9 +74,42 @@ func parsePodRequest(pod *corev1.Pod, resource corev1.ResourceName) (podRequest,
 		if err != nil {
 			return r, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
 		}
-		r.req = req
+		r.setRequirement(req, pod.CreationTimestamp.Time, now)
 	}
 	return r, nil
+}
+
+// setRequirement sets the pod's requirement, relaxed when its
+// fallbackAfter has passed since created.
+func (r *podRequest) setRequirement(req v1alpha1.Requirement, created, now time.Time) {
+	r.req, r.strict = req, req
+	if r.count < 2 {
+		return
+	}
+	due, wait := req.FallbackDue(created, now)
+	switch {
+	case due:
+		r.req, r.fallback = req.Relaxed(), true
+	case wait > 0:
+		r.fallbackIn = wait
+	}
+}
+
+// degraded says whether a set with metrics m misses the pod's strict
+// requirement, and why, for the placement record. Only a pod that fell
+// back can be placed on such a set.
+func (r podRequest) degraded(m topology.SetMetrics) (bool, string) {
+	if !r.fallback {
+		return false, ""
+	}
+	after := r.strict.FallbackAfter.Duration
+	switch {
+	case r.strict.RequireNVLink && m.Tier != v1alpha1.TierNVLink && m.Tier != v1alpha1.TierNVSwitch:
+		return true, fmt.Sprintf("Pending longer than fallbackAfter %s with no free NVLink-connected set of %d GPUs; placed on a %s set (ring %d GB/s)", after, r.count, m.Tier, m.RingGBps)
+	case r.strict.MinPairBandwidthGBps > 0 && m.MinPairGBps < r.strict.MinPairBandwidthGBps:
+		return true, fmt.Sprintf("Pending longer than fallbackAfter %s with no free set of %d GPUs at %d GB/s per pair; placed at %d GB/s", after, r.count, r.strict.MinPairBandwidthGBps, m.MinPairGBps)
+	}
+	return false, ""
 }
 
 // verdict is the outcome of one (topology, free GPUs) question.
@@ -109,8 +148,11 @@ type evaluator struct {
 	slots [evalSlots]evalSlot
 	memo  map[evalKey]*verdict
 	// Score constants, read once per request rather than per node.
-	wU, wA, wH, wF, wSum float64
-	idleC, limitC        float64
+	wU, wA, wH, wF, wB, wC, wI float64
+	idleC, limitC              float64
+	// wantsBandwidth: the pod asks for bandwidth, so bandwidth fit
+	// counts for it; otherwise capability conservation does.
+	wantsBandwidth bool
 }
 
 // evalSlots is the size of the evaluator's direct-mapped cache (a power of
@@ -135,7 +177,8 @@ func newEvaluator(alloc *topology.Allocator, cfg *Configuration, pr podRequest, 
 	e := &evaluator{alloc: alloc, cfg: cfg, pr: pr, now: now, maxAge: cfg.topologyMaxAge()}
 	w := cfg.Weights
 	e.wU, e.wA, e.wH, e.wF = float64(*w.UtilizationBalance), float64(*w.TaskAffinity), float64(*w.ThermalPowerHeadroom), float64(*w.Fragmentation)
-	e.wSum = e.wU + e.wA + e.wH + e.wF
+	e.wB, e.wC, e.wI = float64(*w.BandwidthFit), float64(*w.CapabilityConservation), float64(*w.IslandBestFit)
+	e.wantsBandwidth = pr.wantsBandwidth()
 	e.idleC, e.limitC = float64(*cfg.Thermal.IdleTemperatureC), float64(*cfg.Thermal.LimitTemperatureC)
 	e.telemetryAfterNs = now.Add(-cfg.TelemetryMaxAge.Duration).UnixNano()
 	e.staleBeforeNs, e.futureAfterNs = math.MinInt64, math.MaxInt64
@@ -280,28 +323,105 @@ func (n *nodeState) freshUtil(afterNs int64) []int32 {
 	return n.util
 }
 
-// score is the node's priority 0..MaxExtenderPriority for the placement
-// v.res (see docs/extender.md for the formula).
-func (e *evaluator) score(n *nodeState, v *verdict, affinity float64) (int64, components) {
-	c := e.components(n, v, affinity)
-	total := e.wU*c.utilization + e.wA*c.affinity + e.wH*c.headroom + e.wF*c.fragmentation
-	s := int64(math.Round(10 * total / e.wSum))
-	return min(max(s, 0), 10), c
+// wantsBandwidth says whether the pod asks for bandwidth between its
+// GPUs: NVLink required, a minimum pair bandwidth, or highest_bandwidth
+// with more than one GPU (the policy table's model-parallel intent).
+func (pr podRequest) wantsBandwidth() bool {
+	return pr.count > 1 && (pr.req.RequireNVLink || pr.req.MinPairBandwidthGBps > 0 ||
+		pr.req.EffectiveStrategy() == v1alpha1.StrategyHighestBandwidth)
 }
 
-// components are the four prioritize terms, each in 0..1.
+// cohort is what the cross-node terms compare a node with: the nodes that
+// passed filter for the same pod in the same request.
+type cohort struct {
+	// bestRingGBps is the highest ring bandwidth any of them offers the
+	// pod; leastCap and mostCap bound their machines' capability.
+	bestRingGBps      int
+	leastCap, mostCap float64
+}
+
+// add counts node n with its feasible verdict v in the cohort.
+func (c *cohort) add(n *nodeState, v *verdict) {
+	c.bestRingGBps = max(c.bestRingGBps, v.res.Metrics.RingGBps)
+	cp := n.topo.capability
+	if c.leastCap == 0 || cp < c.leastCap {
+		c.leastCap = cp
+	}
+	c.mostCap = max(c.mostCap, cp)
+}
+
+// soloCohort is the cohort of n alone, for a decision that sees one node
+// (bind's placement record): the cross-node terms score it 1.
+func soloCohort(n *nodeState, v *verdict) cohort {
+	var c cohort
+	c.add(n, v)
+	return c
+}
+
+// capabilityOf is what a machine's interconnect can offer the most
+// demanding pod: its peak pair bandwidth times its largest NVLink clique
+// (at least 1). A PCIe server scores its PCIe bandwidth, NVLink-bridged
+// pairs twice their bridge, a DGX-1 V100 four times its best pair, an
+// NVSwitch machine eight times its any-pair bandwidth.
+func capabilityOf(g *topology.Graph, maxIsland int) float64 {
+	return float64(max(g.PeakBandwidth(), 1)) * float64(max(maxIsland, 1))
+}
+
+// merit is the node's weighted mean of the terms that count for this pod,
+// 0..1, for the placement v.res (see docs/extender.md for the formula).
+// Task affinity counts only for a pod whose job has pods placed already,
+// bandwidth fit only for a pod that asks for bandwidth; the others count
+// for every pod.
+func (e *evaluator) merit(n *nodeState, v *verdict, aff affinityIndex, co cohort) (float64, components) {
+	c := e.components(n, v, aff.of(n), co)
+	total := e.wU*c.utilization + e.wH*c.headroom + e.wF*c.fragmentation + e.wI*c.islandFit + e.wC*c.conservation
+	sum := e.wU + e.wH + e.wF + e.wI + e.wC
+	if aff.nodes != nil {
+		total += e.wA * c.affinity
+		sum += e.wA
+	}
+	if e.wantsBandwidth {
+		total += e.wB * c.bandwidthFit
+		sum += e.wB
+	}
+	if sum == 0 {
+		return 0, c
+	}
+	return clamp01(total / sum), c
+}
+
+// absoluteScore is a merit on the 0..10 scale, for the placement record.
+func absoluteScore(m float64) int64 { return int64(math.Round(10 * m)) }
+
+// PrioritizeStep is the merit difference one prioritize point stands
+// for. Prioritize gives the best node(s) of the request 10 and every other
+// node 10 minus its distance from the best in steps of 2% of the weighted
+// score (0 at 20% or more): kube-scheduler's 0..10 extender scale is too
+// coarse to tell near-equal nodes apart otherwise, and it breaks ties at
+// random, which undoes bin packing.
+const PrioritizeStep = 0.02
+
+// relativeScore is a node's prioritize score: its merit m against the
+// request's best merit.
+func relativeScore(m, best float64) int64 {
+	s := 10 - int64(math.Round((best-m)/PrioritizeStep))
+	return min(max(s, 0), 10)
+}
+
+// components are the prioritize terms, each in 0..1.
 type components struct {
 	utilization, affinity, headroom, fragmentation float64
+	bandwidthFit, conservation, islandFit          float64
 }
 
-func (e *evaluator) components(n *nodeState, v *verdict, affinity float64) components {
+func (e *evaluator) components(n *nodeState, v *verdict, affinity float64, co cohort) components {
 	size := n.size
 	fresh := n.tel != nil && n.telemetryNs != 0 && n.telemetryNs >= e.telemetryAfterNs
 	gpus := v.res.GPUs
 	// Utilization balance: 1 - the node's busy fraction after placement.
 	// A held GPU is fully busy; a free one is as busy as its telemetry says.
 	busy := float64(n.usedCount + n.unknownHeld)
-	c := components{affinity: affinity, headroom: 0.5}
+	c := components{affinity: affinity, headroom: 0.5, bandwidthFit: 1, conservation: 1}
 	if fresh {
 		busy += float64(n.utilFree) / 100
 		// Thermal and power headroom of the chosen GPUs, in the same pass.
@@ -332,6 +452,40 @@ func (e *evaluator) components(n *nodeState, v *verdict, affinity float64) compo
 	if want := min(left, n.topo.maxIsland); want > 0 {
 		c.fragmentation = clamp01(float64(v.res.Metrics.LeftLargestIsland) / float64(want))
 	}
+	// Bandwidth fit: this node's ring bandwidth against the cohort's best.
+	if co.bestRingGBps > 0 {
+		c.bandwidthFit = clamp01(float64(v.res.Metrics.RingGBps) / float64(co.bestRingGBps))
+	}
+	// Capability conservation: where this machine's capability lies
+	// between the cohort's least and most capable, on a log scale (the
+	// machines differ by orders of magnitude): 1 for the least capable,
+	// 0 for the most.
+	if cp := n.topo.capability; co.mostCap > co.leastCap && cp > 0 {
+		c.conservation = clamp01(1 - math.Log(cp/co.leastCap)/math.Log(co.mostCap/co.leastCap))
+	}
+	// Island best fit: the share of the touched islands' GPUs that is in
+	// use once the pod is placed, and of the node's.
+	var set topology.Mask
+	for _, i := range gpus {
+		set |= topology.MaskOf(i)
+	}
+	var touched topology.Mask
+	for _, isl := range n.topo.islands {
+		if isl&set != 0 {
+			touched |= isl
+		}
+	}
+	// Half of it is the fill of the touched islands, half the fill of the
+	// node: on a machine without NVLink every GPU is its own island, and
+	// packing by node is what keeps a whole machine free there.
+	islandFill, nodeFill := 1.0, 1.0
+	if t := touched.Count(); t > 0 {
+		islandFill = 1 - float64((n.freeMask&^set&touched).Count())/float64(t)
+	}
+	if size > 0 {
+		nodeFill = 1 - float64((n.freeMask&^set).Count())/float64(size)
+	}
+	c.islandFit = (islandFill + nodeFill) / 2
 	return c
 }
 

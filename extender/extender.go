@@ -359,6 +359,8 @@ func stripPodOf(obj any, resource corev1.ResourceName) (any, error) {
 		ObjectMeta: metav1.ObjectMeta{
 			Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
 			DeletionTimestamp: p.DeletionTimestamp,
+			// Bind counts a requirement's fallbackAfter from it.
+			CreationTimestamp: p.CreationTimestamp,
 		},
 		// Bind checks the node constraints kube-scheduler checked.
 		Spec: corev1.PodSpec{NodeName: p.Spec.NodeName, SchedulerName: p.Spec.SchedulerName,

@@ -79,6 +79,11 @@ type topoEntry struct {
 	pristine *topology.Graph
 	// maxIsland is the largest NVLink-connected clique of the machine.
 	maxIsland int
+	// capability is what the machine can offer (capability
+	// conservation, capabilityOf); islands its NVLink islands (island
+	// best fit).
+	capability float64
+	islands    []topology.Mask
 	// id numbers the entry (entries are never removed), for the
 	// evaluator's per-request cache.
 	id uint64
@@ -308,7 +313,8 @@ func (l *Ledger) topoLocked(g *topology.Graph, st *v1alpha1.NodeGPUTopologyStatu
 	if err != nil {
 		p = g // health never makes a topology invalid; keep going
 	}
-	e := &topoEntry{pristine: p, maxIsland: p.Metrics(0, p.All()).LeftLargestIsland, id: uint64(len(l.topos))}
+	maxIsland := p.Metrics(0, p.All()).LeftLargestIsland
+	e := &topoEntry{pristine: p, maxIsland: maxIsland, capability: capabilityOf(p, maxIsland), islands: p.Islands(), id: uint64(len(l.topos))}
 	l.topos[g.Hash()] = e
 	return e
 }

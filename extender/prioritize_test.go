@@ -1,12 +1,37 @@
 package extender
 
 import (
+	"math"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	"github.com/gputopo/gputopo/topology"
 )
+
+// merits is each node's merit for the pod on the 0..10 scale (0 where it
+// fails filter): the weighted terms before prioritize makes them relative
+// to the best node.
+func merits(t *testing.T, x *Extender, args *extenderv1.ExtenderArgs) map[string]int64 {
+	t.Helper()
+	pr, err := parsePodRequest(args.Pod, x.cfg.GPUResource(), x.now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := nodeNames(args)
+	ms, verdicts, _ := x.evaluate(pr, names)
+	out := map[string]int64{}
+	for i, n := range names {
+		if verdicts[i] != nil {
+			out[n] = absoluteScore(ms[i])
+		} else {
+			out[n] = 0
+		}
+	}
+	return out
+}
 
 func scores(t *testing.T, x *Extender, args *extenderv1.ExtenderArgs) map[string]int64 {
 	t.Helper()
@@ -25,12 +50,22 @@ func scores(t *testing.T, x *Extender, args *extenderv1.ExtenderArgs) map[string
 }
 
 func onlyWeight(u, a, h, f int32) *Configuration {
-	c := &Configuration{Weights: Weights{UtilizationBalance: &u, TaskAffinity: &a, ThermalPowerHeadroom: &h, Fragmentation: &f}}
+	return only(Weights{UtilizationBalance: &u, TaskAffinity: &a, ThermalPowerHeadroom: &h, Fragmentation: &f})
+}
+
+// only is a configuration with the given weights and every other weight 0.
+func only(w Weights) *Configuration {
+	c := &Configuration{Weights: w}
+	for _, f := range c.Weights.fields() {
+		if *f.p == nil {
+			*f.p = ptr[int32](0)
+		}
+	}
 	SetDefaults(c)
 	return c
 }
 
-func TestPrioritize(t *testing.T) {
+func TestPrioritizeTerms(t *testing.T) {
 	tests := []struct {
 		name  string
 		cfg   *Configuration
@@ -112,9 +147,66 @@ func TestPrioritize(t *testing.T) {
 			x.ledger.UpsertTopology(withTelemetry(topo(t, "dgx1-v100", "idle"), 0, 30, 0, 300))
 		},
 		args: &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(8).obj(), NodeNames: &[]string{"idle"}},
-		// utilization 0, affinity 0, headroom 1, fragmentation 1 (nothing
-		// left): 10 * (20 + 10) / 100 = 3.
-		want: map[string]int64{"idle": 3},
+		// utilization 0; headroom, fragmentation, island fit and
+		// conservation 1 (nothing left, the only node); no job, so no
+		// affinity: 10 * (20 + 10 + 40 + 60) / (10 + 20 + 10 + 40 + 60) = 9.
+		want: map[string]int64{"idle": 9},
+	}, {
+		name: "design profile combines the first four components",
+		cfg:  profile(WeightsDesign),
+		setup: func(t *testing.T, x *Extender) {
+			x.ledger.UpsertTopology(withTelemetry(topo(t, "dgx1-v100", "idle"), 0, 30, 0, 300))
+		},
+		args: &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(8).obj(), NodeNames: &[]string{"idle"}},
+		// utilization 0, headroom 1, fragmentation 1; no job, so no
+		// affinity: 10 * (20 + 10) / (40 + 20 + 10) = 4.
+		want: map[string]int64{"idle": 4},
+	}, {
+		name: "bandwidth fit: a model-parallel pod prefers the node with the best ring",
+		cfg:  only(Weights{BandwidthFit: ptr[int32](1)}),
+		setup: func(t *testing.T, x *Extender) {
+			x.ledger.UpsertTopology(topo(t, "dgx-a100", "a100"))
+			x.ledger.UpsertTopology(topo(t, "pcie-8x", "pcie"))
+		},
+		args: &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(4).req(`{"strategy":"highest_bandwidth"}`).obj(), NodeNames: &[]string{"a100", "idle", "pcie"}},
+		// a100: 600 GB/s ring, the best -> 10; the dgx1-v100 quad's ring
+		// has a single-link hop (50/600) and pcie-8x's best ring is PCIe:
+		// both round to 1.
+		want: map[string]int64{"a100": 10, "idle": 1, "pcie": 1},
+	}, {
+		name: "bandwidth fit does not count for a pod that does not ask for bandwidth",
+		cfg:  only(Weights{BandwidthFit: ptr[int32](1), Fragmentation: ptr[int32](0), UtilizationBalance: ptr[int32](1)}),
+		setup: func(t *testing.T, x *Extender) {
+			x.ledger.UpsertTopology(topo(t, "dgx-a100", "a100"))
+		},
+		args: &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(4).obj(), NodeNames: &[]string{"a100", "idle"}},
+		// Utilization alone: both 1 - 4/8 -> 5.
+		want: map[string]int64{"a100": 5, "idle": 5},
+	}, {
+		name: "capability conservation: a pod that needs no bandwidth prefers the plain PCIe node",
+		cfg:  only(Weights{CapabilityConservation: ptr[int32](1)}),
+		setup: func(t *testing.T, x *Extender) {
+			x.ledger.UpsertTopology(topo(t, "dgx-a100", "a100"))
+			x.ledger.UpsertTopology(topo(t, "pcie-8x", "pcie"))
+		},
+		args: &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(1).obj(), NodeNames: &[]string{"a100", "idle", "pcie"}},
+		// Capability (peak pair bandwidth x largest NVLink clique):
+		// pcie-8x the least -> 10, dgx-a100 the most -> 0, dgx1-v100 in
+		// between on a log scale.
+		want: map[string]int64{"a100": 0, "idle": conservationScore(t, "pcie-8x", "dgx-a100", "dgx1-v100"), "pcie": 10},
+	}, {
+		name: "island best fit: a small pod fills the partly used island",
+		cfg:  only(Weights{IslandBestFit: ptr[int32](1)}),
+		setup: func(t *testing.T, x *Extender) {
+			x.ledger.UpsertTopology(topo(t, "pcie-8x-nvlink-pairs", "pairs"))
+			x.ledger.UpsertTopology(topo(t, "pcie-8x-nvlink-pairs", "broken"))
+			holdOn(x, "h", "broken", 0)
+		},
+		args: &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(1).obj(), NodeNames: &[]string{"pairs", "broken"}},
+		// broken: GPU 1 completes the pair 0-1 (island fill 1) and fills 2
+		// of 8 GPUs: (1 + 2/8)/2 -> 6; pairs: the pod breaks an intact
+		// pair (1/2) and fills 1 of 8: (1/2 + 1/8)/2 -> 3.
+		want: map[string]int64{"pairs": 3, "broken": 6},
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -124,10 +216,34 @@ func TestPrioritize(t *testing.T) {
 			if tc.setup != nil {
 				tc.setup(t, x)
 			}
-			if diff := cmp.Diff(tc.want, scores(t, x, tc.args)); diff != "" {
-				t.Errorf("scores (-want +got):\n%s", diff)
+			if diff := cmp.Diff(tc.want, merits(t, x, tc.args)); diff != "" {
+				t.Errorf("merits on 0..10 (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestPrioritizeScoresAreRelativeToTheBest checks the scale kube-scheduler
+// sees: the best node 10, every other node one point lower per
+// PrioritizeStep of merit it lacks.
+func TestPrioritizeScoresAreRelativeToTheBest(t *testing.T) {
+	x, _ := newTestExtender(t, onlyWeight(1, 0, 0, 0))
+	for _, n := range []string{"idle", "one", "two", "half"} {
+		x.ledger.UpsertTopology(topo(t, "dgx1-v100", n))
+	}
+	holdOn(x, "h1", "one", 7)
+	holdOn(x, "h2", "two", 6, 7)
+	holdOn(x, "h4", "half", 4, 5, 6, 7)
+	args := &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(1).obj(), NodeNames: &[]string{"idle", "one", "two", "half"}}
+	// Merits (utilization alone): idle 7/8, one 6/8, two 5/8, half 3/8:
+	// each held GPU costs 1/8 = 6.25 steps of 2%.
+	step := func(held int) int64 { return max(10-int64(math.Round(float64(held)/8/PrioritizeStep)), 0) }
+	want := map[string]int64{"idle": 10, "one": step(1), "two": step(2), "half": step(4)}
+	if diff := cmp.Diff(want, scores(t, x, args)); diff != "" {
+		t.Errorf("scores (-want +got):\n%s", diff)
+	}
+	if want["one"] <= want["two"] || want["two"] < 0 {
+		t.Fatalf("test premise: scores %v do not separate one and two held GPUs", want)
 	}
 }
 
@@ -137,4 +253,29 @@ func TestPrioritizeMalformedRequirementIsAnError(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "gpuMemoryMiB") {
 		t.Fatalf("err = %v, want one naming gpuMemoryMiB", err)
 	}
+}
+
+func profile(name string) *Configuration {
+	c := &Configuration{Weights: Weights{Profile: name}}
+	SetDefaults(c)
+	return c
+}
+
+// conservationScore is capability conservation's score on machine on,
+// between the least and the most capable machines of the candidates.
+func conservationScore(t *testing.T, least, most, on string) int64 {
+	t.Helper()
+	capOf := func(name string) float64 {
+		f, err := topology.FixtureByName(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := f.Graph("n")
+		return capabilityOf(g, g.Metrics(0, g.All()).LeftLargestIsland)
+	}
+	s := 1 - math.Log(capOf(on)/capOf(least))/math.Log(capOf(most)/capOf(least))
+	if s <= 0 || s >= 1 {
+		t.Fatalf("%s scores %.2f between %s and %s; the test needs a machine strictly between", on, s, least, most)
+	}
+	return int64(math.Round(10 * s))
 }

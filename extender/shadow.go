@@ -454,8 +454,9 @@ func comparePrioritize(r *ShadowRequest, evals []nodeEval) []ShadowDifference {
 		if !e.ok {
 			return fmt.Sprintf("%s: fails filter (%s)", e.name, e.reason)
 		}
-		return fmt.Sprintf("%s: %d (utilization %.2f, affinity %.2f, headroom %.2f, fragmentation %.2f; serving extender %d)",
-			e.name, e.score, e.comps.utilization, e.comps.affinity, e.comps.headroom, e.comps.fragmentation, servingScore[e.name])
+		return fmt.Sprintf("%s: %d (utilization %.2f, affinity %.2f, headroom %.2f, fragmentation %.2f, bandwidth fit %.2f, conservation %.2f, island fit %.2f; serving extender %d)",
+			e.name, e.score, e.comps.utilization, e.comps.affinity, e.comps.headroom, e.comps.fragmentation,
+			e.comps.bandwidthFit, e.comps.conservation, e.comps.islandFit, servingScore[e.name])
 	}
 	switch {
 	case servingTop == nil && top == nil:
@@ -516,7 +517,7 @@ type nodeEval struct {
 // the decision made before the serving extender bound it.
 func (x *Extender) evaluateAll(args *extenderv1.ExtenderArgs) ([]nodeEval, error) {
 	names := nodeNames(args)
-	pr, err := parsePodRequest(args.Pod, x.cfg.GPUResource())
+	pr, err := parsePodRequest(args.Pod, x.cfg.GPUResource(), x.now())
 	if err != nil {
 		return nil, err
 	}
@@ -533,16 +534,33 @@ func (x *Extender) evaluateAll(args *extenderv1.ExtenderArgs) ([]nodeEval, error
 	defer l.mu.RUnlock()
 	own := l.holdings[args.Pod.UID]
 	aff := l.affinityExcludingLocked(pr.job, args.Pod)
+	states := make([]*nodeState, len(names))
+	verdicts := make([]*verdict, len(names))
+	var co cohort
 	for i, name := range names {
 		n := l.nodes[name]
 		if own != nil && n != nil && own.node == name {
 			n = l.withoutLocked(n, own.uid)
 		}
 		v := e.check(n)
+		states[i], verdicts[i] = n, v
 		out[i] = nodeEval{name: name, ok: v.ok, reason: v.reason}
 		if v.ok {
-			out[i].score, out[i].comps = e.score(n, v, aff.of(n))
+			co.add(n, v)
+		}
+	}
+	merits := make([]float64, len(names))
+	top := -1.0
+	for i, v := range verdicts {
+		if v.ok {
+			merits[i], out[i].comps = e.merit(states[i], v, aff, co)
+			top = max(top, merits[i])
 			out[i].gpus, out[i].res = slices.Clone(v.res.GPUs), v.res
+		}
+	}
+	for i, v := range verdicts {
+		if v.ok {
+			out[i].score = relativeScore(merits[i], top)
 		}
 	}
 	return out, nil

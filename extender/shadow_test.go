@@ -24,7 +24,8 @@ import (
 // thermalOnly is a configuration that ranks by thermal headroom alone.
 func thermalOnly() *Configuration {
 	c := DefaultConfiguration()
-	c.Weights = Weights{UtilizationBalance: ptr[int32](0), TaskAffinity: ptr[int32](0), ThermalPowerHeadroom: ptr[int32](100), Fragmentation: ptr[int32](0)}
+	c.Weights = Weights{Profile: WeightsPlacement, UtilizationBalance: ptr[int32](0), TaskAffinity: ptr[int32](0), ThermalPowerHeadroom: ptr[int32](100), Fragmentation: ptr[int32](0),
+		BandwidthFit: ptr[int32](0), CapabilityConservation: ptr[int32](0), IslandBestFit: ptr[int32](0)}
 	return c
 }
 
@@ -33,7 +34,8 @@ func thermalOnly() *Configuration {
 // node b busy but cool.
 func shadowPair(t *testing.T) (serving, shadow *Extender) {
 	t.Helper()
-	serving, _ = newTestExtender(t, nil)
+	// The design profile's utilization balance prefers the idle node.
+	serving, _ = newTestExtender(t, profile(WeightsDesign))
 	shadow, _ = newTestExtender(t, thermalOnly())
 	shadow.opts.Shadow = true
 	shadow.shadowLog = &decisionLog{rate: 1}
@@ -92,7 +94,7 @@ func TestShadowReportsDifferingTopNode(t *testing.T) {
 	if diff.Kind != DiffTopNode || diff.ServingNode != "a" || diff.ShadowNode != "b" || len(diff.ShadowGPUs) != 1 || !slices.Equal(diff.ServingGPUs, r.Top.GPUs) {
 		t.Errorf("difference %+v, want top_node a -> b with one GPU each", diff)
 	}
-	for _, want := range []string{"shadow ranks b: 10 (", "headroom 1.00", "above a: 0 (", "serving extender 5"} {
+	for _, want := range []string{"shadow ranks b: 10 (", "headroom 1.00", "above a: 0 (", "serving extender 10"} {
 		if !strings.Contains(diff.Reason, want) {
 			t.Errorf("reason %q lacks %q", diff.Reason, want)
 		}

@@ -1,6 +1,10 @@
 package extender
 
-import "k8s.io/client-go/kubernetes"
+import (
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+)
 
 // NewWithClient builds a ready extender core on an existing clientset,
 // without informers, servers or leader election: the caller feeds the
@@ -16,4 +20,15 @@ func NewWithClient(cfg *Configuration, cs kubernetes.Interface) *Extender {
 	x.synced.Store(true)
 	x.leading.Store(true)
 	return x
+}
+
+// SetClock replaces the extender's clock (and its ledger's) for a
+// simulation that runs in simulated time: pod ages (fallbackAfter),
+// reservation TTLs and topology ages are then measured on it. Call it
+// before the first request.
+func (x *Extender) SetClock(now func() time.Time) {
+	x.now = now
+	x.ledger.mu.Lock()
+	x.ledger.now = now
+	x.ledger.mu.Unlock()
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -25,7 +26,7 @@ import (
 // them. A malformed requirement is an Error naming the field.
 func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFilterResult {
 	names := nodeNames(args)
-	pr, err := parsePodRequest(args.Pod, x.cfg.GPUResource())
+	pr, err := parsePodRequest(args.Pod, x.cfg.GPUResource(), x.now())
 	if err != nil {
 		x.metrics.errors.WithLabelValues(phaseFilter, errBadRequest).Inc()
 		return &extenderv1.ExtenderFilterResult{Error: err.Error()}
@@ -36,6 +37,12 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 		passed = make([]string, 0, len(names))
 		var failed [numReasonCodes]int
 		e := newEvaluator(x.alloc, x.cfg, pr, x.now())
+		reason := func(v *verdict) string {
+			if pr.fallbackIn > 0 && (v.code == reasonNVLink || v.code == reasonBandwidth) {
+				return ReasonPrefix + v.reason + fallbackNote(pr)
+			}
+			return ReasonPrefix + v.reason
+		}
 		l := x.ledger
 		l.mu.RLock()
 		nodes := l.lookupLocked(names)
@@ -48,13 +55,13 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 				if res.FailedAndUnresolvableNodes == nil {
 					res.FailedAndUnresolvableNodes = make(extenderv1.FailedNodesMap)
 				}
-				res.FailedAndUnresolvableNodes[name] = ReasonPrefix + v.reason
+				res.FailedAndUnresolvableNodes[name] = reason(v)
 				failed[v.code]++
 			default:
 				if res.FailedNodes == nil {
 					res.FailedNodes = make(extenderv1.FailedNodesMap)
 				}
-				res.FailedNodes[name] = ReasonPrefix + v.reason
+				res.FailedNodes[name] = reason(v)
 				failed[v.code]++
 			}
 		}
@@ -77,6 +84,12 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 	return res
 }
 
+// fallbackNote tells a pod waiting for NVLink when it will fall back.
+func fallbackNote(pr podRequest) string {
+	return fmt.Sprintf(" (falls back to the best set without it in %s: fallbackAfter %s)",
+		pr.fallbackIn.Round(time.Second), pr.strict.FallbackAfter.Duration)
+}
+
 // Prioritize scores each node 0..10 for the placement bind would make
 // there. Nodes that would not pass filter score 0.
 func (x *Extender) Prioritize(args *extenderv1.ExtenderArgs) (extenderv1.HostPriorityList, error) {
@@ -89,7 +102,7 @@ func (x *Extender) Prioritize(args *extenderv1.ExtenderArgs) (extenderv1.HostPri
 // shadow mirror.
 func (x *Extender) prioritize(args *extenderv1.ExtenderArgs, track bool) (extenderv1.HostPriorityList, *ShadowPick, error) {
 	names := nodeNames(args)
-	pr, err := parsePodRequest(args.Pod, x.cfg.GPUResource())
+	pr, err := parsePodRequest(args.Pod, x.cfg.GPUResource(), x.now())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -100,32 +113,57 @@ func (x *Extender) prioritize(args *extenderv1.ExtenderArgs, track bool) (extend
 		}
 		return list, nil, nil
 	}
-	e := newEvaluator(x.alloc, x.cfg, pr, x.now())
-	l := x.ledger
-	l.mu.RLock()
-	aff := l.affinityLocked(pr.job)
-	nodes := l.lookupLocked(names)
+	merits, verdicts, bestMerit := x.evaluate(pr, names)
 	var counts [extenderv1.MaxExtenderPriority + 1]uint64
 	best, bestGPUs := -1, []int(nil)
 	for i, name := range names {
 		list[i].Host = name
-		n := nodes.s[i]
-		if v := e.check(n); v.ok {
-			list[i].Score, _ = e.score(n, v, aff.of(n))
+		if v := verdicts[i]; v != nil {
+			list[i].Score = relativeScore(merits[i], bestMerit)
 			if track && (best < 0 || list[i].Score > list[best].Score || list[i].Score == list[best].Score && name < list[best].Host) {
 				best, bestGPUs = i, v.res.GPUs
 			}
 		}
 		counts[list[i].Score]++
 	}
-	l.mu.RUnlock()
-	nodes.release()
 	x.metrics.scores.add(&counts)
 	var top *ShadowPick
 	if best >= 0 {
 		top = &ShadowPick{Node: list[best].Host, Score: list[best].Score, GPUs: slices.Clone(bestGPUs)}
 	}
 	return list, top, nil
+}
+
+// evaluate decides the pod on every node of names: the verdict of each
+// node that passes filter (nil for the others), its merit (0..1) and the
+// best merit (-1 when no node passes). Two passes: the cross-node terms
+// compare each node with every node that passed (the cohort), so the
+// verdicts come first.
+func (x *Extender) evaluate(pr podRequest, names []string) (merits []float64, verdicts []*verdict, best float64) {
+	e := newEvaluator(x.alloc, x.cfg, pr, x.now())
+	l := x.ledger
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	aff := l.affinityLocked(pr.job)
+	nodes := l.lookupLocked(names)
+	defer nodes.release()
+	verdicts = make([]*verdict, len(names))
+	var co cohort
+	for i, n := range nodes.s[:len(names)] {
+		if v := e.check(n); v.ok {
+			verdicts[i] = v
+			co.add(n, v)
+		}
+	}
+	merits = make([]float64, len(names))
+	best = -1
+	for i, v := range verdicts {
+		if v != nil {
+			merits[i], _ = e.merit(nodes.s[i], v, aff, co)
+			best = max(best, merits[i])
+		}
+	}
+	return merits, verdicts, best
 }
 
 // Bind picks the pod's GPUs on the node, reserves them in the ledger and
@@ -195,7 +233,7 @@ func (x *Extender) bind(ctx context.Context, args *extenderv1.ExtenderBindingArg
 			x.ledger.Release(args.PodUID)
 			return bindErr(errBadRequest, "pod %s: %w", key, err)
 		}
-		pr.req = req
+		pr.setRequirement(req, p.CreationTimestamp.Time, x.now())
 	}
 	binding := &corev1.Binding{
 		ObjectMeta: metav1.ObjectMeta{Name: args.PodName, Namespace: args.PodNamespace, UID: args.PodUID},
@@ -316,7 +354,7 @@ func (x *Extender) reserve(uid types.UID, key types.NamespacedName, node string,
 	if !v.ok {
 		return nil, v1alpha1.Placement{}, bindErr(errInfeasible, "pod %s cannot bind to node %s: %s", key, node, v.reason)
 	}
-	score, _ := e.score(n, v, l.affinityLocked(pr.job).of(n))
+	merit, _ := e.merit(n, v, l.affinityLocked(pr.job), soloCohort(n, v))
 	gpus := n.graph.GPUs()
 	uuids := make([]string, len(v.res.GPUs))
 	for i, idx := range v.res.GPUs {
@@ -330,9 +368,10 @@ func (x *Extender) reserve(uid types.UID, key types.NamespacedName, node string,
 		Tier:                 m.Tier,
 		MinPairBandwidthGBps: m.MinPairGBps,
 		RingBandwidthGBps:    m.RingGBps,
-		Score:                int(score),
+		Score:                int(absoluteScore(merit)),
 		Heuristic:            v.res.Heuristic,
 	}
+	placement.Degraded, placement.DegradedReason = pr.degraded(m)
 	l.setHoldingLocked(&holding{uid: uid, pod: key, node: node, uuids: uuids, reserved: true, since: l.now(), placement: placement})
 	return uuids, placement, nil
 }

@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/webhook"
 )
 
 // Config is one simulation: a cluster, a trace, the queueing rule and the
@@ -20,6 +22,12 @@ type Config struct {
 	MaxWait time.Duration
 	// Policies to run, by name; nil means PolicyNames.
 	Policies []string
+	// Extender configures the gputopo policy's extender (weights, ...);
+	// nil means extender.DefaultConfiguration. PolicyTable is the
+	// webhook's policy table the pods' requirements come from; nil means
+	// the webhook's default.
+	Extender    *extender.Configuration
+	PolicyTable *webhook.PolicyTable
 }
 
 // DefaultMaxWait is the default queue timeout.
@@ -119,7 +127,7 @@ func Run(cfg Config) ([]Result, error) {
 	}
 	out := make([]Result, 0, len(names))
 	for _, name := range names {
-		p, err := newPolicy(name, cfg.Nodes)
+		p, err := newPolicy(name, cfg.Nodes, cfg.Extender, cfg.PolicyTable)
 		if err != nil {
 			return nil, fmt.Errorf("simulate: %w", err)
 		}
@@ -130,6 +138,20 @@ func Run(cfg Config) ([]Result, error) {
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// RunPolicy replays the trace of cfg through one policy the caller built
+// (cfg.Policies is ignored): a policy outside the simulator, such as the
+// real kube-scheduler and extender on a control plane, is measured with
+// the same queue and the same columns.
+func RunPolicy(cfg Config, p Policy) (Result, error) {
+	if len(cfg.Nodes) == 0 || len(cfg.Jobs) == 0 {
+		return Result{}, fmt.Errorf("simulate: need nodes and jobs")
+	}
+	if cfg.MaxWait == 0 {
+		cfg.MaxWait = DefaultMaxWait
+	}
+	return runPolicy(cfg, p)
 }
 
 type running struct {
@@ -230,6 +252,9 @@ func runPolicy(cfg Config, p Policy) (Result, error) {
 		for next < len(cfg.Jobs) && cfg.Jobs[next].Arrival <= t {
 			queue = append(queue, cfg.Jobs[next])
 			next++
+		}
+		if c, ok := p.(clocked); ok {
+			c.SetTime(t)
 		}
 		waiting := queue[:0]
 		for _, j := range queue {

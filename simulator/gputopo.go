@@ -3,6 +3,8 @@ package simulator
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -28,31 +30,44 @@ var podsGVR = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
 // as kube-scheduler would call them, on a fake clientset. The pod carries
 // the requirement the webhook derives from the job's intent, and the
 // ledger is fed the pod updates its informers would deliver. The node
-// with the highest extender score wins, first in cluster order among
-// equals (kube-scheduler breaks ties at random and adds its own plugins'
-// scores; the simulator keeps the extender's view alone and stays
-// deterministic).
+// with the highest extender score wins, at random among equals as in
+// kube-scheduler (from a seeded source, so runs repeat); kube-scheduler's
+// own plugins' scores, equal on GPU nodes of one shape, are left out.
 type gputopoPolicy struct {
-	x     *extender.Extender
+	x *extender.Extender
+	// now is the simulated time; pods are created at their arrival on
+	// this clock, so that fallbackAfter counts simulated waiting.
+	now   time.Duration
 	cs    *fake.Clientset
 	table webhook.PolicyTable
 	names []string
 	index map[string]int
 	pods  map[string]*corev1.Pod // pending or bound, by job ID
+	// rng breaks ties between equally scored nodes.
+	rng *rand.Rand
 }
 
 var _ Policy = (*gputopoPolicy)(nil)
 
-func newGputopoPolicy(nodes []Node, table webhook.PolicyTable) (*gputopoPolicy, error) {
+// simEpoch is simulated time 0 on the extender's clock.
+var simEpoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func newGputopoPolicy(nodes []Node, ext *extender.Configuration, table webhook.PolicyTable) (*gputopoPolicy, error) {
 	cs := fake.NewClientset()
 	cs.PrependReactor("create", "pods", extender.FakeBindingReactor(cs))
-	// Simulated hours pass in wall-clock seconds and nothing refreshes the
-	// topologies: their age limit is switched off, the documented way.
 	cfg := extender.DefaultConfiguration()
+	if ext != nil {
+		c := *ext
+		cfg = &c
+	}
+	// Nothing refreshes the simulated topologies: their age limit is
+	// switched off, the documented way.
 	cfg.TopologyMaxAge = &metav1.Duration{Duration: -1}
-	p := &gputopoPolicy{x: extender.NewWithClient(cfg, cs), cs: cs, table: table, index: map[string]int{}, pods: map[string]*corev1.Pod{}}
+	p := &gputopoPolicy{x: extender.NewWithClient(cfg, cs), cs: cs, table: table, index: map[string]int{}, pods: map[string]*corev1.Pod{},
+		rng: rand.New(rand.NewPCG(1, 0x6b756265))}
+	p.x.SetClock(func() time.Time { return simEpoch.Add(p.now) })
 	l := p.x.Ledger()
-	now := metav1.Now()
+	now := metav1.NewTime(simEpoch)
 	for i, n := range nodes {
 		p.names = append(p.names, n.Name)
 		p.index[n.Name] = i
@@ -76,6 +91,9 @@ func newGputopoPolicy(nodes []Node, table webhook.PolicyTable) (*gputopoPolicy, 
 
 func (*gputopoPolicy) Name() string { return PolicyGputopo }
 
+// SetTime moves the extender's clock to simulated time t.
+func (p *gputopoPolicy) SetTime(t time.Duration) { p.now = t }
+
 // pod returns the job's pod, creating it in the API and the ledger the
 // first time (as the webhook-mutated pod arriving through the informer).
 func (p *gputopoPolicy) pod(job Job) (*corev1.Pod, error) {
@@ -90,8 +108,9 @@ func (p *gputopoPolicy) pod(job Job) (*corev1.Pod, error) {
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: "job-" + job.ID, Namespace: simNamespace, UID: types.UID("uid-" + job.ID),
-			Labels:      map[string]string{v1alpha1.LabelJob: job.ID},
-			Annotations: map[string]string{v1alpha1.AnnotationRequirement: string(raw)},
+			CreationTimestamp: metav1.NewTime(simEpoch.Add(job.Arrival)),
+			Labels:            map[string]string{v1alpha1.LabelJob: job.ID},
+			Annotations:       map[string]string{v1alpha1.AnnotationRequirement: string(raw)},
 		},
 		Spec: corev1.PodSpec{SchedulerName: v1alpha1.DefaultSchedulerName, Containers: []corev1.Container{{
 			Name: "main", Image: "trainer",
@@ -127,13 +146,19 @@ func (p *gputopoPolicy) Place(job Job, _ []topology.Mask) (Placement, bool, erro
 	if err != nil {
 		return Placement{}, false, fmt.Errorf("job %s: prioritize: %w", job.ID, err)
 	}
-	best := -1
+	// kube-scheduler picks at random among the nodes with the highest
+	// total score (reservoir sampling in selectHost); so does the
+	// simulator, from its own seeded source, so that runs repeat.
+	var top []int
 	for i, hp := range prio {
-		if best < 0 || hp.Score > prio[best].Score {
-			best = i
+		switch {
+		case len(top) == 0 || hp.Score > prio[top[0]].Score:
+			top = append(top[:0], i)
+		case hp.Score == prio[top[0]].Score:
+			top = append(top, i)
 		}
 	}
-	node := prio[best].Host
+	node := prio[top[p.rng.IntN(len(top))]].Host
 	br := p.x.Bind(&extenderv1.ExtenderBindingArgs{PodName: pod.Name, PodNamespace: pod.Namespace, PodUID: pod.UID, Node: node})
 	if br.Error != "" {
 		return Placement{}, false, fmt.Errorf("job %s: bind to %s: %s", job.ID, node, br.Error)

@@ -3,7 +3,9 @@ package simulator
 import (
 	"errors"
 	"fmt"
+	"time"
 
+	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/topology"
 	"github.com/gputopo/gputopo/webhook"
 )
@@ -29,6 +31,12 @@ type Policy interface {
 	Drop(job Job) error
 }
 
+// clocked is a Policy that reads the simulated time: the engine sets it
+// before each round of Place calls.
+type clocked interface {
+	SetTime(t time.Duration)
+}
+
 // Policy names, in report order.
 const (
 	PolicyGputopo   = "gputopo"
@@ -47,13 +55,18 @@ var PolicyNames = []string{PolicyGputopo, PolicyOptimum, PolicyFirstFit, PolicyP
 // the best split found so far is used, as a bounded implementation would.
 const PartitionLimit = 100000
 
-// newPolicy builds the named policy over nodes.
-func newPolicy(name string, nodes []Node) (Policy, error) {
+// newPolicy builds the named policy over nodes. ext and table configure
+// gputopo (the optimum reads the same table); nil means the defaults.
+func newPolicy(name string, nodes []Node, ext *extender.Configuration, table *webhook.PolicyTable) (Policy, error) {
+	t := webhook.DefaultConfig().PolicyTable
+	if table != nil {
+		t = *table
+	}
 	switch name {
 	case PolicyGputopo:
-		return newGputopoPolicy(nodes, webhook.DefaultConfig().PolicyTable)
+		return newGputopoPolicy(nodes, ext, t)
 	case PolicyOptimum:
-		return &optimum{nodes: nodes, table: webhook.DefaultConfig().PolicyTable}, nil
+		return &optimum{nodes: nodes, table: t}, nil
 	case PolicyFirstFit:
 		return &firstFit{}, nil
 	case PolicyPairSum:

@@ -112,7 +112,7 @@ func TestPartitionStopsAtTheLimitWithAValidGroup(t *testing.T) {
 
 func TestGputopoPolicyPlacesThroughTheExtender(t *testing.T) {
 	nodes := mustCluster(t, "pcie-8x=1,dgx1-v100=1")
-	p, err := newGputopoPolicy(nodes, defaultTable())
+	p, err := newGputopoPolicy(nodes, nil, defaultTable())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,8 +5,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/gputopo/gputopo/extender"
+	"github.com/gputopo/gputopo/webhook"
 )
 
 // Options are the inputs of one `gputopo simulate` run.
@@ -22,10 +26,89 @@ type Options struct {
 	MaxWait time.Duration
 	// Policies to compare; empty means all.
 	Policies []string
+	// ExtenderConfig is the path of an ExtenderConfiguration file for the
+	// gputopo policy (weights, ...); empty means the defaults.
+	ExtenderConfig string
+	// WebhookConfig is the path of a webhook configuration file whose
+	// policyTable turns job intents into requirements (for gputopo and
+	// the optimum); empty means the default table.
+	WebhookConfig string
+	// Seeds, when above 1, runs that many generated traces: Trace must be
+	// a gen: spec, and run i uses seed (its seed, default 1) + i. The
+	// report gives per column the mean, the worst run and the runs won.
+	Seeds int
+	// Suite runs the placement suite (PlacementSuite) instead of one
+	// trace: the acceptance table of docs/benchmarks.md.
+	Suite bool
+}
+
+// configs loads the extender and webhook configuration files of o.
+func (o Options) configs() (*extender.Configuration, *webhook.PolicyTable, error) {
+	var ext *extender.Configuration
+	var table *webhook.PolicyTable
+	if o.ExtenderConfig != "" {
+		c, err := extender.LoadConfiguration(o.ExtenderConfig)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--extender-config: %w", err)
+		}
+		ext = c
+	}
+	if o.WebhookConfig != "" {
+		c, err := webhook.LoadConfig(o.WebhookConfig)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--webhook-config: %w", err)
+		}
+		table = &c.PolicyTable
+	}
+	return ext, table, nil
+}
+
+// SeedSpecs expands a gen: trace spec into n specs with consecutive seeds,
+// starting at its own seed (default 1).
+func SeedSpecs(spec string, n int) ([]string, error) {
+	if !strings.HasPrefix(spec, "gen:") {
+		return nil, fmt.Errorf("--seeds: needs a generated trace (gen:<kind>[:key=value...]), not %q", spec)
+	}
+	if n < 1 || n > 1000 {
+		return nil, fmt.Errorf("--seeds: %d: must be 1..1000", n)
+	}
+	parts := strings.Split(spec, ":")
+	base, at := uint64(1), -1
+	for i, kv := range parts[2:] {
+		if v, ok := strings.CutPrefix(kv, "seed="); ok {
+			s, err := strconv.ParseUint(v, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("--trace %q: parameter %q: %w", spec, kv, err)
+			}
+			base, at = s, i+2
+		}
+	}
+	out := make([]string, n)
+	for i := range out {
+		p := append([]string(nil), parts...)
+		seed := fmt.Sprintf("seed=%d", base+uint64(i))
+		if at >= 0 {
+			p[at] = seed
+		} else {
+			p = append(p, seed)
+		}
+		out[i] = strings.Join(p, ":")
+	}
+	return out, nil
 }
 
 // Simulate runs o and prints the table to w.
 func Simulate(w io.Writer, o Options) error {
+	ext, table, err := o.configs()
+	if err != nil {
+		return err
+	}
+	if o.Suite {
+		return simulateSuite(w, o, ext)
+	}
+	if o.Seeds > 1 {
+		return simulateSeeds(w, o, ext, table)
+	}
 	tr, err := LoadTrace(o.Trace)
 	if err != nil {
 		return err
@@ -41,7 +124,7 @@ func Simulate(w io.Writer, o Options) error {
 	if err != nil {
 		return fmt.Errorf("--%w", err) // "--cluster: ..."
 	}
-	cfg := Config{Nodes: nodes, Jobs: tr.Jobs, MaxWait: o.MaxWait, Policies: o.Policies}
+	cfg := Config{Nodes: nodes, Jobs: tr.Jobs, MaxWait: o.MaxWait, Policies: o.Policies, Extender: ext, PolicyTable: table}
 	if cfg.MaxWait == 0 {
 		cfg.MaxWait = DefaultMaxWait
 	}
@@ -59,6 +142,10 @@ func Simulate(w io.Writer, o Options) error {
 	if err := WriteTable(w, results); err != nil {
 		return err
 	}
+	fmt.Fprintln(w)
+	if err := WriteWinners(w, results); err != nil {
+		return err
+	}
 	if o.OutDir == "" {
 		return nil
 	}
@@ -68,6 +155,10 @@ func Simulate(w io.Writer, o Options) error {
 	var md strings.Builder
 	md.WriteString(head + "\n\n")
 	if err := WriteTable(&md, results); err != nil {
+		return err
+	}
+	md.WriteString("\n")
+	if err := WriteWinners(&md, results); err != nil {
 		return err
 	}
 	files := map[string]func(io.Writer) error{
@@ -100,4 +191,88 @@ func writeFile(path string, write func(io.Writer) error) error {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
+}
+
+// simulateSeeds runs o.Seeds generated traces and prints their summary.
+func simulateSeeds(w io.Writer, o Options, ext *extender.Configuration, table *webhook.PolicyTable) error {
+	specs, err := SeedSpecs(o.Trace, o.Seeds)
+	if err != nil {
+		return err
+	}
+	maxWait := o.MaxWait
+	if maxWait == 0 {
+		maxWait = DefaultMaxWait
+	}
+	var runs [][]Result
+	cluster := o.Cluster
+	for _, spec := range specs {
+		tr, err := LoadTrace(spec)
+		if err != nil {
+			return err
+		}
+		if o.Cluster == "" {
+			cluster = tr.Cluster
+		}
+		nodes, err := ParseCluster(cluster)
+		if err != nil {
+			return fmt.Errorf("--%w", err)
+		}
+		rs, err := Run(Config{Nodes: nodes, Jobs: tr.Jobs, MaxWait: maxWait, Policies: o.Policies, Extender: ext, PolicyTable: table})
+		if err != nil {
+			return fmt.Errorf("trace %s: %w", spec, err)
+		}
+		runs = append(runs, rs)
+	}
+	head := fmt.Sprintf("traces %s .. %s (%d seeds); cluster %s; max wait %s", specs[0], specs[len(specs)-1], len(specs), cluster, maxWait)
+	fmt.Fprintln(w, head)
+	fmt.Fprintln(w)
+	var md strings.Builder
+	md.WriteString(head + "\n\n")
+	if err := WriteSummary(io.MultiWriter(w, &md), Summarize(runs)); err != nil {
+		return err
+	}
+	if o.OutDir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(o.OutDir, 0o755); err != nil {
+		return fmt.Errorf("--out: %w", err)
+	}
+	if err := writeFile(filepath.Join(o.OutDir, "report.md"), func(w io.Writer) error { _, err := io.WriteString(w, md.String()); return err }); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\nwrote %s/report.md\n", o.OutDir)
+	return nil
+}
+
+// simulateSuite runs the placement suite with the extender configuration
+// of o and prints (and, with OutDir, writes) its table.
+func simulateSuite(w io.Writer, o Options, ext *extender.Configuration) error {
+	if o.WebhookConfig != "" || o.Seeds > 1 || o.Cluster != "" {
+		return fmt.Errorf("--suite: runs fixed traces and clusters with the default policy table; drop --webhook-config, --seeds and --cluster")
+	}
+	rows, err := RunSuite(PlacementSuite, ext)
+	if err != nil {
+		return err
+	}
+	held := 0
+	for _, r := range rows {
+		if r.OK() {
+			held++
+		}
+	}
+	var md strings.Builder
+	fmt.Fprintf(&md, "placement suite: %d traces; every acceptance point holds on %d; fallbackAfter %s in the fallback run; max wait %s\n\n", len(rows), held, SuiteFallbackAfter, DefaultMaxWait)
+	if err := WriteSuite(&md, rows); err != nil {
+		return err
+	}
+	if _, err := io.WriteString(w, md.String()); err != nil {
+		return err
+	}
+	if o.OutDir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(o.OutDir, 0o755); err != nil {
+		return fmt.Errorf("--out: %w", err)
+	}
+	return writeFile(filepath.Join(o.OutDir, "report.md"), func(w io.Writer) error { _, err := io.WriteString(w, md.String()); return err })
 }

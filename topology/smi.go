@@ -530,8 +530,16 @@ func importKind(o SMIOptions, n int) (GPUKind, string, error) {
 	if model == "" {
 		model = "unknown"
 	}
+	if mm := memoryRe.FindStringSubmatch(model); mm != nil && strings.TrimSpace(o.List) != "" {
+		// The product name's own figure ("A100 80GB PCIe") beats the
+		// kind's default.
+		gb, _ := strconv.Atoi(mm[1])
+		kind.MemoryMiB = int64(gb) * 1024
+	}
 	return kind, model, nil
 }
+
+var memoryRe = regexp.MustCompile(`(?i)\b(\d{1,3})\s?GB\b`)
 
 var listRe = regexp.MustCompile(`^GPU (\d+): (.+?)(?: \(UUID: [^)]*\))?\s*$`)
 

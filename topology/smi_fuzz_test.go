@@ -90,3 +90,33 @@ func FuzzParseMachine(f *testing.F) {
 		}
 	})
 }
+
+// FuzzImportNCCLTopo feeds arbitrary text as an NCCL topology dump: refused
+// or accepted, never a panic, and an accepted machine writes a machine
+// file that reads back to the same graph.
+func FuzzImportNCCLTopo(f *testing.F) {
+	data, err := os.ReadFile(filepath.Join("testdata", "nccl", "azure-ncv4.xml"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(string(data))
+	f.Add(ncclTree)
+	f.Add(`<system><cpu numaid="0"><pci busid="0:1:0.0"><gpu dev="0" sm="90"/></pci></cpu></system>`)
+	f.Fuzz(func(t *testing.T, text string) {
+		m, err := ImportNCCLTopo(text, SMIOptions{Name: "fuzz"})
+		if err != nil {
+			return
+		}
+		out, err := m.MarshalMachine()
+		if err != nil {
+			t.Fatalf("accepted machine does not write: %v", err)
+		}
+		back, err := ParseMachine(out)
+		if err != nil {
+			t.Fatalf("machine file does not read back: %v\n%s", err, out)
+		}
+		if back.Graph("n").Hash() != m.Graph("n").Hash() {
+			t.Fatalf("machine file reads back to another graph:\n%s", out)
+		}
+	})
+}

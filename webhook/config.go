@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -148,6 +149,12 @@ type Policy struct {
 	// request more than one GPU; GB/s bidirectional. Default 0 (no
 	// minimum).
 	MinPairBandwidthGBps int `json:"minPairBandwidthGBps"`
+	// FallbackAfter, when set, is copied into the requirement of pods the
+	// policy requires NVLink (or a minimum bandwidth) of: such a pod that
+	// has been Pending this long accepts the best set without it, and its
+	// placement record says it was degraded. Default unset: never fall
+	// back (model-parallel pods wait for NVLink).
+	FallbackAfter *metav1.Duration `json:"fallbackAfter,omitempty"`
 }
 
 // Requirement derives the requirement for a pod that requests gpus GPUs.
@@ -158,6 +165,10 @@ func (p Policy) Requirement(gpus int64) v1alpha1.Requirement {
 	}
 	if gpus > 1 {
 		r.MinPairBandwidthGBps = p.MinPairBandwidthGBps
+	}
+	if p.FallbackAfter != nil && r.Strict() {
+		d := *p.FallbackAfter
+		r.FallbackAfter = &d
 	}
 	return r
 }
@@ -346,7 +357,20 @@ func (p Policy) validate(path *field.Path) field.ErrorList {
 	// The requirement the policy produces for a multi-GPU pod carries every
 	// field, so validating it checks strategy and bandwidth with the same
 	// rules and messages the extender's input gets.
-	errs = append(errs, p.Requirement(2).Validate(path)...)
+	q := p
+	q.FallbackAfter = nil
+	errs = append(errs, q.Requirement(2).Validate(path)...)
+	if f := p.FallbackAfter; f != nil {
+		fp := path.Child("fallbackAfter")
+		switch {
+		case f.Duration <= 0:
+			errs = append(errs, field.Invalid(fp, f.Duration.String(), `must be a positive duration such as "30m"; leave it out to never fall back`))
+		case f.Duration > v1alpha1.MaxFallbackAfter:
+			errs = append(errs, field.Invalid(fp, f.Duration.String(), fmt.Sprintf("must be at most %s", v1alpha1.MaxFallbackAfter)))
+		case p.RequireNVLinkFromGPUs == 0 && p.MinPairBandwidthGBps == 0:
+			errs = append(errs, field.Invalid(fp, f.Duration.String(), "applies only to a policy that sets requireNVLinkFromGPUs or minPairBandwidthGBps (there is nothing to fall back from); remove fallbackAfter or require NVLink"))
+		}
+	}
 	return errs
 }
 

@@ -2,9 +2,11 @@ package webhook
 
 import (
 	"encoding/json"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/spf13/pflag"
@@ -56,6 +58,18 @@ func TestParseConfig(t *testing.T) {
 		"NVLink for model pods can be turned off": {
 			in:   "policyTable:\n  model:\n    requireNVLinkFromGPUs: 0\n",
 			want: func(c *Config) { c.PolicyTable.Model.RequireNVLinkFromGPUs = 0 },
+		},
+		"model pods may fall back after a wait": {
+			in:   "policyTable:\n  model:\n    fallbackAfter: 30m\n",
+			want: func(c *Config) { c.PolicyTable.Model.FallbackAfter = &metav1.Duration{Duration: 30 * time.Minute} },
+		},
+		"fallbackAfter on an intent that never requires NVLink is an error": {
+			in:      "policyTable:\n  data:\n    fallbackAfter: 30m\n",
+			wantErr: `policyTable.data.fallbackAfter: Invalid value: "30m0s": applies only to a policy that sets requireNVLinkFromGPUs or minPairBandwidthGBps (there is nothing to fall back from); remove fallbackAfter or require NVLink`,
+		},
+		"negative fallbackAfter is an error": {
+			in:      "policyTable:\n  model:\n    fallbackAfter: -1m\n",
+			wantErr: `policyTable.model.fallbackAfter: Invalid value: "-1m0s": must be a positive duration such as "30m"; leave it out to never fall back`,
 		},
 		"lists replace the defaults": {
 			in: `{"systemServiceAccounts":["system:serviceaccount:gpu:ext","system:serviceaccount:gpu:agent"],"excludedNamespaces":["kube-system","monitoring"]}`,
@@ -176,5 +190,18 @@ func TestOptionsFlags(t *testing.T) {
 	o.Port = 0
 	if err := o.Validate(); err == nil {
 		t.Error("port 0 accepted")
+	}
+}
+
+func TestPolicyCopiesFallbackAfterOnlyIntoStrictRequirements(t *testing.T) {
+	p := Policy{Strategy: v1alpha1.StrategyHighestBandwidth, RequireNVLinkFromGPUs: 2, FallbackAfter: &metav1.Duration{Duration: 30 * time.Minute}}
+	if r := p.Requirement(4); r.FallbackAfter == nil || r.FallbackAfter.Duration != 30*time.Minute || !r.RequireNVLink {
+		t.Errorf("4-GPU requirement %+v: want requireNVLink with fallbackAfter 30m", r)
+	}
+	if r := p.Requirement(1); r.FallbackAfter != nil {
+		t.Errorf("1-GPU requirement %+v: a lone GPU requires no NVLink, so it has nothing to fall back from", r)
+	}
+	if errs := p.Requirement(4).Validate(v1alpha1.RequirementPath); len(errs) > 0 {
+		t.Errorf("derived requirement does not validate: %v", errs)
 	}
 }

@@ -70,6 +70,11 @@ type Placement struct {
 	// work budget and the set is the documented heuristic's (it meets the
 	// requirement, but a better set may exist); see docs/topology.md.
 	Heuristic bool `json:"heuristic,omitempty"`
+	// Degraded says the pod fell back (requirement fallbackAfter) and the
+	// set does not meet its NVLink or bandwidth requirement;
+	// DegradedReason says why, for a person.
+	Degraded       bool   `json:"degraded,omitempty"`
+	DegradedReason string `json:"degradedReason,omitempty"`
 }
 
 // String encodes p as compact JSON.

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	kjson "sigs.k8s.io/json"
 )
@@ -58,6 +60,44 @@ type Requirement struct {
 	// GPUMemoryMiB: each chosen GPU has at least this much memory. 0
 	// (default) means any.
 	GPUMemoryMiB int64 `json:"gpuMemoryMiB,omitempty"`
+	// FallbackAfter lets a pod that requires NVLink (or a minimum pair
+	// bandwidth) accept the best set without it once it has been Pending
+	// this long since its creation, instead of waiting for an NVLink set
+	// forever. The placement record then says it was degraded and why.
+	// Only valid with requireNVLink or minPairBandwidthGBps. Unset
+	// (default): never fall back.
+	FallbackAfter *metav1.Duration `json:"fallbackAfter,omitempty"`
+}
+
+// MaxFallbackAfter bounds fallbackAfter; a longer wait is a mistake (and
+// kube-scheduler retries a Pending pod at least every 5 minutes anyway).
+const MaxFallbackAfter = 7 * 24 * time.Hour
+
+// FallbackDue says whether a pod created at created, under requirement r,
+// may fall back at now, and how long it still has to wait if not (0 when
+// r has no fallbackAfter).
+func (r Requirement) FallbackDue(created, now time.Time) (due bool, wait time.Duration) {
+	if r.FallbackAfter == nil || !r.Strict() {
+		return false, 0
+	}
+	wait = created.Add(r.FallbackAfter.Duration).Sub(now)
+	if wait <= 0 {
+		return true, 0
+	}
+	return false, wait
+}
+
+// Strict says whether r constrains the links between the chosen GPUs
+// (requireNVLink or minPairBandwidthGBps): what fallbackAfter relaxes.
+func (r Requirement) Strict() bool { return r.RequireNVLink || r.MinPairBandwidthGBps > 0 }
+
+// Relaxed is r without its link constraints (and so without
+// fallbackAfter), as a pod that falls back is placed: the strategy and
+// memory still choose among every set.
+func (r Requirement) Relaxed() Requirement {
+	out := r
+	out.RequireNVLink, out.MinPairBandwidthGBps, out.FallbackAfter = false, 0, nil
+	return out
 }
 
 // DefaultStrategy applies when a requirement names none.
@@ -112,6 +152,10 @@ func ParseRequirement(value string) (Requirement, error) {
 // the offending field and says what is accepted.
 func decodeError(value string, err error) *field.Error {
 	var typeErr *json.UnmarshalTypeError
+	// metav1.Duration decodes itself, so its errors carry no field name.
+	if strings.Contains(err.Error(), "time: ") || errors.As(err, &typeErr) && typeErr.Field == "" && strings.Contains(value, `"fallbackAfter"`) {
+		return field.Invalid(RequirementPath.Child("fallbackAfter"), value, `must be a duration string such as "30m"`)
+	}
 	if errors.As(err, &typeErr) && typeErr.Field != "" {
 		return field.Invalid(RequirementPath.Child(typeErr.Field), value,
 			fmt.Sprintf("must be a JSON %s, not %s", jsonKind(typeErr.Type.Kind().String()), typeErr.Value))
@@ -137,7 +181,7 @@ func strictError(err error) *field.Error {
 	return field.Invalid(RequirementPath, name, msg)
 }
 
-var knownFields = []string{"requireNVLink", "minPairBandwidthGBps", "strategy", "gpuMemoryMiB"}
+var knownFields = []string{"requireNVLink", "minPairBandwidthGBps", "strategy", "gpuMemoryMiB", "fallbackAfter"}
 
 func jsonKind(goKind string) string {
 	switch goKind {
@@ -166,6 +210,16 @@ func (r Requirement) Validate(path *field.Path) field.ErrorList {
 	}
 	if r.Strategy != "" && !ValidStrategy(r.Strategy) {
 		errs = append(errs, field.NotSupported(path.Child("strategy"), r.Strategy, strategyNames()))
+	}
+	if f := r.FallbackAfter; f != nil {
+		switch {
+		case f.Duration <= 0:
+			errs = append(errs, field.Invalid(path.Child("fallbackAfter"), f.Duration.String(), "must be a positive duration such as \"30m\"; leave it out to never fall back"))
+		case f.Duration > MaxFallbackAfter:
+			errs = append(errs, field.Invalid(path.Child("fallbackAfter"), f.Duration.String(), fmt.Sprintf("must be at most %s", MaxFallbackAfter)))
+		case !r.Strict():
+			errs = append(errs, field.Invalid(path.Child("fallbackAfter"), f.Duration.String(), "applies only to a requirement with requireNVLink or minPairBandwidthGBps (there is nothing to fall back from); remove fallbackAfter or require NVLink"))
+		}
 	}
 	return errs
 }

@@ -57,7 +57,27 @@ func TestParseRequirementRejectsEveryBadFieldWithExactMessage(t *testing.T) {
 		},
 		"unknown field is named": {
 			in:   `{"requireNvlink": true}`,
-			want: p + `.requireNvlink: Unsupported value: "requireNvlink": supported values: "requireNVLink", "minPairBandwidthGBps", "strategy", "gpuMemoryMiB"`,
+			want: p + `.requireNvlink: Unsupported value: "requireNvlink": supported values: "requireNVLink", "minPairBandwidthGBps", "strategy", "gpuMemoryMiB", "fallbackAfter"`,
+		},
+		"fallbackAfter without a link constraint": {
+			in:   `{"strategy":"highest_bandwidth","fallbackAfter":"30m"}`,
+			want: p + `.fallbackAfter: Invalid value: "30m0s": applies only to a requirement with requireNVLink or minPairBandwidthGBps (there is nothing to fall back from); remove fallbackAfter or require NVLink`,
+		},
+		"negative fallbackAfter": {
+			in:   `{"requireNVLink":true,"fallbackAfter":"-5m"}`,
+			want: p + `.fallbackAfter: Invalid value: "-5m0s": must be a positive duration such as "30m"; leave it out to never fall back`,
+		},
+		"fallbackAfter beyond a week": {
+			in:   `{"requireNVLink":true,"fallbackAfter":"200h"}`,
+			want: p + `.fallbackAfter: Invalid value: "200h0m0s": must be at most 168h0m0s`,
+		},
+		"fallbackAfter that is not a duration": {
+			in:   `{"requireNVLink":true,"fallbackAfter":"soon"}`,
+			want: p + `.fallbackAfter: Invalid value: "{\"requireNVLink\":true,\"fallbackAfter\":\"soon\"}": must be a duration string such as "30m"`,
+		},
+		"fallbackAfter as a number": {
+			in:   `{"requireNVLink":true,"fallbackAfter":1800}`,
+			want: p + `.fallbackAfter: Invalid value: "{\"requireNVLink\":true,\"fallbackAfter\":1800}": must be a JSON string, not number`,
 		},
 		"unknown strategy": {
 			in:   `{"strategy":"fastest"}`,

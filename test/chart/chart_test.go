@@ -56,12 +56,12 @@ webhook:
   timeoutSeconds: 3
   excludedNamespaces: [monitoring, kube-system]
   policyTable:
-    model: {strategy: highest_bandwidth, requireNVLinkFromGPUs: 4, minPairBandwidthGBps: 300}
+    model: {strategy: highest_bandwidth, requireNVLinkFromGPUs: 4, minPairBandwidthGBps: 300, fallbackAfter: 45m}
   extraSystemServiceAccounts: ["system:serviceaccount:ops:gpu-admin"]
 extender:
   replicas: 3
   antiAffinity: hard
-  weights: {utilizationBalance: 10, taskAffinity: 20, thermalPowerHeadroom: 30, fragmentation: 40}
+  weights: {profile: design, utilizationBalance: 10, taskAffinity: 20, thermalPowerHeadroom: 30, fragmentation: 40}
 scheduler:
   ignorable: true
   extenderHTTPTimeout: 8s
@@ -113,7 +113,7 @@ type want struct {
 	networkPolicy, scrapers, extenderFrom bool
 	// resourceName every component is given.
 	resourceName     string
-	weights          [4]int32 // utilization, affinity, thermal, fragmentation
+	weights          [7]int32 // utilization, affinity, thermal, fragmentation, bandwidth fit, conservation, island fit
 	ignorable        bool
 	httpTimeout      time.Duration
 	extenderReplicas int32
@@ -137,7 +137,7 @@ type want struct {
 	// shadowLogRate.
 	shadow        bool
 	shadowImage   string
-	shadowWeights [4]int32
+	shadowWeights [7]int32
 	shadowLogRate float64
 }
 
@@ -151,7 +151,7 @@ func wants() map[string]struct {
 	}{
 		"default values": {rel: defaultRelease, want: want{
 			tls: true, resourceName: v1alpha1.ResourceGPU,
-			weights: [4]int32{40, 30, 20, 10}, httpTimeout: 5 * time.Second, extenderReplicas: 2,
+			weights: placementWeights(), httpTimeout: 5 * time.Second, extenderReplicas: 2,
 			issuerName: "gputopo-ca", issuerKind: "Issuer", ownCA: true,
 			excludedNamespaces: []string{"cert-manager"}, timeoutSeconds: 5, kubeletRoot: "/var/lib/kubelet",
 			image: "ghcr.io/gputopo/gputopo:0.3.0", schedulerImage: "registry.k8s.io/kube-scheduler:v1.37.2",
@@ -159,32 +159,33 @@ func wants() map[string]struct {
 		}},
 		"existing issuer, ServiceMonitors, NetworkPolicies, other resource name, other weights, ignorable, 3 extenders": {rel: customRelease, want: want{
 			tls: true, networkPolicy: true, scrapers: true, extenderFrom: true, resourceName: "example.com/gpu",
-			weights: [4]int32{10, 20, 30, 40}, ignorable: true, httpTimeout: 8 * time.Second, extenderReplicas: 3,
+			weights: [7]int32{10, 20, 30, 40, 0, 0, 0}, ignorable: true, httpTimeout: 8 * time.Second, extenderReplicas: 3,
 			issuerName: "corp-ca", issuerKind: "ClusterIssuer",
 			serviceMonitors: 4, excludedNamespaces: []string{"monitoring"}, timeoutSeconds: 3,
 			extraSystemUsers: []string{"system:serviceaccount:ops:gpu-admin"},
 			privilegedAgent:  true, kubeletRoot: "/var/lib/k0s/kubelet",
 			image: "registry.example/gputopo:v9.9.9", schedulerImage: "registry.k8s.io/kube-scheduler:v1.36.4",
-			modelPolicy: webhook.Policy{Strategy: v1alpha1.StrategyHighestBandwidth, RequireNVLinkFromGPUs: 4, MinPairBandwidthGBps: 300},
+			modelPolicy: webhook.Policy{Strategy: v1alpha1.StrategyHighestBandwidth, RequireNVLinkFromGPUs: 4, MinPairBandwidthGBps: 300,
+				FallbackAfter: &metav1.Duration{Duration: 45 * time.Minute}},
 		}},
 		"shadow extender with other weights and Prometheus telemetry": {rel: shadowRelease, want: want{
 			tls: true, resourceName: v1alpha1.ResourceGPU,
-			weights: [4]int32{40, 30, 20, 10}, httpTimeout: 5 * time.Second, extenderReplicas: 2,
+			weights: placementWeights(), httpTimeout: 5 * time.Second, extenderReplicas: 2,
 			issuerName: "rollout-gputopo-ca", issuerKind: "Issuer", ownCA: true,
 			serviceMonitors: 5, excludedNamespaces: []string{"cert-manager"}, timeoutSeconds: 5, kubeletRoot: "/var/lib/kubelet",
 			image: "ghcr.io/gputopo/gputopo:0.3.0", schedulerImage: "registry.k8s.io/kube-scheduler:v1.37.2",
 			modelPolicy: webhook.DefaultConfig().PolicyTable.Model,
 			prometheus:  &extender.PrometheusTelemetry{URL: "http://prometheus.monitoring:9090", Selector: `job="dcgm-exporter"`},
-			shadow:      true, shadowImage: "ghcr.io/gputopo/gputopo:v0.2.0", shadowWeights: [4]int32{40, 30, 20, 40}, shadowLogRate: 0.25,
+			shadow:      true, shadowImage: "ghcr.io/gputopo/gputopo:v0.2.0", shadowWeights: withFragmentation(placementWeights(), 40), shadowLogRate: 0.25,
 		}},
 		"plain HTTP opt-out with a shadow extender and NetworkPolicies": {rel: plainHTTPRelease, want: want{
 			networkPolicy: true, resourceName: v1alpha1.ResourceGPU,
-			weights: [4]int32{40, 30, 20, 10}, httpTimeout: 5 * time.Second, extenderReplicas: 2,
+			weights: placementWeights(), httpTimeout: 5 * time.Second, extenderReplicas: 2,
 			issuerName: "gputopo-plain-ca", issuerKind: "Issuer", ownCA: true,
 			excludedNamespaces: []string{"cert-manager"}, timeoutSeconds: 5, kubeletRoot: "/var/lib/kubelet",
 			image: "ghcr.io/gputopo/gputopo:0.3.0", schedulerImage: "registry.k8s.io/kube-scheduler:v1.37.2",
 			modelPolicy: webhook.DefaultConfig().PolicyTable.Model,
-			shadow:      true, shadowImage: "ghcr.io/gputopo/gputopo:0.3.0", shadowWeights: [4]int32{40, 30, 20, 10}, shadowLogRate: 0.1,
+			shadow:      true, shadowImage: "ghcr.io/gputopo/gputopo:0.3.0", shadowWeights: placementWeights(), shadowLogRate: 0.1,
 		}},
 	}
 }
@@ -261,13 +262,29 @@ func checkExtenderConfig(t *testing.T, r release, w want, objs []*unstructured.U
 // as the extender does: it must have the weights, the telemetry source
 // (prometheus, with the chart's defaults equal to the extender's, when
 // prometheus is not nil) and otherwise the extender's own defaults.
-func checkExtenderConfigMap(t *testing.T, objs []*unstructured.Unstructured, name string, weights [4]int32, prometheus *extender.PrometheusTelemetry, resourceName string) {
+// placementWeights are the extender's default weights (the placement
+// profile), in want.weights order.
+func placementWeights() [7]int32 {
+	return weightsOf(extender.DefaultConfiguration().Weights)
+}
+
+func weightsOf(w extender.Weights) [7]int32 {
+	return [7]int32{*w.UtilizationBalance, *w.TaskAffinity, *w.ThermalPowerHeadroom, *w.Fragmentation,
+		*w.BandwidthFit, *w.CapabilityConservation, *w.IslandBestFit}
+}
+
+func withFragmentation(w [7]int32, f int32) [7]int32 {
+	w[3] = f
+	return w
+}
+
+func checkExtenderConfigMap(t *testing.T, objs []*unstructured.Unstructured, name string, weights [7]int32, prometheus *extender.PrometheusTelemetry, resourceName string) {
 	t.Helper()
 	cfg, err := extender.ParseConfiguration(configData(t, objs, name, "config.yaml"))
 	if err != nil {
 		t.Fatalf("ConfigMap %s is refused by the extender: %v", name, err)
 	}
-	got := [4]int32{*cfg.Weights.UtilizationBalance, *cfg.Weights.TaskAffinity, *cfg.Weights.ThermalPowerHeadroom, *cfg.Weights.Fragmentation}
+	got := weightsOf(cfg.Weights)
 	if got != weights {
 		t.Errorf("%s: weights = %v, want %v", name, got, weights)
 	}
@@ -659,7 +676,7 @@ func checkMonitoring(t *testing.T, r release, w want, objs []*unstructured.Unstr
 	}
 	for _, metric := range []string{
 		"gpu_extender_scheduling_latency_seconds", "gpu_extender_filter_results_total", "gpu_extender_prioritize_scores",
-		"gpu_extender_gpu_utilization_percent", "gpu_extender_errors_total", "gputopo_placements_total",
+		"gpu_extender_gpu_utilization_percent", "gpu_extender_errors_total", "gputopo_extender_placements_total",
 	} {
 		if !strings.Contains(dash, metric) {
 			t.Errorf("dashboard does not chart %s", metric)

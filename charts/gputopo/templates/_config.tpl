@@ -15,6 +15,9 @@ policyTable:
     strategy: {{ $p.strategy | quote }}
     requireNVLinkFromGPUs: {{ int $p.requireNVLinkFromGPUs }}
     minPairBandwidthGBps: {{ int $p.minPairBandwidthGBps }}
+    {{- with $p.fallbackAfter }}
+    fallbackAfter: {{ . | quote }}
+    {{- end }}
   {{- end }}
 systemServiceAccounts:
   - {{ include "gputopo.extender.user" . | quote }}
@@ -43,10 +46,13 @@ anything is rendered.
 apiVersion: gputopo.io/v1alpha1
 kind: ExtenderConfiguration
 weights:
-  utilizationBalance: {{ int $v.weights.utilizationBalance }}
-  taskAffinity: {{ int $v.weights.taskAffinity }}
-  thermalPowerHeadroom: {{ int $v.weights.thermalPowerHeadroom }}
-  fragmentation: {{ int $v.weights.fragmentation }}
+  profile: {{ $v.weights.profile | default "placement" | quote }}
+  {{- range $k := list "utilizationBalance" "taskAffinity" "thermalPowerHeadroom" "fragmentation" "bandwidthFit" "capabilityConservation" "islandBestFit" }}
+  {{- $w := index $v.weights $k }}
+  {{- if not (kindIs "invalid" $w) }}
+  {{ $k }}: {{ int $w }}
+  {{- end }}
+  {{- end }}
 thermal:
   idleTemperatureC: {{ int $v.thermal.idleTemperatureC }}
   limitTemperatureC: {{ int $v.thermal.limitTemperatureC }}

@@ -34,14 +34,14 @@ machine file too. See docs/topology.md ("Machine files").`,
 
 // machineImport holds the flags of `gputopo machine import`.
 type machineImport struct {
-	smi, smiPCI, smiList, gpu, name, out string
+	smi, smiPCI, smiList, ncclTopo, gpu, name, out string
 }
 
 func newMachineImportCommand() *cobra.Command {
 	var o machineImport
 	cmd := &cobra.Command{
 		Use:   "import",
-		Short: "Write a machine file from `nvidia-smi topo -m` output",
+		Short: "Write a machine file from `nvidia-smi topo -m` output or an NCCL topology dump",
 		Long: `import reads the matrix printed by 'nvidia-smi topo -m' (as printed, with or
 without its legend, tabs or spaces) and writes a machine file. The NVLink
 generation, which fixes the bandwidth of a link, is not in that output:
@@ -49,18 +49,24 @@ give --gpu, or 'nvidia-smi -L' output with --smi-list. 'nvidia-smi topo -mp'
 output (--smi-pci) gives the PCIe level of NVLinked pairs, which -m prints
 as NV#; without it those levels are inferred and the file's notes say how.
 
+--nccl-topo reads NCCL's topology dump (NCCL_TOPO_DUMP_FILE) instead: its
+PCIe tree gives every pair's PCIe level, NVLinked pairs included, and its
+compute capability the NVLink generation.
+
 A malformed or asymmetric matrix, an unknown token, GPU counts that differ
 between rows and columns or a missing NVLink generation is an error naming
 the line and the cell; nothing is guessed silently.`,
 		Example: `  nvidia-smi topo -m > topo.txt; nvidia-smi -L > gpus.txt
   gputopo machine import --smi topo.txt --smi-list gpus.txt -o mybox.yaml
   gputopo machine import --smi topo.txt --gpu a100 --name lab-a100 -o lab-a100.yaml
+  NCCL_TOPO_DUMP_FILE=topo.xml all_reduce_perf -g 8; gputopo machine import --nccl-topo topo.xml --smi-list gpus.txt -o lab.yaml
   gputopo simulate --cluster mybox.yaml=8,dgx-a100=4`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return o.run(cmd.InOrStdin(), cmd.OutOrStdout()) },
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.smi, "smi", "", "file with `nvidia-smi topo -m` output (- for stdin); required")
+	f.StringVar(&o.smi, "smi", "", "file with `nvidia-smi topo -m` output (- for stdin); this or --nccl-topo is required")
+	f.StringVar(&o.ncclTopo, "nccl-topo", "", "file with NCCL's topology dump (NCCL_TOPO_DUMP_FILE), instead of --smi (- for stdin)")
 	f.StringVar(&o.smiPCI, "smi-pci", "", "file with `nvidia-smi topo -mp` output: PCIe levels of NVLinked pairs (optional)")
 	f.StringVar(&o.smiList, "smi-list", "", "file with `nvidia-smi -L` output: the GPU product, hence NVLink generation and memory (optional)")
 	f.StringVar(&o.gpu, "gpu", "", "GPU product when --smi-list is not given: "+gpuKeys())
@@ -78,8 +84,11 @@ func gpuKeys() string {
 }
 
 func (o machineImport) run(stdin io.Reader, stdout io.Writer) error {
-	if o.smi == "" {
-		return errors.New("--smi: required; the file with `nvidia-smi topo -m` output (- for stdin)")
+	if (o.smi == "") == (o.ncclTopo == "") {
+		return errors.New("--smi or --nccl-topo: give exactly one, the file with `nvidia-smi topo -m` output or NCCL's topology dump (- for stdin)")
+	}
+	if o.ncclTopo != "" && o.smiPCI != "" {
+		return errors.New("--smi-pci: only with --smi; an NCCL topology dump has the PCIe tree already")
 	}
 	read := func(flag, path string) (string, error) {
 		if path == "" {
@@ -97,7 +106,11 @@ func (o machineImport) run(stdin io.Reader, stdout io.Writer) error {
 		}
 		return string(data), nil
 	}
-	text, err := read("smi", o.smi)
+	input, flag := o.smi, "smi"
+	if o.ncclTopo != "" {
+		input, flag = o.ncclTopo, "nccl-topo"
+	}
+	text, err := read(flag, input)
 	if err != nil {
 		return err
 	}
@@ -117,10 +130,19 @@ func (o machineImport) run(stdin io.Reader, stdout io.Writer) error {
 		return errors.New("--name: required when writing to stdout (e.g. --name lab-a100)")
 	}
 	source := "nvidia-smi topo -m"
-	if o.smi != "-" {
-		source += " (" + filepath.Base(o.smi) + ")"
+	if o.ncclTopo != "" {
+		source = "NCCL topology dump"
 	}
-	f, err := topology.ImportSMI(text, topology.SMIOptions{Name: name, GPU: o.gpu, List: list, PCIMatrix: pci, Source: source})
+	if input != "-" {
+		source += " (" + filepath.Base(input) + ")"
+	}
+	opts := topology.SMIOptions{Name: name, GPU: o.gpu, List: list, PCIMatrix: pci, Source: source}
+	var f topology.Fixture
+	if o.ncclTopo != "" {
+		f, err = topology.ImportNCCLTopo(text, opts)
+	} else {
+		f, err = topology.ImportSMI(text, opts)
+	}
 	if err != nil {
 		return err
 	}

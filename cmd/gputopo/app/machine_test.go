@@ -9,7 +9,24 @@ import (
 	"github.com/gputopo/gputopo/topology"
 )
 
-var realTopo = filepath.Join("..", "..", "..", "topology", "testdata", "smi", "dgx1-v100.txt")
+var (
+	realTopo = filepath.Join("..", "..", "..", "topology", "testdata", "smi", "dgx1-v100.txt")
+	ncclDump = filepath.Join("..", "..", "..", "topology", "testdata", "nccl", "azure-ncv4.xml")
+)
+
+func TestMachineImportReadsAnNCCLTopologyDump(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "ncv4.yaml")
+	if out, err := run(t, "machine", "import", "--nccl-topo", ncclDump, "-o", file); err != nil {
+		t.Fatalf("import: %v\n%s", err, out)
+	}
+	f, err := topology.LoadMachine(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.GPUs != 4 || len(f.NVLinks) != 2 || f.NVLinkGen != 3 || !strings.Contains(f.Source, "NCCL topology dump (azure-ncv4.xml)") {
+		t.Errorf("imported %d GPUs, %d NVLink pairs, NVLink%d, source %q", f.GPUs, len(f.NVLinks), f.NVLinkGen, f.Source)
+	}
+}
 
 // import, then show and dump the machine: the user's five-minute path.
 func TestMachineImportShowAndDumpRoundTrip(t *testing.T) {
@@ -68,7 +85,8 @@ func TestMachineImportReportsBadInput(t *testing.T) {
 		args []string
 		want string
 	}{
-		"no --smi":            {[]string{"machine", "import", "--gpu", "v100", "--name", "x"}, "--smi: required"},
+		"no --smi":            {[]string{"machine", "import", "--gpu", "v100", "--name", "x"}, "--smi or --nccl-topo: give exactly one"},
+		"both inputs":         {[]string{"machine", "import", "--smi", realTopo, "--nccl-topo", ncclDump, "--name", "x"}, "give exactly one"},
 		"no NVLink gen":       {[]string{"machine", "import", "--smi", realTopo, "--name", "x"}, "NVLink generation"},
 		"asymmetric":          {[]string{"machine", "import", "--smi", asym, "--gpu", "v100", "--name", "x"}, "line 9, row GPU4, column GPU5 says NV2 but line 10, row GPU5, column GPU4 says NV1"},
 		"stdout needs a name": {[]string{"machine", "import", "--smi", realTopo, "--gpu", "v100"}, "--name: required"},

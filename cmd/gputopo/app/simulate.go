@@ -23,7 +23,8 @@ bandwidth, fragmentation over time and decision time per policy.
 Traces: bundled:mixed, bundled:fragment, gen:<mixed|fragment>[:seed=N][:jobs=N][:load=F],
 or a CSV file (` + simulator.TraceHeader + `). See docs/simulator.md.`,
 		Example: `  gputopo simulate --trace bundled:fragment --out _out/sim-fragment
-  gputopo simulate --cluster dgx-a100=8,pcie-8x=8 --trace gen:mixed:seed=7:jobs=2000`,
+  gputopo simulate --cluster dgx-a100=8,pcie-8x=8 --trace gen:mixed:seed=7:jobs=2000
+  gputopo simulate --trace gen:mixed:load=1.0 --seeds 10 --extender-config my-extender.yaml --webhook-config my-webhook.yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return simulator.Simulate(cmd.OutOrStdout(), opts)
@@ -35,5 +36,9 @@ or a CSV file (` + simulator.TraceHeader + `). See docs/simulator.md.`,
 	f.StringVar(&opts.OutDir, "out", "", "directory for report.md, report.svg and trace.csv")
 	f.DurationVar(&opts.MaxWait, "max-wait", opts.MaxWait, "queue timeout: a job not placed this long after arrival is rejected")
 	f.StringSliceVar(&opts.Policies, "policy", nil, "policies to compare (default all: gputopo, optimum, first-fit, pair-sum, partition)")
+	f.StringVar(&opts.ExtenderConfig, "extender-config", "", "ExtenderConfiguration file for gputopo's weights and settings (the extender's --config; default: built-in defaults)")
+	f.StringVar(&opts.WebhookConfig, "webhook-config", "", "webhook configuration file whose policyTable turns intents into requirements (the webhook's --config; default: built-in table)")
+	f.BoolVar(&opts.Suite, "suite", false, "run the placement suite (12 traces on 5 cluster mixes) and print gputopo against the optimum and the count-only baselines, with and without fallbackAfter")
+	f.IntVar(&opts.Seeds, "seeds", 0, "with a gen: trace, run this many seeds (the trace's seed, then +1, ...) and report mean, worst and runs won per column")
 	return cmd
 }
