@@ -4,5 +4,7 @@
 // metrics and feasibility with reasons a person can act on.
 //
 // It works over plain values. It must never import NVML, client-go, or any
-// gputopo component; it imports only api/v1alpha1 for the wire types.
+// gputopo component; it imports api/v1alpha1 for the wire types and, for
+// machine files, sigs.k8s.io/yaml, sigs.k8s.io/json and apimachinery's
+// field validation.
 package topology
