@@ -8,6 +8,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/go-logr/logr"
 	"github.com/google/go-cmp/cmp"
+	"github.com/spf13/pflag"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology"
@@ -148,5 +149,24 @@ func TestDumpName(t *testing.T) {
 		if got := DumpName(in); got != want {
 			t.Errorf("DumpName(%q) = %q; want %q", in, got, want)
 		}
+	}
+}
+
+// `gputopo nodeagent --simulate mybox.yaml` is validated like a fixture
+// name: a machine file is accepted, a broken one refused naming the flag.
+func TestOptionsSimulateTakesMachineFiles(t *testing.T) {
+	file := filepath.Join("..", "topology", "testdata", "smi", "a30-nvlink-pairs.yaml")
+	fs := pflag.NewFlagSet("nodeagent", pflag.ContinueOnError)
+	var o Options
+	o.AddFlags(fs)
+	if err := fs.Parse([]string{"--node-name", "n1", "--simulate", file}); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Validate(); err != nil {
+		t.Errorf("--simulate %s: %v", file, err)
+	}
+	o.Simulate = filepath.Join(t.TempDir(), "missing.yaml")
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "simulate") || !strings.Contains(err.Error(), "missing.yaml") {
+		t.Errorf("--simulate with a missing file: %v; want the flag and the file named", err)
 	}
 }
