@@ -113,6 +113,16 @@ var realOutputs = []realOutput{
 		},
 	},
 	{
+		file: "pcie-8x-pix-quads", gpu: "l40s", fixture: "pcie-8x",
+		numa: []int{0, 0, 0, 0, 0, 0, 0, 0},
+		levels: map[[2]int]v1alpha1.PCIeLevel{
+			{0, 3}: v1alpha1.PCIeSameSwitch, {3, 4}: v1alpha1.PCIeSameNUMA,
+		},
+		// Same choices as pcie-8x for every k, at nearer tiers: each quad is
+		// one switch here (the fixture has a switch per pair) and all eight
+		// GPUs share a NUMA node (the fixture has two sockets).
+	},
+	{
 		file: "k80-pcie", gpu: "k80",
 		numa: []int{0, 0, 1, 1, 1, 1},
 		levels: map[[2]int]v1alpha1.PCIeLevel{
