@@ -129,6 +129,7 @@ func newExtender(cfg *Configuration, cs kubernetes.Interface) *Extender {
 		log:     klog.Background().WithName("extender"),
 	}
 	l.onDoubleHeld = x.onDoubleHeld
+	m.leader = x.leading.Load
 	return x
 }
 

@@ -14,14 +14,22 @@ import (
 
 // Metrics are the extender's Prometheus metrics, on a registry of their own
 // so that tests and several in-process extenders never collide. The
-// gpu_extender_* names are those dashboards written for the design expect.
+// gpu_extender_* names are those dashboards written for the design expect;
+// every other name is gputopo_extender_*.
 type Metrics struct {
 	Registry *prometheus.Registry
+	// collectors are everything registered, for Describe.
+	collectors []prometheus.Collector
+	// leader reports whether this replica serves; the per-GPU gauges are
+	// exported only then, so that standbys do not repeat every GPU's
+	// series. nil: always.
+	leader func() bool
 
 	latency       *prometheus.HistogramVec
 	filterResults *prometheus.CounterVec
 	scores        *scoreHistogram
 	utilization   *prometheus.GaugeVec
+	temperature   *prometheus.GaugeVec
 	errors        *prometheus.CounterVec
 	placements    *prometheus.CounterVec
 	// heuristic counts bound placements whose GPUs the allocator chose
@@ -82,14 +90,18 @@ func NewMetrics(l *Ledger) *Metrics {
 			"Distribution of prioritize scores 0..10. No node label: thousands of nodes would explode cardinality.", nil, nil)),
 		utilization: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "gpu_extender_gpu_utilization_percent",
-			Help: "GPU telemetry as the extender sees it: metric=compute|memory (percent), temperature (degrees C), power (percent of limit).",
+			Help: "GPU telemetry as the extender sees it, in percent: metric=compute, memory (of the GPU's memory), power (of its enforced limit). Exported by the serving replica (the leader) only.",
 		}, []string{"node", "gpu_index", "metric"}),
+		temperature: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "gputopo_extender_gpu_temperature_celsius",
+			Help: "GPU core temperature as the extender sees it (prioritize's thermal headroom), degrees Celsius. Exported by the serving replica (the leader) only.",
+		}, []string{"node", "gpu_index"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpu_extender_errors_total",
 			Help: "Errors by phase and type.",
 		}, []string{"phase", "error_type"}),
 		placements: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "gputopo_placements_total",
+			Name: "gputopo_extender_placements_total",
 			Help: "Bound placements by the link tier the requirement asked for and the tier achieved.",
 		}, []string{"requested_tier", "achieved_tier"}),
 		heuristic: prometheus.NewCounter(prometheus.CounterOpts{
@@ -109,36 +121,64 @@ func NewMetrics(l *Ledger) *Metrics {
 			Help: "Times the ledger found a GPU held by more than one live pod (each new group of pods on a GPU once). Both holdings are kept; see gputopo_extender_ledger_double_held_gpus and the pods' GPUDoubleHeld Events.",
 		}),
 		shadowMirrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "gputopo_shadow_mirrored_requests_total",
+			Name: "gputopo_extender_shadow_mirrored_requests_total",
 			Help: "Filter and prioritize requests mirrored to the shadow extender (--shadow-url), by verb and result: sent, error (shadow unreachable or refused), dropped (mirror queue full).",
 		}, []string{"verb", "result"}),
 		shadowDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "gputopo_shadow_decisions_total",
+			Name: "gputopo_extender_shadow_decisions_total",
 			Help: "Mirrored decisions this shadow extender (--shadow) compared, by verb and result (same, different).",
 		}, []string{"verb", "result"}),
 		shadowDifferences: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "gputopo_shadow_differences_total",
+			Name: "gputopo_extender_shadow_differences_total",
 			Help: "Differing decisions by kind: filter (some node filtered differently), top_node (a different node ranked first), gpus (different GPUs on the serving extender's top node).",
 		}, []string{"kind"}),
 		shadowFilterNodes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "gputopo_shadow_filter_node_differences_total",
+			Name: "gputopo_extender_shadow_filter_node_differences_total",
 			Help: "Nodes filtered differently: shadow_rejects (the serving extender passed the node, the shadow would not), shadow_accepts (the reverse).",
 		}, []string{"direction"}),
 	}
-	m.Registry.MustRegister(m.latency, m.filterResults, m.scores, m.utilization, m.errors, m.placements, m.heuristic,
+	perGPU := func() bool { return m.leader == nil || m.leader() }
+	m.collectors = []prometheus.Collector{m.latency, m.filterResults, m.scores, m.errors, m.placements, m.heuristic,
+		&gated{c: m.utilization, on: perGPU}, &gated{c: m.temperature, on: perGPU},
 		m.promQueries, m.promLastSuccess, m.doubleHeldDetections, m.shadowMirrors, m.shadowDecisions, m.shadowDifferences, m.shadowFilterNodes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		&ledgerCollector{l: l, desc: prometheus.NewDesc("gputopo_ledger_gpus",
+		&ledgerCollector{l: l, desc: prometheus.NewDesc("gputopo_extender_ledger_gpus",
 			"GPUs in the extender's ledger by state (free, held, reserved, unhealthy, total).", []string{"state"}, nil),
 			doubleHeld: prometheus.NewDesc("gputopo_extender_ledger_double_held_gpus",
-				"GPUs held by more than one live pod now (each counted once in gputopo_ledger_gpus). 0 in a healthy cluster.", nil, nil)},
+				"GPUs held by more than one live pod now (each counted once in gputopo_extender_ledger_gpus). 0 in a healthy cluster.", nil, nil)},
 		&telemetrySourceCollector{l: l,
 			source: prometheus.NewDesc("gputopo_extender_telemetry_source_nodes",
 				"Nodes by the telemetry source prioritize reads (nodeGPUTopology, prometheus).", []string{"source"}, nil),
 			fallback: prometheus.NewDesc("gputopo_extender_telemetry_fallback_nodes",
-				"Warning: nodes reading NodeGPUTopology telemetry although telemetry.source is prometheus, by reason (no_data, incomplete, stale). Always 0 with source nodeGPUTopology.", []string{"reason"}, nil)})
+				"Warning: nodes reading NodeGPUTopology telemetry although telemetry.source is prometheus, by reason (no_data, incomplete, stale). Always 0 with source nodeGPUTopology.", []string{"reason"}, nil)}}
+	m.Registry.MustRegister(m.collectors...)
 	return m
 }
+
+// Describe sends the description of every metric the extender exports
+// (the dashboard's test checks its queries against them).
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range m.collectors {
+		c.Describe(ch)
+	}
+}
+
+// gated exports c's series only while on says so.
+type gated struct {
+	c  prometheus.Collector
+	on func() bool
+}
+
+func (g *gated) Describe(ch chan<- *prometheus.Desc) { g.c.Describe(ch) }
+
+func (g *gated) Collect(ch chan<- prometheus.Metric) {
+	if g.on() {
+		g.c.Collect(ch)
+	}
+}
+
+// seriesTemperature marks a published temperature series (its own gauge).
+const seriesTemperature = "temperature"
 
 // setTelemetry mirrors a node's telemetry into the utilization gauge; a nil
 // graph removes the node's series. It deletes exactly the series it made
@@ -155,11 +195,15 @@ func (m *Metrics) setTelemetry(node string, g *topology.Graph, tel []v1alpha1.Te
 		for _, t := range tel {
 			idx := strconv.Itoa(t.Index)
 			set := func(metric string, v float64) {
-				m.utilization.WithLabelValues(node, idx, metric).Set(v)
+				if metric == seriesTemperature {
+					m.temperature.WithLabelValues(node, idx).Set(v)
+				} else {
+					m.utilization.WithLabelValues(node, idx, metric).Set(v)
+				}
 				now = append(now, [2]string{idx, metric})
 			}
 			set("compute", float64(t.UtilizationPercent))
-			set("temperature", float64(t.TemperatureC))
+			set(seriesTemperature, float64(t.TemperatureC))
 			if t.Index >= 0 && t.Index < len(gpus) && gpus[t.Index].MemoryMiB > 0 {
 				set("memory", 100*float64(t.MemoryUsedMiB)/float64(gpus[t.Index].MemoryMiB))
 			}
@@ -173,7 +217,11 @@ func (m *Metrics) setTelemetry(node string, g *topology.Graph, tel []v1alpha1.Te
 		keep[k] = true
 	}
 	for _, k := range m.published[node] {
-		if !keep[k] {
+		switch {
+		case keep[k]:
+		case k[1] == seriesTemperature:
+			m.temperature.DeleteLabelValues(node, k[0])
+		default:
 			m.utilization.DeleteLabelValues(node, k[0], k[1])
 		}
 	}

@@ -152,8 +152,8 @@ func TestMetricsFollowRequests(t *testing.T) {
 	x.MetricsHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	out, _ := io.ReadAll(rec.Body)
 	for _, want := range []string{
-		`gputopo_ledger_gpus{state="free"} 14`,
-		`gputopo_ledger_gpus{state="held"} 2`,
+		`gputopo_extender_ledger_gpus{state="free"} 14`,
+		`gputopo_extender_ledger_gpus{state="held"} 2`,
 		`gpu_extender_scheduling_latency_seconds_count{phase="filter"} 2`,
 		`gpu_extender_prioritize_scores_bucket{le="10"} 3`,
 	} {

@@ -34,7 +34,7 @@ const (
 )
 
 // Kinds of shadow differences (the kind label of
-// gputopo_shadow_differences_total).
+// gputopo_extender_shadow_differences_total).
 const (
 	DiffFilter  = "filter"
 	DiffTopNode = "top_node"

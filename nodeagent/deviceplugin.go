@@ -355,6 +355,7 @@ func (p *DevicePlugin) localBest(available, mustInclude []string, size int) []st
 // that no GPU is in two containers. An ID that is not a GPU of this node is
 // refused.
 func (p *DevicePlugin) Allocate(ctx context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+	defer p.metrics.allocateTimer()()
 	if p.devListErr != nil {
 		p.metrics.allocation(false)
 		return nil, fmt.Errorf("allocate: %w", p.devListErr)

@@ -23,9 +23,11 @@ type Metrics struct {
 	nvmlErrors  *prometheus.CounterVec
 	xids        *prometheus.CounterVec
 	allocations *prometheus.CounterVec
-	preferred   *prometheus.CounterVec
-	drift       prometheus.Counter
-	apiWrites   *prometheus.CounterVec
+	// allocateDuration times kubelet's Allocate calls.
+	allocateDuration prometheus.Histogram
+	preferred        *prometheus.CounterVec
+	drift            prometheus.Counter
+	apiWrites        *prometheus.CounterVec
 	// inconsistencies counts, per topology read, each disagreement in
 	// NVML's answers by kind (see inconsistencyKinds).
 	inconsistencies *prometheus.CounterVec
@@ -61,6 +63,9 @@ func NewMetrics(reg prometheus.Registerer, node string) *Metrics {
 			Help: "XID events seen, by XID and class (critical marks the GPU unhealthy)."}, []string{"xid", "class"}),
 		allocations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gputopo_nodeagent_allocations_total",
 			Help: "Device plugin Allocate answers, per container; result ok or error."}, []string{"result"}),
+		allocateDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "gputopo_nodeagent_allocate_duration_seconds",
+			Help:    "Time to answer kubelet's Allocate call (all containers of the request), from request to answer.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}}),
 		preferred: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gputopo_nodeagent_preferred_allocations_total",
 			Help: "GetPreferredAllocation answers by source: plan (the extender's assigned-gpus), topology (local allocator, no plan) or none."}, []string{"source"}),
 		drift: prometheus.NewCounter(prometheus.CounterOpts{Name: "gputopo_nodeagent_assignment_drift_total",
@@ -71,7 +76,7 @@ func NewMetrics(reg prometheus.Registerer, node string) *Metrics {
 			Help: "Disagreements in NVML's topology answers, counted at every topology read, by kind (asymmetric_link, unknown_remote_bus_id, duplicate_bus_id); a lasting one keeps rising."}, []string{"kind"}),
 	}
 	reg.MustRegister(m.utilization, m.memoryUsed, m.temperature, m.power, m.powerLimit,
-		m.nvmlErrors, m.xids, m.allocations, m.preferred, m.drift, m.apiWrites, m.inconsistencies)
+		m.nvmlErrors, m.xids, m.allocations, m.allocateDuration, m.preferred, m.drift, m.apiWrites, m.inconsistencies)
 	return m
 }
 
@@ -110,6 +115,16 @@ func (m *Metrics) allocation(ok bool) {
 		r = "error"
 	}
 	m.allocations.WithLabelValues(r).Inc()
+}
+
+// allocateTimer starts timing an Allocate call; the returned function
+// records it.
+func (m *Metrics) allocateTimer() func() {
+	if m == nil {
+		return func() {}
+	}
+	t := prometheus.NewTimer(m.allocateDuration)
+	return func() { t.ObserveDuration() }
 }
 
 func (m *Metrics) preferredFrom(source string) {

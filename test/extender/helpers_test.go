@@ -418,7 +418,7 @@ func waitProcessReady(t *testing.T, p *extenderProcess) {
 	})
 }
 
-// ledgerGauges reads gputopo_ledger_gpus by state from the process's
+// ledgerGauges reads gputopo_extender_ledger_gpus by state from the process's
 // /metrics.
 func ledgerGauges(t *testing.T, p *extenderProcess) map[string]float64 {
 	t.Helper()
@@ -432,7 +432,7 @@ func ledgerGauges(t *testing.T, p *extenderProcess) map[string]float64 {
 		t.Fatalf("read %s metrics: %v", p.Name, err)
 	}
 	out := map[string]float64{}
-	const prefix = `gputopo_ledger_gpus{state="`
+	const prefix = `gputopo_extender_ledger_gpus{state="`
 	for _, line := range strings.Split(string(body), "\n") {
 		rest, ok := strings.CutPrefix(line, prefix)
 		if !ok {
@@ -449,7 +449,7 @@ func ledgerGauges(t *testing.T, p *extenderProcess) map[string]float64 {
 		out[state] = v
 	}
 	if len(out) == 0 {
-		t.Fatalf("%s /metrics has no gputopo_ledger_gpus", p.Name)
+		t.Fatalf("%s /metrics has no gputopo_extender_ledger_gpus", p.Name)
 	}
 	return out
 }

@@ -130,8 +130,8 @@ func TestShadowReportsDifferingDecisions(t *testing.T) {
 	ctx := harness.Context(t)
 
 	decided := func(verb string) float64 {
-		return counter(t, shadow.Extender, "gputopo_shadow_decisions_total", "verb", verb, "result", "same") +
-			counter(t, shadow.Extender, "gputopo_shadow_decisions_total", "verb", verb, "result", "different")
+		return counter(t, shadow.Extender, "gputopo_extender_shadow_decisions_total", "verb", verb, "result", "same") +
+			counter(t, shadow.Extender, "gputopo_extender_shadow_decisions_total", "verb", verb, "result", "different")
 	}
 	// One pod at a time, each compared before the next is created, so that
 	// the shadow decides each against the cluster the serving extender saw.
@@ -175,11 +175,11 @@ func TestShadowReportsDifferingDecisions(t *testing.T) {
 		verb, result string
 		want         float64
 	}{{"filter", "same", 3}, {"filter", "different", 0}, {"prioritize", "different", 1}, {"prioritize", "same", 0}} {
-		if got := counter(t, shadow.Extender, "gputopo_shadow_decisions_total", "verb", c.verb, "result", c.result); got != c.want {
+		if got := counter(t, shadow.Extender, "gputopo_extender_shadow_decisions_total", "verb", c.verb, "result", c.result); got != c.want {
 			t.Errorf("shadow decisions{%s,%s} = %v, want %v", c.verb, c.result, got, c.want)
 		}
 	}
-	if got := counter(t, serving.Extender, "gputopo_shadow_mirrored_requests_total", "verb", "filter", "result", "sent"); got != 3 {
+	if got := counter(t, serving.Extender, "gputopo_extender_shadow_mirrored_requests_total", "verb", "filter", "result", "sent"); got != 3 {
 		t.Errorf("serving extender mirrored %v filter requests, want 3", got)
 	}
 	if p1, err := e.cp.Clientset.CoreV1().Pods("default").Get(ctx, "p1", metav1.GetOptions{}); err != nil || p1.Spec.NodeName != "dgx-0" {
@@ -229,7 +229,7 @@ func TestShadowReportsDifferingDecisions(t *testing.T) {
 		}
 	}
 	poll(t, 30*time.Second, "mirror errors to be counted", func() (bool, string) {
-		n := counter(t, serving.Extender, "gputopo_shadow_mirrored_requests_total", "verb", "filter", "result", "error")
+		n := counter(t, serving.Extender, "gputopo_extender_shadow_mirrored_requests_total", "verb", "filter", "result", "error")
 		return n >= 4, fmt.Sprintf("%v filter mirrors failed", n)
 	})
 	slow, total := slowAnswers(t, serving.Extender)
