@@ -83,6 +83,20 @@ var realOutputs = []realOutput{
 		},
 	},
 	{
+		file: "hgx-a100", gpu: "a100", fixture: "dgx-a100",
+		nvswitchLinks: 12, numa: []int{0, 0, 0, 0, 1, 1, 1, 1},
+		pix: map[string][]int{"mlx5_0": {}, "mlx5_7": {}},
+		levels: map[[2]int]v1alpha1.PCIeLevel{
+			{0, 1}: v1alpha1.PCIeMultipleSwitches, // NV12: mlx5_0 is PXB to both
+			{0, 2}: v1alpha1.PCIeSameNUMA,         // NV12: mlx5_0 is PXB to GPU 0, NODE to GPU 2
+			{3, 4}: v1alpha1.PCIeCrossSocket,      // NV12: every chain crosses the sockets
+		},
+		// Same choices as dgx-a100 for every k. The graphs differ only in
+		// PCIe levels under the NVSwitch: GPU pairs share a switch tree
+		// (PXB, inferred through their NICs) where the fixture says one
+		// switch, and the fixture has no NICs.
+	},
+	{
 		file: "a30-nvlink-pairs", gpu: "a30", fixture: "pcie-8x-nvlink-pairs",
 		nvlinks: []NVLinkPair{{0, 1, 4}, {2, 3, 4}}, numa: []int{0, 0, 1, 1},
 		pix: map[string][]int{"mlx5_0": {3}},
@@ -121,6 +135,16 @@ var realOutputs = []realOutput{
 		// Same choices as pcie-8x for every k, at nearer tiers: each quad is
 		// one switch here (the fixture has a switch per pair) and all eight
 		// GPUs share a NUMA node (the fixture has two sockets).
+	},
+	{
+		file: "pcie-8x-pix-phb", gpu: "t4", fixture: "pcie-8x",
+		numa: []int{-1, -1, -1, -1, -1, -1, -1, -1},
+		levels: map[[2]int]v1alpha1.PCIeLevel{
+			{0, 1}: v1alpha1.PCIeSameSwitch, {1, 2}: v1alpha1.PCIeHostBridge, {3, 4}: v1alpha1.PCIeCrossSocket,
+		},
+		// No CPU Affinity column, so no NUMA node is known; the choices
+		// are pcie-8x's for every k, a switch pair being the nearest tier
+		// on both and the quads {0-3}, {4-7} a socket each.
 	},
 	{
 		file: "k80-pcie", gpu: "k80",
