@@ -87,6 +87,7 @@ func checkPlugin(ctx context.Context, t *testing.T, kubeconfig string) {
 	cs := clientset(t, kubeconfig)
 	pending := createUnsatisfiable(ctx, t, cs)
 	event := waitFailedScheduling(ctx, t, cs, pending)
+	elsewhere := createPinnedNowhere(ctx, t, cs)
 
 	goldens := []struct {
 		name string
@@ -102,6 +103,7 @@ func checkPlugin(ctx context.Context, t *testing.T, kubeconfig string) {
 		{"explain-bound.json", []string{"explain", "-n", ns, "notebook-0", "-o", "json"}},
 		{"explain-pending.txt", []string{"explain", "-n", ns, pending.Name}},
 		{"explain-pending.yaml", []string{"explain", ns + "/" + pending.Name, "-o", "yaml"}},
+		{"explain-fits.json", []string{"explain", "-n", ns, elsewhere.Name, "-o", "json"}},
 	}
 	for _, g := range goldens {
 		t.Run(g.name, func(t *testing.T) {
@@ -219,6 +221,23 @@ func createUnsatisfiable(ctx context.Context, t *testing.T, cs kubernetes.Interf
 	}
 	if p.Spec.SchedulerName != v1alpha1.DefaultSchedulerName {
 		t.Fatalf("the webhook did not route %s to %s (schedulerName %q)", p.Name, v1alpha1.DefaultSchedulerName, p.Spec.SchedulerName)
+	}
+	return p
+}
+
+// createPinnedNowhere creates a model-parallel pod that gputopo could place
+// (the A100's free NVSwitch half) but whose node selector matches no node:
+// explain shows the GPUs it would take and what keeps kube-scheduler away.
+func createPinnedNowhere(ctx context.Context, t *testing.T, cs kubernetes.Interface) *corev1.Pod {
+	t.Helper()
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pinned-nowhere", Annotations: map[string]string{v1alpha1.AnnotationParallelism: string(v1alpha1.ParallelismModel)}},
+		Spec:       localcluster.GPUPodSpec(4),
+	}
+	p.Spec.NodeSelector = map[string]string{"pool": "none"}
+	p, err := cs.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create %s: %v", p.Name, err)
 	}
 	return p
 }
