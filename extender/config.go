@@ -182,7 +182,8 @@ type Weights struct {
 	Profile string `json:"profile"`
 	// UtilizationBalance favours nodes whose GPUs stay least busy after the
 	// placement (held GPUs count as busy; free ones by their telemetry).
-	// Default 10 (design profile 40).
+	// Default 0 (design profile 40): spreading leaves no whole machine for
+	// the large model-parallel pods (docs/extender.md).
 	UtilizationBalance *int32 `json:"utilizationBalance"`
 	// TaskAffinity favours nodes already running pods of the same
 	// gputopo.io/job (1.0), or in the same NVLink fabric clique (0.5).
@@ -190,7 +191,7 @@ type Weights struct {
 	// 30 (design profile 30).
 	TaskAffinity *int32 `json:"taskAffinity"`
 	// ThermalPowerHeadroom favours GPUs that run cool and below their power
-	// limit. Default 20 (design profile 20).
+	// limit. Default 10 (design profile 20).
 	ThermalPowerHeadroom *int32 `json:"thermalPowerHeadroom"`
 	// Fragmentation favours placements that leave the node's largest free
 	// NVLink island intact. Default 10 (design profile 10).
@@ -200,7 +201,7 @@ type Weights struct {
 	// than one GPU), the node whose chosen set has the highest bottleneck
 	// ring bandwidth, against the best of the nodes that passed filter.
 	// It counts only for those pods.
-	// Default 100 (design profile 0).
+	// Default 300 (design profile 0).
 	BandwidthFit *int32 `json:"bandwidthFit"`
 	// CapabilityConservation favours the node whose machine has the least
 	// interconnect to offer (peak pair bandwidth times largest NVLink
@@ -229,7 +230,7 @@ const (
 // weightProfiles holds each profile's weights, in the order of
 // Weights.fields.
 var weightProfiles = map[string][numWeights]int32{
-	WeightsPlacement: {10, 30, 20, 10, 100, 60, 40},
+	WeightsPlacement: {0, 30, 10, 10, 300, 60, 40},
 	WeightsDesign:    {40, 30, 20, 10, 0, 0, 0},
 }
 

@@ -151,8 +151,9 @@ type evaluator struct {
 	wU, wA, wH, wF, wB, wC, wI float64
 	idleC, limitC              float64
 	// wantsBandwidth: the pod asks for bandwidth, so bandwidth fit
-	// counts for it; otherwise capability conservation does.
-	wantsBandwidth bool
+	// counts for it. affinity: its job has pods placed, so task affinity
+	// counts (set by the caller that knows the job's placements).
+	wantsBandwidth, affinity bool
 }
 
 // evalSlots is the size of the evaluator's direct-mapped cache (a power of
@@ -335,19 +336,22 @@ func (pr podRequest) wantsBandwidth() bool {
 // passed filter for the same pod in the same request.
 type cohort struct {
 	// bestRingGBps is the highest ring bandwidth any of them offers the
-	// pod; leastCap and mostCap bound their machines' capability.
-	bestRingGBps      int
-	leastCap, mostCap float64
+	// pod; leastLogCap and mostLogCap bound their machines' log
+	// capability.
+	bestRingGBps            int
+	leastLogCap, mostLogCap float64
+	any                     bool
 }
 
 // add counts node n with its feasible verdict v in the cohort.
 func (c *cohort) add(n *nodeState, v *verdict) {
 	c.bestRingGBps = max(c.bestRingGBps, v.res.Metrics.RingGBps)
-	cp := n.topo.capability
-	if c.leastCap == 0 || cp < c.leastCap {
-		c.leastCap = cp
+	lc := n.topo.logCapability
+	if !c.any {
+		c.leastLogCap, c.mostLogCap, c.any = lc, lc, true
+		return
 	}
-	c.mostCap = max(c.mostCap, cp)
+	c.leastLogCap, c.mostLogCap = min(c.leastLogCap, lc), max(c.mostLogCap, lc)
 }
 
 // soloCohort is the cohort of n alone, for a decision that sees one node
@@ -373,21 +377,49 @@ func capabilityOf(g *topology.Graph, maxIsland int) float64 {
 // bandwidth fit only for a pod that asks for bandwidth; the others count
 // for every pod.
 func (e *evaluator) merit(n *nodeState, v *verdict, aff affinityIndex, co cohort) (float64, components) {
+	e.affinity = aff.nodes != nil
 	c := e.components(n, v, aff.of(n), co)
-	total := e.wU*c.utilization + e.wH*c.headroom + e.wF*c.fragmentation + e.wI*c.islandFit + e.wC*c.conservation
-	sum := e.wU + e.wH + e.wF + e.wI + e.wC
+	return e.combine(e.local(c, aff), c.bandwidthFit, c.conservation), c
+}
+
+// local is the weighted sum of the terms that do not compare the node
+// with the others (all but bandwidth fit and capability conservation).
+func (e *evaluator) local(c components, aff affinityIndex) float64 {
+	total := e.wU*c.utilization + e.wH*c.headroom + e.wF*c.fragmentation + e.wI*c.islandFit
 	if aff.nodes != nil {
 		total += e.wA * c.affinity
+	}
+	return total
+}
+
+// combine adds the cross-node terms to a local sum and divides by the
+// weights that count for the pod: the merit, 0..1.
+func (e *evaluator) combine(local, bandwidthFit, conservation float64) float64 {
+	total, sum := local+e.wC*conservation, e.wU+e.wH+e.wF+e.wI+e.wC
+	if e.affinity {
 		sum += e.wA
 	}
 	if e.wantsBandwidth {
-		total += e.wB * c.bandwidthFit
+		total += e.wB * bandwidthFit
 		sum += e.wB
 	}
 	if sum == 0 {
-		return 0, c
+		return 0
 	}
-	return clamp01(total / sum), c
+	return clamp01(total / sum)
+}
+
+// crossTerms are bandwidth fit and capability conservation of a node with
+// ring bandwidth ring and log capability logCap, against co.
+func crossTerms(ring int, logCap float64, co cohort) (bandwidthFit, conservation float64) {
+	bandwidthFit, conservation = 1, 1
+	if co.bestRingGBps > 0 {
+		bandwidthFit = clamp01(float64(ring) / float64(co.bestRingGBps))
+	}
+	if span := co.mostLogCap - co.leastLogCap; span > 0 {
+		conservation = clamp01(1 - (logCap-co.leastLogCap)/span)
+	}
+	return bandwidthFit, conservation
 }
 
 // absoluteScore is a merit on the 0..10 scale, for the placement record.
@@ -453,27 +485,17 @@ func (e *evaluator) components(n *nodeState, v *verdict, affinity float64, co co
 		c.fragmentation = clamp01(float64(v.res.Metrics.LeftLargestIsland) / float64(want))
 	}
 	// Bandwidth fit: this node's ring bandwidth against the cohort's best.
-	if co.bestRingGBps > 0 {
-		c.bandwidthFit = clamp01(float64(v.res.Metrics.RingGBps) / float64(co.bestRingGBps))
-	}
 	// Capability conservation: where this machine's capability lies
 	// between the cohort's least and most capable, on a log scale (the
 	// machines differ by orders of magnitude): 1 for the least capable,
 	// 0 for the most.
-	if cp := n.topo.capability; co.mostCap > co.leastCap && cp > 0 {
-		c.conservation = clamp01(1 - math.Log(cp/co.leastCap)/math.Log(co.mostCap/co.leastCap))
-	}
+	c.bandwidthFit, c.conservation = crossTerms(v.res.Metrics.RingGBps, n.topo.logCapability, co)
 	// Island best fit: the share of the touched islands' GPUs that is in
 	// use once the pod is placed, and of the node's.
-	var set topology.Mask
+	var set, touched topology.Mask
 	for _, i := range gpus {
 		set |= topology.MaskOf(i)
-	}
-	var touched topology.Mask
-	for _, isl := range n.topo.islands {
-		if isl&set != 0 {
-			touched |= isl
-		}
+		touched |= n.topo.islandOf[i]
 	}
 	// Half of it is the fill of the touched islands, half the fill of the
 	// node: on a machine without NVLink every GPU is its own island, and

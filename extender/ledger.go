@@ -79,11 +79,11 @@ type topoEntry struct {
 	pristine *topology.Graph
 	// maxIsland is the largest NVLink-connected clique of the machine.
 	maxIsland int
-	// capability is what the machine can offer (capability
-	// conservation, capabilityOf); islands its NVLink islands (island
-	// best fit).
-	capability float64
-	islands    []topology.Mask
+	// logCapability is the log of what the machine can offer (capability
+	// conservation, capabilityOf); islandOf[i] is GPU i's NVLink island
+	// (island best fit).
+	logCapability float64
+	islandOf      []topology.Mask
 	// id numbers the entry (entries are never removed), for the
 	// evaluator's per-request cache.
 	id uint64
@@ -314,7 +314,12 @@ func (l *Ledger) topoLocked(g *topology.Graph, st *v1alpha1.NodeGPUTopologyStatu
 		p = g // health never makes a topology invalid; keep going
 	}
 	maxIsland := p.Metrics(0, p.All()).LeftLargestIsland
-	e := &topoEntry{pristine: p, maxIsland: maxIsland, capability: capabilityOf(p, maxIsland), islands: p.Islands(), id: uint64(len(l.topos))}
+	e := &topoEntry{pristine: p, maxIsland: maxIsland, logCapability: math.Log(capabilityOf(p, maxIsland)), islandOf: make([]topology.Mask, p.Len()), id: uint64(len(l.topos))}
+	for _, isl := range p.Islands() {
+		for _, i := range isl.Indices() {
+			e.islandOf[i] = isl
+		}
+	}
 	l.topos[g.Hash()] = e
 	return e
 }
@@ -802,8 +807,13 @@ func equalStrings(a, b []string) bool {
 }
 
 // nodeList is a request's candidate nodes resolved to their state, nil for
-// unknown names.
-type nodeList struct{ s []*nodeState }
+// unknown names; v, m and c hold prioritize's verdicts, merits and log
+// capabilities per node.
+type nodeList struct {
+	s    []*nodeState
+	v    []*verdict
+	m, c []float64
+}
 
 var nodeListPool = sync.Pool{New: func() any { return new(nodeList) }}
 
@@ -826,5 +836,17 @@ func (l *Ledger) lookupLocked(names []string) *nodeList {
 // release returns the list to the pool, dropping its pointers.
 func (nl *nodeList) release() {
 	clear(nl.s)
+	clear(nl.v)
 	nodeListPool.Put(nl)
+}
+
+// evalSlices sizes v and m for the list's nodes, zeroed.
+func (nl *nodeList) evalSlices() {
+	n := len(nl.s)
+	if cap(nl.v) < n {
+		nl.v, nl.m, nl.c = make([]*verdict, n), make([]float64, n), make([]float64, n)
+	}
+	nl.v, nl.m, nl.c = nl.v[:n], nl.m[:n], nl.c[:n]
+	clear(nl.v)
+	clear(nl.m)
 }

@@ -21,11 +21,12 @@ func merits(t *testing.T, x *Extender, args *extenderv1.ExtenderArgs) map[string
 		t.Fatal(err)
 	}
 	names := nodeNames(args)
-	ms, verdicts, _ := x.evaluate(pr, names)
+	nl, _ := x.evaluate(pr, names)
+	defer nl.release()
 	out := map[string]int64{}
 	for i, n := range names {
-		if verdicts[i] != nil {
-			out[n] = absoluteScore(ms[i])
+		if nl.v[i] != nil {
+			out[n] = absoluteScore(nl.m[i])
 		} else {
 			out[n] = 0
 		}
@@ -149,8 +150,12 @@ func TestPrioritizeTerms(t *testing.T) {
 		args: &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(8).obj(), NodeNames: &[]string{"idle"}},
 		// utilization 0; headroom, fragmentation, island fit and
 		// conservation 1 (nothing left, the only node); no job, so no
-		// affinity: 10 * (20 + 10 + 40 + 60) / (10 + 20 + 10 + 40 + 60) = 9.
-		want: map[string]int64{"idle": 9},
+		// affinity; no bandwidth asked, so no bandwidth fit.
+		want: map[string]int64{"idle": func() int64 {
+			w := weightProfiles[WeightsPlacement]
+			u, h, f, c, i := float64(w[0]), float64(w[2]), float64(w[3]), float64(w[5]), float64(w[6])
+			return int64(math.Round(10 * (h + f + c + i) / (u + h + f + c + i)))
+		}()},
 	}, {
 		name: "design profile combines the first four components",
 		cfg:  profile(WeightsDesign),

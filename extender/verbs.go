@@ -113,19 +113,20 @@ func (x *Extender) prioritize(args *extenderv1.ExtenderArgs, track bool) (extend
 		}
 		return list, nil, nil
 	}
-	merits, verdicts, bestMerit := x.evaluate(pr, names)
+	nl, bestMerit := x.evaluate(pr, names)
 	var counts [extenderv1.MaxExtenderPriority + 1]uint64
 	best, bestGPUs := -1, []int(nil)
 	for i, name := range names {
 		list[i].Host = name
-		if v := verdicts[i]; v != nil {
-			list[i].Score = relativeScore(merits[i], bestMerit)
+		if v := nl.v[i]; v != nil {
+			list[i].Score = relativeScore(nl.m[i], bestMerit)
 			if track && (best < 0 || list[i].Score > list[best].Score || list[i].Score == list[best].Score && name < list[best].Host) {
 				best, bestGPUs = i, v.res.GPUs
 			}
 		}
 		counts[list[i].Score]++
 	}
+	nl.release()
 	x.metrics.scores.add(&counts)
 	var top *ShadowPick
 	if best >= 0 {
@@ -134,36 +135,42 @@ func (x *Extender) prioritize(args *extenderv1.ExtenderArgs, track bool) (extend
 	return list, top, nil
 }
 
-// evaluate decides the pod on every node of names: the verdict of each
-// node that passes filter (nil for the others), its merit (0..1) and the
-// best merit (-1 when no node passes). Two passes: the cross-node terms
-// compare each node with every node that passed (the cohort), so the
-// verdicts come first.
-func (x *Extender) evaluate(pr podRequest, names []string) (merits []float64, verdicts []*verdict, best float64) {
+// evaluate decides the pod on every node of names: in the returned list,
+// v[i] is the verdict of node i when it passes filter (nil otherwise) and
+// m[i] its merit (0..1); best is the best merit (-1 when no node passes).
+// Two passes: the cross-node terms compare each node with every node that
+// passed (the cohort), so the verdicts come first. The caller releases the
+// list.
+func (x *Extender) evaluate(pr podRequest, names []string) (nl *nodeList, best float64) {
 	e := newEvaluator(x.alloc, x.cfg, pr, x.now())
 	l := x.ledger
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	aff := l.affinityLocked(pr.job)
-	nodes := l.lookupLocked(names)
-	defer nodes.release()
-	verdicts = make([]*verdict, len(names))
+	nl = l.lookupLocked(names)
+	nl.evalSlices()
+	// Pass one touches each node once: verdict, the terms local to the
+	// node, and what the cross-node terms need. Pass two finishes the
+	// merits from the slices alone.
+	e.affinity = aff.nodes != nil
 	var co cohort
-	for i, n := range nodes.s[:len(names)] {
+	for i, n := range nl.s {
 		if v := e.check(n); v.ok {
-			verdicts[i] = v
+			nl.v[i] = v
 			co.add(n, v)
+			c := e.components(n, v, aff.of(n), cohort{})
+			nl.m[i], nl.c[i] = e.local(c, aff), n.topo.logCapability
 		}
 	}
-	merits = make([]float64, len(names))
 	best = -1
-	for i, v := range verdicts {
+	for i, v := range nl.v {
 		if v != nil {
-			merits[i], _ = e.merit(nodes.s[i], v, aff, co)
-			best = max(best, merits[i])
+			bf, cons := crossTerms(v.res.Metrics.RingGBps, nl.c[i], co)
+			nl.m[i] = e.combine(nl.m[i], bf, cons)
+			best = max(best, nl.m[i])
 		}
 	}
-	return merits, verdicts, best
+	return nl, best
 }
 
 // Bind picks the pod's GPUs on the node, reserves them in the ledger and

@@ -52,8 +52,8 @@ var PlacementSuite = []SuiteCase{
 }
 
 // SuiteFallbackAfter is the fallbackAfter the suite's fallback run gives
-// model-parallel jobs (half the queue timeout).
-const SuiteFallbackAfter = 30 * time.Minute
+// model-parallel jobs: a few cluster events, well inside the queue timeout.
+const SuiteFallbackAfter = 5 * time.Minute
 
 // SuiteRow is one case's outcome: gputopo with the strict default policy
 // table, gputopo with fallbackAfter on, the per-decision optimum, and the
