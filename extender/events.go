@@ -16,7 +16,13 @@ import (
 // they connected" without reading annotations.
 const ReasonGPUsBound = "GPUsBound"
 
-// recordBound gives the pod its GPUsBound Event. Only the serving replica
+// ReasonPlacementFellBack is the reason of the Warning Event a pod gets,
+// besides GPUsBound, when it was bound after its requirement's
+// fallbackAfter to GPUs that miss its NVLink or bandwidth requirement.
+const ReasonPlacementFellBack = "PlacementFellBack"
+
+// recordBound gives the pod its GPUsBound Event, and a PlacementFellBack
+// Warning when the placement is degraded. Only the serving replica
 // (the leader) binds, and it records through the same rate-limited
 // broadcaster as GPUDoubleHeld; without a cluster (the simulator) there is
 // no recorder and nothing is recorded.
@@ -26,6 +32,9 @@ func (x *Extender) recordBound(args *extenderv1.ExtenderBindingArgs, uuids []str
 	}
 	ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: args.PodNamespace, Name: args.PodName, UID: args.PodUID}
 	x.recorder.Event(ref, corev1.EventTypeNormal, ReasonGPUsBound, boundMessage(args.Node, uuids, p))
+	if p.Degraded {
+		x.recorder.Event(ref, corev1.EventTypeWarning, ReasonPlacementFellBack, p.DegradedReason)
+	}
 }
 
 // boundMessage is the GPUsBound Event's text: "node n1: GPUs 0,1 (GPU-a,

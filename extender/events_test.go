@@ -3,7 +3,9 @@ package extender
 import (
 	"strings"
 	"testing"
+	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/record"
 )
 
@@ -54,5 +56,29 @@ func TestBindRecordsGPUsBoundEventOnLeaderOnly(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A pod bound after its fallbackAfter to GPUs that miss its requirement
+// also gets a Warning PlacementFellBack Event saying why.
+func TestBindAfterFallbackRecordsPlacementFellBack(t *testing.T) {
+	pod := makePod("mp").gpus(2).req(`{"requireNVLink":true,"strategy":"highest_bandwidth","fallbackAfter":"30m"}`).obj()
+	pod.CreationTimestamp = metav1.NewTime(testNow.Add(-time.Hour))
+	x, _ := newTestExtender(t, nil, pod)
+	rec := record.NewFakeRecorder(4)
+	x.recorder = rec
+	x.ledger.UpsertTopology(topo(t, "pcie-8x", "pcie"))
+	x.ledger.UpsertPod(pod)
+	if res := x.Bind(bindArgs(pod, "pcie")); res.Error != "" {
+		t.Fatalf("bind: %s", res.Error)
+	}
+	close(rec.Events)
+	var events []string
+	for e := range rec.Events {
+		events = append(events, e)
+	}
+	if len(events) != 2 || !strings.HasPrefix(events[0], "Normal "+ReasonGPUsBound) ||
+		!strings.HasPrefix(events[1], "Warning "+ReasonPlacementFellBack) || !strings.Contains(events[1], "fallbackAfter 30m0s") {
+		t.Errorf("events %q; want GPUsBound, then PlacementFellBack naming fallbackAfter", events)
 	}
 }

@@ -269,3 +269,20 @@ func TestCommandOutputsJSONAndRejectsBadFlags(t *testing.T) {
 		}
 	}
 }
+
+// A placement that fell back (fallbackAfter) is shown with its reason.
+func TestExplainShowsAFallBack(t *testing.T) {
+	s := cluster(t)
+	s.Pods[1].Annotations[v1alpha1.AnnotationPlacement] = `{"node":"v100","strategy":"highest_bandwidth","gpuIndices":[0,1,2,3],"tier":"nvlink","minPairBandwidthGBps":50,"ringBandwidthGBps":100,"score":7,"degraded":true,"degradedReason":"Pending longer than fallbackAfter 30m0s"}`
+	e, err := s.Explain("team", s.Pods[1].Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := writeExplanation(&out, painter{}, e); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "fell back: Pending longer than fallbackAfter 30m0s") {
+		t.Errorf("explain does not show the fall-back:\n%s", out.String())
+	}
+}

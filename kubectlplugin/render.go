@@ -303,6 +303,9 @@ func writeExplanation(w io.Writer, p painter, e *Explanation) error {
 			}
 			fmt.Fprintf(w, "planned:   GPUs %s on node %s, tier %s%s, strategy %s, score %d\n", ints(pl.GPUIndices), pl.Node, p.c(tierColour(string(pl.Tier)), string(pl.Tier)), bw, pl.Strategy, pl.Score)
 		}
+		if pl := b.Placement; pl != nil && pl.Degraded {
+			fmt.Fprintf(w, "fell back: %s\n", p.c(yellow, pl.DegradedReason))
+		}
 		fmt.Fprintf(w, "assigned:  %s\n", dash(strings.Join(b.Assigned, ",")))
 		fmt.Fprintf(w, "allocated: %s\n", dash(strings.Join(b.Allocated, ",")))
 		truth := b.Truth
