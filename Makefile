@@ -86,14 +86,15 @@ test-security: tools ## The security suite alone (real control plane, kube-sched
 	$(GO) test $(INTEGRATION_FLAGS) -run '$(SECURITY_TESTS_NODE)' ./test/nodeagent/
 	$(GO) test $(INTEGRATION_FLAGS) -run '$(SECURITY_TESTS_E2E)' ./test/e2e/
 
-bench: ## Benchmarks (allocator, extender, webhook) and the simulator on the bundled traces; regenerates docs/benchmarks.md
+bench: ## Benchmarks (allocator, extender, webhook), the simulator on the bundled traces and the placement suite; regenerates docs/benchmarks.md
 	@mkdir -p _out
 	{ echo "cores: $$(nproc)"; grep MemTotal /proc/meminfo; $(GO) version; echo "run: $$(date -u +%FT%TZ)"; } > _out/machine.txt
 	$(GO) test -run '^$$' -bench . -benchmem ./topology/ ./extender/ ./webhook/ | tee _out/bench.txt
 	$(GO) run ./cmd/gputopo simulate --trace bundled:mixed --out _out/sim-mixed
 	$(GO) run ./cmd/gputopo simulate --trace bundled:fragment --out _out/sim-fragment
+	$(GO) run ./cmd/gputopo simulate --suite --out _out/sim-suite
 	$(GO) run ./test/schedbench/docsplice -doc docs/benchmarks.md machine=text:_out/machine.txt go-bench=text:_out/bench.txt \
-	  sim-mixed=_out/sim-mixed/report.md sim-fragment=_out/sim-fragment/report.md
+	  sim-mixed=_out/sim-mixed/report.md sim-fragment=_out/sim-fragment/report.md sim-suite=_out/sim-suite/report.md
 
 bench-scheduler: tools ## kube-scheduler throughput with and without the extender, N=500,1000 nodes; regenerates docs/benchmarks.md
 	@mkdir -p _out
