@@ -261,6 +261,10 @@ func TestPodValidator(t *testing.T) {
 			pod:  MakePod("p", nsOptedIn).GPU(2).Requirement(`{"minPairBandwidthGBps":-5}`).Obj(),
 			want: invalid(`metadata.annotations[gputopo.io/gpu-topology-requirement].minPairBandwidthGBps: Invalid value: -5: must be 0 (no minimum) or a positive bandwidth in GB/s, bidirectional`),
 		},
+		"fallbackAfter without requireNVLink is denied naming the field": {
+			pod:  MakePod("p", nsOptedIn).GPU(2).Requirement(`{"strategy":"highest_bandwidth","fallbackAfter":"30m"}`).Obj(),
+			want: invalid(`metadata.annotations[gputopo.io/gpu-topology-requirement].fallbackAfter: Invalid value: "30m0s": applies only to a requirement with requireNVLink or minPairBandwidthGBps (there is nothing to fall back from); remove fallbackAfter or require NVLink`),
+		},
 		"a malformed requirement is denied in a namespace that did not opt in": {
 			pod:  MakePod("p", nsPlain).GPU(2).Requirement(`{"strategy":"fastest"}`).Obj(),
 			want: invalid(`metadata.annotations[gputopo.io/gpu-topology-requirement].strategy: Unsupported value: "fastest": supported values: "highest_bandwidth", "numa_local", "balanced_utilization", "lowest_fragmentation"`),
