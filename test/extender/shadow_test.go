@@ -118,12 +118,17 @@ func TestShadowReportsDifferingDecisions(t *testing.T) {
 
 	thermal := extender.DefaultConfiguration()
 	zero, hundred := int32(0), int32(100)
-	thermal.Weights = extender.Weights{UtilizationBalance: &zero, TaskAffinity: &zero, ThermalPowerHeadroom: &hundred, Fragmentation: &zero}
+	thermal.Weights = extender.Weights{Profile: extender.WeightsPlacement, UtilizationBalance: &zero, TaskAffinity: &zero, ThermalPowerHeadroom: &hundred, Fragmentation: &zero,
+		BandwidthFit: &zero, CapabilityConservation: &zero, IslandBestFit: &zero}
 	shadow := startExtenderWith(t, e, 0, func(o *extender.Options) {
 		o.Shadow, o.ShadowLogSampleRate, o.Config = true, 1, thermal
 	})
+	// The serving extender balances utilization (the design profile): it
+	// prefers the idle node, the shadow the cool one.
+	design := &extender.Configuration{Weights: extender.Weights{Profile: extender.WeightsDesign}}
+	extender.SetDefaults(design)
 	serving := startExtenderWith(t, e, 0, func(o *extender.Options) {
-		o.ShadowURL, o.ShadowTimeout = shadow.url(), 4*time.Second
+		o.ShadowURL, o.ShadowTimeout, o.Config = shadow.url(), 4*time.Second, design
 	})
 	waitReady(t, serving, shadow)
 	startScheduler(t, e, serving.url())
@@ -168,7 +173,7 @@ func TestShadowReportsDifferingDecisions(t *testing.T) {
 	if diff.Kind != extender.DiffTopNode || diff.ServingNode != "dgx-0" || diff.ShadowNode != "dgx-1" || len(diff.ServingGPUs) != 1 || len(diff.ShadowGPUs) != 1 {
 		t.Errorf("difference %+v, want top_node dgx-0 (serving) vs dgx-1 (shadow), one GPU each", diff)
 	}
-	if !strings.Contains(diff.Reason, "shadow ranks dgx-1: 7 (") || !strings.Contains(diff.Reason, "above dgx-0: 0 (") {
+	if !strings.Contains(diff.Reason, "shadow ranks dgx-1: 10 (") || !strings.Contains(diff.Reason, "above dgx-0: 0 (") {
 		t.Errorf("reason %q does not give both scores", diff.Reason)
 	}
 	for _, c := range []struct {
