@@ -31,7 +31,7 @@ or a CSV file (` + simulator.TraceHeader + `). See docs/simulator.md.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&opts.Cluster, "cluster", "", "nodes as fixture=count,... (default: the trace's own cluster)")
+	f.StringVar(&opts.Cluster, "cluster", "", "nodes as machine=count,...; a machine is a built-in fixture name or a machine file (default: the trace's own cluster)")
 	f.StringVar(&opts.Trace, "trace", opts.Trace, "trace: bundled:<name>, gen:<kind>[:key=value...], or a CSV file")
 	f.StringVar(&opts.OutDir, "out", "", "directory for report.md, report.svg and trace.csv")
 	f.DurationVar(&opts.MaxWait, "max-wait", opts.MaxWait, "queue timeout: a job not placed this long after arrival is rejected")
