@@ -69,15 +69,21 @@ func WriteWinners(w io.Writer, results []Result) error {
 	for i, r := range results {
 		names[i] = r.Policy
 	}
+	return writeWinnerLine(w, "best per column", names, func(ci, i int) float64 { return Columns[ci].Value(results[i]) })
+}
+
+// writeWinnerLine prints "<label>: column: winners; ..." where value(ci, i)
+// is policy i's value in column ci.
+func writeWinnerLine(w io.Writer, label string, names []string, value func(ci, i int) float64) error {
 	var parts []string
-	for _, c := range Columns {
-		vals := make([]float64, len(results))
-		for i, r := range results {
-			vals[i] = c.Value(r)
+	for ci, c := range Columns {
+		vals := make([]float64, len(names))
+		for i := range names {
+			vals[i] = value(ci, i)
 		}
 		parts = append(parts, fmt.Sprintf("%s: %s", c.Name, strings.Join(winners(c, names, vals), ", ")))
 	}
-	_, err := fmt.Fprintf(w, "best per column: %s\n", strings.Join(parts, "; "))
+	_, err := fmt.Fprintf(w, "%s: %s\n", label, strings.Join(parts, "; "))
 	return err
 }
 
@@ -164,14 +170,6 @@ func WriteSummary(w io.Writer, sums []Summary) error {
 	for i, s := range sums {
 		names[i] = s.Policy
 	}
-	var parts []string
-	for ci, c := range Columns {
-		vals := make([]float64, len(sums))
-		for i, s := range sums {
-			vals[i] = s.Mean[ci]
-		}
-		parts = append(parts, fmt.Sprintf("%s: %s", c.Name, strings.Join(winners(c, names, vals), ", ")))
-	}
-	_, err := fmt.Fprintf(w, "\nbest mean per column: %s\n", strings.Join(parts, "; "))
-	return err
+	fmt.Fprintln(w)
+	return writeWinnerLine(w, "best mean per column", names, func(ci, i int) float64 { return sums[i].Mean[ci] })
 }
