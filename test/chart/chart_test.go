@@ -562,8 +562,19 @@ func checkNodeAgentDaemonSet(t *testing.T, r release, w want, objs []*unstructur
 	var ds appsv1.DaemonSet
 	into(t, find(t, objs, "DaemonSet", r.fullname()+"-nodeagent"), &ds)
 	spec := ds.Spec.Template.Spec
-	if spec.NodeSelector["nvidia.com/gpu.present"] != "true" {
-		t.Errorf("node agent nodeSelector %v does not select GPU nodes", spec.NodeSelector)
+	// GFD's label or NFD's: two ORed node affinity terms.
+	var labels []string
+	if a := spec.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
+		for _, term := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+			for _, e := range term.MatchExpressions {
+				if e.Operator == corev1.NodeSelectorOpIn && slices.Equal(e.Values, []string{"true"}) {
+					labels = append(labels, e.Key)
+				}
+			}
+		}
+	}
+	if !slices.Equal(labels, []string{"nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present"}) || len(spec.NodeSelector) != 0 {
+		t.Errorf("node agent selects nodes by affinity labels %v and nodeSelector %v; want GFD's or NFD's label, no nodeSelector", labels, spec.NodeSelector)
 	}
 	ctr := spec.Containers[0]
 	env := map[string]corev1.EnvVar{}
