@@ -27,7 +27,7 @@ build: ## Build bin/gputopo
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/gputopo ./cmd/gputopo
 
 kubectl-gputopo: ## Build the kubectl plugin into bin/kubectl-gputopo (kubectl runs it as `kubectl gputopo` when bin/ is on PATH)
-	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/kubectl-gputopo ./cmd/kubectl-gputopo
+	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/kubectl-gputopo ./cmd/kubectl-gputopo
 
 tools: ## Build the control-plane binaries into bin/ (about 15 minutes cold, cached)
 	bash hack/tools/build.sh

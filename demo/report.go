@@ -4,31 +4,18 @@ import (
 	"fmt"
 	"io"
 	"sort"
-	"strings"
 	"text/tabwriter"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/internal/picture"
 	"github.com/gputopo/gputopo/topology"
 )
 
 // NodeView is one node as the report shows it.
-type NodeView struct {
-	Name    string
-	Fixture string
-	Graph   *topology.Graph
-}
+type NodeView = picture.NodeView
 
 // PodView is one placed pod.
-type PodView struct {
-	Name string
-	Node string
-	// Intent is the workload's parallelism ("model", "data" or "").
-	Intent string
-	// GPUs are the assigned GPU indices on Node, in assignment order.
-	GPUs []int
-	// Order is the bind order, used to replay count-only scheduling.
-	Order int
-}
+type PodView = picture.PodView
 
 // Row is one line of the placement table.
 type Row struct {
@@ -109,13 +96,7 @@ func orDash(s string) string {
 	return s
 }
 
-func ints(v []int) string {
-	s := make([]string, len(v))
-	for i, x := range v {
-		s[i] = fmt.Sprint(x)
-	}
-	return strings.Join(s, ",")
-}
+func ints(v []int) string { return picture.Indices(v) }
 
 func gbps(v, k int) string {
 	if k < 2 {

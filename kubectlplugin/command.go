@@ -11,7 +11,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/gputopo/gputopo/demo"
+	"github.com/gputopo/gputopo/internal/picture"
 )
 
 // DefaultConfigMap is where the chart (release gputopo in gputopo-system)
@@ -227,17 +227,17 @@ func (o *Options) snapshot(ctx context.Context) (*Snapshot, error) {
 
 // writeSVGFile draws the nodes with the demo's picture.
 func writeSVGFile(path string, s *Snapshot, names []string) error {
-	var nodes []demo.NodeView
-	var pods []demo.PodView
+	var nodes []picture.NodeView
+	var pods []picture.PodView
 	for _, name := range names {
 		n := s.nodeState(name)
 		if n.graph == nil {
 			continue
 		}
-		nodes = append(nodes, demo.NodeView{Name: name, Fixture: machine(n.graph), Graph: n.graph})
+		nodes = append(nodes, picture.NodeView{Name: name, Fixture: machine(n.graph), Graph: n.graph})
 		for _, h := range n.holders {
 			if len(h.gpus) > 0 {
-				pods = append(pods, demo.PodView{Name: h.pod.Namespace + "/" + h.pod.Name, Node: name, GPUs: h.gpus})
+				pods = append(pods, picture.PodView{Name: h.pod.Namespace + "/" + h.pod.Name, Node: name, GPUs: h.gpus})
 			}
 		}
 	}
@@ -248,7 +248,7 @@ func writeSVGFile(path string, s *Snapshot, names []string) error {
 	if err != nil {
 		return fmt.Errorf("--svg: %w", err)
 	}
-	if err := demo.WriteSVG(f, nodes, pods); err != nil {
+	if err := picture.WriteSVG(f, nodes, pods); err != nil {
 		f.Close()
 		return fmt.Errorf("write %s: %w", path, err)
 	}
