@@ -130,6 +130,7 @@ func newExtender(cfg *Configuration, cs kubernetes.Interface) *Extender {
 	}
 	l.onDoubleHeld = x.onDoubleHeld
 	m.leader = x.leading.Load
+	m.topologyClock = func() (time.Time, time.Duration) { return x.now(), cfg.topologyMaxAge() }
 	return x
 }
 

@@ -766,6 +766,48 @@ type Counts struct {
 	DoubleHeld int
 }
 
+// Topology states, as TopologyStates counts nodes.
+const (
+	TopologyFresh      = "fresh"
+	TopologyMissing    = "missing"
+	TopologyInvalid    = "invalid"
+	TopologyAgentStale = "agent_stale"
+	TopologyOld        = "old"
+)
+
+// TopologyStates counts the nodes the ledger knows by the state of their
+// NodeGPUTopology at now, judged as filter judges it (maxAge 0 or less:
+// no age check): missing (a Node advertising GPUs with none), invalid,
+// agent_stale (the agent marked it stale), old (observedTime missing,
+// older than maxAge, or further ahead than the clock-skew allowance) or
+// fresh.
+func (l *Ledger) TopologyStates(now time.Time, maxAge time.Duration) map[string]int {
+	out := map[string]int{TopologyFresh: 0, TopologyMissing: 0, TopologyInvalid: 0, TopologyAgentStale: 0, TopologyOld: 0}
+	staleBefore, futureAfter := int64(math.MinInt64), int64(math.MaxInt64)
+	if maxAge > 0 {
+		staleBefore, futureAfter = now.Add(-maxAge).UnixNano(), now.Add(topologyClockSkew).UnixNano()
+	}
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	for _, n := range l.nodes {
+		switch {
+		case !n.hasTopology:
+			if n.allocatable > 0 {
+				out[TopologyMissing]++
+			}
+		case n.graph == nil:
+			out[TopologyInvalid]++
+		case n.stale:
+			out[TopologyAgentStale]++
+		case n.observedNs == 0 || n.observedNs < staleBefore || n.observedNs > futureAfter:
+			out[TopologyOld]++
+		default:
+			out[TopologyFresh]++
+		}
+	}
+	return out
+}
+
 // Counts totals the ledger.
 func (l *Ledger) Counts() Counts {
 	l.mu.RLock()

@@ -3,6 +3,7 @@ package extender
 import (
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -24,6 +25,9 @@ type Metrics struct {
 	// exported only then, so that standbys do not repeat every GPU's
 	// series. nil: always.
 	leader func() bool
+	// topologyClock gives the time and topologyMaxAge the topology
+	// states are judged at (nil: no age check).
+	topologyClock func() (time.Time, time.Duration)
 
 	latency       *prometheus.HistogramVec
 	filterResults *prometheus.CounterVec
@@ -146,6 +150,8 @@ func NewMetrics(l *Ledger) *Metrics {
 			"GPUs in the extender's ledger by state (free, held, reserved, unhealthy, total).", []string{"state"}, nil),
 			doubleHeld: prometheus.NewDesc("gputopo_extender_ledger_double_held_gpus",
 				"GPUs held by more than one live pod now (each counted once in gputopo_extender_ledger_gpus). 0 in a healthy cluster.", nil, nil)},
+		&topologyStateCollector{l: l, m: m, desc: prometheus.NewDesc("gputopo_extender_topology_nodes",
+			"Nodes by the state of their NodeGPUTopology as filter judges it: fresh, missing (the Node advertises GPUs, no topology), invalid, agent_stale (the node agent marked it stale), old (observedTime missing, older than topologyMaxAge or ahead of the clock). Nodes in any state but fresh are refused.", []string{"state"}, nil)},
 		&telemetrySourceCollector{l: l,
 			source: prometheus.NewDesc("gputopo_extender_telemetry_source_nodes",
 				"Nodes by the telemetry source prioritize reads (nodeGPUTopology, prometheus).", []string{"source"}, nil),
@@ -253,6 +259,27 @@ func (c *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(v), state)
 	}
 	ch <- prometheus.MustNewConstMetric(c.doubleHeld, prometheus.GaugeValue, float64(n.DoubleHeld))
+}
+
+// topologyStateCollector counts nodes by topology state at scrape time.
+type topologyStateCollector struct {
+	l    *Ledger
+	m    *Metrics
+	desc *prometheus.Desc
+}
+
+var _ prometheus.Collector = (*topologyStateCollector)(nil)
+
+func (c *topologyStateCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *topologyStateCollector) Collect(ch chan<- prometheus.Metric) {
+	now, maxAge := time.Now(), time.Duration(0)
+	if c.m.topologyClock != nil {
+		now, maxAge = c.m.topologyClock()
+	}
+	for state, n := range c.l.TopologyStates(now, maxAge) {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), state)
+	}
 }
 
 // telemetrySourceCollector counts nodes by telemetry source at scrape time.

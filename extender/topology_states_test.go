@@ -1,0 +1,61 @@
+package extender
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+)
+
+// TestTopologyNodesGaugeJudgesAsFilterDoes: gputopo_extender_topology_nodes
+// counts each node once by the state filter would refuse it for, at the
+// extender's clock and topologyMaxAge (15m by default).
+func TestTopologyNodesGaugeJudgesAsFilterDoes(t *testing.T) {
+	x, _ := newTestExtender(t, nil)
+	x.ledger.UpsertTopology(topo(t, "dgx-a100", "fresh"))
+	old := topo(t, "dgx-a100", "old")
+	old.Status.ObservedTime = metav1.NewTime(testNow.Add(-time.Hour))
+	x.ledger.UpsertTopology(old)
+	ahead := topo(t, "dgx-a100", "ahead")
+	ahead.Status.ObservedTime = metav1.NewTime(testNow.Add(10 * time.Minute))
+	x.ledger.UpsertTopology(ahead)
+	stale := topo(t, "dgx-a100", "stale")
+	stale.Status.Stale, stale.Status.StaleReason = true, "NVML: driver not loaded"
+	x.ledger.UpsertTopology(stale)
+	invalid := topo(t, "dgx-a100", "invalid")
+	invalid.Status.GPUs = invalid.Status.GPUs[:0]
+	x.ledger.UpsertTopology(invalid)
+	x.ledger.UpsertNode(gpuNode("missing", 8))
+
+	want := map[string]int{TopologyFresh: 1, TopologyOld: 2, TopologyAgentStale: 1, TopologyInvalid: 1, TopologyMissing: 1}
+	if diff := cmp.Diff(want, x.ledger.TopologyStates(testNow, 15*time.Minute)); diff != "" {
+		t.Errorf("states (-want +got):\n%s", diff)
+	}
+	// Every node the gauge does not count as fresh fails filter.
+	for _, n := range []string{"old", "ahead", "stale", "invalid", "missing"} {
+		if v := x.Filter(&extenderv1.ExtenderArgs{Pod: makePod("p").gpus(1).obj(), NodeNames: &[]string{n}}); v.NodeNames != nil && len(*v.NodeNames) > 0 {
+			t.Errorf("node %s passes filter, but the gauge counts it as not fresh", n)
+		}
+	}
+	fams, err := x.metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gauge := map[string]float64{}
+	for _, f := range fams {
+		if f.GetName() == "gputopo_extender_topology_nodes" {
+			for _, m := range f.GetMetric() {
+				gauge[m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+			}
+		}
+	}
+	if diff := cmp.Diff(map[string]float64{TopologyFresh: 1, TopologyOld: 2, TopologyAgentStale: 1, TopologyInvalid: 1, TopologyMissing: 1}, gauge); diff != "" {
+		t.Errorf("gputopo_extender_topology_nodes (-want +got):\n%s", diff)
+	}
+	// With the age check off, age no longer counts.
+	if got := x.ledger.TopologyStates(testNow, 0)[TopologyOld]; got != 0 {
+		t.Errorf("old nodes with the age check off = %d, want 0", got)
+	}
+}
