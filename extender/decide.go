@@ -137,10 +137,8 @@ type evaluator struct {
 	pr     podRequest
 	now    time.Time
 	maxAge time.Duration
-	// staleBeforeNs and futureAfterNs bound a fresh observedTime: now -
-	// maxAge and now + topologyClockSkew in Unix nanoseconds (MinInt64 and
-	// MaxInt64: no age check).
-	staleBeforeNs, futureAfterNs int64
+	// window bounds a fresh observedTime.
+	window freshWindow
 	// telemetryAfterNs is the oldest telemetry time still steered by.
 	telemetryAfterNs int64
 	// slots is a direct-mapped cache in front of memo: most lookups are a
@@ -182,29 +180,67 @@ func newEvaluator(alloc *topology.Allocator, cfg *Configuration, pr podRequest, 
 	e.wantsBandwidth = pr.wantsBandwidth()
 	e.idleC, e.limitC = float64(*cfg.Thermal.IdleTemperatureC), float64(*cfg.Thermal.LimitTemperatureC)
 	e.telemetryAfterNs = now.Add(-cfg.TelemetryMaxAge.Duration).UnixNano()
-	e.staleBeforeNs, e.futureAfterNs = math.MinInt64, math.MaxInt64
-	if e.maxAge > 0 {
-		e.staleBeforeNs = now.Add(-e.maxAge).UnixNano()
-		e.futureAfterNs = now.Add(topologyClockSkew).UnixNano()
-	}
+	e.window = newFreshWindow(now, e.maxAge)
 	return e
+}
+
+// freshWindow is the range a fresh topology's observedTime lies in, in
+// Unix nanoseconds: from now - maxAge to now + topologyClockSkew, or
+// unbounded without an age check.
+type freshWindow struct{ from, to int64 }
+
+func newFreshWindow(now time.Time, maxAge time.Duration) freshWindow {
+	if maxAge <= 0 {
+		return freshWindow{math.MinInt64, math.MaxInt64}
+	}
+	return freshWindow{now.Add(-maxAge).UnixNano(), now.Add(topologyClockSkew).UnixNano()}
+}
+
+// topoState is the state of a node's NodeGPUTopology as filter judges it.
+type topoState uint8
+
+const (
+	topoFresh topoState = iota
+	topoMissing
+	topoInvalid
+	topoAgentStale
+	topoOld
+)
+
+var topoStateNames = [...]string{TopologyFresh, TopologyMissing, TopologyInvalid, TopologyAgentStale, TopologyOld}
+
+// topologyState judges n's topology: missing, invalid, marked stale by
+// the agent, old (observedTime missing or outside w) or fresh. Filter
+// refuses every node that is not fresh.
+func (n *nodeState) topologyState(w freshWindow) topoState {
+	switch {
+	case n == nil || !n.hasTopology:
+		return topoMissing
+	case n.graph == nil:
+		return topoInvalid
+	case n.stale:
+		return topoAgentStale
+	case n.observedNs == 0 || n.observedNs < w.from || n.observedNs > w.to:
+		return topoOld
+	}
+	return topoFresh
 }
 
 // check decides whether node n can take the pod now. The caller holds the
 // ledger's read lock.
 func (e *evaluator) check(n *nodeState) *verdict {
-	switch {
-	case n == nil || !n.hasTopology:
+	switch n.topologyState(e.window) {
+	case topoMissing:
 		return &verdict{code: reasonNoTopology, reason: "node has no NodeGPUTopology; the gputopo node agent has not published its GPUs (is it running on this node?)"}
-	case n.graph == nil:
+	case topoInvalid:
 		return &verdict{code: reasonInvalidTopology, reason: "node's NodeGPUTopology is invalid (" + n.topoErr + "); fix or restart the gputopo node agent on this node"}
-	case n.stale:
+	case topoAgentStale:
 		reason := "node's GPU topology is stale"
 		if n.staleReason != "" {
 			reason += " (" + n.staleReason + ")"
 		}
 		return &verdict{code: reasonStaleTopology, reason: reason + "; check the gputopo node agent and the GPU driver on this node"}
-	case n.observedNs == 0 || n.observedNs < e.staleBeforeNs || n.observedNs > e.futureAfterNs:
+	case topoOld:
 		return e.staleByTime(n)
 	}
 	if size := n.size; e.pr.count > size {

@@ -782,28 +782,19 @@ const (
 // older than maxAge, or further ahead than the clock-skew allowance) or
 // fresh.
 func (l *Ledger) TopologyStates(now time.Time, maxAge time.Duration) map[string]int {
-	out := map[string]int{TopologyFresh: 0, TopologyMissing: 0, TopologyInvalid: 0, TopologyAgentStale: 0, TopologyOld: 0}
-	staleBefore, futureAfter := int64(math.MinInt64), int64(math.MaxInt64)
-	if maxAge > 0 {
-		staleBefore, futureAfter = now.Add(-maxAge).UnixNano(), now.Add(topologyClockSkew).UnixNano()
+	out := make(map[string]int, len(topoStateNames))
+	for _, name := range topoStateNames {
+		out[name] = 0
 	}
+	w := newFreshWindow(now, maxAge)
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	for _, n := range l.nodes {
-		switch {
-		case !n.hasTopology:
-			if n.allocatable > 0 {
-				out[TopologyMissing]++
-			}
-		case n.graph == nil:
-			out[TopologyInvalid]++
-		case n.stale:
-			out[TopologyAgentStale]++
-		case n.observedNs == 0 || n.observedNs < staleBefore || n.observedNs > futureAfter:
-			out[TopologyOld]++
-		default:
-			out[TopologyFresh]++
+		st := n.topologyState(w)
+		if st == topoMissing && n.allocatable <= 0 {
+			continue // a Node without GPUs, or a topology whose Node is gone
 		}
+		out[topoStateNames[st]]++
 	}
 	return out
 }
