@@ -149,9 +149,8 @@ type evaluator struct {
 	wU, wA, wH, wF, wB, wC, wI float64
 	idleC, limitC              float64
 	// wantsBandwidth: the pod asks for bandwidth, so bandwidth fit
-	// counts for it. affinity: its job has pods placed, so task affinity
-	// counts (set by the caller that knows the job's placements).
-	wantsBandwidth, affinity bool
+	// counts for it.
+	wantsBandwidth bool
 }
 
 // evalSlots is the size of the evaluator's direct-mapped cache (a power of
@@ -413,9 +412,8 @@ func capabilityOf(g *topology.Graph, maxIsland int) float64 {
 // bandwidth fit only for a pod that asks for bandwidth; the others count
 // for every pod.
 func (e *evaluator) merit(n *nodeState, v *verdict, aff affinityIndex, co cohort) (float64, components) {
-	e.affinity = aff.nodes != nil
 	c := e.components(n, v, aff.of(n), co)
-	return e.combine(e.local(c, aff), c.bandwidthFit, c.conservation), c
+	return e.combine(e.local(c, aff), c.bandwidthFit, c.conservation, aff), c
 }
 
 // local is the weighted sum of the terms that do not compare the node
@@ -429,10 +427,11 @@ func (e *evaluator) local(c components, aff affinityIndex) float64 {
 }
 
 // combine adds the cross-node terms to a local sum and divides by the
-// weights that count for the pod: the merit, 0..1.
-func (e *evaluator) combine(local, bandwidthFit, conservation float64) float64 {
+// weights that count for the pod: the merit, 0..1. Task affinity counts
+// when the pod's job has pods placed (aff).
+func (e *evaluator) combine(local, bandwidthFit, conservation float64, aff affinityIndex) float64 {
 	total, sum := local+e.wC*conservation, e.wU+e.wH+e.wF+e.wI+e.wC
-	if e.affinity {
+	if aff.nodes != nil {
 		sum += e.wA
 	}
 	if e.wantsBandwidth {

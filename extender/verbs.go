@@ -152,7 +152,6 @@ func (x *Extender) evaluate(pr podRequest, names []string) (nl *nodeList, best f
 	// Pass one touches each node once: verdict, the terms local to the
 	// node, and what the cross-node terms need. Pass two finishes the
 	// merits from the slices alone.
-	e.affinity = aff.nodes != nil
 	var co cohort
 	for i, n := range nl.s {
 		if v := e.check(n); v.ok {
@@ -166,7 +165,7 @@ func (x *Extender) evaluate(pr podRequest, names []string) (nl *nodeList, best f
 	for i, v := range nl.v {
 		if v != nil {
 			bf, cons := crossTerms(v.res.Metrics.RingGBps, nl.c[i], co)
-			nl.m[i] = e.combine(nl.m[i], bf, cons)
+			nl.m[i] = e.combine(nl.m[i], bf, cons, aff)
 			best = max(best, nl.m[i])
 		}
 	}
