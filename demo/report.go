@@ -49,15 +49,15 @@ func Rows(nodes []NodeView, pods []PodView) ([]Row, error) {
 			gotFree[n.Name], baseFree[n.Name] = n.Graph.All(), n.Graph.All()
 		}
 		set := topology.MaskOf(p.GPUs...)
-		if set.Count() != len(p.GPUs) || set&^gotFree[n.Name] != 0 {
+		if set.Count() != len(p.GPUs) || !set.Minus(gotFree[n.Name]).Empty() {
 			return nil, fmt.Errorf("pod %s holds GPUs %v on %s that were not free", p.Name, p.GPUs, n.Name)
 		}
 		row := Row{Pod: p.Name, Node: n.Name, Intent: p.Intent, GPUs: p.GPUs, Got: n.Graph.Metrics(set, gotFree[n.Name])}
-		gotFree[n.Name] &^= set
+		gotFree[n.Name] = gotFree[n.Name].Minus(set)
 		base := firstFit(baseFree[n.Name], len(p.GPUs))
 		row.CountOnlyGPUs = base.Indices()
 		row.CountOnly = n.Graph.Metrics(base, baseFree[n.Name])
-		baseFree[n.Name] &^= base
+		baseFree[n.Name] = baseFree[n.Name].Minus(base)
 		rows = append(rows, row)
 	}
 	return rows, nil
@@ -72,7 +72,7 @@ func firstFit(free topology.Mask, k int) topology.Mask {
 		if m.Count() == k {
 			break
 		}
-		m |= topology.MaskOf(i)
+		m = m.Union(topology.MaskOf(i))
 	}
 	return m
 }

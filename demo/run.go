@@ -150,11 +150,11 @@ func WorkloadsFor(cluster []NodeSpec) ([]Workload, error) {
 				if n.machine != machine {
 					continue
 				}
-				res, err := alloc.Allocate(n.g, n.free&^taken[n], req)
+				res, err := alloc.Allocate(n.g, n.free.Minus(taken[n]), req)
 				if err != nil {
 					continue
 				}
-				taken[n] |= topology.MaskOf(res.GPUs...)
+				taken[n] = taken[n].Union(topology.MaskOf(res.GPUs...))
 				placed, ok = placed+1, true
 				break
 			}
@@ -190,7 +190,7 @@ func WorkloadsFor(cluster []NodeSpec) ([]Workload, error) {
 				continue
 			}
 			for n, m := range bestTaken {
-				n.free &^= m
+				n.free = n.free.Minus(m)
 			}
 			w.Machine, w.Pods, w.GPUs = best, bestPods, gpus
 			planned[i] = &w

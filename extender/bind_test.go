@@ -152,7 +152,7 @@ func TestBindAmbiguousUnboundKeepsReservationForTheRetry(t *testing.T) {
 	if diff := cmp.Diff(reserved[0].GPUs, got); diff != "" {
 		t.Errorf("retry got other GPUs than reserved (-reserved +got):\n%s", diff)
 	}
-	if indicesOf(t, "dgx1-v100", "a", got)&indicesOf(t, "dgx1-v100", "a", otherGPUs) != 0 {
+	if !indicesOf(t, "dgx1-v100", "a", got).Intersect(indicesOf(t, "dgx1-v100", "a", otherGPUs)).Empty() {
 		t.Errorf("pods share GPUs: %v and %v", got, otherGPUs)
 	}
 }

@@ -164,7 +164,7 @@ type evalSlot struct {
 
 // slot picks the cache slot of k.
 func (k evalKey) slot() int {
-	h := uint64(k.free)*0x9E3779B97F4A7C15 ^ (k.topo.id+1)*0xC2B2AE3D27D4EB4F
+	h := (k.free.Word(0)^k.free.Word(1)*0xD6E8FEB86659FD93)*0x9E3779B97F4A7C15 ^ (k.topo.id+1)*0xC2B2AE3D27D4EB4F
 	if k.pristine {
 		h ^= 0x165667B19E3779F9
 	}
@@ -529,18 +529,18 @@ func (e *evaluator) components(n *nodeState, v *verdict, affinity float64, co co
 	// use once the pod is placed, and of the node's.
 	var set, touched topology.Mask
 	for _, i := range gpus {
-		set |= topology.MaskOf(i)
-		touched |= n.topo.islandOf[i]
+		set = set.With(i)
+		touched = touched.Union(n.topo.islandOf[i])
 	}
 	// Half of it is the fill of the touched islands, half the fill of the
 	// node: on a machine without NVLink every GPU is its own island, and
 	// packing by node is what keeps a whole machine free there.
 	islandFill, nodeFill := 1.0, 1.0
 	if t := touched.Count(); t > 0 {
-		islandFill = 1 - float64((n.freeMask&^set&touched).Count())/float64(t)
+		islandFill = 1 - float64(n.freeMask.Minus(set).Intersect(touched).Count())/float64(t)
 	}
 	if size > 0 {
-		nodeFill = 1 - float64((n.freeMask&^set).Count())/float64(size)
+		nodeFill = 1 - float64(n.freeMask.Minus(set).Count())/float64(size)
 	}
 	c.islandFit = (islandFill + nodeFill) / 2
 	return c

@@ -135,7 +135,7 @@ func indicesOf(t testing.TB, fixture, node string, uuids []string) topology.Mask
 		if !ok {
 			t.Fatalf("GPU %s is not on node %s", u, node)
 		}
-		m |= topology.MaskOf(i)
+		m = m.With(i)
 	}
 	return m
 }

@@ -223,10 +223,27 @@ func TestHostileTopologyThroughFilter(t *testing.T) {
 		pod:   makePod("p").gpus(8).req(modelParallel),
 		check: wantPassed,
 	}, {
-		name:  "72-GPU node is refused cleanly: a node holds at most 64",
+		name:  "72-GPU node takes an 8-GPU NVLink pod",
 		topo:  func(t *testing.T) *v1alpha1.NodeGPUTopology { return nvswitchTopo("n", 72, 1800) },
+		pod:   makePod("p").gpus(8).req(modelParallel),
+		check: wantPassed,
+	}, {
+		name:  "every pair at the ceiling on 72 GPUs: the whole node is placed without overflow",
+		topo:  func(t *testing.T) *v1alpha1.NodeGPUTopology { return nvswitchTopo("n", 72, topology.MaxPairGBps) },
+		pod:   makePod("p").gpus(72).req(`{"requireNVLink":true,"strategy":"highest_bandwidth","minPairBandwidthGBps":2000}`),
+		check: wantPassed,
+	}, {
+		name: "every pair at the ceiling on 128 GPUs: a 70-GPU NVLink pod is placed without overflow",
+		topo: func(t *testing.T) *v1alpha1.NodeGPUTopology {
+			return nvswitchTopo("n", topology.MaxGPUs, topology.MaxPairGBps)
+		},
+		pod:   makePod("p").gpus(70).req(`{"requireNVLink":true,"strategy":"lowest_fragmentation"}`),
+		check: wantPassed,
+	}, {
+		name:  "129-GPU node is refused cleanly: a node holds at most 128",
+		topo:  func(t *testing.T) *v1alpha1.NodeGPUTopology { return nvswitchTopo("n", topology.MaxGPUs+1, 1800) },
 		pod:   makePod("p").gpus(1),
-		check: wantInvalid("gpus: 72 GPUs listed; at most 64 are supported per node"),
+		check: wantInvalid("gpus: 129 GPUs listed; at most 128 are supported per node"),
 	}, {
 		name: "duplicate bus IDs refused by the agent: stale with its reason",
 		topo: func(t *testing.T) *v1alpha1.NodeGPUTopology {

@@ -313,7 +313,7 @@ func (l *Ledger) topoLocked(g *topology.Graph, st *v1alpha1.NodeGPUTopologyStatu
 	if err != nil {
 		p = g // health never makes a topology invalid; keep going
 	}
-	maxIsland := p.Metrics(0, p.All()).LeftLargestIsland
+	maxIsland := p.Metrics(topology.Mask{}, p.All()).LeftLargestIsland
 	e := &topoEntry{pristine: p, maxIsland: maxIsland, logCapability: math.Log(capabilityOf(p, maxIsland)), islandOf: make([]topology.Mask, p.Len()), id: uint64(len(l.topos))}
 	for _, isl := range p.Islands() {
 		for _, i := range isl.Indices() {
@@ -386,7 +386,7 @@ func (l *Ledger) dropIfEmptyLocked(n *nodeState) {
 // counts as used once, and the conflict is recorded (doubleHeld) and
 // reported through onDoubleHeld when it appears and when it clears.
 func (l *Ledger) recomputeLocked(n *nodeState) {
-	n.used, n.unknownHeld, n.utilFree = 0, 0, 0
+	n.used, n.unknownHeld, n.utilFree = topology.Mask{}, 0, 0
 	n.heldCount, n.reservedCount = 0, 0
 	var dup topology.Mask
 	var seen map[string]bool // held UUIDs the topology does not resolve
@@ -417,10 +417,10 @@ func (l *Ledger) recomputeLocked(n *nodeState) {
 					n.unknownHeld++
 					continue
 				}
-				if m := topology.MaskOf(i); n.used&m != 0 {
-					dup |= m
+				if n.used.Has(i) {
+					dup = dup.With(i)
 				} else {
-					n.used |= m
+					n.used = n.used.With(i)
 					k++
 				}
 			}
@@ -433,12 +433,12 @@ func (l *Ledger) recomputeLocked(n *nodeState) {
 		}
 	}
 	// withoutLocked recomputes copies: only the node itself reports.
-	if (dup != 0 || len(dupUnresolved) > 0 || len(n.doubleHeld) > 0) && l.nodes[n.name] == n {
+	if (!dup.Empty() || len(dupUnresolved) > 0 || len(n.doubleHeld) > 0) && l.nodes[n.name] == n {
 		l.noteDoubleHeldLocked(n, dup, dupUnresolved)
 	}
-	n.size, n.freeMask, n.usedCount = 0, 0, n.used.Count()
+	n.size, n.freeMask, n.usedCount = 0, topology.Mask{}, n.used.Count()
 	if n.graph != nil {
-		n.size, n.freeMask = n.graph.Len(), n.graph.Healthy()&^n.used
+		n.size, n.freeMask = n.graph.Len(), n.graph.Healthy().Minus(n.used)
 	}
 	if n.util != nil {
 		for _, i := range n.free().Indices() {
@@ -477,7 +477,7 @@ func (d *DoubleHold) key() string {
 // the duplicates recompute found, and reports what changed.
 func (l *Ledger) noteDoubleHeldLocked(n *nodeState, dup topology.Mask, unresolved []string) {
 	var gpus []string
-	if dup != 0 {
+	if !dup.Empty() {
 		all := n.graph.GPUs()
 		for _, i := range dup.Indices() {
 			gpus = append(gpus, all[i].UUID)
@@ -812,7 +812,7 @@ func (l *Ledger) Counts() Counts {
 			continue
 		}
 		c.Total += n.size
-		c.Unhealthy += (n.graph.All() &^ n.graph.Healthy()).Count()
+		c.Unhealthy += n.graph.All().Minus(n.graph.Healthy()).Count()
 		c.Free += max(n.free().Count()-n.unknownHeld, 0)
 	}
 	return c

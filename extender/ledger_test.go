@@ -252,7 +252,7 @@ func TestLedgerDoubleHeldGPUs(t *testing.T) {
 	if diff := cmp.Diff(Counts{Total: 8, Free: 5, Held: 3, DoubleHeld: 1}, l.Counts()); diff != "" {
 		t.Errorf("counts (-want +got):\n%s", diff)
 	}
-	if free := l.nodes["a"].free(); free != topology.MaskOf(3)|topology.MaskOf(4)|topology.MaskOf(5)|topology.MaskOf(6)|topology.MaskOf(7) {
+	if free := l.nodes["a"].free(); free != topology.MaskOf(3, 4, 5, 6, 7) {
 		t.Errorf("free GPUs %v, want 3-7: a double-held GPU is never free", free.Indices())
 	}
 

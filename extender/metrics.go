@@ -110,7 +110,7 @@ func NewMetrics(l *Ledger) *Metrics {
 		}, []string{"requested_tier", "achieved_tier"}),
 		heuristic: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gputopo_extender_heuristic_placements_total",
-			Help: "Bound placements whose GPUs were chosen by the allocator's documented heuristic because its exact search ran out of work budget (placement record heuristic=true).",
+			Help: "Bound placements whose GPUs were chosen by the allocator's documented heuristic: its exact search ran out of work budget, or the node has more than 64 free GPUs and was searched through a window of them (placement record heuristic=true).",
 		}),
 		promQueries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gputopo_extender_prometheus_query_rounds_total",

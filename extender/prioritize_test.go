@@ -276,7 +276,7 @@ func conservationScore(t *testing.T, least, most, on string) int64 {
 			t.Fatal(err)
 		}
 		g := f.Graph("n")
-		return capabilityOf(g, g.Metrics(0, g.All()).LeftLargestIsland)
+		return capabilityOf(g, g.Metrics(topology.Mask{}, g.All()).LeftLargestIsland)
 	}
 	s := 1 - math.Log(capOf(on)/capOf(least))/math.Log(capOf(most)/capOf(least))
 	if s <= 0 || s >= 1 {

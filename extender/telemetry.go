@@ -12,6 +12,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/topology"
 )
 
 // Telemetry fallback reasons: why a node reads its NodeGPUTopology
@@ -169,7 +170,7 @@ func (l *Ledger) externalLocked(n *nodeState) ([]v1alpha1.Telemetry, time.Time, 
 		limits[t.Index] = t.PowerLimitWatts
 	}
 	out := make([]v1alpha1.Telemetry, 0, n.graph.Len())
-	var covered uint64
+	var covered topology.Mask
 	var at time.Time
 	stale := false
 	for uuid, s := range ext {
@@ -181,7 +182,7 @@ func (l *Ledger) externalLocked(n *nodeState) ([]v1alpha1.Telemetry, time.Time, 
 			stale = true
 			continue
 		}
-		covered |= 1 << i
+		covered = covered.With(i)
 		if at.IsZero() || s.Time.Before(at) {
 			at = s.Time
 		}
@@ -192,7 +193,7 @@ func (l *Ledger) externalLocked(n *nodeState) ([]v1alpha1.Telemetry, time.Time, 
 		out = append(out, v1alpha1.Telemetry{Index: i, UtilizationPercent: s.UtilizationPercent, MemoryUsedMiB: s.MemoryUsedMiB,
 			TemperatureC: s.TemperatureC, PowerWatts: s.PowerWatts, PowerLimitWatts: limit})
 	}
-	if healthy := uint64(n.graph.Healthy()); healthy&^covered != 0 {
+	if !n.graph.Healthy().Minus(covered).Empty() {
 		if stale {
 			return nil, time.Time{}, fallbackStale
 		}

@@ -250,11 +250,11 @@ func (s *Snapshot) bound(p *corev1.Pod, req v1alpha1.Requirement) *BoundView {
 		var set topology.Mask
 		for _, u := range held {
 			if i, ok := n.graph.IndexOf(u); ok {
-				set |= topology.MaskOf(i)
+				set = set.Union(topology.MaskOf(i))
 			}
 		}
 		if set.Count() > 0 {
-			m := n.graph.Metrics(set, 0)
+			m := n.graph.Metrics(set, topology.Mask{})
 			b.AchievedTier, b.AchievedRing = string(m.Tier), m.RingGBps
 			b.Met = meets(n.graph, set, req)
 		}

@@ -122,11 +122,11 @@ func gpuList(p *corev1.Pod, key string) []string {
 // free is the healthy GPUs no pod holds.
 func (n *nodeState) free() topology.Mask {
 	if n.graph == nil {
-		return 0
+		return topology.Mask{}
 	}
 	m := n.graph.Healthy()
 	for g := range n.owner {
-		m &^= topology.MaskOf(g)
+		m = m.Minus(topology.MaskOf(g))
 	}
 	return m
 }
@@ -187,8 +187,8 @@ func (s *Snapshot) summary(n *nodeState) NodeSummary {
 	sum.GPUs = n.graph.Len()
 	free := n.free()
 	sum.Free = max(free.Count()-n.unknown, 0)
-	sum.LargestFreeNVLinkIsland = n.graph.Metrics(0, free).LeftLargestIsland
-	sum.Unhealthy = (n.graph.All() &^ n.graph.Healthy()).Count()
+	sum.LargestFreeNVLinkIsland = n.graph.Metrics(topology.Mask{}, free).LeftLargestIsland
+	sum.Unhealthy = n.graph.All().Minus(n.graph.Healthy()).Count()
 	sum.Status = StatusFresh
 	if !st.ObservedTime.IsZero() {
 		t := st.ObservedTime
@@ -292,7 +292,7 @@ func (s *Snapshot) NodeDetail(name string) (*NodeDetail, error) {
 
 // pairTier is the link tier between two GPUs, as placements report it.
 func pairTier(g *topology.Graph, a, b int) v1alpha1.LinkTier {
-	return g.Metrics(topology.MaskOf(a, b), 0).Tier
+	return g.Metrics(topology.MaskOf(a, b), topology.Mask{}).Tier
 }
 
 // pcieGroups numbers the GPUs by PCIe switch: GPUs whose link is Internal
@@ -368,7 +368,7 @@ func (s *Snapshot) PodRows() []PodRow {
 					slices.Sort(r.GPUs)
 					if h.drift && n.graph != nil && len(h.gpus) > 0 {
 						// The placement describes the plan; describe the truth.
-						m := n.graph.Metrics(topology.MaskOf(h.gpus...), 0)
+						m := n.graph.Metrics(topology.MaskOf(h.gpus...), topology.Mask{})
 						r.Tier, r.RingBandwidthGBps = string(m.Tier), m.RingGBps
 					}
 				}

@@ -329,7 +329,7 @@ func (p *DevicePlugin) localBest(available, mustInclude []string, size int) []st
 	var free topology.Mask
 	for _, id := range available {
 		if i, ok := g.IndexOf(id); ok {
-			free |= topology.MaskOf(i)
+			free = free.With(i)
 		}
 	}
 	res, err := p.alloc.Allocate(g, free, topology.Request{Count: size})

@@ -650,7 +650,7 @@ func TestDuplicateBusIDIsRefused(t *testing.T) {
 }
 
 // bigFixture is an NVSwitch machine of n GPUs, two sockets, a PCIe switch
-// per pair; beyond 64 GPUs it is a machine the model cannot hold.
+// per pair; beyond topology.MaxGPUs it is a machine the model cannot hold.
 func bigFixture(n int) topology.Fixture {
 	var switches, sockets [][]int
 	sockets = make([][]int, 2)
@@ -665,27 +665,45 @@ func bigFixture(n int) topology.Fixture {
 }
 
 func TestDiscoveryAtTheGPULimit(t *testing.T) {
-	t.Run("64 GPUs are read whole, a lie on one pair included", func(t *testing.T) {
-		f := bigFixture(topology.MaxGPUs)
-		sim := NewSimulator(f, testNode)
-		must(t, sim.SetPCIeLevel(63, 62, v1alpha1.PCIeCrossSocket))
-		got, err := NewNVMLSource(sim.NVML(), logr.Discard(), nil).Topology()
-		if err != nil {
-			t.Fatalf("Topology: %v", err)
-		}
-		if len(got.GPUs) != 64 || len(got.Links) != 64*63/2 {
-			t.Fatalf("got %d GPUs and %d links; want 64 and %d", len(got.GPUs), len(got.Links), 64*63/2)
-		}
-		if l := got.Links[linkAt(64, 62, 63)]; l.PCIe != v1alpha1.PCIeCrossSocket || l.BandwidthGBps != 900 {
-			t.Errorf("link 62-63 = %+v; want CrossSocket, still 900 GB/s over NVSwitch", l)
-		}
-		checkConsistency(t, got.Conditions, v1alpha1.ReasonAsymmetricLink, []string{"GPU 62 sees GPU 63 at PCIe level SameSwitch, GPU 63 sees GPU 62 at CrossSocket"})
-	})
-	t.Run("72 GPUs are refused with the limit named", func(t *testing.T) {
-		sim := NewSimulator(bigFixture(72), testNode)
+	// 64 GPUs is the largest node searched directly, 72 an NVL72 domain
+	// seen as one node, MaxGPUs the limit.
+	for _, n := range []int{64, 72, topology.MaxGPUs} {
+		t.Run(fmt.Sprintf("%d GPUs are read whole, a lie on one pair included", n), func(t *testing.T) {
+			sim := NewSimulator(bigFixture(n), testNode)
+			must(t, sim.SetPCIeLevel(n-1, n-2, v1alpha1.PCIeCrossSocket))
+			got, err := NewNVMLSource(sim.NVML(), logr.Discard(), nil).Topology()
+			if err != nil {
+				t.Fatalf("Topology: %v", err)
+			}
+			if len(got.GPUs) != n || len(got.Links) != n*(n-1)/2 {
+				t.Fatalf("got %d GPUs and %d links; want %d and %d", len(got.GPUs), len(got.Links), n, n*(n-1)/2)
+			}
+			if l := got.Links[linkAt(n, n-2, n-1)]; l.PCIe != v1alpha1.PCIeCrossSocket || l.BandwidthGBps != 900 {
+				t.Errorf("link %d-%d = %+v; want CrossSocket, still 900 GB/s over NVSwitch", n-2, n-1, l)
+			}
+			checkConsistency(t, got.Conditions, v1alpha1.ReasonAsymmetricLink, []string{
+				fmt.Sprintf("GPU %d sees GPU %d at PCIe level SameSwitch, GPU %d sees GPU %d at CrossSocket", n-2, n-1, n-1, n-2)})
+			// What the agent publishes, the model takes and the allocator
+			// answers on: an 8-GPU NVLink set and the whole node.
+			g, err := topology.FromStatus(&got)
+			if err != nil {
+				t.Fatalf("FromStatus: %v", err)
+			}
+			for _, k := range []int{8, n} {
+				res, err := topology.NewAllocator(0).Allocate(g, g.All(), topology.Request{Count: k, Requirement: v1alpha1.Requirement{RequireNVLink: true}})
+				if err != nil || len(res.GPUs) != k || res.Metrics.Tier != v1alpha1.TierNVSwitch {
+					t.Errorf("allocate %d of %d: %v, %+v; want %d GPUs over NVSwitch", k, n, err, res, k)
+				}
+			}
+		})
+	}
+	t.Run("more than MaxGPUs are refused with the limit named", func(t *testing.T) {
+		n := topology.MaxGPUs + 2
+		sim := NewSimulator(bigFixture(n), testNode)
 		_, err := NewNVMLSource(sim.NVML(), logr.Discard(), nil).Topology()
-		if err == nil || !strings.Contains(err.Error(), "nvml reports 72 GPUs; at most 64 are supported per node") {
-			t.Fatalf("Topology of 72 GPUs: got %v; want the 64-GPU limit named", err)
+		want := fmt.Sprintf("nvml reports %d GPUs; at most %d are supported per node", n, topology.MaxGPUs)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("Topology of %d GPUs: got %v; want %q", n, err, want)
 		}
 	})
 }

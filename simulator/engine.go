@@ -181,8 +181,8 @@ func runPolicy(cfg Config, p Policy) (Result, error) {
 	free := make([]topology.Mask, len(nodes))
 	maxIsland := make([]int, len(nodes))
 	for i, n := range nodes {
-		free[i] = n.Graph.All() & n.Graph.Healthy()
-		maxIsland[i] = n.Graph.Metrics(0, free[i]).LeftLargestIsland
+		free[i] = n.Graph.All().Intersect(n.Graph.Healthy())
+		maxIsland[i] = n.Graph.Metrics(topology.Mask{}, free[i]).LeftLargestIsland
 	}
 	island := make([]int, len(nodes))
 	for i := range nodes {
@@ -245,9 +245,9 @@ func runPolicy(cfg Config, p Policy) (Result, error) {
 			if err := p.Release(r.job, r.pl); err != nil {
 				return res, err
 			}
-			free[r.pl.Node] |= r.pl.GPUs
+			free[r.pl.Node] = free[r.pl.Node].Union(r.pl.GPUs)
 			used -= r.job.GPUs
-			island[r.pl.Node] = nodes[r.pl.Node].Graph.Metrics(0, free[r.pl.Node]).LeftLargestIsland
+			island[r.pl.Node] = nodes[r.pl.Node].Graph.Metrics(topology.Mask{}, free[r.pl.Node]).LeftLargestIsland
 		}
 		for next < len(cfg.Jobs) && cfg.Jobs[next].Arrival <= t {
 			queue = append(queue, cfg.Jobs[next])
@@ -279,7 +279,7 @@ func runPolicy(cfg Config, p Policy) (Result, error) {
 			}
 			g := nodes[pl.Node].Graph
 			m := g.Metrics(pl.GPUs, free[pl.Node])
-			free[pl.Node] &^= pl.GPUs
+			free[pl.Node] = free[pl.Node].Minus(pl.GPUs)
 			island[pl.Node] = m.LeftLargestIsland
 			used += j.GPUs
 			res.Accepted++
@@ -339,7 +339,7 @@ func check(nodes []Node, free []topology.Mask, j Job, pl Placement) error {
 		return fmt.Errorf("placed on node index %d; the cluster has %d nodes", pl.Node, len(nodes))
 	case pl.GPUs.Count() != j.GPUs:
 		return fmt.Errorf("placed on %d GPUs (%s); it asked for %d", pl.GPUs.Count(), pl.GPUs, j.GPUs)
-	case pl.GPUs&^free[pl.Node] != 0:
+	case !pl.GPUs.Minus(free[pl.Node]).Empty():
 		return fmt.Errorf("placed on GPUs %s of node %s, which are not free (free: %s)", pl.GPUs, nodes[pl.Node].Name, free[pl.Node])
 	}
 	return nil

@@ -102,7 +102,7 @@ func (*firstFit) Drop(Job) error               { return nil }
 func lowestK(m topology.Mask, k int) topology.Mask {
 	var out topology.Mask
 	for _, i := range m.Indices()[:k] {
-		out |= topology.MaskOf(i)
+		out = out.Union(topology.MaskOf(i))
 	}
 	return out
 }
@@ -148,7 +148,7 @@ func (p *pairSum) Place(job Job, free []topology.Mask) (Placement, bool, error) 
 		return Placement{}, false, nil
 	}
 	g := p.nodes[n].Graph
-	best, bestSum := topology.Mask(0), -1
+	best, bestSum := topology.Mask{}, -1
 	forEachSubset(free[n].Indices(), job.GPUs, func(set topology.Mask) {
 		if s := pairSumOf(g, set); s > bestSum {
 			best, bestSum = set, s
@@ -172,7 +172,7 @@ func forEachSubset(idx []int, k int, f func(topology.Mask)) {
 	for {
 		var set topology.Mask
 		for _, p := range pos {
-			set |= topology.MaskOf(idx[p])
+			set = set.Union(topology.MaskOf(idx[p]))
 		}
 		f(set)
 		i := k - 1
@@ -244,27 +244,27 @@ func bestPartitionGroup(g *topology.Graph, free topology.Mask, k, limit int) (to
 			return
 		}
 		lowest := rest.Indices()[0]
-		others := (rest &^ topology.MaskOf(lowest)).Indices()
+		others := rest.Minus(topology.MaskOf(lowest)).Indices()
 		// The lowest remaining GPU starts a group with k-1 of the others...
 		if k == 1 {
 			cur = append(cur, topology.MaskOf(lowest))
-			rec(rest&^topology.MaskOf(lowest), spare, total)
+			rec(rest.Minus(topology.MaskOf(lowest)), spare, total)
 			cur = cur[:len(cur)-1]
 		} else {
 			forEachSubset(others, k-1, func(s topology.Mask) {
-				grp := s | topology.MaskOf(lowest)
+				grp := s.Union(topology.MaskOf(lowest))
 				cur = append(cur, grp)
-				rec(rest&^grp, spare, total+pairSumOf(g, grp))
+				rec(rest.Minus(grp), spare, total+pairSumOf(g, grp))
 				cur = cur[:len(cur)-1]
 			})
 		}
 		// ...or stays out of every group.
 		if spare > 0 {
-			rec(rest&^topology.MaskOf(lowest), spare-1, total)
+			rec(rest.Minus(topology.MaskOf(lowest)), spare-1, total)
 		}
 	}
 	rec(free, spare, 0)
-	best, bestScore := topology.Mask(0), -1
+	best, bestScore := topology.Mask{}, -1
 	for _, grp := range bestSplit {
 		if s := pairSumOf(g, grp); s > bestScore {
 			best, bestScore = grp, s

@@ -51,7 +51,7 @@ func TestBaselineSelectionRules(t *testing.T) {
 		name:   "pair sum takes the first best pair in index order",
 		policy: &pairSum{nodes: v100},
 		job:    Job{ID: "a", GPUs: 2},
-		free:   []topology.Mask{mask(0, 1, 2, 3, 4, 5), 0, 0},
+		free:   []topology.Mask{mask(0, 1, 2, 3, 4, 5), {}, {}},
 		want:   Placement{Node: 0, GPUs: mask(0, 3)}, wantOK: true,
 	}, {
 		name:   "partition keeps the split with the best total and returns its best group",
@@ -59,7 +59,7 @@ func TestBaselineSelectionRules(t *testing.T) {
 		job:    Job{ID: "a", GPUs: 2},
 		// {0,4},{1,5},{2,3} are three 100 GB/s pairs (300); taking {0,3}
 		// first, as pair sum does, leaves {4,5} at 50.
-		free: []topology.Mask{mask(0, 1, 2, 3, 4, 5), 0, 0},
+		free: []topology.Mask{mask(0, 1, 2, 3, 4, 5), {}, {}},
 		want: Placement{Node: 0, GPUs: mask(0, 4)}, wantOK: true,
 	}, {
 		name:   "optimum honours the requirement and prefers the faster machine",
@@ -71,7 +71,7 @@ func TestBaselineSelectionRules(t *testing.T) {
 		name:   "optimum refuses a model-parallel job where no free set is NVLinked",
 		policy: &optimum{nodes: mixed, table: defaultTable()},
 		job:    Job{ID: "a", GPUs: 2, Parallelism: v1alpha1.ParallelismModel},
-		free:   []topology.Mask{mask(0, 1, 2, 3, 4, 5, 6, 7), 0},
+		free:   []topology.Mask{mask(0, 1, 2, 3, 4, 5, 6, 7), {}},
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -101,7 +101,7 @@ func TestPartitionStopsAtTheLimitWithAValidGroup(t *testing.T) {
 	if !truncated {
 		t.Errorf("16 GPUs in pairs have 2,027,025 splits; a limit of 10 must truncate")
 	}
-	if set.Count() != 2 || set&^g.All() != 0 {
+	if set.Count() != 2 || !set.Minus(g.All()).Empty() {
 		t.Errorf("group %s: want 2 GPUs of the node", set)
 	}
 	_, truncated = bestPartitionGroup(g, mask(0, 1, 2, 3, 4, 5, 6, 7), 2, PartitionLimit)
@@ -135,7 +135,7 @@ func TestGputopoPolicyPlacesThroughTheExtender(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatalf("second Place = %+v, %v, %v; want the other quad", second, ok, err)
 	}
-	if second.Node != 1 || second.GPUs&got.GPUs != 0 {
+	if second.Node != 1 || !second.GPUs.Intersect(got.GPUs).Empty() {
 		t.Errorf("second placement %+v overlaps the first %+v", second, got)
 	}
 	third, ok, err := p.Place(Job{ID: "o", GPUs: 2, Parallelism: v1alpha1.ParallelismModel}, free)
@@ -146,7 +146,7 @@ func TestGputopoPolicyPlacesThroughTheExtender(t *testing.T) {
 		t.Fatal(err)
 	}
 	again, ok, err := p.Place(Job{ID: "o", GPUs: 2, Parallelism: v1alpha1.ParallelismModel}, free)
-	if err != nil || !ok || again.Node != 1 || again.GPUs&^got.GPUs != 0 {
+	if err != nil || !ok || again.Node != 1 || !again.GPUs.Minus(got.GPUs).Empty() {
 		t.Errorf("after release Place = %+v, %v, %v; want 2 GPUs of the released quad", again, ok, err)
 	}
 }

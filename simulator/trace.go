@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/topology"
 )
 
 // Job is one entry of a trace: a single pod asking for GPUs.
@@ -137,8 +138,8 @@ func ParseTrace(r io.Reader) ([]Job, error) {
 		if j.Duration == 0 {
 			return nil, fmt.Errorf("line %d: duration_s: must be > 0", line)
 		}
-		if j.GPUs, err = strconv.Atoi(strings.TrimSpace(f[3])); err != nil || j.GPUs < 1 || j.GPUs > 64 {
-			return nil, fmt.Errorf("line %d: gpus: %q must be an integer 1..64", line, f[3])
+		if j.GPUs, err = strconv.Atoi(strings.TrimSpace(f[3])); err != nil || j.GPUs < 1 || j.GPUs > topology.MaxGPUs {
+			return nil, fmt.Errorf("line %d: gpus: %q must be an integer 1..%d", line, f[3], topology.MaxGPUs)
 		}
 		switch p := strings.TrimSpace(f[4]); p {
 		case "model", "data":

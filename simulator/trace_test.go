@@ -24,7 +24,7 @@ func TestParseTraceRejectsBadInputNamingTheField(t *testing.T) {
 		{"duplicate id", TraceHeader + "\na,0,1,1,data\na,1,1,1,data\n", `line 3: id "a" already used on line 2`},
 		{"negative arrival", TraceHeader + "\na,-1,1,1,data\n", "arrival_s"},
 		{"zero duration", TraceHeader + "\na,0,0,1,data\n", "duration_s: must be > 0"},
-		{"too many gpus", TraceHeader + "\na,0,1,65,data\n", "gpus"},
+		{"too many gpus", TraceHeader + "\na,0,1,129,data\n", "gpus: \"129\" must be an integer 1..128"},
 		{"unknown parallelism", TraceHeader + "\na,0,1,1,pipeline\n", `parallelism: "pipeline" must be model, data or none`},
 		{"unterminated quote", TraceHeader + "\n\"a,0,1,1,data\n", "line 2"},
 		{"bare quote in a field", TraceHeader + "\na\"b,0,1,1,data\n", "line 2"},

@@ -67,7 +67,7 @@ func NewAllocator(memoSize int) *Allocator {
 	}
 }
 
-// Allocate chooses req.Count GPUs among free (ANDed with g.Healthy()) that
+// Allocate chooses req.Count GPUs among free (ANDed with g.healthy) that
 // satisfy req.Requirement and are best under its strategy (see Score).
 // Result.GPUs are in best ring order. The work is bounded by SearchBudget:
 // when the exact search cannot finish within it, the answer is the
@@ -82,9 +82,12 @@ func (a *Allocator) Allocate(g *Graph, free Mask, req Request) (Result, error) {
 	if err := validateRequest(g, req); err != nil {
 		return Result{}, fmt.Errorf("allocate: %w", err)
 	}
-	free &= g.Healthy()
+	free = free.Intersect(g.healthyW)
 	if a.memoSize <= 0 {
-		return a.allocate(g, free, req)
+		if !g.wide() {
+			return a.allocate(g, free.bits(), req)
+		}
+		return a.allocateWide(g, free, req)
 	}
 	key := memoKey{hash: g.hash, free: free, count: req.Count, req: req.Requirement}
 	key.req.Strategy = req.Requirement.EffectiveStrategy()
@@ -100,7 +103,7 @@ func (a *Allocator) Allocate(g *Graph, free Mask, req Request) (Result, error) {
 	}
 	a.mu.Unlock()
 
-	res, err := a.allocate(g, free, req)
+	res, err := a.allocateAny(g, free, req)
 
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -157,9 +160,9 @@ func validateRequest(g *Graph, req Request) error {
 // chosen, which pairs may be chosen together (nil: any), and one feasible
 // set to start from.
 type feasibility struct {
-	eligible Mask
-	ok       []Mask
-	seed     Mask
+	eligible bitset
+	ok       []bitset
+	seed     bitset
 }
 
 // checkFeasible applies the constraints in the order a person would fix
@@ -168,12 +171,12 @@ type feasibility struct {
 // limit); one that runs out of work without finding k GPUs is reported as
 // infeasible within the budget, a case not seen on any graph of 64 GPUs
 // (docs/topology.md).
-func checkFeasible(g *Graph, free Mask, req Request, w *work) (feasibility, error) {
+func checkFeasible(g *Graph, free bitset, req Request, w *work) (feasibility, error) {
 	k := req.Count
 	r := req.Requirement
-	free &= g.Healthy() & g.All()
+	free &= g.healthy & g.all()
 	if c := free.Count(); c < k {
-		unhealthy := (g.All() &^ g.Healthy()).Count()
+		unhealthy := (g.all() &^ g.healthy).Count()
 		reason := fmt.Sprintf("needs %d GPUs; %d of %d are free", k, c, g.n)
 		if unhealthy > 0 {
 			reason += fmt.Sprintf(" and healthy (%d unhealthy)", unhealthy)
@@ -209,7 +212,7 @@ func checkFeasible(g *Graph, free Mask, req Request, w *work) (feasibility, erro
 			return feasibility{}, &InfeasibleError{Reason: fmt.Sprintf("needs NVLink between %d GPUs; largest free NVLink-connected set has %d%s", k, c, unfinished(done))}
 		}
 	}
-	f.ok = make([]Mask, g.n)
+	f.ok = make([]bitset, g.n)
 	bestPair := 0
 	for a := 0; a < g.n; a++ {
 		for b := 0; b < g.n; b++ {
@@ -249,8 +252,8 @@ func unfinished(done bool) string {
 }
 
 // firstK is the k lowest GPUs of m.
-func firstK(m Mask, k int) Mask {
-	var out Mask
+func firstK(m bitset, k int) bitset {
+	var out bitset
 	for ; k > 0 && m != 0; k-- {
 		low := m & -m
 		out |= low
@@ -259,7 +262,16 @@ func firstK(m Mask, k int) Mask {
 	return out
 }
 
-func (a *Allocator) allocate(g *Graph, free Mask, req Request) (Result, error) {
+// allocateAny answers on a graph of any size: directly, or through a
+// window of a large one (wide.go).
+func (a *Allocator) allocateAny(g *Graph, free Mask, req Request) (Result, error) {
+	if g.wide() {
+		return a.allocateWide(g, free, req)
+	}
+	return a.allocate(g, free.bits(), req)
+}
+
+func (a *Allocator) allocate(g *Graph, free bitset, req Request) (Result, error) {
 	res, _, err := a.decide(g, free, req)
 	return res, err
 }
@@ -270,7 +282,7 @@ func (a *Allocator) allocate(g *Graph, free Mask, req Request) (Result, error) {
 // searchShare percent of what finish does not need (finishReserve), the
 // heuristic up to all of that when the search did not finish, and finish
 // (the final ring and metrics) with the rest.
-func (a *Allocator) decide(g *Graph, free Mask, req Request) (Result, work, error) {
+func (a *Allocator) decide(g *Graph, free bitset, req Request) (Result, work, error) {
 	w := &work{limit: a.budget}
 	f, err := checkFeasible(g, free, req, w)
 	if err != nil {
@@ -298,9 +310,9 @@ func (a *Allocator) decide(g *Graph, free Mask, req Request) (Result, work, erro
 }
 
 // result describes a chosen set: ring order and metrics.
-func (g *Graph) result(set, free Mask) Result {
+func (g *Graph) result(set, free bitset) Result {
 	ring, order := g.ring(set)
-	return Result{GPUs: order, Metrics: g.metrics(set, free&g.All(), ring)}
+	return Result{GPUs: order, Metrics: g.metrics(set, free&g.all(), ring)}
 }
 
 // tables returns the fragmentation tables for g's topology, building them
@@ -337,7 +349,7 @@ type tables struct {
 // S', and every clique of S either avoids v (a clique of S') or is v plus a
 // clique of S' ∩ N(v). Both subsets are numerically smaller than S, so one
 // pass in increasing order suffices.
-func buildTables(nv []Mask, n int) *tables {
+func buildTables(nv []bitset, n int) *tables {
 	size := 1 << n
 	t := &tables{island: make([]uint8, size), pairs: make([]uint16, size), quads: make([]uint16, size)}
 	tri := make([]uint16, size)
@@ -357,6 +369,9 @@ func buildTables(nv []Mask, n int) *tables {
 // free healthy GPUs that meets the requirement with Objective and keeps the
 // best. It shares no search code with Allocate; tests, benchmarks and the
 // simulator use it as the baseline.
+//
+// On a graph of more than windowGPUs GPUs it searches the window of the
+// free GPUs, and refuses when more than windowGPUs are free.
 func BruteForce(g *Graph, free Mask, req Request) (Result, error) {
 	if g == nil {
 		return Result{}, errors.New("brute force: graph is nil")
@@ -364,7 +379,23 @@ func BruteForce(g *Graph, free Mask, req Request) (Result, error) {
 	if err := validateRequest(g, req); err != nil {
 		return Result{}, fmt.Errorf("brute force: %w", err)
 	}
-	free &= g.Healthy() & g.All()
+	free = free.Intersect(g.healthyW)
+	if !g.wide() {
+		return bruteForce(g, free.bits(), req)
+	}
+	if c := free.Count(); c > windowGPUs {
+		return Result{}, fmt.Errorf("brute force: %d free GPUs; the reference search takes at most %d", c, windowGPUs)
+	}
+	w, idx := g.window(free)
+	res, err := bruteForce(w, w.all(), windowRequest(req, idx))
+	for i, l := range res.GPUs {
+		res.GPUs[i] = idx[l]
+	}
+	return res, err
+}
+
+func bruteForce(g *Graph, free bitset, req Request) (Result, error) {
+	free &= g.healthy & g.all()
 	r := req.Requirement
 	idx := free.Indices()
 	k := req.Count
@@ -376,12 +407,12 @@ func BruteForce(g *Graph, free Mask, req Request) (Result, error) {
 			pos[i] = i
 		}
 		for {
-			var set Mask
+			var set bitset
 			for _, p := range pos {
 				set |= 1 << idx[p]
 			}
-			if meets(g, set, r) {
-				if sc := Objective(g, set, free, req); !found || sc.Better(best) {
+			if meets(g, set.mask(), r) {
+				if sc := objective(g, set, free, req); !found || sc.Better(best) {
 					best, found = sc, true
 				}
 			}
@@ -405,7 +436,7 @@ func BruteForce(g *Graph, free Mask, req Request) (Result, error) {
 		}
 		return Result{}, &InfeasibleError{Reason: fmt.Sprintf("no set of %d free GPUs meets the requirement", k)}
 	}
-	return g.result(best.Set, free), nil
+	return g.result(best.Set.bits(), free), nil
 }
 
 // meets checks the requirement's constraints pair by pair.

@@ -45,7 +45,7 @@ func TestDGX1V100FourGPUsHighestBandwidthTakesAFullyNVLinkedQuad(t *testing.T) {
 		t.Errorf("metrics %+v; want tier nvlink and min pair 50 GB/s", res.Metrics)
 	}
 	// With the first quad busy, the other one.
-	res = mustAllocate(t, g, g.All()&^MaskOf(1), req(4, v1alpha1.StrategyHighestBandwidth))
+	res = mustAllocate(t, g, g.All().Minus(MaskOf(1)), req(4, v1alpha1.StrategyHighestBandwidth))
 	if diff := cmp.Diff(MaskOf(4, 5, 6, 7), MaskOf(res.GPUs...)); diff != "" {
 		t.Errorf("with GPU 1 busy (-want +got):\n%s", diff)
 	}
@@ -53,7 +53,7 @@ func TestDGX1V100FourGPUsHighestBandwidthTakesAFullyNVLinkedQuad(t *testing.T) {
 
 func TestDGX1V100TwoGPUsHighestBandwidthTakesADoubleLinkPair(t *testing.T) {
 	g := mustFixture(t, "dgx1-v100")
-	for _, free := range []Mask{g.All(), g.All() &^ MaskOf(0, 3), MaskOf(0, 1, 2, 5, 6)} {
+	for _, free := range []Mask{g.All(), g.All().Minus(MaskOf(0, 3)), MaskOf(0, 1, 2, 5, 6)} {
 		res := mustAllocate(t, g, free, req(2, v1alpha1.StrategyHighestBandwidth))
 		if l := g.Link(res.GPUs[0], res.GPUs[1]); l.NVLinks != 2 || res.Metrics.MinPairGBps != 100 {
 			t.Errorf("free=%s: got %v with %d NVLinks (%d GB/s); want a double-link pair", free, res.GPUs, l.NVLinks, res.Metrics.MinPairGBps)
@@ -80,8 +80,8 @@ func TestLowestFragmentationStreamKeepsAFullQuadFreeAsLongAsPossible(t *testing.
 	a := NewAllocator(128)
 	// GPU 4 is taken, so quad {4,5,6,7} is already broken: first fit
 	// would take GPU 0 and break the other quad too.
-	free := g.All() &^ MaskOf(4)
-	for step := 1; free != 0; step++ {
+	free := g.All().Minus(MaskOf(4))
+	for step := 1; !free.Empty(); step++ {
 		res, err := a.Allocate(g, free, req(1, v1alpha1.StrategyLowestFragmentation))
 		if err != nil {
 			t.Fatalf("step %d: %v", step, err)
@@ -94,10 +94,10 @@ func TestLowestFragmentationStreamKeepsAFullQuadFreeAsLongAsPossible(t *testing.
 		if res.Metrics.LeftLargestIsland != best {
 			t.Fatalf("step %d: took GPU %d leaving island %d; %d was possible", step, res.GPUs[0], res.Metrics.LeftLargestIsland, best)
 		}
-		if step <= 3 && free&^MaskOf(res.GPUs...)&MaskOf(0, 1, 2, 3) != MaskOf(0, 1, 2, 3) {
+		if step <= 3 && free.Minus(MaskOf(res.GPUs...)).Intersect(MaskOf(0, 1, 2, 3)) != MaskOf(0, 1, 2, 3) {
 			t.Fatalf("step %d: took GPU %d, breaking quad {0,1,2,3} while GPUs 5-7 were free", step, res.GPUs[0])
 		}
-		free &^= MaskOf(res.GPUs...)
+		free = free.Minus(MaskOf(res.GPUs...))
 	}
 }
 
@@ -105,7 +105,7 @@ func TestLowestFragmentationOneGPUTakesTheWorstConnected(t *testing.T) {
 	g := mustFixture(t, "pcie-8x-nvlink-pairs")
 	// GPU 5's bridge partner 4 is busy: 5 is the free GPU whose loss costs
 	// no NVLink pair.
-	res := mustAllocate(t, g, g.All()&^MaskOf(4), req(1, v1alpha1.StrategyLowestFragmentation))
+	res := mustAllocate(t, g, g.All().Minus(MaskOf(4)), req(1, v1alpha1.StrategyLowestFragmentation))
 	if diff := cmp.Diff([]int{5}, res.GPUs); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
@@ -134,7 +134,7 @@ func TestPairBridgedPCIeTwoGPUsTakesABridgedPair(t *testing.T) {
 func TestNUMALocalFourGPUsOnPCIeStaysUnderOneSocket(t *testing.T) {
 	g := mustFixture(t, "pcie-8x")
 	gpus := g.GPUs()
-	for _, free := range []Mask{g.All(), g.All() &^ MaskOf(0), MaskOf(0, 1, 4, 5, 6, 7), MaskOf(0, 2, 3, 4, 5, 6, 7)} {
+	for _, free := range []Mask{g.All(), g.All().Minus(MaskOf(0)), MaskOf(0, 1, 4, 5, 6, 7), MaskOf(0, 2, 3, 4, 5, 6, 7)} {
 		res := mustAllocate(t, g, free, req(4, v1alpha1.StrategyNUMALocal))
 		for _, i := range res.GPUs {
 			if gpus[i].NUMANode != gpus[res.GPUs[0]].NUMANode {
@@ -159,7 +159,7 @@ func TestBalancedUtilizationTakesTheLeastBusyGPUs(t *testing.T) {
 
 func TestDefaultStrategyIsLowestFragmentation(t *testing.T) {
 	g := mustFixture(t, "dgx1-v100")
-	free := g.All() &^ MaskOf(4)
+	free := g.All().Minus(MaskOf(4))
 	got := mustAllocate(t, g, free, Request{Count: 1})
 	want := mustAllocate(t, g, free, req(1, v1alpha1.StrategyLowestFragmentation))
 	if diff := cmp.Diff(want, got); diff != "" {
@@ -211,13 +211,13 @@ func TestInfeasibleRequestsExplainWhy(t *testing.T) {
 		{"no NVLink at all", "pcie-8x", MaskOf(0, 1),
 			Request{Count: 2, Requirement: v1alpha1.Requirement{RequireNVLink: true}},
 			"needs NVLink between 2 GPUs; largest free NVLink-connected set has 1"},
-		{"memory per GPU", "dgx-a100", 0xff,
+		{"memory per GPU", "dgx-a100", firstN(8),
 			Request{Count: 2, Requirement: v1alpha1.Requirement{GPUMemoryMiB: 80000}},
 			"needs 80000 MiB per GPU; free GPUs have at most 40960 MiB"},
-		{"pair bandwidth", "pcie-8x", 0xff,
+		{"pair bandwidth", "pcie-8x", firstN(8),
 			Request{Count: 4, Requirement: v1alpha1.Requirement{MinPairBandwidthGBps: 64}},
 			"needs at least 64 GB/s between every pair of 4 GPUs; largest set of free GPUs meeting it has 2 (best pair: 64 GB/s)"},
-		{"pair bandwidth over NVLink", "dgx1-v100", 0xff,
+		{"pair bandwidth over NVLink", "dgx1-v100", firstN(8),
 			Request{Count: 3, Requirement: v1alpha1.Requirement{RequireNVLink: true, MinPairBandwidthGBps: 100}},
 			"needs at least 100 GB/s between every pair of 3 GPUs; largest set of free NVLink-connected GPUs meeting it has 2 (best pair: 100 GB/s)"},
 	} {
@@ -263,7 +263,7 @@ func TestBadRequestsAreErrorsNamingTheField(t *testing.T) {
 			}
 		})
 	}
-	if _, err := NewAllocator(0).Allocate(nil, 1, Request{Count: 1}); err == nil {
+	if _, err := NewAllocator(0).Allocate(nil, MaskOf(0), Request{Count: 1}); err == nil {
 		t.Error("nil graph: want an error")
 	}
 }
@@ -336,7 +336,7 @@ func TestAllocatorIsSafeForConcurrentUse(t *testing.T) {
 	want := map[string]Result{}
 	for k := 1; k <= 8; k++ {
 		for _, s := range v1alpha1.Strategies {
-			res, err := BruteForce(g, g.All()&^MaskOf(k-1), req(k%7+1, s))
+			res, err := BruteForce(g, g.All().Minus(MaskOf(k-1)), req(k%7+1, s))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -352,7 +352,7 @@ func TestAllocatorIsSafeForConcurrentUse(t *testing.T) {
 			for rep := 0; rep < 20; rep++ {
 				for k := 1; k <= 8; k++ {
 					for _, s := range v1alpha1.Strategies {
-						res, err := a.Allocate(g, g.All()&^MaskOf(k-1), req(k%7+1, s))
+						res, err := a.Allocate(g, g.All().Minus(MaskOf(k-1)), req(k%7+1, s))
 						if err != nil || !cmp.Equal(want[fmt.Sprint(k, s)], res) {
 							select {
 							case errs <- fmt.Sprintf("k=%d %s: %v %v", k, s, res, err):

@@ -130,7 +130,7 @@ func BenchmarkAllocate_N8(b *testing.B) {
 // against the brute-force baseline.
 func BenchmarkAllocate_N16(b *testing.B) {
 	g := mustFixture(b, "dgx2")
-	free := g.All() &^ MaskOf(3, 12)
+	free := g.All().Minus(MaskOf(3, 12))
 	for _, s := range v1alpha1.Strategies {
 		for _, k := range []int{2, 4, 8} {
 			r := req(k, s)
@@ -151,7 +151,7 @@ func BenchmarkAllocate_DGX2(b *testing.B) {
 	for _, fr := range []struct {
 		name string
 		free Mask
-	}{{"all-free", g.All()}, {"3,12-busy", g.All() &^ MaskOf(3, 12)}} {
+	}{{"all-free", g.All()}, {"3,12-busy", g.All().Minus(MaskOf(3, 12))}} {
 		for _, s := range v1alpha1.Strategies {
 			for k := 1; k <= fr.free.Count(); k++ {
 				b.Run(fmt.Sprintf("%s/%s/k=%d", fr.name, s, k), func(b *testing.B) {
@@ -184,6 +184,40 @@ func BenchmarkAllocate_N64(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/%s", gr.name, s), func(b *testing.B) {
 				benchDecisions(b, gr.g, gr.g.All(), s, ks)
 			})
+		}
+	}
+}
+
+// BenchmarkAllocate_N72 is synthetic 72-GPU nodes (an NVL72 domain seen as
+// one node), searched through windows (wide.go), every strategy, each
+// iteration one decision at the next k of 1..72: all GPUs free (the
+// window of 64 chosen by shrink, heuristic) and with 10 busy (the window
+// of the 62 free, exact within the budget). The NVSwitch node is also
+// measured at MaxGPUs. Target: every decision within 10 ms.
+func BenchmarkAllocate_N72(b *testing.B) {
+	for _, gr := range []struct {
+		name string
+		g    *Graph
+	}{
+		{"nvswitch", syntheticNVSwitch(72)},
+		{"random-nvlink-0.5", syntheticRandomNVLink(72, 0.5, 1)},
+		{"random-nvlink-0.9", syntheticRandomNVLink(72, 0.9, 2)},
+		{"pcie-tree", syntheticPCIe(72)},
+		{"nvswitch-128", syntheticNVSwitch(MaxGPUs)},
+	} {
+		for _, fr := range []struct {
+			name string
+			free Mask
+		}{{"all-free", gr.g.All()}, {"10-busy", gr.g.All().Minus(MaskOf(0, 7, 13, 22, 31, 40, 47, 58, 64, 71))}} {
+			ks := make([]int, fr.free.Count())
+			for i := range ks {
+				ks[i] = i + 1
+			}
+			for _, s := range v1alpha1.Strategies {
+				b.Run(fmt.Sprintf("%s/%s/%s", gr.name, fr.name, s), func(b *testing.B) {
+					benchDecisions(b, gr.g, fr.free, s, ks)
+				})
+			}
 		}
 	}
 }

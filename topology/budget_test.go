@@ -11,9 +11,9 @@ import (
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
-func TestGraphWithMoreThan64GPUsIsRefusedNamingCountAndLimit(t *testing.T) {
+func TestGraphWithMoreThanMaxGPUsIsRefusedNamingCountAndLimit(t *testing.T) {
 	gpus := syntheticGPUs("big", MaxGPUs+1)
-	want := []string{"gpus: 65 GPUs listed", "at most 64"}
+	want := []string{"gpus: 129 GPUs listed", "at most 128"}
 	_, err := NewGraph(gpus, nil)
 	for _, w := range want {
 		if err == nil || !strings.Contains(err.Error(), w) {
@@ -27,7 +27,7 @@ func TestGraphWithMoreThan64GPUsIsRefusedNamingCountAndLimit(t *testing.T) {
 		}
 	}
 	if _, err := NewGraph(syntheticGPUs("max", MaxGPUs), nil); err == nil || strings.Contains(err.Error(), "at most") {
-		t.Errorf("64 GPUs without links: got %v; want only missing-link errors", err)
+		t.Errorf("%d GPUs without links: got %v; want only missing-link errors", MaxGPUs, err)
 	}
 }
 
@@ -63,7 +63,7 @@ func adversarialCases(short bool) []largeCase {
 	}
 	var out []largeCase
 	for _, gr := range graphs {
-		half := gr.g.All() &^ Mask(0x5555_0f0f_3333_00ff)
+		half := gr.g.All().Minus(maskBits(0x5555_0f0f_3333_00ff))
 		for _, s := range v1alpha1.Strategies {
 			for _, k := range ks {
 				variants := []struct {
@@ -96,10 +96,10 @@ func adversarialCases(short bool) []largeCase {
 func checkAnswer(t *testing.T, name string, g *Graph, free Mask, req Request, res Result) {
 	t.Helper()
 	set := MaskOf(res.GPUs...)
-	if len(res.GPUs) != req.Count || set.Count() != req.Count || set&^(free&g.Healthy()) != 0 || !meets(g, set, req.Requirement) {
+	if len(res.GPUs) != req.Count || set.Count() != req.Count || !set.Minus(free.Intersect(g.Healthy())).Empty() || !meets(g, set, req.Requirement) {
 		t.Fatalf("%s: result %v breaks the request", name, res.GPUs)
 	}
-	if got := g.Metrics(set, free&g.Healthy()); res.Metrics.MinPairGBps != got.MinPairGBps || res.Metrics.SumGBps != got.SumGBps ||
+	if got := g.Metrics(set, free.Intersect(g.Healthy())); res.Metrics.MinPairGBps != got.MinPairGBps || res.Metrics.SumGBps != got.SumGBps ||
 		res.Metrics.LeftLargestIsland != got.LeftLargestIsland || res.Metrics.LeftNVLinkQuads != got.LeftNVLinkQuads {
 		t.Fatalf("%s: metrics %+v; the set's are %+v", name, res.Metrics, got)
 	}
@@ -113,7 +113,7 @@ func TestAllocateStaysWithinTheBudgetOn64GPUAdversarialNodes(t *testing.T) {
 	a := NewAllocator(0)
 	heuristic, exact := 0, 0
 	for _, c := range adversarialCases(testing.Short()) {
-		res, w, err := a.decide(c.g, c.free, c.req)
+		res, w, err := a.decide(c.g, c.free.bits(), c.req)
 		if w.used > SearchBudget {
 			t.Errorf("%s: spent %d work units; the budget is %d", c.name, w.used, SearchBudget)
 		}
@@ -157,11 +157,11 @@ func TestNVSwitch64AnswersEveryCountExactly(t *testing.T) {
 			// Every set ties on bandwidth and fragmentation, and the
 			// lowest indices fill the fewest PCIe domains; balanced
 			// utilization takes the k least utilized GPUs.
-			want := Mask(0)
+			var want Mask
 			if s == v1alpha1.StrategyBalancedUtilization {
 				want = MaskOf(byUtil[:k]...)
 			} else {
-				want = firstK(g.All(), k)
+				want = firstK(g.all(), k).mask()
 			}
 			res, err := a.Allocate(g, g.All(), Request{Count: k, Requirement: v1alpha1.Requirement{Strategy: s}, Utilization: util})
 			if err != nil {
@@ -190,7 +190,7 @@ func TestAllocateIsExactOnRandomNodesOfUpTo12GPUs(t *testing.T) {
 				for k := 1; k <= n; k++ {
 					free := g.All()
 					if k < n-2 {
-						free &^= Mask(1) << rng.IntN(n)
+						free = free.Minus(MaskOf(rng.IntN(n)))
 					}
 					util := make([]int32, n)
 					for i := range util {
@@ -213,13 +213,13 @@ func TestHeuristicFlagIsSetExactlyWhenTheBudgetRunsOut(t *testing.T) {
 	for _, extra := range []int64{0, 20_000, 200_000, 2_000_000, SearchBudget} {
 		a := NewAllocator(0)
 		for trial := 0; trial < 24; trial++ {
-			free := Mask(rng.Uint64()) & g.All()
+			free := maskBits(rng.Uint64()).Intersect(g.All())
 			k := 1 + rng.IntN(max(free.Count(), 1))
 			a.budget = finishReserve(k, g.Len()) + extra
 			s := v1alpha1.Strategies[trial%len(v1alpha1.Strategies)]
 			req := Request{Count: k, Requirement: v1alpha1.Requirement{Strategy: s}}
 			name := fmt.Sprintf("budget %d free=%s k=%d %s", a.budget, free, k, s)
-			res, w, err := a.decide(g, free, req)
+			res, w, err := a.decide(g, free.bits(), req)
 			if err != nil {
 				continue
 			}
@@ -261,13 +261,13 @@ func TestHeuristicAnswersMeetTheConstraintsOnEveryFixture(t *testing.T) {
 					// heuristic answers with what is left.
 					a.budget = finishReserve(k, g.Len()) + int64(k%3)*1500
 					req := Request{Count: k, Requirement: r}
-					res, err := a.Allocate(g, g.All()&^1, req)
-					_, bruteErr := BruteForce(g, g.All()&^1, req)
+					res, err := a.Allocate(g, g.All().Minus(MaskOf(0)), req)
+					_, bruteErr := BruteForce(g, g.All().Minus(MaskOf(0)), req)
 					if (err == nil) != (bruteErr == nil) {
 						t.Fatalf("%s k=%d %s: Allocate %v, BruteForce %v", f.Name, k, r, err, bruteErr)
 					}
 					if err == nil {
-						checkAnswer(t, fmt.Sprintf("%s k=%d %s", f.Name, k, r), g, g.All()&^1, req, res)
+						checkAnswer(t, fmt.Sprintf("%s k=%d %s", f.Name, k, r), g, g.All().Minus(MaskOf(0)), req, res)
 					}
 				}
 			}
@@ -304,7 +304,7 @@ func TestLargestCliqueMatchesExhaustiveSearch(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 3))
 	for trial := 0; trial < 300; trial++ {
 		n := 1 + rng.IntN(14)
-		adj := make([]Mask, n)
+		adj := make([]bitset, n)
 		p := rng.Float64()
 		for a := 0; a < n; a++ {
 			for b := a + 1; b < n; b++ {
@@ -314,7 +314,7 @@ func TestLargestCliqueMatchesExhaustiveSearch(t *testing.T) {
 				}
 			}
 		}
-		set := Mask(rng.Uint64()) & (Mask(1)<<n - 1)
+		set := bitset(rng.Uint64()) & (bitset(1)<<n - 1)
 		want := 0
 		for sub := set; ; sub = (sub - 1) & set {
 			if isClique(adj, sub) {
@@ -345,7 +345,7 @@ func TestLargestCliqueMatchesExhaustiveSearch(t *testing.T) {
 	}
 }
 
-func isClique(adj []Mask, set Mask) bool {
+func isClique(adj []bitset, set bitset) bool {
 	for _, i := range set.Indices() {
 		if set&^(1<<i)&^adj[i] != 0 {
 			return false
@@ -378,7 +378,7 @@ func TestRingWithinMatchesEveryOrder(t *testing.T) {
 			}
 		}
 		for _, floor := range []int{0, best, best + 1} {
-			v, ok, done := g.ringWithin(g.All(), floor, nil)
+			v, ok, done := g.ringWithin(g.all(), floor, nil)
 			if !done || ok != (best >= floor) || (ok && v != best) {
 				t.Fatalf("trial %d (%d GPUs) floor %d: ringWithin = %d, %t, %t; best ring %d", trial, n, floor, v, ok, done, best)
 			}
@@ -391,7 +391,7 @@ func TestRingWithinMatchesEveryOrder(t *testing.T) {
 		}
 		// Starved of work, it says so and keeps a ring it has seen.
 		w := &work{limit: 0}
-		if v, _, done := g.ringWithin(g.All(), 0, w); !done && (v > best || !w.short) {
+		if v, _, done := g.ringWithin(g.all(), 0, w); !done && (v > best || !w.short) {
 			t.Fatalf("trial %d: out of work: ring %d (best %d), short %t", trial, v, best, w.short)
 		}
 		order := make([]int, n)
@@ -405,7 +405,7 @@ func TestCompleteRingOrderIsTheRingTablesOrder(t *testing.T) {
 	g := mustFixture(t, "dgx2") // NVSwitch: every link qualifies
 	rng := rand.New(rand.NewPCG(9, 9))
 	for trial := 0; trial < 60; trial++ {
-		set := Mask(rng.Uint64()) & g.All()
+		set := maskBits(rng.Uint64()).Intersect(g.All())
 		if set.Count() < 4 {
 			continue
 		}

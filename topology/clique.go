@@ -14,7 +14,7 @@ import "math/bits"
 //
 // w is charged for every vertex coloured; done is false when it ran out,
 // and the clique returned is then only the largest one found.
-func largestClique(adj []Mask, set Mask, floor, stop int, w *work) (members Mask, done bool) {
+func largestClique(adj []bitset, set bitset, floor, stop int, w *work) (members bitset, done bool) {
 	c := cliqueSearch{adj: adj, stop: stop, w: w, bestN: max(floor-1, 0)}
 	if set != 0 {
 		c.expand(0, 0, set)
@@ -23,16 +23,16 @@ func largestClique(adj []Mask, set Mask, floor, stop int, w *work) (members Mask
 }
 
 type cliqueSearch struct {
-	adj   []Mask
-	best  Mask
+	adj   []bitset
+	best  bitset
 	bestN int
 	stop  int
 	w     *work
 	out   bool
 }
 
-func (c *cliqueSearch) expand(in Mask, size int, p Mask) {
-	var order, color [MaxGPUs]uint8
+func (c *cliqueSearch) expand(in bitset, size int, p bitset) {
+	var order, color [windowGPUs]uint8
 	n, col := 0, 0
 	for unc := p; unc != 0; {
 		col++
@@ -73,7 +73,7 @@ func (c *cliqueSearch) expand(in Mask, size int, p Mask) {
 // maxClique is the size of the largest clique of adj inside set. When
 // budget is not nil it is charged in work units (see SearchBudget) and the
 // search stops when it reaches zero; the answer is then a lower bound.
-func maxClique(adj []Mask, set Mask, budget *int) int {
+func maxClique(adj []bitset, set bitset, budget *int) int {
 	if budget == nil {
 		m, _ := largestClique(adj, set, 0, 0, nil)
 		return m.Count()
@@ -86,7 +86,7 @@ func maxClique(adj []Mask, set Mask, budget *int) int {
 
 // greedyColours is the number of colours a greedy colouring of set needs:
 // an upper bound on its largest clique, in O(|set|) mask operations.
-func greedyColours(adj []Mask, set Mask) int {
+func greedyColours(adj []bitset, set bitset) int {
 	col := 0
 	for unc := set; unc != 0; {
 		col++
@@ -101,22 +101,22 @@ func greedyColours(adj []Mask, set Mask) int {
 
 // quadsWithin counts the 4-cliques of adj inside set like countQuads,
 // charging w two units per step; done is false when w ran out first.
-func quadsWithin(adj []Mask, set Mask, w *work) (quads int, done bool) {
+func quadsWithin(adj []bitset, set bitset, w *work) (quads int, done bool) {
 	for r := set; r != 0; r &= r - 1 {
 		a := bits.TrailingZeros64(uint64(r))
-		na := adj[a] & set &^ (Mask(2)<<a - 1)
+		na := adj[a] & set &^ (bitset(2)<<a - 1)
 		if !w.spend(int64(2 + 2*na.Count())) {
 			return quads, false
 		}
 		for s := na; s != 0; s &= s - 1 {
 			b := bits.TrailingZeros64(uint64(s))
-			nab := na & adj[b] &^ (Mask(2)<<b - 1)
+			nab := na & adj[b] &^ (bitset(2)<<b - 1)
 			if !w.spend(int64(2 * nab.Count())) {
 				return quads, false
 			}
 			for t := nab; t != 0; t &= t - 1 {
 				d := bits.TrailingZeros64(uint64(t))
-				quads += (nab & adj[d] &^ (Mask(2)<<d - 1)).Count()
+				quads += (nab & adj[d] &^ (bitset(2)<<d - 1)).Count()
 			}
 		}
 	}
@@ -125,16 +125,16 @@ func quadsWithin(adj []Mask, set Mask, w *work) (quads int, done bool) {
 
 // trianglesWithin counts the triangles of adj inside set, charging w two
 // units per step; done is false when w ran out first.
-func trianglesWithin(adj []Mask, set Mask, w *work) (triangles int, done bool) {
+func trianglesWithin(adj []bitset, set bitset, w *work) (triangles int, done bool) {
 	for r := set; r != 0; r &= r - 1 {
 		a := bits.TrailingZeros64(uint64(r))
-		na := adj[a] & set &^ (Mask(2)<<a - 1)
+		na := adj[a] & set &^ (bitset(2)<<a - 1)
 		if !w.spend(int64(2 + 2*na.Count())) {
 			return triangles, false
 		}
 		for s := na; s != 0; s &= s - 1 {
 			b := bits.TrailingZeros64(uint64(s))
-			triangles += (na & adj[b] &^ (Mask(2)<<b - 1)).Count()
+			triangles += (na & adj[b] &^ (bitset(2)<<b - 1)).Count()
 		}
 	}
 	return triangles, true

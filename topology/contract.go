@@ -9,10 +9,9 @@ import (
 // implementation lives in the other files of the package.
 
 // MaxGPUs is the largest number of GPUs one Graph may hold (one Mask).
-const MaxGPUs = 64
-
-// Mask is a set of GPU indices: bit i set means GPU i is in the set.
-type Mask uint64
+// Graphs of up to windowGPUs GPUs are searched directly; larger ones
+// through a window of their free GPUs (wide.go).
+const MaxGPUs = 128
 
 // Request asks for Count GPUs under a requirement.
 type Request struct {

@@ -50,7 +50,7 @@ func FuzzFromStatus(f *testing.F) {
 			RequireNVLink:        variant&4 != 0,
 			MinPairBandwidthGBps: int(variant&8) * 10,
 		}}
-		res, err := NewAllocator(4).Allocate(g, Mask(free), r)
+		res, err := NewAllocator(4).Allocate(g, maskBits(free), r)
 		if err != nil {
 			var inf *InfeasibleError
 			if errors.As(err, &inf) && inf.Reason == "" {
@@ -59,13 +59,14 @@ func FuzzFromStatus(f *testing.F) {
 			return
 		}
 		set := MaskOf(res.GPUs...)
-		if len(res.GPUs) != r.Count || set.Count() != r.Count || set&^(Mask(free)&g.Healthy()) != 0 || !meets(g, set, r.Requirement) {
-			t.Fatalf("result %v breaks request %+v on free %s", res.GPUs, r, Mask(free))
+		if len(res.GPUs) != r.Count || set.Count() != r.Count || !set.Minus(maskBits(free).Intersect(g.Healthy())).Empty() || !meets(g, set, r.Requirement) {
+			t.Fatalf("result %v breaks request %+v on free %s", res.GPUs, r, maskBits(free))
 		}
 	})
 }
 
-// FuzzAllocateWithinBudget builds a random node of up to 64 GPUs from the
+// FuzzAllocateWithinBudget builds a random node of up to 64 GPUs (the
+// search's own size; larger nodes go through windows, FuzzAllocateLargeNode) from the
 // fuzzer's numbers (NVLink density, bandwidth levels, PCIe tree, busy and
 // unhealthy GPUs) and asks for any count under any strategy and
 // constraint: the work stays within the budget, Heuristic is set exactly
@@ -77,13 +78,13 @@ func FuzzAllocateWithinBudget(f *testing.F) {
 	f.Add(uint64(4), uint8(40), uint8(3), uint8(7), uint8(60), uint8(9), uint64(1))
 	f.Add(uint64(5), uint8(63), uint8(31), uint8(11), uint8(0), uint8(2), uint64(0))
 	f.Fuzz(func(t *testing.T, seed uint64, n, k, variant, density, levels uint8, busy uint64) {
-		size := int(n)%MaxGPUs + 1
+		size := int(n)%windowGPUs + 1
 		rng := rand.New(rand.NewPCG(seed, uint64(density)))
 		p := float64(density) / 255
 		spread := int(levels)%32 + 1
-		var sick Mask
+		var sick bitset
 		if variant&32 != 0 {
-			sick = Mask(rng.Uint64()) & Mask(rng.Uint64())
+			sick = bitset(rng.Uint64()) & bitset(rng.Uint64())
 		}
 		links := []v1alpha1.Link{}
 		for a := 0; a < size; a++ {
@@ -115,7 +116,7 @@ func FuzzAllocateWithinBudget(f *testing.F) {
 		if variant&16 != 0 {
 			r.Requirement.GPUMemoryMiB = 81920
 		}
-		free := g.All() &^ Mask(busy)
+		free := g.all() &^ bitset(busy)
 		res, w, err := NewAllocator(0).decide(g, free, r)
 		if w.used > SearchBudget {
 			t.Fatalf("spent %d work units; the budget is %d", w.used, SearchBudget)
@@ -130,6 +131,62 @@ func FuzzAllocateWithinBudget(f *testing.F) {
 		if res.Heuristic != w.short {
 			t.Fatalf("Heuristic %t but the budget ran out: %t", res.Heuristic, w.short)
 		}
-		checkAnswer(t, "fuzz", g, free, r, res)
+		checkAnswer(t, "fuzz", g, free.mask(), r, res)
+	})
+}
+
+// FuzzAllocateLargeNode builds a random node of 65..MaxGPUs GPUs, some busy
+// or unhealthy, and asks for any count under any strategy and constraint:
+// no panic, every answer meets the request and reports its metrics, and an
+// answer from a window of more than 64 free GPUs says Heuristic.
+func FuzzAllocateLargeNode(f *testing.F) {
+	f.Add(uint64(1), uint8(7), uint8(4), uint8(0), uint8(255), uint64(0), uint64(0))
+	f.Add(uint64(2), uint8(63), uint8(70), uint8(4), uint8(128), uint64(0xffff), uint64(0))
+	f.Add(uint64(3), uint8(0), uint8(64), uint8(13), uint8(30), uint64(1), uint64(1<<63))
+	f.Add(uint64(4), uint8(40), uint8(2), uint8(6), uint8(200), ^uint64(0), uint64(0xff))
+	f.Fuzz(func(t *testing.T, seed uint64, n, k, variant, density uint8, busyLow, busyHigh uint64) {
+		size := windowGPUs + 1 + int(n)%(MaxGPUs-windowGPUs)
+		rng := rand.New(rand.NewPCG(seed, uint64(density)))
+		p := float64(density) / 255
+		links := []v1alpha1.Link{}
+		for a := 0; a < size; a++ {
+			for b := a + 1; b < size; b++ {
+				lvl := pcieLevelBySize(size, a, b)
+				l := v1alpha1.Link{A: a, B: b, PCIe: lvl, BandwidthGBps: PCIeBandwidthGBps(4, lvl)}
+				if rng.Float64() < p {
+					l.NVLinks, l.P2P = 1+rng.IntN(4), true
+					l.BandwidthGBps = 50 * l.NVLinks
+				}
+				links = append(links, l)
+			}
+		}
+		gpus := syntheticGPUs(fmt.Sprint("fuzz-large-", seed), size)
+		if variant&32 != 0 {
+			gpus[rng.IntN(size)].Health = v1alpha1.GPUUnhealthy
+		}
+		g, err := NewGraph(gpus, links)
+		if err != nil {
+			t.Fatalf("synthetic graph: %v", err)
+		}
+		var busy Mask
+		busy.w = [maskWords]uint64{busyLow, busyHigh}
+		free := g.All().Minus(busy)
+		r := Request{Count: int(k)%size + 1, Requirement: v1alpha1.Requirement{
+			Strategy:             v1alpha1.Strategies[int(variant)%len(v1alpha1.Strategies)],
+			RequireNVLink:        variant&4 != 0,
+			MinPairBandwidthGBps: int(variant&8) * 12,
+		}, Utilization: benchUtil(size)}
+		res, err := NewAllocator(0).Allocate(g, free, r)
+		if err != nil {
+			var inf *InfeasibleError
+			if !errors.As(err, &inf) || inf.Reason == "" {
+				t.Fatalf("want an infeasible reason, got %v", err)
+			}
+			return
+		}
+		checkAnswer(t, "fuzz-large", g, free, r, res)
+		if c := free.Intersect(g.Healthy()).Count(); c > windowGPUs && r.Count < c && !res.Heuristic {
+			t.Fatalf("answer from a window of %d free GPUs without Heuristic", c)
+		}
 	})
 }

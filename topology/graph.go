@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"math/bits"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
@@ -18,15 +17,22 @@ type Graph struct {
 	gpus  []v1alpha1.GPU
 	links []v1alpha1.Link // n*n, symmetric; links[i*n+j] has A<B
 	bw    []int           // n*n pair bandwidth, GB/s bidirectional
-	nv    []Mask          // nv[i]: GPUs NVLinked to i
-	rank  []int8          // n*n PCIe level rank, see pcieRank
-	// domBit[t][i] is the bit of the PCIe/NUMA domain of GPU i at domain
-	// level t (see domainLevels); OR-ing them over a set and counting bits
-	// gives the number of domains the set spans at that level.
-	domBit  [len(domainLevels)][]Mask
-	healthy Mask
+	// The search's view, filled on graphs of at most windowGPUs GPUs (a
+	// larger graph is searched through windows of it, wide.go).
+	nv   []bitset // nv[i]: GPUs NVLinked to i
+	rank []int8   // n*n PCIe level rank, see pcieRank
+	// domBit[t][i] is the bit of dom[t][i]; OR-ing them over a set and
+	// counting bits gives the number of domains the set spans at level t.
+	domBit  [len(domainLevels)][]bitset
+	healthy bitset
 	uuid    map[string]int
 	hash    string
+
+	// dom[t][i] numbers the PCIe/NUMA domain of GPU i at domain level t
+	// (see domainLevels), 0..n-1.
+	dom      [len(domainLevels)][]int
+	nvW      []Mask // nvW[i]: GPUs NVLinked to i, on graphs of any size
+	healthyW Mask
 }
 
 // pcieRanks orders the PCIe levels from nearest to farthest, as NVML does.
@@ -207,10 +213,10 @@ func (g *Graph) index() {
 	n := g.n
 	g.bw = make([]int, n*n)
 	g.rank = make([]int8, n*n)
-	g.nv = make([]Mask, n)
+	g.nvW = make([]Mask, n)
 	for a := 0; a < n; a++ {
 		if g.gpus[a].Health != v1alpha1.GPUUnhealthy {
-			g.healthy |= 1 << a
+			g.healthyW = g.healthyW.With(a)
 		}
 		for b := 0; b < n; b++ {
 			if a == b {
@@ -220,12 +226,11 @@ func (g *Graph) index() {
 			g.bw[a*n+b] = l.BandwidthGBps
 			g.rank[a*n+b] = pcieRanks[l.PCIe]
 			if l.NVLinks > 0 {
-				g.nv[a] |= 1 << b
+				g.nvW[a] = g.nvW[a].With(b)
 			}
 		}
 	}
 	for t, level := range domainLevels {
-		g.domBit[t] = make([]Mask, n)
 		comp := make([]int, n)
 		for i := range comp {
 			comp[i] = -1
@@ -249,11 +254,28 @@ func (g *Graph) index() {
 			}
 			next++
 		}
-		for i := 0; i < n; i++ {
-			g.domBit[t][i] = 1 << comp[i]
-		}
+		g.dom[t] = comp
+	}
+	if n <= windowGPUs {
+		g.indexBits()
 	}
 	g.hash = g.computeHash()
+}
+
+// indexBits fills the search's view of a graph of at most windowGPUs GPUs
+// from its wide tables.
+func (g *Graph) indexBits() {
+	g.healthy = g.healthyW.bits()
+	g.nv = make([]bitset, g.n)
+	for i, m := range g.nvW {
+		g.nv[i] = m.bits()
+	}
+	for t := range domainLevels {
+		g.domBit[t] = make([]bitset, g.n)
+		for i, c := range g.dom[t] {
+			g.domBit[t][i] = 1 << c
+		}
+	}
 }
 
 // computeHash identifies what the allocator's answers depend on: each GPU's
@@ -315,7 +337,7 @@ func (g *Graph) Bandwidth(a, b int) int {
 // NVLinked reports whether a and b are joined by NVLink, directly or through
 // an NVSwitch.
 func (g *Graph) NVLinked(a, b int) bool {
-	return g.valid(a, b) && g.nv[a]&(1<<b) != 0
+	return g.valid(a, b) && g.links[a*g.n+b].NVLinks > 0
 }
 
 func (g *Graph) valid(a, b int) bool { return a != b && a >= 0 && b >= 0 && a < g.n && b < g.n }
@@ -325,56 +347,21 @@ func (g *Graph) valid(a, b int) bool { return a != b && a >= 0 && b >= 0 && a < 
 func (g *Graph) Hash() string { return g.hash }
 
 // All is the set of every GPU.
-func (g *Graph) All() Mask {
-	if g.n == 64 {
-		return ^Mask(0)
+func (g *Graph) All() Mask { return firstN(g.n) }
+
+// all is All as a bitset, on a graph of at most windowGPUs GPUs.
+func (g *Graph) all() bitset {
+	if g.n == windowGPUs {
+		return ^bitset(0)
 	}
-	return Mask(1)<<g.n - 1
+	return bitset(1)<<g.n - 1
 }
 
 // Healthy is the set of GPUs whose health is Healthy or not reported.
-func (g *Graph) Healthy() Mask { return g.healthy }
+func (g *Graph) Healthy() Mask { return g.healthyW }
 
 // IndexOf finds a GPU by UUID.
 func (g *Graph) IndexOf(uuid string) (int, bool) {
 	i, ok := g.uuid[uuid]
 	return i, ok
-}
-
-// MaskOf is the set of the given indices; indices outside 0..63 are ignored.
-func MaskOf(indices ...int) Mask {
-	var m Mask
-	for _, i := range indices {
-		if i >= 0 && i < MaxGPUs {
-			m |= 1 << i
-		}
-	}
-	return m
-}
-
-// Count is the number of GPUs in the set.
-func (m Mask) Count() int { return bits.OnesCount64(uint64(m)) }
-
-// Has reports whether GPU i is in the set.
-func (m Mask) Has(i int) bool { return i >= 0 && i < MaxGPUs && m&(1<<i) != 0 }
-
-// Indices lists the set's GPU indices in increasing order.
-func (m Mask) Indices() []int {
-	out := make([]int, 0, m.Count())
-	for r := m; r != 0; r &= r - 1 {
-		out = append(out, bits.TrailingZeros64(uint64(r)))
-	}
-	return out
-}
-
-// String renders the set as "{0,3,4}".
-func (m Mask) String() string {
-	b := []byte{'{'}
-	for i, v := range m.Indices() {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = fmt.Appendf(b, "%d", v)
-	}
-	return string(append(b, '}'))
 }

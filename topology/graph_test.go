@@ -155,39 +155,42 @@ func maxedGraph(t testing.TB, n int) *Graph {
 	return g
 }
 
-// With every pair of a 64-GPU node at the ceiling, every sum the metrics
-// and the objective form is exact: no overflow, no wrap to negative.
-func TestSumsAtTheCeilingOn64GPUsDoNotOverflow(t *testing.T) {
-	g := maxedGraph(t, MaxGPUs)
-	all := g.All()
-	pairs := MaxGPUs * (MaxGPUs - 1) / 2
-	m := g.Metrics(all, all)
-	if want := pairs * MaxPairGBps; m.SumGBps != want || m.MinPairGBps != MaxPairGBps || m.RingGBps != MaxPairGBps {
-		t.Errorf("metrics of all 64 GPUs: sum %d, min pair %d, ring %d; want %d, %d, %d", m.SumGBps, m.MinPairGBps, m.RingGBps, want, MaxPairGBps, MaxPairGBps)
-	}
-	half := MaskOf(func() []int {
-		var idx []int
-		for i := 0; i < MaxGPUs; i += 2 {
-			idx = append(idx, i)
+// With every pair of a node at the ceiling, every sum the metrics and the
+// objective form is exact: no overflow, no wrap to negative. 64 GPUs is
+// the largest graph searched directly, MaxGPUs the largest searched
+// through windows.
+func TestSumsAtTheCeilingDoNotOverflow(t *testing.T) {
+	for _, n := range []int{windowGPUs, MaxGPUs} {
+		g := maxedGraph(t, n)
+		all := g.All()
+		pairs := n * (n - 1) / 2
+		m := g.Metrics(all, all)
+		if want := pairs * MaxPairGBps; m.SumGBps != want || m.MinPairGBps != MaxPairGBps || m.RingGBps != MaxPairGBps {
+			t.Errorf("metrics of all %d GPUs: sum %d, min pair %d, ring %d; want %d, %d, %d", n, m.SumGBps, m.MinPairGBps, m.RingGBps, want, MaxPairGBps, MaxPairGBps)
 		}
-		return idx
-	}()...)
-	for _, s := range v1alpha1.Strategies {
-		score := Objective(g, half, all, Request{Count: half.Count(), Requirement: v1alpha1.Requirement{Strategy: s}})
-		for i, k := range objectives[s] {
-			var want int64
-			switch k {
-			case keyMinPair, keyRing:
-				want = MaxPairGBps
-			case keySum:
-				want = int64(32*31/2) * MaxPairGBps
-			case keyNegCut:
-				want = -int64(32*32) * MaxPairGBps
-			default:
-				continue
-			}
-			if score.Keys[i] != want {
-				t.Errorf("%s: key %s = %d, want %d", s, keyNames[k], score.Keys[i], want)
+		var even []int
+		for i := 0; i < n; i += 2 {
+			even = append(even, i)
+		}
+		half := MaskOf(even...)
+		h := int64(n / 2)
+		for _, s := range v1alpha1.Strategies {
+			score := Objective(g, half, all, Request{Count: half.Count(), Requirement: v1alpha1.Requirement{Strategy: s}})
+			for i, k := range objectives[s] {
+				var want int64
+				switch k {
+				case keyMinPair, keyRing:
+					want = MaxPairGBps
+				case keySum:
+					want = h * (h - 1) / 2 * MaxPairGBps
+				case keyNegCut:
+					want = -h * h * MaxPairGBps
+				default:
+					continue
+				}
+				if score.Keys[i] != want {
+					t.Errorf("%d GPUs %s: key %s = %d, want %d", n, s, keyNames[k], score.Keys[i], want)
+				}
 			}
 		}
 	}
@@ -195,7 +198,7 @@ func TestSumsAtTheCeilingOn64GPUsDoNotOverflow(t *testing.T) {
 
 func TestNewGraphRejectsTooManyGPUs(t *testing.T) {
 	gpus := make([]v1alpha1.GPU, MaxGPUs+1)
-	if _, err := NewGraph(gpus, nil); err == nil || !strings.Contains(err.Error(), "at most 64") {
+	if _, err := NewGraph(gpus, nil); err == nil || !strings.Contains(err.Error(), "at most 128") {
 		t.Errorf("got %v; want an error naming the limit", err)
 	}
 }
@@ -231,10 +234,10 @@ func TestEmptyGraphIsValid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if g.Len() != 0 || g.All() != 0 {
+	if g.Len() != 0 || !g.All().Empty() {
 		t.Errorf("len %d all %s", g.Len(), g.All())
 	}
-	if _, err := NewAllocator(4).Allocate(g, ^Mask(0), Request{Count: 1}); err == nil {
+	if _, err := NewAllocator(4).Allocate(g, firstN(MaxGPUs), Request{Count: 1}); err == nil {
 		t.Error("allocating on a node with no GPUs must fail")
 	}
 }
@@ -278,7 +281,7 @@ func TestHashIgnoresUUIDsHealthAndTelemetryButNotLinks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sick.Hash() != a.Hash() || sick.Healthy() != a.All()&^MaskOf(3) {
+	if sick.Hash() != a.Hash() || sick.Healthy() != a.All().Minus(MaskOf(3)) {
 		t.Errorf("health changed the hash or Healthy() is wrong: %s", sick.Healthy())
 	}
 	links[5].BandwidthGBps++
@@ -292,12 +295,41 @@ func TestHashIgnoresUUIDsHealthAndTelemetryButNotLinks(t *testing.T) {
 }
 
 func TestMaskHelpers(t *testing.T) {
-	m := MaskOf(5, 0, 63, 5, 64, -1)
-	if diff := cmp.Diff([]int{0, 5, 63}, m.Indices()); diff != "" {
+	m := MaskOf(5, 0, 63, 5, 64, 127, 128, -1)
+	if diff := cmp.Diff([]int{0, 5, 63, 64, 127}, m.Indices()); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
-	if m.Count() != 3 || !m.Has(63) || m.Has(1) || m.String() != "{0,5,63}" {
+	if m.Count() != 5 || !m.Has(63) || !m.Has(64) || m.Has(1) || m.Has(128) || m.Has(-1) || m.String() != "{0,5,63,64,127}" {
 		t.Errorf("count %d string %s", m.Count(), m)
+	}
+	o := MaskOf(0, 64, 100)
+	for _, tc := range []struct {
+		name      string
+		got, want Mask
+	}{
+		{"union", m.Union(o), MaskOf(0, 5, 63, 64, 100, 127)},
+		{"intersect", m.Intersect(o), MaskOf(0, 64)},
+		{"minus", m.Minus(o), MaskOf(5, 63, 127)},
+		{"with", o.With(65).With(200), MaskOf(0, 64, 65, 100)},
+		{"first 70", firstN(70), MaskOf(func() []int {
+			var idx []int
+			for i := range 70 {
+				idx = append(idx, i)
+			}
+			return idx
+		}()...)},
+		{"first 0", firstN(0), Mask{}},
+	} {
+		if !tc.got.Equal(tc.want) {
+			t.Errorf("%s: got %s; want %s", tc.name, tc.got, tc.want)
+		}
+	}
+	if !(Mask{}).Empty() || m.Empty() || firstN(MaxGPUs).Count() != MaxGPUs {
+		t.Error("Empty or firstN(MaxGPUs) is wrong")
+	}
+	// Lower index lists sort first, across the word boundary too.
+	if !lowerIndicesMask(MaskOf(1, 70), MaskOf(1, 80)) || lowerIndicesMask(MaskOf(2, 3), MaskOf(1, 90)) || lowerIndicesMask(m, m) {
+		t.Error("lowerIndicesMask orders sets wrongly")
 	}
 }
 
@@ -347,9 +379,9 @@ func TestDGX1V100HasOnlyTwoFullyNVLinkedQuads(t *testing.T) {
 	g := mustFixture(t, "dgx1-v100")
 	links := map[int]int{}
 	var quads []Mask
-	for m := Mask(0); m <= g.All(); m++ {
+	for m := bitset(0); m <= g.all(); m++ {
 		if m.Count() == 4 && countPairs(g.nv, m) == 6 {
-			quads = append(quads, m)
+			quads = append(quads, m.mask())
 		}
 	}
 	for a := 0; a < 8; a++ {
@@ -394,13 +426,13 @@ func TestRingMatchesEveryPermutation(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		set := g.All()
+		set := g.all()
 		got, order := g.ring(set)
 		want := 0
 		permute(set.Indices(), 1, func(p []int) {
 			want = max(want, ringOf(g, p))
 		})
-		if got != want || ringOf(g, order) != got || MaskOf(order...) != set || order[0] != 0 {
+		if got != want || ringOf(g, order) != got || MaskOf(order...) != set.mask() || order[0] != 0 {
 			t.Fatalf("trial %d: ring %d order %v (its ring %d); want %d", trial, got, order, ringOf(g, order), want)
 		}
 	}
@@ -431,11 +463,11 @@ func TestFragmentationTablesMatchDirectCounts(t *testing.T) {
 	for _, name := range []string{"dgx1-v100", "dgx1-p100", "pcie-8x-nvlink-pairs", "dgx2"} {
 		g := mustFixture(t, name)
 		tabs := buildTables(g.nv, g.n)
-		step := Mask(1)
+		step := bitset(1)
 		if g.n > 8 {
 			step = 97
 		}
-		for m := Mask(0); m <= g.All(); m += step {
+		for m := bitset(0); m <= g.all(); m += step {
 			got := []int{int(tabs.island[m]), int(tabs.pairs[m]), int(tabs.quads[m])}
 			want := []int{maxClique(g.nv, m, nil), countPairs(g.nv, m), countQuads(g.nv, m)}
 			if diff := cmp.Diff(want, got); diff != "" {
@@ -488,3 +520,7 @@ func TestAllocatorOnA64GPUGraphAtTheCeiling(t *testing.T) {
 		}
 	}
 }
+
+// maskBits is the Mask of the low 64 GPUs given as a word, for tests that
+// draw or enumerate sets.
+func maskBits(v uint64) Mask { return bitset(v).mask() }

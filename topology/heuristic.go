@@ -136,20 +136,20 @@ func (s *search) startScore(v int) int64 {
 // (numa_local), the least utilized (balanced_utilization), the fewest
 // NVLinks into the free GPUs left (lowest_fragmentation). It returns 0
 // when the constraints leave too few GPUs on the way.
-func (s *search) greedy(start int) Mask {
+func (s *search) greedy(start int) bitset {
 	g := s.g
-	set := Mask(1) << start
+	set := bitset(1) << start
 	allowed := s.eligible &^ set
 	if s.ok != nil {
 		allowed &= s.ok[start]
 	}
-	var minTo, sumTo [MaxGPUs]int64
+	var minTo, sumTo [windowGPUs]int64
 	for m := allowed; m != 0; m &= m - 1 {
 		u := bits.TrailingZeros64(uint64(m))
 		minTo[u] = int64(g.bw[u*g.n+start])
 		sumTo[u] = minTo[u]
 	}
-	var dom [len(domainLevels)]Mask
+	var dom [len(domainLevels)]bitset
 	for t := range dom {
 		dom[t] = g.domBit[t][start]
 	}

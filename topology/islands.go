@@ -1,7 +1,5 @@
 package topology
 
-import "math/bits"
-
 // Islands returns the machine's NVLink islands: the connected components
 // of its NVLink graph (direct links and NVSwitch paths), in order of their
 // lowest GPU. A GPU with no NVLink is an island of its own. On an NVSwitch
@@ -15,16 +13,16 @@ func (g *Graph) Islands() []Mask {
 			continue
 		}
 		island := MaskOf(i)
-		for frontier := island; frontier != 0; {
+		for frontier := island; !frontier.Empty(); {
 			var next Mask
-			for r := frontier; r != 0; r &= r - 1 {
-				next |= g.nv[bits.TrailingZeros64(uint64(r))]
+			for _, v := range frontier.Indices() {
+				next = next.Union(g.nvW[v])
 			}
-			next &^= island
-			island |= next
+			next = next.Minus(island)
+			island = island.Union(next)
 			frontier = next
 		}
-		seen |= island
+		seen = seen.Union(island)
 		out = append(out, island)
 	}
 	return out

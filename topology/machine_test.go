@@ -110,7 +110,7 @@ func TestParseMachineRefusesBadFilesNamingTheField(t *testing.T) {
 		{"NIC row too short", edit(`"PIX PIX SYS SYS"`, `"PIX PIX"`), []string{"nics[0].pcie", "2 cells for 4 GPUs"}},
 		{"bad name", edit("name: mybox", "name: My_Box"), []string{"name", "My_Box"}},
 		{"wrong kind", edit("kind: Machine", "kind: Node"), []string{"kind", "want Machine"}},
-		{"too many GPUs", edit("gpus: 4", "gpus: 65"), []string{"gpus", "1..64"}},
+		{"too many GPUs", edit("gpus: 4", "gpus: 129"), []string{"gpus", "1..128"}},
 		{"bandwidth beyond a pair's", edit("  pairs:\n", "  gbpsPerLink: 500\n  pairs:\n"), []string{"bandwidthGBps", "at most 2000"}},
 		{"empty file", "", []string{"empty"}},
 		{"not YAML", "{{{", []string{"parse"}},

@@ -15,12 +15,19 @@ const RingExactMaxGPUs = 16
 // Metrics describes set as a placement: its bandwidths, the boundaries it
 // crosses, its weakest tier, and what it leaves behind among free &^ set.
 func (g *Graph) Metrics(set, free Mask) SetMetrics {
-	set &= g.All()
-	ring, _ := g.ringAtLeast(set, 0)
-	return g.metrics(set, free&g.All(), ring)
+	set, free = set.Intersect(g.All()), free.Intersect(g.All())
+	if g.wide() {
+		return g.wideMetrics(set, free, -1)
+	}
+	return g.metricsOf(set.bits(), free.bits())
 }
 
-func (g *Graph) metrics(set, free Mask, ring int) SetMetrics {
+func (g *Graph) metricsOf(set, free bitset) SetMetrics {
+	ring, _ := g.ringAtLeast(set, 0)
+	return g.metrics(set, free&g.all(), ring)
+}
+
+func (g *Graph) metrics(set, free bitset, ring int) SetMetrics {
 	minPair, sum := g.pairStats(set)
 	left := free &^ set
 	return SetMetrics{
@@ -38,13 +45,25 @@ func (g *Graph) metrics(set, free Mask, ring int) SetMetrics {
 // RingOrder returns the set's GPUs in the order of its best ring (the one
 // whose weakest link is strongest), starting at the lowest index.
 func (g *Graph) RingOrder(set Mask) []int {
-	_, order := g.ring(set & g.All())
+	set = set.Intersect(g.All())
+	if !g.wide() {
+		_, order := g.ring(set.bits())
+		return order
+	}
+	if c := set.Count(); c <= 3 || c > RingExactMaxGPUs {
+		return set.Indices()
+	}
+	w, idx := g.window(set)
+	_, order := w.ring(w.all())
+	for i, l := range order {
+		order[i] = idx[l]
+	}
 	return order
 }
 
 // pairStats is the minimum and the sum of pair bandwidths inside set (0, 0
 // for fewer than two GPUs).
-func (g *Graph) pairStats(set Mask) (minPair, sum int) {
+func (g *Graph) pairStats(set bitset) (minPair, sum int) {
 	if set.Count() < 2 {
 		return 0, 0
 	}
@@ -65,10 +84,10 @@ func (g *Graph) pairStats(set Mask) (minPair, sum int) {
 
 // domains counts the domain boundaries set crosses: at each domain level,
 // the number of domains it spans minus one.
-func (g *Graph) domains(set Mask) int {
+func (g *Graph) domains(set bitset) int {
 	total := 0
 	for t := range domainLevels {
-		var spanned Mask
+		var spanned bitset
 		for r := set; r != 0; r &= r - 1 {
 			spanned |= g.domBit[t][bits.TrailingZeros64(uint64(r))]
 		}
@@ -80,7 +99,7 @@ func (g *Graph) domains(set Mask) int {
 }
 
 // tier is the weakest link tier inside set.
-func (g *Graph) tier(set Mask) v1alpha1.LinkTier {
+func (g *Graph) tier(set bitset) v1alpha1.LinkTier {
 	switch set.Count() {
 	case 0:
 		return ""
@@ -121,7 +140,7 @@ func (g *Graph) pairTier(a, b int) v1alpha1.LinkTier {
 // ring finds the best ring through set: the cyclic order whose weakest link
 // is strongest (bottleneck travelling salesman), and that order starting at
 // the lowest index.
-func (g *Graph) ring(set Mask) (int, []int) {
+func (g *Graph) ring(set bitset) (int, []int) {
 	v, _ := g.ringAtLeast(set, 0)
 	idx := set.Indices()
 	if len(idx) <= 3 || len(idx) > RingExactMaxGPUs {
@@ -137,7 +156,7 @@ func (g *Graph) ring(set Mask) (int, []int) {
 // (ok), and otherwise only reports that it is below floor (!ok), without a
 // work limit (see ringWithin). It does not allocate for sets of up to 12
 // GPUs.
-func (g *Graph) ringAtLeast(set Mask, floor int) (int, bool) {
+func (g *Graph) ringAtLeast(set bitset, floor int) (int, bool) {
 	v, ok, _ := g.ringWithin(set, floor, nil)
 	return v, ok
 }
@@ -237,27 +256,27 @@ func (g *Graph) hamiltonCycle(idx []int, minBW int, wantOrder bool) []int {
 }
 
 // countPairs counts the edges of adj inside set.
-func countPairs(adj []Mask, set Mask) int {
+func countPairs(adj []bitset, set bitset) int {
 	c := 0
 	for r := set; r != 0; r &= r - 1 {
 		a := bits.TrailingZeros64(uint64(r))
-		c += (adj[a] & set &^ (Mask(2)<<a - 1)).Count()
+		c += (adj[a] & set &^ (bitset(2)<<a - 1)).Count()
 	}
 	return c
 }
 
 // countQuads counts the 4-cliques of adj inside set.
-func countQuads(adj []Mask, set Mask) int {
+func countQuads(adj []bitset, set bitset) int {
 	c := 0
 	for r := set; r != 0; r &= r - 1 {
 		a := bits.TrailingZeros64(uint64(r))
-		na := adj[a] & set &^ (Mask(2)<<a - 1)
+		na := adj[a] & set &^ (bitset(2)<<a - 1)
 		for s := na; s != 0; s &= s - 1 {
 			b := bits.TrailingZeros64(uint64(s))
-			nab := na & adj[b] &^ (Mask(2)<<b - 1)
+			nab := na & adj[b] &^ (bitset(2)<<b - 1)
 			for t := nab; t != 0; t &= t - 1 {
 				d := bits.TrailingZeros64(uint64(t))
-				c += (nab & adj[d] &^ (Mask(2)<<d - 1)).Count()
+				c += (nab & adj[d] &^ (bitset(2)<<d - 1)).Count()
 			}
 		}
 	}

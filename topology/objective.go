@@ -74,12 +74,12 @@ func (s Score) Better(o Score) bool {
 			}
 		}
 	}
-	return lowerIndices(s.Set, o.Set)
+	return lowerIndicesMask(s.Set, o.Set)
 }
 
 // lowerIndices reports whether a's sorted index list is lexicographically
 // smaller than b's (for sets of equal size).
-func lowerIndices(a, b Mask) bool {
+func lowerIndices(a, b bitset) bool {
 	return bits.Reverse64(uint64(a)) > bits.Reverse64(uint64(b))
 }
 
@@ -102,10 +102,64 @@ func (s Score) String() string {
 // is ANDed with the healthy GPUs, as Allocate does). It computes every key
 // directly, without the allocator's pruning or tables, which makes it the
 // reference the allocator is tested against.
+//
+// On a graph of more than windowGPUs GPUs it scores through the window of
+// set and the free GPUs when they fit one, and otherwise from the large
+// graph's metrics (wide.go).
 func Objective(g *Graph, set, free Mask, req Request) Score {
+	set = set.Intersect(g.All())
+	free = free.Intersect(g.healthyW)
+	if !g.wide() {
+		return objective(g, set.bits(), free.bits(), req)
+	}
+	if u := set.Union(free); u.Count() <= windowGPUs {
+		w, idx := g.window(u)
+		s := objective(w, windowBits(set, idx), windowBits(free, idx), windowRequest(req, idx))
+		s.Set = set
+		return s
+	}
 	strategy := req.Requirement.EffectiveStrategy()
-	free &= g.Healthy()
 	s := Score{Strategy: strategy, Set: set}
+	m := g.wideMetrics(set, free, -1)
+	left := free.Minus(set)
+	for i, k := range objectives[strategy] {
+		switch k {
+		case keyMinPair:
+			s.Keys[i] = int64(m.MinPairGBps)
+		case keyRing:
+			s.Keys[i] = int64(m.RingGBps)
+		case keySum:
+			s.Keys[i] = int64(m.SumGBps)
+		case keyNegDomains:
+			s.Keys[i] = -int64(m.DomainsCrossed)
+		case keyNegUtil:
+			for _, a := range set.Indices() {
+				if a < len(req.Utilization) {
+					s.Keys[i] -= int64(req.Utilization[a])
+				}
+			}
+		case keyLeftIsland:
+			s.Keys[i] = int64(m.LeftLargestIsland)
+		case keyLeftQuads:
+			s.Keys[i] = int64(m.LeftNVLinkQuads)
+		case keyLeftPairs:
+			s.Keys[i] = int64(m.LeftNVLinkPairs)
+		case keyNegCut:
+			for _, a := range set.Indices() {
+				for _, b := range left.Indices() {
+					s.Keys[i] -= int64(g.bw[a*g.n+b])
+				}
+			}
+		}
+	}
+	return s
+}
+
+// objective is Objective on a graph of at most windowGPUs GPUs.
+func objective(g *Graph, set, free bitset, req Request) Score {
+	strategy := req.Requirement.EffectiveStrategy()
+	free &= g.healthy
+	s := Score{Strategy: strategy, Set: set.mask()}
 	for i, k := range objectives[strategy] {
 		s.Keys[i] = g.keyValue(k, set, free, req.Utilization)
 	}
@@ -113,7 +167,7 @@ func Objective(g *Graph, set, free Mask, req Request) Score {
 }
 
 // keyValue computes one key of set from scratch.
-func (g *Graph) keyValue(k keyKind, set, free Mask, util []int32) int64 {
+func (g *Graph) keyValue(k keyKind, set, free bitset, util []int32) int64 {
 	left := free &^ set
 	switch k {
 	case keyMinPair:
@@ -141,7 +195,7 @@ func (g *Graph) keyValue(k keyKind, set, free Mask, util []int32) int64 {
 	return 0
 }
 
-func utilSum(util []int32, set Mask) int64 {
+func utilSum(util []int32, set bitset) int64 {
 	var s int64
 	for r := set; r != 0; r &= r - 1 {
 		if i := bits.TrailingZeros64(uint64(r)); i < len(util) {
@@ -152,7 +206,7 @@ func utilSum(util []int32, set Mask) int64 {
 }
 
 // cut is the total bandwidth between set and other.
-func (g *Graph) cut(set, other Mask) int64 {
+func (g *Graph) cut(set, other bitset) int64 {
 	var c int64
 	for r := set; r != 0; r &= r - 1 {
 		a := bits.TrailingZeros64(uint64(r))

@@ -52,7 +52,7 @@ func checkAgainstBruteForce(t *testing.T, a *Allocator, g *Graph, free Mask, req
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("%s: same objective but different result (-brute +allocate):\n%s", name, diff)
 	}
-	if len(got.GPUs) != req.Count || !meets(g, MaskOf(got.GPUs...), req.Requirement) || MaskOf(got.GPUs...)&^(free&g.Healthy()) != 0 {
+	if len(got.GPUs) != req.Count || !meets(g, MaskOf(got.GPUs...), req.Requirement) || !MaskOf(got.GPUs...).Minus(free.Intersect(g.Healthy())).Empty() {
 		t.Fatalf("%s: result %v breaks the request", name, got.GPUs)
 	}
 }
@@ -66,8 +66,8 @@ func TestAllocateMatchesBruteForceOnEveryFixture(t *testing.T) {
 			rng := rand.New(rand.NewPCG(1, uint64(f.GPUs)))
 			masks := []Mask{}
 			if f.GPUs <= 8 {
-				for m := Mask(0); m <= g.All(); m++ {
-					masks = append(masks, m)
+				for m := bitset(0); m <= g.all(); m++ {
+					masks = append(masks, m.mask())
 				}
 			} else {
 				masks = append(masks, g.All())
@@ -76,7 +76,7 @@ func TestAllocateMatchesBruteForceOnEveryFixture(t *testing.T) {
 					samples = 40
 				}
 				for range samples {
-					masks = append(masks, Mask(rng.Uint64())&g.All())
+					masks = append(masks, maskBits(rng.Uint64()).Intersect(g.All()))
 				}
 			}
 			for mi, free := range masks {

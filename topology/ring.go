@@ -33,8 +33,8 @@ func ringTableCost(k int) int64 {
 // pair. w is charged and asked before each Hamiltonian-cycle table; done
 // is false when it could not pay for one, and v is then the best ring
 // found so far.
-func (g *Graph) ringWithin(set Mask, floor int, w *work) (v int, ok, done bool) {
-	var buf [MaxGPUs]int
+func (g *Graph) ringWithin(set bitset, floor int, w *work) (v int, ok, done bool) {
+	var buf [windowGPUs]int
 	idx := buf[:0]
 	for r := set; r != 0; r &= r - 1 {
 		idx = append(idx, bits.TrailingZeros64(uint64(r)))

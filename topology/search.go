@@ -20,11 +20,11 @@ type search struct {
 	g     *Graph
 	k     int
 	order []keyKind
-	free  Mask // free healthy GPUs
-	ok    []Mask
+	free  bitset // free healthy GPUs
+	ok    []bitset
 	util  []int32
 	tabs  *tables
-	row   [MaxGPUs]int64 // bandwidth from each GPU to every other free GPU
+	row   [windowGPUs]int64 // bandwidth from each GPU to every other free GPU
 	best  cand
 	w     *work
 
@@ -34,39 +34,39 @@ type search struct {
 	// tally counts finish's metrics, which are not cut short.
 	tally work
 
-	eligible Mask
+	eligible bitset
 	omega    int // largest NVLink clique among the free GPUs; -1 until needed
 	// cliques are largest NVLink cliques of the free GPUs found so far.
-	cliques   [16]Mask
+	cliques   [16]bitset
 	nCliques  int
 	quadsFree int64 // NVLink 4-cliques among the free GPUs; -1 until needed
 	// strong[v] holds the eligible GPUs whose link to v reaches
 	// strongFloor (highest_bandwidth's filter; strongFloor -1: not built).
-	strong      [MaxGPUs]Mask
+	strong      [windowGPUs]bitset
 	strongFloor int
-	freeN       int            // number of free GPUs
-	maxBW       int64          // strongest pair among the eligible GPUs (once bounded)
-	minRow      int64          // smallest row among the eligible GPUs (once bounded)
-	bounded     bool           // maxBW and minRow are set
-	byUtil      [MaxGPUs]uint8 // eligible GPUs, least utilized first (ties: lower index)
-	minUtil     int64          // least utilization among the eligible GPUs
+	freeN       int               // number of free GPUs
+	maxBW       int64             // strongest pair among the eligible GPUs (once bounded)
+	minRow      int64             // smallest row among the eligible GPUs (once bounded)
+	bounded     bool              // maxBW and minRow are set
+	byUtil      [windowGPUs]uint8 // eligible GPUs, least utilized first (ties: lower index)
+	minUtil     int64             // least utilization among the eligible GPUs
 	nUtil       int
 }
 
 // cand is a complete candidate whose keys are computed on demand.
 type cand struct {
-	set  Mask
+	set  bitset
 	have uint16
 	vals [numKeyKinds]int64
 }
 
 // partial is a set being built and what is known of it so far.
 type partial struct {
-	chosen           Mask
+	chosen           bitset
 	cnt              int
 	minPair, maxPair int
 	sum              int
-	dom              [len(domainLevels)]Mask
+	dom              [len(domainLevels)]bitset
 	util             int64
 	row              int64 // bandwidth from the chosen GPUs to every free GPU
 }
@@ -74,12 +74,12 @@ type partial struct {
 // init prepares s, a zero search, for one request. s, and the work it
 // charges (s.w, set by the caller), are the caller's, so that both can live
 // on the stack.
-func (s *search) init(g *Graph, free Mask, req Request, f feasibility, tabs *tables) {
+func (s *search) init(g *Graph, free bitset, req Request, f feasibility, tabs *tables) {
 	// Field by field: s is already zero, and a composite literal would
 	// clear its 2 KiB again.
 	s.g, s.k = g, req.Count
 	s.order = objectives[req.Requirement.EffectiveStrategy()]
-	s.free = free & g.Healthy() & g.All()
+	s.free = free & g.healthy & g.all()
 	s.ok, s.util, s.tabs, s.eligible = f.ok, req.Utilization, tabs, f.eligible
 	s.omega, s.quadsFree, s.strongFloor = -1, -1, -1
 	s.best = cand{set: f.seed}
@@ -123,7 +123,7 @@ func (s *search) utilOf(i int) int64 {
 // work is spent. A greedy set (heuristic.go) replaces the seed first when it
 // scores better, so that bounds cut early; the walk still proves or finds
 // the optimum and its tie-break.
-func (s *search) run(eligible Mask) {
+func (s *search) run(eligible bitset) {
 	if binomialAtLeast(eligible.Count(), s.k, warmStartMinSets) {
 		s.warmStart()
 	}
@@ -149,7 +149,7 @@ func (s *search) warmStart() {
 	}
 }
 
-// binomialAtLeast reports whether C(n, k) >= t (0 <= n <= MaxGPUs).
+// binomialAtLeast reports whether C(n, k) >= t (0 <= n <= windowGPUs).
 func binomialAtLeast(n, k int, t int64) bool {
 	if k < 0 || k > n {
 		return t <= 0
@@ -157,9 +157,9 @@ func binomialAtLeast(n, k int, t int64) bool {
 	return binomials[n][k] >= t
 }
 
-// binomials is Pascal's triangle up to MaxGPUs, saturating at 2^62: a
+// binomials is Pascal's triangle up to windowGPUs, saturating at 2^62: a
 // constant table, looked up on every partial set.
-var binomials = func() (c [MaxGPUs + 1][MaxGPUs + 1]int64) {
+var binomials = func() (c [windowGPUs + 1][windowGPUs + 1]int64) {
 	for n := range c {
 		c[n][0] = 1
 		for k := 1; k <= n; k++ {
@@ -191,7 +191,7 @@ func (s *search) fill(c *cand, k keyKind) int64 {
 
 // compute evaluates one key of set, charging its cost; done is false when
 // the work ran out first.
-func (s *search) compute(k keyKind, set Mask) (int64, bool) {
+func (s *search) compute(k keyKind, set bitset) (int64, bool) {
 	left := s.free &^ set
 	if s.tabs != nil {
 		switch k {
@@ -234,7 +234,7 @@ func (s *search) compute(k keyKind, set Mask) (int64, bool) {
 //
 // Largest cliques of the free GPUs found on the way are remembered: when
 // one of them lies inside left, so does the answer, without a search.
-func (s *search) island(left Mask, floor int) (int64, bool) {
+func (s *search) island(left bitset, floor int) (int64, bool) {
 	if s.omega < 0 {
 		m, done := largestClique(s.g.nv, s.free, 0, 0, s.w)
 		if !done {
@@ -257,7 +257,7 @@ func (s *search) island(left Mask, floor int) (int64, bool) {
 }
 
 // remember keeps a largest clique of the free GPUs (up to len(cliques)).
-func (s *search) remember(c Mask) {
+func (s *search) remember(c bitset) {
 	if s.nCliques < len(s.cliques) {
 		s.cliques[s.nCliques] = c
 		s.nCliques++
@@ -268,7 +268,7 @@ func (s *search) remember(c Mask) {
 // When few free GPUs are missing from left it counts from the free GPUs'
 // total down, one missing GPU v at a time (removing v from X loses the
 // triangles of N(v) ∩ X), which costs k·deg^2 instead of n^3.
-func (s *search) quads(left Mask) (int64, bool) {
+func (s *search) quads(left bitset) (int64, bool) {
 	g := s.g
 	gone := s.free &^ left
 	if gone.Count()*6 >= s.freeN {
@@ -346,7 +346,7 @@ func (s *search) better(c *cand) bool {
 }
 
 // dfs extends p with GPUs from allowed.
-func (s *search) dfs(p partial, allowed Mask) {
+func (s *search) dfs(p partial, allowed bitset) {
 	if p.cnt == s.k {
 		s.leaf(&p)
 		return
@@ -368,7 +368,7 @@ func (s *search) dfs(p partial, allowed Mask) {
 	filter := s.order[0] == keyMinPair && s.k >= 2
 	for r := allowed; r != 0; r &= r - 1 {
 		v := bits.TrailingZeros64(uint64(r))
-		next := r &^ (Mask(2)<<v - 1)
+		next := r &^ (bitset(2)<<v - 1)
 		if s.ok != nil {
 			next &= s.ok[v]
 		}
@@ -421,7 +421,7 @@ func (s *search) prepareBounds() {
 			continue
 		}
 		s.minRow = min(s.minRow, s.row[a])
-		for r := s.eligible &^ (Mask(2)<<a - 1); r != 0; r &= r - 1 {
+		for r := s.eligible &^ (bitset(2)<<a - 1); r != 0; r &= r - 1 {
 			s.maxBW = max(s.maxBW, int64(g.bw[a*g.n+bits.TrailingZeros64(uint64(r))]))
 		}
 	}
@@ -434,7 +434,7 @@ func (s *search) buildStrong(floor int) {
 	g := s.g
 	s.w.charge(int64(2 * g.n * g.n))
 	for a := 0; a < g.n; a++ {
-		var m Mask
+		var m bitset
 		for b := 0; b < g.n; b++ {
 			if g.bw[a*g.n+b] >= floor {
 				m |= 1 << b
@@ -490,7 +490,7 @@ func (s *search) domainsOf(p *partial) int {
 // at least tightBoundMinSets (or any subtree below tightBoundMinDepth
 // GPUs), if those do not cut, the tight bounds, which cost a pass over
 // allowed. It is true as well when the work ran out.
-func (s *search) prune(p *partial, allowed Mask) bool {
+func (s *search) prune(p *partial, allowed bitset) bool {
 	first := s.firstBound(p)
 	bv := s.key(&s.best, s.order[0])
 	if s.halt || first < bv {
@@ -543,7 +543,7 @@ const (
 
 // cuts compares the bounds of the first keys keys with the best's; with
 // every key and all of them tied, the lower indices decide.
-func (s *search) cuts(p *partial, allowed Mask, tight bool, keys int) bool {
+func (s *search) cuts(p *partial, allowed bitset, tight bool, keys int) bool {
 	if !s.bounded {
 		s.prepareBounds()
 	}
@@ -569,7 +569,7 @@ func (s *search) cuts(p *partial, allowed Mask, tight bool, keys int) bool {
 // completion, so comparing the bounds lexicographically with the best's
 // keys bounds the completions' scores. Tight bounds are at most the cheap
 // ones.
-func (s *search) upper(k keyKind, p *partial, allowed Mask, tight bool) int64 {
+func (s *search) upper(k keyKind, p *partial, allowed bitset, tight bool) int64 {
 	g := s.g
 	r := s.k - p.cnt
 	switch k {
@@ -689,7 +689,7 @@ func cliqueSide(p int64) int64 {
 // two or more GPUs are still to come, at most the strongest eligible pair;
 // tight, also at most the weakest link to p of the GPU of allowed best
 // linked to p.
-func (s *search) upperMinPair(p *partial, allowed Mask, tight bool) int64 {
+func (s *search) upperMinPair(p *partial, allowed bitset, tight bool) int64 {
 	if s.k < 2 {
 		return 0
 	}
@@ -724,16 +724,16 @@ func (s *search) upperSum(p *partial, r int) int64 {
 // completion of p crosses: at each level, p's domains, then, when the GPUs
 // of allowed inside them are too few for the r still to come, as few more
 // domains as can hold the rest (largest first).
-func (s *search) domainsAtLeast(p *partial, allowed Mask, r int) int {
+func (s *search) domainsAtLeast(p *partial, allowed bitset, r int) int {
 	g := s.g
 	s.w.charge(int64(len(domainLevels) * (2*allowed.Count() + 8)))
 	d := 0
 	for t := range domainLevels {
 		spanned := p.dom[t]
 		d += spanned.Count() - 1
-		var count [MaxGPUs]uint8
+		var count [windowGPUs]uint8
 		inside := 0
-		var others Mask
+		var others bitset
 		for m := allowed; m != 0; m &= m - 1 {
 			b := g.domBit[t][bits.TrailingZeros64(uint64(m))]
 			if b&spanned != 0 {
