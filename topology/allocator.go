@@ -84,6 +84,8 @@ func (a *Allocator) Allocate(g *Graph, free Mask, req Request) (Result, error) {
 	}
 	free = free.Intersect(g.healthyW)
 	if a.memoSize <= 0 {
+		// allocateAny's dispatch, written out: allocateAny is too large to
+		// inline, and the extra call is measurable on 8-GPU decisions.
 		if !g.wide() {
 			return a.allocate(g, free.bits(), req)
 		}
@@ -176,12 +178,7 @@ func checkFeasible(g *Graph, free bitset, req Request, w *work) (feasibility, er
 	r := req.Requirement
 	free &= g.healthy & g.all()
 	if c := free.Count(); c < k {
-		unhealthy := (g.all() &^ g.healthy).Count()
-		reason := fmt.Sprintf("needs %d GPUs; %d of %d are free", k, c, g.n)
-		if unhealthy > 0 {
-			reason += fmt.Sprintf(" and healthy (%d unhealthy)", unhealthy)
-		}
-		return feasibility{}, &InfeasibleError{Reason: reason}
+		return feasibility{}, g.tooFewFree(k, c)
 	}
 	eligible := free
 	if r.GPUMemoryMiB > 0 {
@@ -240,6 +237,16 @@ func checkFeasible(g *Graph, free bitset, req Request, w *work) (feasibility, er
 	}
 	f.seed = firstK(clique, k)
 	return f, nil
+}
+
+// tooFewFree explains a request for k GPUs when only c are free and
+// healthy.
+func (g *Graph) tooFewFree(k, c int) *InfeasibleError {
+	reason := fmt.Sprintf("needs %d GPUs; %d of %d are free", k, c, g.n)
+	if unhealthy := g.All().Minus(g.healthyW).Count(); unhealthy > 0 {
+		reason += fmt.Sprintf(" and healthy (%d unhealthy)", unhealthy)
+	}
+	return &InfeasibleError{Reason: reason}
 }
 
 // unfinished qualifies a largest-clique figure whose search ran out of

@@ -119,11 +119,7 @@ func windowRequest(req Request, idx []int) Request {
 func (a *Allocator) allocateWide(g *Graph, free Mask, req Request) (Result, error) {
 	k, r := req.Count, req.Requirement
 	if c := free.Count(); c < k {
-		reason := fmt.Sprintf("needs %d GPUs; %d of %d are free", k, c, g.n)
-		if unhealthy := g.All().Minus(g.healthyW).Count(); unhealthy > 0 {
-			reason += fmt.Sprintf(" and healthy (%d unhealthy)", unhealthy)
-		}
-		return Result{}, &InfeasibleError{Reason: reason}
+		return Result{}, g.tooFewFree(k, c)
 	}
 	if c := free.Count(); c == k && c > windowGPUs {
 		// Only one set: every free GPU.
