@@ -177,25 +177,45 @@ var podFieldSelector = fields.AndSelectors(
 // (ErrLeadershipLost). /healthz answers at once; /readyz and the verbs only
 // once the replica is Ready.
 func (x *Extender) Start(ctx context.Context) error {
+	return x.start(ctx, true)
+}
+
+// StartInProcess runs the decision core for a front end in the same
+// process (the gputopo-scheduler plugin build): informers, the ledger and
+// its rebuild, the reservation sweep, telemetry, events and, unless
+// MetricsBindAddress is "0", /metrics with the same names. It serves no
+// verbs and runs no leader election of its own: the host scheduler elects
+// its leader and only the leader schedules. It returns when ctx ends.
+func (x *Extender) StartInProcess(ctx context.Context) error {
+	return x.start(ctx, false)
+}
+
+func (x *Extender) start(ctx context.Context, verbs bool) error {
 	log := klog.FromContext(ctx).WithName("extender")
 	ctx, cancel := context.WithCancel(klog.NewContext(ctx, log))
 	defer cancel()
 	x.log = log
 	defer x.startEvents()()
 
-	apiLn, err := x.listenAPI()
-	if err != nil {
-		return err
+	var servers []*http.Server
+	var listeners []net.Listener
+	if verbs {
+		apiLn, err := x.listenAPI()
+		if err != nil {
+			return err
+		}
+		listeners = append(listeners, apiLn)
+		servers = append(servers, &http.Server{Handler: x.Handler(), ReadHeaderTimeout: 10 * time.Second})
+		x.addrMu.Lock()
+		x.apiAddr = apiLn.Addr().String()
+		x.addrMu.Unlock()
 	}
-	servers := []*http.Server{{Handler: x.Handler(), ReadHeaderTimeout: 10 * time.Second}}
-	listeners := []net.Listener{apiLn}
-	x.addrMu.Lock()
-	x.apiAddr = apiLn.Addr().String()
-	x.addrMu.Unlock()
 	if x.opts.MetricsBindAddress != "0" && x.opts.MetricsBindAddress != "" {
 		mln, err := net.Listen("tcp", x.opts.MetricsBindAddress)
 		if err != nil {
-			apiLn.Close()
+			for _, ln := range listeners {
+				ln.Close()
+			}
 			return fmt.Errorf("listen for metrics on %s: %w", x.opts.MetricsBindAddress, err)
 		}
 		x.addrMu.Lock()
@@ -236,7 +256,7 @@ func (x *Extender) Start(ctx context.Context) error {
 	}
 
 	lost := make(chan struct{})
-	if x.opts.LeaderElect {
+	if verbs && x.opts.LeaderElect {
 		le, err := x.elector(ctx, lost)
 		if err != nil {
 			return err

@@ -675,6 +675,16 @@ func (l *Ledger) Release(uid types.UID) {
 	l.releaseLocked(uid)
 }
 
+// releaseReserved frees what pod uid was promised, unless its Binding was
+// written (the holding is confirmed): then the informer decides.
+func (l *Ledger) releaseReserved(uid types.UID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if h, ok := l.holdings[uid]; ok && h.reserved {
+		l.releaseLocked(uid)
+	}
+}
+
 // confirm marks a reservation as bound: the Binding was written.
 func (l *Ledger) confirm(uid types.UID, node string, uuids []string) {
 	l.mu.Lock()

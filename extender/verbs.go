@@ -37,12 +37,7 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 		passed = make([]string, 0, len(names))
 		var failed [numReasonCodes]int
 		e := newEvaluator(x.alloc, x.cfg, pr, x.now())
-		reason := func(v *verdict) string {
-			if pr.fallbackIn > 0 && (v.code == reasonNVLink || v.code == reasonBandwidth) {
-				return ReasonPrefix + v.reason + fallbackNote(pr)
-			}
-			return ReasonPrefix + v.reason
-		}
+		reason := func(v *verdict) string { return filterReason(pr, v) }
 		l := x.ledger
 		l.mu.RLock()
 		nodes := l.lookupLocked(names)
@@ -82,6 +77,14 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 		res.Nodes = filteredNodes(args, passed)
 	}
 	return res
+}
+
+// filterReason is the reason filter gives for a node the pod failed on.
+func filterReason(pr podRequest, v *verdict) string {
+	if pr.fallbackIn > 0 && (v.code == reasonNVLink || v.code == reasonBandwidth) {
+		return ReasonPrefix + v.reason + fallbackNote(pr)
+	}
+	return ReasonPrefix + v.reason
 }
 
 // fallbackNote tells a pod waiting for NVLink when it will fall back.
@@ -178,12 +181,7 @@ func (x *Extender) evaluate(pr podRequest, names []string) (nl *nodeList, best f
 func (x *Extender) Bind(args *extenderv1.ExtenderBindingArgs) *extenderv1.ExtenderBindingResult {
 	ctx := context.Background()
 	if err := x.bind(ctx, args); err != nil {
-		var be *bindError
-		kind := "internal"
-		if errors.As(err, &be) {
-			kind = be.kind
-		}
-		x.metrics.errors.WithLabelValues(phaseBind, kind).Inc()
+		x.metrics.errors.WithLabelValues(phaseBind, errKind(err)).Inc()
 		klog.V(2).InfoS("bind failed", "pod", klog.KRef(args.PodNamespace, args.PodName), "node", args.Node, "err", err)
 		return &extenderv1.ExtenderBindingResult{Error: err.Error()}
 	}

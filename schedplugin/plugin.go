@@ -1,0 +1,340 @@
+// Package schedplugin is gputopo as a kube-scheduler framework plugin: the
+// same decision core as the HTTP extender (package extender: ledger,
+// evaluator, GPU choice, bind), called in-process at PreFilter, Filter,
+// PreScore, Score, Reserve, Unreserve and Bind, so that no pod pays the
+// extender protocol's JSON round trips.
+//
+// It depends on the framework's interfaces only (k8s.io/kube-scheduler),
+// not on k8s.io/kubernetes: the gputopo-scheduler binary that registers it
+// with kube-scheduler's command (app.WithPlugin) is its own module,
+// cmd/gputopo-scheduler. See docs/scheduler-plugin.md.
+package schedplugin
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+	fwk "k8s.io/kube-scheduler/framework"
+
+	"github.com/gputopo/gputopo/extender"
+)
+
+// Name is the plugin's name in a KubeSchedulerConfiguration profile.
+const Name = "GPUTopology"
+
+// Version is gputopo's version in the gputopo-scheduler build (set with
+// -ldflags -X by make gputopo-scheduler); the Kubernetes version is
+// kube-scheduler's own (--version).
+var Version = "v0.0.0-dev"
+
+// scoreScale turns the core's 0..10 score into the framework's 0..100.
+// With the profile's weight equal to the extender's weight, a node's share
+// of the total is the same in both modes: kube-scheduler multiplies an
+// extender's 0..10 by its weight and by MaxNodeScore/MaxExtenderPriority.
+const scoreScale = fwk.MaxNodeScore / extenderv1.MaxExtenderPriority
+
+// Args are the plugin's pluginConfig arguments.
+type Args struct {
+	// ConfigFile is an ExtenderConfiguration (gputopo.io/v1alpha1), the
+	// file the extender reads with --config; empty uses the defaults.
+	ConfigFile string `json:"configFile,omitempty"`
+	// MetricsBindAddress serves the core's /metrics (the extender's
+	// metric names); "0" turns it off. Default ":9090".
+	MetricsBindAddress string `json:"metricsBindAddress,omitempty"`
+	// SchedulerNames are the profiles that run this plugin; bind refuses
+	// pods addressed to any other. Default [gputopo-scheduler].
+	SchedulerNames []string `json:"schedulerNames,omitempty"`
+}
+
+// DecodeArgs reads the plugin's arguments as kube-scheduler hands them to
+// an out-of-tree plugin (JSON in a runtime.Unknown); nil means defaults.
+// Unknown fields are errors that name the field.
+func DecodeArgs(obj runtime.Object) (Args, error) {
+	a := Args{MetricsBindAddress: extender.DefaultMetricsBindAddress}
+	var raw []byte
+	switch o := obj.(type) {
+	case nil:
+		return a, nil
+	case *runtime.Unknown:
+		raw = o.Raw
+	default:
+		return a, fmt.Errorf("pluginConfig args of %s: got %T, want a JSON object with configFile, metricsBindAddress, schedulerNames", Name, obj)
+	}
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return a, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&a); err != nil {
+		return a, fmt.Errorf("pluginConfig args of %s: %w (known fields: configFile, metricsBindAddress, schedulerNames)", Name, err)
+	}
+	return a, nil
+}
+
+// Plugin is the framework front end over one decision core.
+type Plugin struct {
+	x *extender.Extender
+	// stopped is the core's error once it stopped; every cycle reports it.
+	mu      sync.Mutex
+	stopped error
+}
+
+var (
+	_ fwk.PreFilterPlugin = (*Plugin)(nil)
+	_ fwk.FilterPlugin    = (*Plugin)(nil)
+	_ fwk.PreScorePlugin  = (*Plugin)(nil)
+	_ fwk.ScorePlugin     = (*Plugin)(nil)
+	_ fwk.ReservePlugin   = (*Plugin)(nil)
+	_ fwk.BindPlugin      = (*Plugin)(nil)
+)
+
+// One core per process: a second profile that enables the plugin shares
+// the first's ledger (two ledgers would hand out the same GPUs), and must
+// have the same arguments.
+var (
+	sharedMu   sync.Mutex
+	shared     *Plugin
+	sharedArgs Args
+)
+
+// New is the plugin factory for app.WithPlugin. It builds the core and
+// starts it in the background (informers, ledger rebuild, /metrics); until
+// it is ready every GPU pod's cycle ends in an error that says so, and the
+// pod is retried.
+func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
+	args, err := DecodeArgs(obj)
+	if err != nil {
+		return nil, err
+	}
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	if shared != nil {
+		if fmt.Sprint(args) != fmt.Sprint(sharedArgs) {
+			return nil, fmt.Errorf("plugin %s is enabled in two profiles with different args (%+v, %+v): one process has one GPU ledger; give both the same args", Name, sharedArgs, args)
+		}
+		return shared, nil
+	}
+	p, err := start(ctx, h.KubeConfig(), args)
+	if err != nil {
+		return nil, err
+	}
+	shared, sharedArgs = p, args
+	return p, nil
+}
+
+// start builds the core from args and runs it until ctx ends.
+func start(ctx context.Context, cfg *rest.Config, args Args) (*Plugin, error) {
+	o := extender.NewOptions()
+	o.ConfigFile = args.ConfigFile
+	if args.MetricsBindAddress != "" {
+		o.MetricsBindAddress = args.MetricsBindAddress
+	}
+	if len(args.SchedulerNames) > 0 {
+		o.SchedulerNames = args.SchedulerNames
+	}
+	x, err := extender.New(cfg, o)
+	if err != nil {
+		return nil, fmt.Errorf("plugin %s: %w", Name, err)
+	}
+	p := &Plugin{x: x}
+	log := klog.FromContext(ctx).WithName(Name)
+	log.Info("starting the GPU decision core", "gputopoVersion", Version, "config", args.ConfigFile, "metrics", o.MetricsBindAddress)
+	go func() {
+		err := x.StartInProcess(klog.NewContext(ctx, log))
+		if err == nil && ctx.Err() == nil {
+			err = errors.New("stopped")
+		}
+		if err != nil {
+			log.Error(err, "GPU decision core stopped; GPU pods stay Pending until the scheduler restarts")
+			p.mu.Lock()
+			p.stopped = err
+			p.mu.Unlock()
+		}
+	}()
+	return p, nil
+}
+
+// NewForCore wraps a core the caller runs (tests, the demo).
+func NewForCore(x *extender.Extender) *Plugin { return &Plugin{x: x} }
+
+// Name implements fwk.Plugin.
+func (p *Plugin) Name() string { return Name }
+
+// Core is the decision core the plugin calls.
+func (p *Plugin) Core() *extender.Extender { return p.x }
+
+const (
+	cycleKey fwk.StateKey = Name + "/cycle"
+	scoreKey fwk.StateKey = Name + "/scores"
+	bindKey  fwk.StateKey = Name + "/bind-unknown"
+)
+
+// cycle is the pod's filter in progress (the core's Cycle).
+type cycle struct{ c *extender.Cycle }
+
+func (c *cycle) Clone() fwk.StateData { return c }
+
+type scores map[string]int64
+
+func (s scores) Clone() fwk.StateData { return s }
+
+type bindUnknown struct{}
+
+func (bindUnknown) Clone() fwk.StateData { return bindUnknown{} }
+
+// notReady is the status of a cycle the core cannot decide yet.
+func (p *Plugin) notReady() *fwk.Status {
+	p.mu.Lock()
+	stopped := p.stopped
+	p.mu.Unlock()
+	if stopped != nil {
+		return fwk.AsStatus(fmt.Errorf("%sGPU decision core stopped: %w", extender.ReasonPrefix, stopped))
+	}
+	if msg := p.x.NotReady(); msg != "" {
+		return fwk.AsStatus(errors.New(extender.ReasonPrefix + msg))
+	}
+	return nil
+}
+
+// gpuPod reports whether the pod is the core's to decide; a pod whose GPU
+// request cannot be read gets the status that says why.
+func (p *Plugin) gpuPod(pod *corev1.Pod) (bool, *fwk.Status) {
+	n, err := p.x.GPUCountOf(pod)
+	if err != nil {
+		return false, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, extender.ReasonPrefix+err.Error())
+	}
+	return n > 0, nil
+}
+
+func nodeNames(nodes []fwk.NodeInfo) []string {
+	names := make([]string, 0, len(nodes))
+	for _, n := range nodes {
+		if node := n.Node(); node != nil {
+			names = append(names, node.Name)
+		}
+	}
+	return names
+}
+
+// PreFilter reads the pod's request and requirement once per cycle. Pods
+// without GPUs skip the plugin; a malformed requirement ends the cycle as
+// unresolvable with the message that names the field.
+func (p *Plugin) PreFilter(_ context.Context, state fwk.CycleState, pod *corev1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+	c, err := p.x.NewCycle(pod)
+	if err != nil {
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
+	}
+	if c == nil {
+		return nil, fwk.NewStatus(fwk.Skip)
+	}
+	if st := p.notReady(); st != nil {
+		return nil, st
+	}
+	state.Write(cycleKey, &cycle{c: c})
+	return nil, nil
+}
+
+// PreFilterExtensions implements fwk.PreFilterPlugin; the verdicts do not
+// change when the framework adds or removes pods for preemption: GPUs are
+// the core's, and an extender is not asked either.
+func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
+
+// Filter is the extender's filter verdict on the node, with its reason:
+// Unschedulable, or UnschedulableAndUnresolvable where no change of the
+// node's GPU use could fix it (no preemption for it).
+func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *corev1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
+	d, err := state.Read(cycleKey)
+	if err != nil {
+		return fwk.AsStatus(fmt.Errorf("%s: no PreFilter state in this cycle: %w", Name, err))
+	}
+	passed, unresolvable, reason := d.(*cycle).c.FilterNode(nodeInfo.Node().Name)
+	switch {
+	case passed:
+		return nil
+	case unresolvable:
+		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reason)
+	}
+	return fwk.NewStatus(fwk.Unschedulable, reason)
+}
+
+// PreScore scores every feasible node with the extender's prioritize (its
+// cross-node terms compare each node with the others), once per cycle.
+func (p *Plugin) PreScore(ctx context.Context, state fwk.CycleState, pod *corev1.Pod, nodes []fwk.NodeInfo) *fwk.Status {
+	if _, err := state.Read(cycleKey); err != nil {
+		return fwk.NewStatus(fwk.Skip) // no GPUs: PreFilter skipped
+	}
+	names := nodeNames(nodes)
+	list, err := p.x.Prioritize(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
+	if err != nil {
+		return fwk.AsStatus(fmt.Errorf("%s%w", extender.ReasonPrefix, err))
+	}
+	s := make(scores, len(list))
+	for _, hp := range list {
+		s[hp.Host] = hp.Score * scoreScale
+	}
+	state.Write(scoreKey, s)
+	return nil
+}
+
+// Score returns PreScore's score of the node, 0..100.
+func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *corev1.Pod, nodeInfo fwk.NodeInfo) (int64, *fwk.Status) {
+	d, err := state.Read(scoreKey)
+	if err != nil {
+		return 0, fwk.AsStatus(fmt.Errorf("%s: no PreScore state in this cycle: %w", Name, err))
+	}
+	return d.(scores)[nodeInfo.Node().Name], nil
+}
+
+// ScoreExtensions implements fwk.ScorePlugin. Scores are already relative
+// to the best node (the core normalizes while it scores, as for the
+// extender), so there is nothing left to normalize.
+func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return nil }
+
+// Reserve chooses the pod's GPUs on the node and holds them in the ledger
+// for the rest of the cycle.
+func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *corev1.Pod, node string) *fwk.Status {
+	if _, err := state.Read(cycleKey); err != nil {
+		return nil
+	}
+	if err := p.x.ReservePod(ctx, pod, node); err != nil {
+		return fwk.NewStatus(fwk.Unschedulable, extender.ReasonPrefix+err.Error())
+	}
+	return nil
+}
+
+// Unreserve releases the reservation of a cycle that failed after Reserve,
+// unless a Binding may still land (its outcome was unknown): then the
+// reservation stays, for the retry or until the reservation TTL.
+func (p *Plugin) Unreserve(ctx context.Context, state fwk.CycleState, pod *corev1.Pod, node string) {
+	if _, err := state.Read(bindKey); err == nil {
+		klog.FromContext(ctx).V(2).Info("keeping GPU reservation: the Binding's outcome is unknown", "pod", klog.KObj(pod), "node", node)
+		return
+	}
+	p.x.ReleasePod(pod.UID)
+}
+
+// Bind writes the pod's Binding with its GPU assignment and placement
+// annotations in one write, as the extender's bind verb does. Pods without
+// GPUs are left to the next bind plugin (DefaultBinder).
+func (p *Plugin) Bind(ctx context.Context, state fwk.CycleState, pod *corev1.Pod, node string) *fwk.Status {
+	if _, err := state.Read(cycleKey); err != nil {
+		return fwk.NewStatus(fwk.Skip)
+	}
+	unknown, err := p.x.BindPod(ctx, pod, node)
+	if unknown {
+		state.Write(bindKey, bindUnknown{})
+	}
+	if err != nil {
+		return fwk.AsStatus(err)
+	}
+	return nil
+}
