@@ -1,6 +1,8 @@
 # syntax=docker/dockerfile:1
 # The one gputopo image: `gputopo webhook|extender|nodeagent` (and simulate,
-# demo, version).
+# demo, version), and `gputopo-scheduler`, kube-scheduler with the
+# GPUTopology plugin compiled in (scheduler.mode: plugin). gputopo-scheduler
+# is its own module (cmd/gputopo-scheduler) and static, as kube-scheduler is.
 #
 # Not static: the node agent reads the NVIDIA driver through go-nvml, which
 # uses cgo and dlopen()s libnvidia-ml.so.1 at run time (the driver is never
@@ -32,8 +34,15 @@ RUN --mount=type=cache,target=/root/go/pkg/mod \
     go build -trimpath \
       -ldflags "-s -w -X github.com/gputopo/gputopo/cmd/gputopo/app.Version=${VERSION}" \
       -o /out/gputopo ./cmd/gputopo
+RUN --mount=type=cache,target=/root/go/pkg/mod \
+    --mount=type=cache,target=/root/.cache/go-build \
+    cd cmd/gputopo-scheduler && kver=$(go list -m -f '{{.Version}}' k8s.io/kubernetes) && \
+    CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
+    go build -trimpath \
+      -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=${kver} -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(echo ${kver} | cut -d. -f2) -X k8s.io/component-base/version.gitTreeState=clean -X github.com/gputopo/gputopo/schedplugin.Version=${VERSION}" \
+      -o /out/gputopo-scheduler .
 
 FROM ${RUNTIME_IMAGE}
-COPY --from=build /out/gputopo /usr/local/bin/gputopo
+COPY --from=build /out/gputopo /out/gputopo-scheduler /usr/local/bin/
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/gputopo"]
