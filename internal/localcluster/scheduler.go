@@ -3,6 +3,7 @@ package localcluster
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -16,6 +17,8 @@ import (
 	schedconfigv1 "k8s.io/kube-scheduler/config/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
+
+	"github.com/gputopo/gputopo/schedplugin"
 )
 
 // SchedulerUser is the identity kube-scheduler gets; the apiserver's
@@ -40,7 +43,13 @@ func ParseSchedulerConfig(doc []byte) (*schedconfigv1.KubeSchedulerConfiguration
 // its config and log into dir. Leader election is off unless cfg turns it
 // on. It returns once /healthz answers.
 func StartScheduler(cfg *schedconfigv1.KubeSchedulerConfiguration, kubeconfig, dir string) (*Process, error) {
-	bin, err := Binary("kube-scheduler")
+	return StartSchedulerBinary("kube-scheduler", cfg, kubeconfig, dir)
+}
+
+// StartSchedulerBinary is StartScheduler with another build of
+// kube-scheduler from bin/: "gputopo-scheduler" is the plugin build.
+func StartSchedulerBinary(name string, cfg *schedconfigv1.KubeSchedulerConfiguration, kubeconfig, dir string) (*Process, error) {
+	bin, err := Binary(name)
 	if err != nil {
 		return nil, err
 	}
@@ -69,7 +78,7 @@ func StartScheduler(cfg *schedconfigv1.KubeSchedulerConfiguration, kubeconfig, d
 	if err := os.WriteFile(path, doc, 0o600); err != nil {
 		return nil, fmt.Errorf("write scheduler config: %w", err)
 	}
-	return startServing("kube-scheduler", dir, stamp, bin, func(port int) []string {
+	return startServing(name, dir, stamp, bin, func(port int) []string {
 		return []string{
 			"--config=" + path,
 			"--bind-address=127.0.0.1",
@@ -166,6 +175,31 @@ func ChartSchedulerConfig(extenderURL string) (*schedconfigv1.KubeSchedulerConfi
 	}
 	in.Scheme, in.Host = to.Scheme, to.Host
 	cfg.Extenders[0].URLPrefix = in.String()
+	cfg.LeaderElection.LeaderElect = ptr.To(false)
+	return cfg, nil
+}
+
+// PluginSchedulerConfig is the Helm chart's plugin-mode
+// KubeSchedulerConfiguration (charts/gputopo/files/scheduler-config-plugin.yaml),
+// the one `scheduler.mode: plugin` runs in gputopo-scheduler, with the
+// GPUTopology plugin's args replaced by args and leader election off.
+func PluginSchedulerConfig(args schedplugin.Args) (*schedconfigv1.KubeSchedulerConfiguration, error) {
+	doc, err := os.ReadFile(filepath.Join(RepoRoot(), "charts", "gputopo", "files", "scheduler-config-plugin.yaml"))
+	if err != nil {
+		return nil, fmt.Errorf("read the chart's plugin scheduler config: %w", err)
+	}
+	cfg, err := ParseSchedulerConfig(doc)
+	if err != nil {
+		return nil, err
+	}
+	if len(cfg.Profiles) != 1 || len(cfg.Profiles[0].PluginConfig) != 1 || cfg.Profiles[0].PluginConfig[0].Name != schedplugin.Name {
+		return nil, fmt.Errorf("the chart's plugin scheduler config: want one profile with pluginConfig for %s only", schedplugin.Name)
+	}
+	raw, err := json.Marshal(args)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Profiles[0].PluginConfig[0].Args.Raw = raw
 	cfg.LeaderElection.LeaderElect = ptr.To(false)
 	return cfg, nil
 }

@@ -736,6 +736,12 @@ func TestChartRefusesBadValues(t *testing.T) {
 			`nodeAgent.resourceName ("other.example/gpu") and gpuResourceName ("example.com/gpu") differ`},
 		"scraper peers that are not a list": {"networkPolicy: {enabled: true, metricsFrom: {namespaceSelector: {}}}",
 			"networkPolicy.metricsFrom: must be a list of NetworkPolicyPeers"},
+		"unknown scheduler mode": {"scheduler: {mode: inprocess}",
+			`scheduler.mode: "inprocess" is not supported; use extender`},
+		"plugin mode with a shadow": {"scheduler: {mode: plugin}\nshadowExtender: {enabled: true}",
+			"the shadow mirrors the extender's verbs and needs scheduler.mode extender"},
+		"plugin mode without a scheduler": {"scheduler: {mode: plugin, replicas: 0}",
+			"scheduler.replicas: must be at least 1 in plugin mode"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			rel := release{name: "gputopo", namespace: "gputopo-system", values: tc.values}

@@ -110,6 +110,11 @@ func TestRenderedManifestsPassServerSideDryRun(t *testing.T) {
 		sets["chart, "+name] = tc.rel.render(t)
 		createNamespace(t, cp, tc.rel.namespace)
 	}
+	// Plugin mode (no extender Deployment; gputopo-scheduler from the
+	// gputopo image), with NetworkPolicies and ServiceMonitors on.
+	plugin := release{name: "inproc", namespace: "gputopo-plugin", values: pluginRelease.values + "networkPolicy: {enabled: true, metricsFrom: [{namespaceSelector: {}}]}\nserviceMonitor: {enabled: true}\n"}
+	sets["chart, plugin mode"] = plugin.render(t)
+	createNamespace(t, cp, plugin.namespace)
 	sets["certs/"] = loadKustomization(t, filepath.Join(harness.RepoRoot(), "certs"))
 	for name, objs := range sets {
 		t.Run(name, func(t *testing.T) {

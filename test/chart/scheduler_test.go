@@ -25,6 +25,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
@@ -50,7 +51,14 @@ func serviceAccountUser(ns, name string) (string, []string) {
 // what the scheduler gets. Everything else is as harness.StartScheduler.
 func startSchedulerAs(t *testing.T, cp *harness.ControlPlane, cfg *schedconfigv1.KubeSchedulerConfiguration, user string, groups []string) *harness.Process {
 	t.Helper()
-	bin, err := harness.Binary("kube-scheduler")
+	return startSchedulerBinaryAs(t, cp, "kube-scheduler", cfg, user, groups)
+}
+
+// startSchedulerBinaryAs is startSchedulerAs with another kube-scheduler
+// build from bin/ ("gputopo-scheduler", the plugin build).
+func startSchedulerBinaryAs(t *testing.T, cp *harness.ControlPlane, name string, cfg *schedconfigv1.KubeSchedulerConfiguration, user string, groups []string) *harness.Process {
+	t.Helper()
+	bin, err := harness.Binary(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,13 +76,13 @@ func startSchedulerAs(t *testing.T, cp *harness.ControlPlane, cfg *schedconfigv1
 	if err != nil {
 		t.Fatalf("free port: %v", err)
 	}
-	p := harness.StartProcess(t, "kube-scheduler", bin, "--config="+path, "--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(port), "--v=2")
+	p := harness.StartProcess(t, name, bin, "--config="+path, "--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(port), "--v=2")
 	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // the local scheduler's self-signed serving cert
 	}}
 	err = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
 		if exited, err := p.Exited(); exited {
-			return false, fmt.Errorf("kube-scheduler exited: %v", err)
+			return false, fmt.Errorf("%s exited: %v", name, err)
 		}
 		resp, err := hc.Get(fmt.Sprintf("https://127.0.0.1:%d/healthz", port))
 		if err != nil {
@@ -84,7 +92,7 @@ func startSchedulerAs(t *testing.T, cp *harness.ControlPlane, cfg *schedconfigv1
 		return resp.StatusCode == http.StatusOK, nil
 	})
 	if err != nil {
-		t.Fatalf("kube-scheduler did not become healthy: %v\n%s", err, p.Tail(30))
+		t.Fatalf("%s did not become healthy: %v\n%s", name, err, p.Tail(30))
 	}
 	return p
 }
@@ -110,41 +118,8 @@ func TestRenderedSchedulerConfigRunsThroughExtender(t *testing.T) {
 	objs := rel.render(t)
 	createNamespace(t, cp, rel.namespace)
 
-	// The chart's RBAC, for real: the components below run with nothing
-	// else.
-	dyn, err := dynamic.NewForConfig(cp.Config)
-	if err != nil {
-		t.Fatalf("dynamic client: %v", err)
-	}
-	for _, o := range objs {
-		switch o.GetKind() {
-		case "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding":
-			if err := apply(ctx, cp, dyn, o, false); err != nil {
-				t.Fatalf("apply %s %s: %v", o.GetKind(), o.GetName(), err)
-			}
-		}
-	}
-
-	// Two GPU nodes with their topology, as the node agent publishes it:
-	// with one feasible node kube-scheduler skips scoring, prioritize
-	// included.
-	nodes := map[string]string{"dgx-a100-0": "dgx-a100", "hgx-h100-0": "hgx-h100"}
-	for nodeName, fixture := range nodes {
-		cp.CreateGPUNode(t, nodeName, 8, map[string]string{"nvidia.com/gpu.present": "true"})
-		fx, err := topology.FixtureByName(fixture)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ngt := &v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}
-		if err := cp.Client.Create(ctx, ngt); err != nil {
-			t.Fatalf("create NodeGPUTopology: %v", err)
-		}
-		ngt.Status = fx.Graph(nodeName).Status()
-		ngt.Status.ObservedTime = metav1.Now()
-		if err := cp.Client.Status().Update(ctx, ngt); err != nil {
-			t.Fatalf("publish NodeGPUTopology status: %v", err)
-		}
-	}
+	applyRBAC(t, cp, objs)
+	nodes := createGPUNodes(t, cp)
 
 	// cert-manager's part: one CA signs the chart's two Certificates as
 	// their specs say. kubelet's part: each Secret lies in a directory of
@@ -281,6 +256,50 @@ func TestRenderedSchedulerConfigRunsThroughExtender(t *testing.T) {
 		t.Errorf("the restarted extender saw %d bind calls, want at least 1", n)
 	}
 	t.Logf("checked: after its client certificate was renewed, the running kube-scheduler bound %s to %s through the extender", got.Name, got.Spec.NodeName)
+}
+
+// applyRBAC applies the chart's ServiceAccounts and RBAC, for real: the
+// components a test runs get nothing else.
+func applyRBAC(t *testing.T, cp *harness.ControlPlane, objs []*unstructured.Unstructured) {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(cp.Config)
+	if err != nil {
+		t.Fatalf("dynamic client: %v", err)
+	}
+	for _, o := range objs {
+		switch o.GetKind() {
+		case "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding":
+			if err := apply(harness.Context(t), cp, dyn, o, false); err != nil {
+				t.Fatalf("apply %s %s: %v", o.GetKind(), o.GetName(), err)
+			}
+		}
+	}
+}
+
+// createGPUNodes registers two GPU nodes with their topology, as the node
+// agent publishes it (with one feasible node kube-scheduler skips scoring),
+// and returns their fixtures by name.
+func createGPUNodes(t *testing.T, cp *harness.ControlPlane) map[string]string {
+	t.Helper()
+	ctx := harness.Context(t)
+	nodes := map[string]string{"dgx-a100-0": "dgx-a100", "hgx-h100-0": "hgx-h100"}
+	for nodeName, fixture := range nodes {
+		cp.CreateGPUNode(t, nodeName, 8, map[string]string{"nvidia.com/gpu.present": "true"})
+		fx, err := topology.FixtureByName(fixture)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ngt := &v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}
+		if err := cp.Client.Create(ctx, ngt); err != nil {
+			t.Fatalf("create NodeGPUTopology: %v", err)
+		}
+		ngt.Status = fx.Graph(nodeName).Status()
+		ngt.Status.ObservedTime = metav1.Now()
+		if err := cp.Client.Status().Update(ctx, ngt); err != nil {
+			t.Fatalf("publish NodeGPUTopology status: %v", err)
+		}
+	}
+	return nodes
 }
 
 // startExtender runs an extender with opts as the REST config's user until

@@ -23,14 +23,22 @@ func ParseSchedulerConfig(doc []byte) (*schedconfigv1.KubeSchedulerConfiguration
 // answers.
 func (cp *ControlPlane) StartScheduler(t testing.TB, cfg *schedconfigv1.KubeSchedulerConfiguration) *Process {
 	t.Helper()
-	p, err := localcluster.StartScheduler(cfg, cp.Kubeconfig(t, SchedulerUser), t.TempDir())
+	return cp.StartSchedulerBinary(t, "kube-scheduler", cfg)
+}
+
+// StartSchedulerBinary is StartScheduler with another kube-scheduler build
+// from bin/: "gputopo-scheduler" is the plugin build (make
+// gputopo-scheduler).
+func (cp *ControlPlane) StartSchedulerBinary(t testing.TB, name string, cfg *schedconfigv1.KubeSchedulerConfiguration) *Process {
+	t.Helper()
+	p, err := localcluster.StartSchedulerBinary(name, cfg, cp.Kubeconfig(t, SchedulerUser), t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		p.Stop()
 		if t.Failed() {
-			t.Logf("last lines of kube-scheduler log (%s):\n%s", p.LogPath, p.Tail(40))
+			t.Logf("last lines of %s log (%s):\n%s", name, p.LogPath, p.Tail(40))
 		}
 	})
 	return p

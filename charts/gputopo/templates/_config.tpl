@@ -93,6 +93,45 @@ serve, and the chart turns on HTTPS with a client certificate
 Secret and verifies the extender against that Secret's ca.crt.
 */}}
 {{- define "gputopo.scheduler.config" -}}
+{{- if include "gputopo.scheduler.plugin" . }}
+{{- include "gputopo.scheduler.pluginConfig" . }}
+{{- else }}
+{{- include "gputopo.scheduler.extenderConfig" . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Where the scheduler pods mount the extender's ConfigMap in plugin mode: the
+GPUTopology plugin reads the same ExtenderConfiguration.
+*/}}
+{{- define "gputopo.scheduler.decisionConfigDir" -}}/etc/gputopo/extender{{- end }}
+
+{{/*
+Plugin mode: files/scheduler-config-plugin.yaml with the release's names,
+the score weight and the plugin's args (the extender's ConfigMap, mounted;
+its metrics on extender.metricsPort).
+*/}}
+{{- define "gputopo.scheduler.pluginConfig" -}}
+{{- $cfg := .Files.Get "files/scheduler-config-plugin.yaml" | fromYaml }}
+{{- if hasKey $cfg "Error" }}
+{{- fail (printf "files/scheduler-config-plugin.yaml: %s" $cfg.Error) }}
+{{- end }}
+{{- $_ := set $cfg.leaderElection "resourceName" (include "gputopo.scheduler.name" .) }}
+{{- $_ := set $cfg.leaderElection "resourceNamespace" .Release.Namespace }}
+{{- $profile := first $cfg.profiles }}
+{{- $_ := set $profile "schedulerName" .Values.scheduler.schedulerName }}
+{{- range $profile.plugins.score.enabled }}
+{{- $_ := set . "weight" (int $.Values.scheduler.extenderWeight) }}
+{{- end }}
+{{- $args := (first $profile.pluginConfig).args }}
+{{- $_ := set $args "configFile" (printf "%s/config.yaml" (include "gputopo.scheduler.decisionConfigDir" .)) }}
+{{- $_ := set $args "metricsBindAddress" (printf ":%d" (int .Values.extender.metricsPort)) }}
+{{- $_ := set $args "schedulerNames" (list .Values.scheduler.schedulerName) }}
+{{- toYaml $cfg }}
+{{- end }}
+
+{{/* Extender mode: files/scheduler-config.yaml, see above. */}}
+{{- define "gputopo.scheduler.extenderConfig" -}}
 {{- $cfg := .Files.Get "files/scheduler-config.yaml" | fromYaml }}
 {{- if hasKey $cfg "Error" }}
 {{- fail (printf "files/scheduler-config.yaml: %s" $cfg.Error) }}

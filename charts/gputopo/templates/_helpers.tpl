@@ -149,7 +149,15 @@ the value gets TLS), else empty.
 */}}
 {{- define "gputopo.extender.tls.enabled" -}}
 {{- $tls := include "gputopo.withDefaults" (dict "v" .Values.extender.tls "defaults" (dict "enabled" true)) | fromJson }}
-{{- if $tls.enabled }}true{{ end }}
+{{- if and $tls.enabled (not (include "gputopo.scheduler.plugin" .)) }}true{{ end }}
+{{- end }}
+
+{{/*
+"true" in plugin mode (scheduler.mode: plugin): gputopo-scheduler decides
+GPU pods in-process and no extender Deployment serves verbs; else empty.
+*/}}
+{{- define "gputopo.scheduler.plugin" -}}
+{{- if eq (.Values.scheduler.mode | default "extender") "plugin" }}true{{ end }}
 {{- end }}
 
 {{/* Name and scheme of the extender's verbs port: https with TLS, else http. */}}
@@ -316,7 +324,17 @@ seccompProfile:
 {{- if ne .Values.webhook.schedulerName .Values.scheduler.schedulerName }}
 {{- fail (printf "webhook.schedulerName (%q) must equal scheduler.schedulerName (%q): the webhook sends GPU pods to the profile the scheduler runs" .Values.webhook.schedulerName .Values.scheduler.schedulerName) }}
 {{- end }}
-{{- if lt (int .Values.extender.replicas) 1 }}
+{{- if not (has (.Values.scheduler.mode | default "extender") (list "extender" "plugin")) }}
+{{- fail (printf "scheduler.mode: %q is not supported; use extender (kube-scheduler calls the extender over HTTP) or plugin (gputopo-scheduler decides in-process)" .Values.scheduler.mode) }}
+{{- end }}
+{{- if include "gputopo.scheduler.plugin" . }}
+{{- if lt (int .Values.scheduler.replicas) 1 }}
+{{- fail "scheduler.replicas: must be at least 1 in plugin mode; GPU pods wait while no gputopo-scheduler runs" }}
+{{- end }}
+{{- if or (include "gputopo.shadowExtender.enabled" .) (include "gputopo.extender.shadow" . | fromJson).url }}
+{{- fail "extender.shadow and shadowExtender: the shadow mirrors the extender's verbs and needs scheduler.mode extender; turn the shadow off or use extender mode" }}
+{{- end }}
+{{- else if lt (int .Values.extender.replicas) 1 }}
 {{- fail "extender.replicas: must be at least 1; GPU pods wait while no extender serves" }}
 {{- end }}
 {{- include "gputopo.validate.gpuResourceName" . }}
