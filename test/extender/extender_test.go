@@ -22,11 +22,13 @@ import (
 // the 70 4-GPU sets are fully NVLinked. Eight model-parallel pods fill
 // exactly those sets on four nodes; a pod no node can ever satisfy stays
 // Pending with the extender's reason on it.
+// It runs in both modes: the extender under kube-scheduler, and the
+// gputopo-scheduler plugin build.
 func TestModelParallelPodsLandOnNVLinkedSets(t *testing.T) {
-	e := newEnv(t, 4)
-	x := startExtender(t, e, 0, false)
-	waitReady(t, x)
-	sched := startScheduler(t, e, x.url())
+	eachMode(t, 4, testModelParallelPodsLandOnNVLinkedSets)
+}
+
+func testModelParallelPodsLandOnNVLinkedSets(t *testing.T, e *env, s system) {
 	ctx := harness.Context(t)
 
 	// First the impossible pod, while every node has all 8 GPUs free (so
@@ -73,7 +75,7 @@ func TestModelParallelPodsLandOnNVLinkedSets(t *testing.T) {
 	createAll(t, e, pods)
 	poll(t, 2*time.Minute, "8 model-parallel pods bound", func() (bool, string) {
 		n := boundGPUs(listPods(t, e))
-		return n == 32, fmt.Sprintf("%d of 32 GPUs bound; ledger %s", n, x.Ledger().Counts())
+		return n == 32, fmt.Sprintf("%d of 32 GPUs bound; ledger %s", n, fmtGauges(s.gauges(t)))
 	})
 	live := listPods(t, e)
 	auditPods(t, live)
@@ -100,7 +102,7 @@ func TestModelParallelPodsLandOnNVLinkedSets(t *testing.T) {
 		}
 	}
 	if t.Failed() {
-		t.Logf("scheduler log:\n%s", sched.Tail(30))
+		t.Logf("scheduler log:\n%s", s.tail())
 	}
 }
 
@@ -124,113 +126,100 @@ func stormPods(prefix string, gpus int) []*corev1.Pod {
 }
 
 // TestBindStorm creates all pods at once. No GPU may be issued twice and no
-// node go over capacity; once every pod is deleted the ledger is whole.
+// node go over capacity; once every pod is deleted the ledger is whole. It
+// runs in both modes.
 func TestBindStorm(t *testing.T) {
-	e := newEnv(t, 4)
-	x := startExtender(t, e, 0, false)
-	waitReady(t, x)
-	startScheduler(t, e, x.url())
+	eachMode(t, 4, func(t *testing.T, e *env, s system) {
+		total := 4 * gpusPerNode
+		createAll(t, e, stormPods("storm", total))
+		poll(t, 3*time.Minute, "every GPU bound", func() (bool, string) {
+			n := boundGPUs(listPods(t, e))
+			return n == total, fmt.Sprintf("%d of %d GPUs bound; ledger %s", n, total, fmtGauges(s.gauges(t)))
+		})
+		owner := auditPods(t, listPods(t, e))
+		if len(owner) != total {
+			t.Errorf("%d distinct GPUs assigned, want %d", len(owner), total)
+		}
+		// The ledger agrees with the pods.
+		poll(t, 30*time.Second, "ledger to match the pods", func() (bool, string) {
+			c := s.gauges(t)
+			return c["held"] == float64(total) && c["free"] == 0 && c["reserved"] == 0, fmtGauges(c)
+		})
 
-	total := 4 * gpusPerNode
-	createAll(t, e, stormPods("storm", total))
-	poll(t, 3*time.Minute, "every GPU bound", func() (bool, string) {
-		n := boundGPUs(listPods(t, e))
-		return n == total, fmt.Sprintf("%d of %d GPUs bound; ledger %s", n, total, x.Ledger().Counts())
-	})
-	owner := auditPods(t, listPods(t, e))
-	if len(owner) != total {
-		t.Errorf("%d distinct GPUs assigned, want %d", len(owner), total)
-	}
-	// The ledger agrees with the pods.
-	poll(t, 30*time.Second, "ledger to match the pods", func() (bool, string) {
-		c := x.Ledger().Counts()
-		return c.Held == total && c.Free == 0 && c.Reserved == 0, c.String()
-	})
-
-	deleteAll(t, e)
-	poll(t, time.Minute, "every GPU free after deleting the pods", func() (bool, string) {
-		c := x.Ledger().Counts()
-		return c.Total == total && c.Free == c.Total && c.Held == 0 && c.Reserved == 0, c.String()
+		deleteAll(t, e)
+		poll(t, time.Minute, "every GPU free after deleting the pods", func() (bool, string) {
+			c := s.gauges(t)
+			return c["total"] == float64(total) && c["free"] == c["total"] && c["held"] == 0 && c["reserved"] == 0, fmtGauges(c)
+		})
 	})
 }
 
-// TestExtenderCrashMidStorm runs the extender as the gputopo binary,
-// SIGKILLs it while the real kube-scheduler is binding a storm (some pods
-// bound, binds in flight), and starts a new process on the same port. The
-// new one rebuilds its ledger from the pods before it serves: no GPU is
-// issued twice, no node goes over capacity, and every pod ends bound with
-// assigned-gpus or Pending with a reason.
-func TestExtenderCrashMidStorm(t *testing.T) {
-	e := newEnv(t, 4)
-	kubeconfig := e.cp.Kubeconfig(t, extenderUser)
-	port, err := harness.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	first := startExtenderProcess(t, "extender-1", kubeconfig, port)
-	waitProcessReady(t, first)
-	sched := startScheduler(t, e, first.url())
-	ctx := harness.Context(t)
-
-	total := 4 * gpusPerNode
-	created := make(chan error, 1)
-	go func() { created <- createAllErr(ctx, e, stormPods("crash", total)) }()
-	// SIGKILL as soon as the extender's ledger (its /metrics, read in a
-	// tight loop) shows the storm under way, so that kube-scheduler still
-	// has binds queued or in flight.
-	pollEvery(t, 2*time.Millisecond, 2*time.Minute, "the storm to start", func() (bool, string) {
-		c := ledgerGauges(t, first)
-		return c["held"]+c["reserved"] >= 4, fmt.Sprint(c)
-	})
-	first.Kill()
-	if exited, _ := first.Exited(); !exited {
-		t.Fatal("extender process still running after SIGKILL")
-	}
-	before := boundGPUs(listPods(t, e))
-	if before == total {
-		t.Errorf("every GPU was bound before the extender was killed: the test did not kill it mid-storm")
-	}
-	t.Logf("extender killed with %d of %d GPUs bound", before, total)
-	if err := <-created; err != nil {
-		t.Fatal(err)
-	}
-
-	second := startExtenderProcess(t, "extender-2", kubeconfig, port)
-	waitProcessReady(t, second)
-	// Ready means rebuilt: its ledger already holds every GPU bound before
-	// it started (binds the killed process had sent may have landed since).
-	if c := ledgerGauges(t, second); c["held"]+c["reserved"] < float64(before) {
-		t.Errorf("restarted extender's ledger %v holds fewer than the %d GPUs bound before it started", c, before)
-	}
-	poll(t, 3*time.Minute, "every GPU bound after the restart", func() (bool, string) {
-		n := boundGPUs(listPods(t, e))
-		return n == total, fmt.Sprintf("%d of %d GPUs bound (%d before the crash)", n, total, before)
-	})
-	auditPods(t, listPods(t, e))
-	poll(t, 2*time.Minute, "every unbound pod Pending with a reason", func() (bool, string) {
-		for _, p := range listPods(t, e) {
-			if p.Spec.NodeName != "" {
-				continue
-			}
-			if p.Status.Phase != corev1.PodPending || scheduledFalseMessage(&p) == "" {
-				return false, fmt.Sprintf("pod %s: phase %s, conditions %v", p.Name, p.Status.Phase, p.Status.Conditions)
-			}
+// TestCrashMidStorm SIGKILLs the process that holds the ledger (the
+// extender binary, or gputopo-scheduler in plugin mode) while the real
+// scheduler is binding a storm (some pods bound, binds in flight), and
+// starts a new one. The new one rebuilds its ledger from the pods before
+// it decides: no GPU is issued twice, no node goes over capacity, and
+// every pod ends bound with assigned-gpus or Pending with a reason.
+func TestCrashMidStorm(t *testing.T) {
+	eachMode(t, 4, func(t *testing.T, e *env, s system) {
+		ctx := harness.Context(t)
+		total := 4 * gpusPerNode
+		created := make(chan error, 1)
+		go func() { created <- createAllErr(ctx, e, stormPods("crash", total)) }()
+		// SIGKILL as soon as the ledger (its /metrics, read in a tight
+		// loop) shows the storm under way, so that binds are still queued
+		// or in flight.
+		pollEvery(t, 2*time.Millisecond, 2*time.Minute, "the storm to start", func() (bool, string) {
+			c := s.gauges(t)
+			return c["held"]+c["reserved"] >= 4, fmtGauges(c)
+		})
+		s.kill(t)
+		before := boundGPUs(listPods(t, e))
+		if before == total {
+			t.Errorf("every GPU was bound before the kill: the test did not kill it mid-storm")
 		}
-		return true, ""
-	})
-	poll(t, 30*time.Second, "the restarted ledger to match the pods", func() (bool, string) {
-		c := ledgerGauges(t, second)
-		return c["held"] == float64(total) && c["free"] == 0 && c["reserved"] == 0, fmt.Sprint(c)
-	})
+		t.Logf("killed with %d of %d GPUs bound", before, total)
+		if err := <-created; err != nil {
+			t.Fatal(err)
+		}
 
-	deleteAll(t, e)
-	poll(t, time.Minute, "every GPU free after deleting the pods", func() (bool, string) {
-		c := ledgerGauges(t, second)
-		return c["total"] == float64(total) && c["free"] == c["total"] && c["held"] == 0 && c["reserved"] == 0, fmt.Sprint(c)
+		s.restart(t)
+		// Deciding means rebuilt: the ledger already holds every GPU bound
+		// before the restart (binds the killed process had sent may have
+		// landed since).
+		if c := s.gauges(t); c["held"]+c["reserved"] < float64(before) {
+			t.Errorf("restarted ledger %s holds fewer than the %d GPUs bound before it started", fmtGauges(c), before)
+		}
+		poll(t, 3*time.Minute, "every GPU bound after the restart", func() (bool, string) {
+			n := boundGPUs(listPods(t, e))
+			return n == total, fmt.Sprintf("%d of %d GPUs bound (%d before the crash)", n, total, before)
+		})
+		auditPods(t, listPods(t, e))
+		poll(t, 2*time.Minute, "every unbound pod Pending with a reason", func() (bool, string) {
+			for _, p := range listPods(t, e) {
+				if p.Spec.NodeName != "" {
+					continue
+				}
+				if p.Status.Phase != corev1.PodPending || scheduledFalseMessage(&p) == "" {
+					return false, fmt.Sprintf("pod %s: phase %s, conditions %v", p.Name, p.Status.Phase, p.Status.Conditions)
+				}
+			}
+			return true, ""
+		})
+		poll(t, 30*time.Second, "the restarted ledger to match the pods", func() (bool, string) {
+			c := s.gauges(t)
+			return c["held"] == float64(total) && c["free"] == 0 && c["reserved"] == 0, fmtGauges(c)
+		})
+
+		deleteAll(t, e)
+		poll(t, time.Minute, "every GPU free after deleting the pods", func() (bool, string) {
+			c := s.gauges(t)
+			return c["total"] == float64(total) && c["free"] == c["total"] && c["held"] == 0 && c["reserved"] == 0, fmtGauges(c)
+		})
+		if t.Failed() {
+			t.Logf("scheduler log:\n%s", s.tail())
+		}
 	})
-	if t.Failed() {
-		t.Logf("scheduler log:\n%s", sched.Tail(30))
-	}
 }
 
 // TestTwoReplicasExactlyOneReady: with leader election only the Lease

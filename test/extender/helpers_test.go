@@ -6,13 +6,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -27,6 +25,7 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
+	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/topology"
 )
@@ -422,36 +421,11 @@ func waitProcessReady(t *testing.T, p *extenderProcess) {
 // /metrics.
 func ledgerGauges(t *testing.T, p *extenderProcess) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get("http://127.0.0.1:" + strconv.Itoa(p.metricsPort) + "/metrics")
+	g, err := localcluster.LedgerGPUs("http://127.0.0.1:" + strconv.Itoa(p.metricsPort) + "/metrics")
 	if err != nil {
-		t.Fatalf("scrape %s metrics: %v", p.Name, err)
+		t.Fatalf("%s: %v", p.Name, err)
 	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("read %s metrics: %v", p.Name, err)
-	}
-	out := map[string]float64{}
-	const prefix = `gputopo_extender_ledger_gpus{state="`
-	for _, line := range strings.Split(string(body), "\n") {
-		rest, ok := strings.CutPrefix(line, prefix)
-		if !ok {
-			continue
-		}
-		state, value, ok := strings.Cut(rest, `"} `)
-		if !ok {
-			continue
-		}
-		v, err := strconv.ParseFloat(value, 64)
-		if err != nil {
-			t.Fatalf("metric line %q: %v", line, err)
-		}
-		out[state] = v
-	}
-	if len(out) == 0 {
-		t.Fatalf("%s /metrics has no gputopo_extender_ledger_gpus", p.Name)
-	}
-	return out
+	return g
 }
 
 // scheduledFalseMessage is the message of the pod's PodScheduled=False

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -20,26 +22,33 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
+	"github.com/gputopo/gputopo/internal/localcluster"
+	"github.com/gputopo/gputopo/schedplugin"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/topology"
 	"github.com/gputopo/gputopo/webhook"
 )
 
 // Environment knobs (defaults keep one run under about five minutes on a
-// 2-core machine).
+// 2-core machine; make bench-scheduler sets 1000,5000 nodes, 1000 pods, 3
+// repetitions).
 //
 //	SCHEDBENCH_NODES  comma-separated node counts, ascending (500,1000)
 //	SCHEDBENCH_PODS   GPU pods per phase (500)
+//	SCHEDBENCH_REPS   repetitions of every phase at every size (1)
 //	SCHEDBENCH_OUT    file to write the Markdown table to, relative to the
 //	                  repository root (none)
 func envInts(t *testing.T, key, def string) []int {
@@ -62,26 +71,44 @@ func envInts(t *testing.T, key, def string) []int {
 // fixtures cycle over the nodes: a mixed fleet of 8-GPU machines.
 var fixtures = []string{"dgx-a100", "dgx1-v100", "pcie-8x", "pcie-8x-nvlink-pairs"}
 
+// The four schedulers measured on the same nodes and pods.
+const (
+	modePlain    = "default scheduler"
+	modeNoop     = "no-op HTTP extender"
+	modeExtender = "gputopo extender"
+	modePlugin   = "gputopo plugin build"
+)
+
+var modes = []string{modePlain, modeNoop, modeExtender, modePlugin}
+
+// modeSlug names each mode's namespaces.
+var modeSlug = map[string]string{modePlain: "plain", modeNoop: "noop", modeExtender: "extender", modePlugin: "plugin"}
+
 type phase struct {
 	name        string
+	rep         int
 	nodes, pods int
 	wall        time.Duration
 	podsPerSec  float64
 	p50, p99    time.Duration
-	cpuPerPod   time.Duration // this process (clients + extender when in use)
+	cpuPerPod   time.Duration // this process (clients + in-process extenders)
 	unscheduled int
-	extenderCPU time.Duration // per pod; gputopo phase minus plain phase
 }
 
 func TestSchedulerThroughput(t *testing.T) {
 	sizes := envInts(t, "SCHEDBENCH_NODES", "500,1000")
 	podCount := envInts(t, "SCHEDBENCH_PODS", "500")[0]
+	reps := envInts(t, "SCHEDBENCH_REPS", "1")[0]
 	cp := harness.Start(t, harness.Options{})
 	ctx := harness.Context(t)
+	// The plugin build's core reads what the extender reads, as the
+	// scheduler's own identity (the chart binds the extender's ClusterRole
+	// to the scheduler's service account in plugin mode).
+	grantExtenderRole(t, cp, harness.SchedulerUser)
 
 	x, stopExtender := startExtender(t, cp)
 	defer stopExtender()
-	port := x.port
+	noop := startNoopExtender(t, cp)
 
 	pods := podMix(podCount)
 	var results []phase
@@ -98,16 +125,32 @@ func TestSchedulerThroughput(t *testing.T) {
 		t.Logf("nodes=%d created in %s", n, time.Since(start).Round(time.Millisecond))
 		waitLedger(t, x.Extender, n)
 
-		plainSched := cp.StartScheduler(t, nil)
-		plain := runPhase(t, cp, "default scheduler", n, "plain-"+strconv.Itoa(n), corev1.DefaultSchedulerName, pods)
-		plainSched.Stop()
-
-		gSched := startGputopoScheduler(t, cp, port)
-		g := runPhase(t, cp, "with gputopo extender", n, "gputopo-"+strconv.Itoa(n), v1alpha1.DefaultSchedulerName, pods)
-		gSched.Stop()
-		waitLedger(t, x.Extender, n)
-		g.extenderCPU = g.cpuPerPod - plain.cpuPerPod
-		results = append(results, plain, g)
+		for rep := range reps {
+			// Rotate the order so that no scheduler always runs first
+			// (a fresh apiserver cache) or last.
+			for i := range modes {
+				mode := modes[(i+rep)%len(modes)]
+				ns := fmt.Sprintf("%s-%d-%d", modeSlug[mode], n, rep)
+				var sched *harness.Process
+				schedulerName := v1alpha1.DefaultSchedulerName
+				switch mode {
+				case modePlain:
+					sched = cp.StartScheduler(t, nil)
+					schedulerName = corev1.DefaultSchedulerName
+				case modeNoop:
+					sched = cp.StartScheduler(t, harness.ChartSchedulerConfig(t, noop))
+				case modeExtender:
+					sched = startGputopoScheduler(t, cp, x.port)
+				case modePlugin:
+					sched = startPluginScheduler(t, cp, n)
+				}
+				r := runPhase(t, cp, mode, n, ns, schedulerName, pods)
+				r.rep = rep
+				sched.Stop()
+				waitLedger(t, x.Extender, n)
+				results = append(results, r)
+			}
+		}
 	}
 	table := render(results)
 	fmt.Println(table)
@@ -123,9 +166,108 @@ func TestSchedulerThroughput(t *testing.T) {
 	}
 	for _, r := range results {
 		if r.unscheduled > 0 {
-			t.Errorf("%s on %d nodes: %d of %d pods not bound; the figures above are not comparable", r.name, r.nodes, r.unscheduled, r.pods)
+			t.Errorf("%s on %d nodes (repetition %d): %d of %d pods not bound; the figures above are not comparable", r.name, r.nodes, r.rep+1, r.unscheduled, r.pods)
 		}
 	}
+}
+
+// grantExtenderRole binds the extender's ClusterRole to user.
+func grantExtenderRole(t *testing.T, cp *harness.ControlPlane, user string) {
+	t.Helper()
+	ctx := harness.Context(t)
+	for _, obj := range []client.Object{
+		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "gputopo-extender"}, Rules: extender.RBACRules()},
+		&rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: "gputopo-extender-plugin"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "gputopo-extender"},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
+		},
+	} {
+		if err := cp.Client.Create(ctx, obj); err != nil {
+			t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
+		}
+	}
+}
+
+// startPluginScheduler runs bin/gputopo-scheduler with the chart's plugin
+// profile and waits until its core's ledger has every node's GPUs free.
+func startPluginScheduler(t *testing.T, cp *harness.ControlPlane, nodes int) *harness.Process {
+	t.Helper()
+	port, err := harness.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	cfg, err := localcluster.PluginSchedulerConfig(schedplugin.Args{MetricsBindAddress: addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := cp.StartSchedulerBinary(t, "gputopo-scheduler", cfg)
+	var got map[string]float64
+	err = wait.PollUntilContextTimeout(harness.Context(t), 200*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
+		got, err = localcluster.LedgerGPUs("http://" + addr + "/metrics")
+		return err == nil && got["free"] == float64(8*nodes), nil
+	})
+	if err != nil {
+		t.Fatalf("gputopo-scheduler's ledger not settled for %d nodes: %v (%v)", nodes, got, err)
+	}
+	return p
+}
+
+// startNoopExtender serves the extender protocol doing nothing: filter
+// passes every node, prioritize scores 0, bind writes the Binding. It is
+// the floor any HTTP extender pays. It returns its URL.
+func startNoopExtender(t *testing.T, cp *harness.ControlPlane) string {
+	t.Helper()
+	mux := http.NewServeMux()
+	decode := func(w http.ResponseWriter, r *http.Request, v any) bool {
+		if err := json.NewDecoder(r.Body).Decode(v); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return false
+		}
+		return true
+	}
+	reply := func(w http.ResponseWriter, v any) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(v)
+	}
+	mux.HandleFunc("POST /scheduler/filter", func(w http.ResponseWriter, r *http.Request) {
+		var args extenderv1.ExtenderArgs
+		if decode(w, r, &args) {
+			reply(w, &extenderv1.ExtenderFilterResult{NodeNames: args.NodeNames})
+		}
+	})
+	mux.HandleFunc("POST /scheduler/prioritize", func(w http.ResponseWriter, r *http.Request) {
+		var args extenderv1.ExtenderArgs
+		if !decode(w, r, &args) {
+			return
+		}
+		list := make(extenderv1.HostPriorityList, 0)
+		if args.NodeNames != nil {
+			for _, n := range *args.NodeNames {
+				list = append(list, extenderv1.HostPriority{Host: n})
+			}
+		}
+		reply(w, &list)
+	})
+	mux.HandleFunc("POST /scheduler/bind", func(w http.ResponseWriter, r *http.Request) {
+		var args extenderv1.ExtenderBindingArgs
+		if !decode(w, r, &args) {
+			return
+		}
+		res := &extenderv1.ExtenderBindingResult{}
+		err := cp.Clientset.CoreV1().Pods(args.PodNamespace).Bind(r.Context(), &corev1.Binding{
+			ObjectMeta: metav1.ObjectMeta{Name: args.PodName, Namespace: args.PodNamespace, UID: args.PodUID},
+			Target:     corev1.ObjectReference{Kind: "Node", Name: args.Node},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			res.Error = err.Error()
+		}
+		reply(w, res)
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv.URL
 }
 
 type runningExtender struct {
@@ -424,24 +566,85 @@ wait:
 	return r
 }
 
+// render writes, per node count, each scheduler's median pods/s over the
+// repetitions with its range, latencies and this process's CPU per pod,
+// then the two ratios the plugin build is judged by, each the median of
+// the per-repetition ratios (both schedulers of a ratio ran in the same
+// repetition, minutes apart at most).
 func render(rs []phase) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "| nodes | scheduler | pods bound | wall | pods/s | ratio to plain | p50 latency | p99 latency | test-process CPU/pod | extender CPU/pod |\n")
-	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|\n")
-	var plain phase
+	type key struct {
+		nodes int
+		mode  string
+	}
+	by := map[key][]phase{}
+	var sizes []int
 	for _, r := range rs {
-		ratio, ext := "1.00 (baseline)", "-"
-		if r.name == "default scheduler" {
-			plain = r
-		} else {
-			if plain.podsPerSec > 0 {
-				ratio = fmt.Sprintf("%.2f", r.podsPerSec/plain.podsPerSec)
-			}
-			ext = r.extenderCPU.Round(time.Microsecond).String()
+		k := key{r.nodes, r.name}
+		if len(by[k]) == 0 && r.name == modes[0] {
+			sizes = append(sizes, r.nodes)
 		}
-		fmt.Fprintf(&b, "| %d | %s | %d/%d | %s | %.1f | %s | %s | %s | %s | %s |\n", r.nodes, r.name, r.pods-r.unscheduled, r.pods,
-			r.wall.Round(time.Millisecond), r.podsPerSec, ratio, r.p50.Round(time.Millisecond), r.p99.Round(time.Millisecond),
-			r.cpuPerPod.Round(time.Microsecond), ext)
+		by[k] = append(by[k], r)
+	}
+	median := func(xs []float64) float64 {
+		if len(xs) == 0 {
+			return 0
+		}
+		xs = slices.Clone(xs)
+		slices.Sort(xs)
+		if len(xs)%2 == 1 {
+			return xs[len(xs)/2]
+		}
+		return (xs[len(xs)/2-1] + xs[len(xs)/2]) / 2
+	}
+	medianDur := func(ps []phase, f func(phase) time.Duration) time.Duration {
+		xs := make([]float64, len(ps))
+		for i, p := range ps {
+			xs[i] = float64(f(p))
+		}
+		return time.Duration(median(xs))
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "| nodes | scheduler | reps | pods bound | pods/s median | pods/s min-max | p50 latency | p99 latency | test-process CPU/pod |\n")
+	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|\n")
+	for _, n := range sizes {
+		for _, m := range modes {
+			ps := by[key{n, m}]
+			if len(ps) == 0 {
+				continue
+			}
+			var rates []float64
+			bound, total := 0, 0
+			for _, p := range ps {
+				rates = append(rates, p.podsPerSec)
+				bound += p.pods - p.unscheduled
+				total += p.pods
+			}
+			fmt.Fprintf(&b, "| %d | %s | %d | %d/%d | %.1f | %.1f-%.1f | %s | %s | %s |\n", n, m, len(ps), bound, total,
+				median(rates), slices.Min(rates), slices.Max(rates),
+				medianDur(ps, func(p phase) time.Duration { return p.p50 }).Round(time.Millisecond),
+				medianDur(ps, func(p phase) time.Duration { return p.p99 }).Round(time.Millisecond),
+				medianDur(ps, func(p phase) time.Duration { return p.cpuPerPod }).Round(time.Microsecond))
+		}
+	}
+	fmt.Fprintf(&b, "\n| nodes | ratio | per repetition | median | target |\n|---|---|---|---|---|\n")
+	for _, n := range sizes {
+		for _, rt := range []struct{ num, den, target string }{
+			{modePlugin, modePlain, ">= 0.95"},
+			{modeExtender, modeNoop, ">= 0.95"},
+			{modeExtender, modePlain, "-"},
+		} {
+			num, den := by[key{n, rt.num}], by[key{n, rt.den}]
+			var ratios []float64
+			var each []string
+			for i := range min(len(num), len(den)) {
+				if den[i].podsPerSec > 0 {
+					r := num[i].podsPerSec / den[i].podsPerSec
+					ratios = append(ratios, r)
+					each = append(each, fmt.Sprintf("%.2f", r))
+				}
+			}
+			fmt.Fprintf(&b, "| %d | %s / %s | %s | %.2f | %s |\n", n, rt.num, rt.den, strings.Join(each, ", "), median(ratios), rt.target)
+		}
 	}
 	return b.String()
 }

@@ -1,0 +1,284 @@
+//go:build integration
+
+package extender_test
+
+import (
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	schedconfigv1 "k8s.io/kube-scheduler/config/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/gputopo/gputopo/internal/localcluster"
+	"github.com/gputopo/gputopo/schedplugin"
+	"github.com/gputopo/gputopo/test/harness"
+)
+
+// A system is gputopo deciding under a real scheduler, in one of its two
+// modes; the tests that run in both drive it through this.
+type system interface {
+	// gauges are the deciding core's ledger gauges (its /metrics).
+	gauges(t *testing.T) map[string]float64
+	// kill SIGKILLs the process that holds the ledger: the extender, or
+	// gputopo-scheduler in plugin mode.
+	kill(t *testing.T)
+	// restart starts that process again and returns once it decides.
+	restart(t *testing.T)
+	// tail is the last lines of the scheduler's log.
+	tail() string
+}
+
+// modes are the two front ends of the decision core.
+var modes = []struct {
+	name  string
+	start func(t *testing.T, e *env) system
+}{
+	{"extender", startExtenderSystem},
+	{"plugin", startPluginSystem},
+}
+
+// eachMode runs f once per mode, each on its own control plane.
+func eachMode(t *testing.T, nodes int, f func(t *testing.T, e *env, s system)) {
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			e := newEnv(t, nodes)
+			f(t, e, m.start(t, e))
+		})
+	}
+}
+
+// extenderSystem is the gputopo extender binary called by the real
+// kube-scheduler with the chart's profile.
+type extenderSystem struct {
+	e          *env
+	kubeconfig string
+	port       int
+	n          int
+	x          *extenderProcess
+	sched      *harness.Process
+}
+
+func startExtenderSystem(t *testing.T, e *env) system {
+	t.Helper()
+	port, err := harness.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &extenderSystem{e: e, kubeconfig: e.cp.Kubeconfig(t, extenderUser), port: port}
+	s.restart(t)
+	s.sched = startScheduler(t, e, s.x.url())
+	return s
+}
+
+func (s *extenderSystem) gauges(t *testing.T) map[string]float64 { return ledgerGauges(t, s.x) }
+
+func (s *extenderSystem) kill(t *testing.T) {
+	t.Helper()
+	s.x.Kill()
+	if exited, _ := s.x.Exited(); !exited {
+		t.Fatal("extender process still running after SIGKILL")
+	}
+}
+
+func (s *extenderSystem) restart(t *testing.T) {
+	t.Helper()
+	s.n++
+	s.x = startExtenderProcess(t, "extender-"+strconv.Itoa(s.n), s.kubeconfig, s.port)
+	waitProcessReady(t, s.x)
+}
+
+func (s *extenderSystem) tail() string { return s.sched.Tail(30) }
+
+// pluginSystem is gputopo-scheduler (make gputopo-scheduler) with the
+// chart's plugin profile, as the scheduler's identity with the extender's
+// ClusterRole, as the chart binds it in plugin mode.
+type pluginSystem struct {
+	e           *env
+	metricsAddr string
+	sched       *harness.Process
+}
+
+func startPluginSystem(t *testing.T, e *env) system {
+	t.Helper()
+	grantExtenderRole(t, e, harness.SchedulerUser)
+	s := &pluginSystem{e: e}
+	s.restart(t)
+	return s
+}
+
+// grantExtenderRole binds the extender's ClusterRole (newEnv made it) to
+// user.
+func grantExtenderRole(t *testing.T, e *env, user string) {
+	t.Helper()
+	if _, err := e.cp.Clientset.RbacV1().ClusterRoleBindings().Create(harness.Context(t), &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "gputopo-plugin-" + user},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: extenderUser},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("bind the extender's ClusterRole to %s: %v", user, err)
+	}
+}
+
+// pluginConfig is the chart's plugin profile with the core's metrics on a
+// free local port.
+func pluginConfig(t *testing.T) (*schedconfigv1.KubeSchedulerConfiguration, string) {
+	t.Helper()
+	port, err := harness.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	cfg, err := localcluster.PluginSchedulerConfig(schedplugin.Args{MetricsBindAddress: addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg, addr
+}
+
+func (s *pluginSystem) gauges(t *testing.T) map[string]float64 {
+	t.Helper()
+	g, err := localcluster.LedgerGPUs("http://" + s.metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatalf("gputopo-scheduler's ledger: %v", err)
+	}
+	return g
+}
+
+func (s *pluginSystem) kill(t *testing.T) {
+	t.Helper()
+	s.sched.Kill()
+	if exited, _ := s.sched.Exited(); !exited {
+		t.Fatal("gputopo-scheduler still running after SIGKILL")
+	}
+}
+
+func (s *pluginSystem) restart(t *testing.T) {
+	t.Helper()
+	var cfg *schedconfigv1.KubeSchedulerConfiguration
+	cfg, s.metricsAddr = pluginConfig(t)
+	s.sched = s.e.cp.StartSchedulerBinary(t, "gputopo-scheduler", cfg)
+	waitPluginLedger(t, s.sched, s.metricsAddr, len(s.e.nodes)*gpusPerNode)
+}
+
+func (s *pluginSystem) tail() string { return s.sched.Tail(30) }
+
+// waitPluginLedger waits until the core in gputopo-scheduler has read
+// every node's GPUs.
+func waitPluginLedger(t *testing.T, p *harness.Process, metricsAddr string, total int) {
+	t.Helper()
+	poll(t, time.Minute, p.Name+"'s GPU ledger", func() (bool, string) {
+		if exited, err := p.Exited(); exited {
+			t.Fatalf("%s exited (%v):\n%s", p.Name, err, p.Tail(30))
+		}
+		g, err := localcluster.LedgerGPUs("http://" + metricsAddr + "/metrics")
+		if err != nil {
+			return false, err.Error()
+		}
+		return g["total"] == float64(total), "ledger " + fmtGauges(g)
+	})
+}
+
+func fmtGauges(g map[string]float64) string {
+	return "total=" + strconv.Itoa(int(g["total"])) + " free=" + strconv.Itoa(int(g["free"])) +
+		" held=" + strconv.Itoa(int(g["held"])) + " reserved=" + strconv.Itoa(int(g["reserved"]))
+}
+
+// pluginReplica is gputopo-scheduler with leader election on, for the
+// failover test.
+func pluginReplica(t *testing.T, e *env, name string) (*harness.Process, string) {
+	t.Helper()
+	cfg, addr := pluginConfig(t)
+	cfg.LeaderElection.LeaderElect = ptr.To(true)
+	cfg.LeaderElection.ResourceNamespace = metav1.NamespaceDefault
+	cfg.LeaderElection.ResourceName = "gputopo-scheduler-test"
+	cfg.LeaderElection.LeaseDuration = metav1.Duration{Duration: 4 * time.Second}
+	cfg.LeaderElection.RenewDeadline = metav1.Duration{Duration: 3 * time.Second}
+	cfg.LeaderElection.RetryPeriod = metav1.Duration{Duration: 500 * time.Millisecond}
+	p := e.cp.StartSchedulerBinary(t, "gputopo-scheduler", cfg)
+	p.Name = name
+	return p, addr
+}
+
+// TestPluginLeaderFailover runs two gputopo-scheduler replicas with leader
+// election, as the chart does in plugin mode, and SIGKILLs the leader in
+// the middle of a storm. The standby's core has followed the cluster all
+// along; once it holds the Lease it binds the rest: no GPU goes to two
+// live pods, and its ledger ends equal to the pods.
+func TestPluginLeaderFailover(t *testing.T) {
+	e := newEnv(t, 2)
+	ctx := harness.Context(t)
+	grantExtenderRole(t, e, harness.SchedulerUser)
+	// The chart's Role for the scheduler's own Lease.
+	const lease = "gputopo-scheduler-test"
+	rules := []rbacv1.PolicyRule{
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{lease}, Verbs: []string{"get", "update"}},
+	}
+	if _, err := e.cp.Clientset.RbacV1().Roles(metav1.NamespaceDefault).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: lease}, Rules: rules}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.cp.Clientset.RbacV1().RoleBindings(metav1.NamespaceDefault).Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: lease},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: lease},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: harness.SchedulerUser}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	total := len(e.nodes) * gpusPerNode
+
+	leader, leaderMetrics := pluginReplica(t, e, "gputopo-scheduler-a")
+	waitPluginLedger(t, leader, leaderMetrics, total)
+	var holder string
+	poll(t, time.Minute, "replica a to hold the Lease", func() (bool, string) {
+		l, err := e.cp.Clientset.CoordinationV1().Leases(metav1.NamespaceDefault).Get(ctx, lease, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		holder = ptr.Deref(l.Spec.HolderIdentity, "")
+		return holder != "", "no holder"
+	})
+	standby, standbyMetrics := pluginReplica(t, e, "gputopo-scheduler-b")
+	waitPluginLedger(t, standby, standbyMetrics, total)
+
+	created := make(chan error, 1)
+	go func() { created <- createAllErr(ctx, e, stormPods("failover", total)) }()
+	pollEvery(t, 2*time.Millisecond, 2*time.Minute, "the storm to start", func() (bool, string) {
+		g, err := localcluster.LedgerGPUs("http://" + leaderMetrics + "/metrics")
+		if err != nil {
+			return false, err.Error()
+		}
+		return g["held"]+g["reserved"] >= 4, fmtGauges(g)
+	})
+	leader.Kill()
+	before := boundGPUs(listPods(t, e))
+	if before == total {
+		t.Errorf("every GPU was bound before the leader was killed: the test did not kill it mid-storm")
+	}
+	t.Logf("leader (%s) killed with %d of %d GPUs bound", holder, before, total)
+	if err := <-created; err != nil {
+		t.Fatal(err)
+	}
+	poll(t, 3*time.Minute, "the standby to bind every GPU", func() (bool, string) {
+		n := boundGPUs(listPods(t, e))
+		return n == total, fmt.Sprintf("%d of %d GPUs bound (%d before the failover)", n, total, before)
+	})
+	l, err := e.cp.Clientset.CoordinationV1().Leases(metav1.NamespaceDefault).Get(ctx, lease, metav1.GetOptions{})
+	if err != nil || ptr.Deref(l.Spec.HolderIdentity, "") == holder {
+		t.Errorf("Lease holder after failover %v (err %v); want the standby, not %s", l.Spec.HolderIdentity, err, holder)
+	}
+	auditPods(t, listPods(t, e))
+	poll(t, 30*time.Second, "the standby's ledger to match the pods", func() (bool, string) {
+		g, err := localcluster.LedgerGPUs("http://" + standbyMetrics + "/metrics")
+		if err != nil {
+			return false, err.Error()
+		}
+		return g["held"] == float64(total) && g["free"] == 0 && g["reserved"] == 0, fmtGauges(g)
+	})
+	if t.Failed() {
+		t.Logf("standby log:\n%s", standby.Tail(30))
+	}
+}
