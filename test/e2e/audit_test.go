@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/nodeagent"
 )
 
@@ -179,6 +180,18 @@ func (e *env) drift(ctx context.Context) ([]string, string) {
 	}
 	c := e.ext.Ledger().Counts()
 	summary := fmt.Sprintf("%d bound GPU pods, %d waiting, %d GPUs in use; ledger %s", live, waiting, len(owner), c)
+	if e.plugin {
+		// The deciding ledger is in gputopo-scheduler: its counts must
+		// equal the observer's, with nothing reserved or double-held.
+		g, err := localcluster.LedgerGPUs("http://" + e.pluginMetrics + "/metrics")
+		switch {
+		case err != nil:
+			add("gputopo-scheduler's ledger: %v", err)
+		case g["held"] != float64(c.Held) || g["free"] != float64(c.Free) || g["reserved"] != 0 || g["double_held"] != 0:
+			add("gputopo-scheduler's ledger %v differs from the pods' (%s) or has reservations or double-held GPUs", g, c)
+		}
+		summary += fmt.Sprintf("; gputopo-scheduler's ledger held=%v free=%v", g["held"], g["free"])
+	}
 	if len(notes) > 0 {
 		summary += "; recorded drift: " + strings.Join(notes, "; ")
 	}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,10 +14,12 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/webhook"
 )
 
@@ -42,6 +45,7 @@ func TestEndToEnd(t *testing.T) {
 		run  func(*testing.T, *corev1.Pod)
 	}{
 		{"hostile input is denied through the real apiserver, naming the field", e.hostileInput},
+		{"a pod no node can ever take waits with gputopo's reason", e.unmeetable},
 		{"kubelet restarted with a running pod: the pod keeps its GPUs", e.kubeletRestart},
 		{"node agent restarted with a running pod: the pod keeps its GPUs, new pods are admitted", e.nodeAgentRestart},
 		{"extender unreachable with ignorable false: GPU pods wait with a reason, then run when it is back", e.extenderDown},
@@ -61,6 +65,88 @@ func TestEndToEnd(t *testing.T) {
 		})
 	}
 	t.Logf("suite: %v in all", time.Since(start).Round(time.Second))
+}
+
+// TestEndToEndPluginMode runs the flow in plugin mode: gputopo-scheduler
+// (kube-scheduler with the GPUTopology plugin) decides in-process, with no
+// HTTP extender. The scenarios that concern the extender's HTTP front end
+// (unreachable, ignorable, killed around its Binding, leader failover of
+// extender replicas) are extender mode's; the plugin build's own crash is
+// here, its leader failover in test/extender.
+func TestEndToEndPluginMode(t *testing.T) {
+	start := time.Now()
+	e := setupMode(t, v1alpha1.ResourceGPU, true)
+	var train *corev1.Pod
+	t.Run("full flow through gputopo-scheduler: webhook, plugin bind, kubelet, node agent, container env, allocated-gpus", func(t *testing.T) {
+		train = e.fullFlow(t)
+		e.audit(t)
+	})
+	if train == nil {
+		t.Fatal("the full flow did not produce a running pod; the scenarios build on it")
+	}
+	for _, s := range []struct {
+		name string
+		run  func(*testing.T, *corev1.Pod)
+	}{
+		{"a pod no node can ever take waits with gputopo's reason", e.unmeetable},
+		{"hostile input is denied through the real apiserver, naming the field", e.hostileInput},
+		{"kubelet restarted with a running pod: the pod keeps its GPUs", e.kubeletRestart},
+		{"node agent restarted with a running pod: the pod keeps its GPUs, new pods are admitted", e.nodeAgentRestart},
+		{"gputopo-scheduler killed in the middle of a burst, then restarted: no GPU issued twice", e.schedulerKilledMidBurst},
+		{"a GPU lost (XID 79): no new pod gets it, running pods keep running", e.gpuLost},
+	} {
+		t.Run(s.name, func(t *testing.T) {
+			s.run(t, train)
+			e.audit(t)
+		})
+	}
+	t.Logf("suite: %v in all", time.Since(start).Round(time.Second))
+}
+
+// unmeetable creates a pod whose requirement no node can ever meet: it
+// waits, unbound, and its PodScheduled condition and FailedScheduling
+// event carry the reason the core gives for the node (in extender mode
+// from the extender's filter, in plugin mode from the plugin's), word for
+// word.
+func (e *env) unmeetable(t *testing.T, _ *corev1.Pod) {
+	ctx := context.Background()
+	p := gpuPod(nsTeam, "unmeetable", 2)
+	p.Annotations = map[string]string{v1alpha1.AnnotationRequirement: `{"gpuMemoryMiB":10000000}`}
+	e.create(t, p)
+	var msg string
+	p = e.waitPod(t, p, time.Minute, "PodScheduled=False with gputopo's reason", func(p *corev1.Pod) bool {
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
+				msg = c.Message
+			}
+		}
+		return strings.Contains(msg, extender.ReasonPrefix)
+	})
+	if p.Spec.NodeName != "" {
+		t.Fatalf("the unmeetable pod was bound to %s", p.Spec.NodeName)
+	}
+	names := []string{nodeName}
+	ex, err := e.ext.Explain(&extenderv1.ExtenderArgs{Pod: p, NodeNames: &names})
+	if err != nil || len(ex) != 1 || ex[0].Passed {
+		t.Fatalf("the core's explanation: %+v (err %v); want the node refused", ex, err)
+	}
+	if !strings.Contains(msg, ex[0].Reason) {
+		t.Errorf("PodScheduled message %q lacks the core's reason %q", msg, ex[0].Reason)
+	}
+	e.poll(t, time.Minute, "a FailedScheduling event with the reason", func() (bool, string) {
+		events := &corev1.EventList{}
+		if err := e.cp.Client.List(ctx, events, client.InNamespace(nsTeam)); err != nil {
+			return false, err.Error()
+		}
+		for _, ev := range events.Items {
+			if ev.InvolvedObject.UID == p.UID && ev.Reason == "FailedScheduling" && strings.Contains(ev.Message, ex[0].Reason) {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%d events in %s", len(events.Items), nsTeam)
+	})
+	t.Logf("checked: %s waits with %q", p.Name, ex[0].Reason)
+	e.deletePods(t, nsTeam, p.Name)
 }
 
 // fullFlow follows one model-parallel Job from creation to the container's
@@ -142,7 +228,7 @@ func (e *env) fullFlow(t *testing.T) *corev1.Pod {
 			t.Errorf("placement index %d (GPU %d, %s) is not in assigned-gpus %v", i, idx, u, assigned)
 		}
 	}
-	t.Logf("checked: bound by the extender to %s with assigned-gpus %v and placement %s", pod.Spec.NodeName, assigned, pl)
+	t.Logf("checked: bound by gputopo to %s with assigned-gpus %v and placement %s", pod.Spec.NodeName, assigned, pl)
 
 	// Hop 4: kubelet ran it; the node agent's Allocate set the env.
 	pod = e.waitPod(t, pod, 90*time.Second, "the pod to run", isRunning)

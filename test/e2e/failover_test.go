@@ -19,9 +19,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
+	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/test/harness"
 )
 
@@ -166,4 +168,55 @@ func (e *env) waitPortFree(ctx context.Context) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return errors.New("the extender's port stayed busy")
+}
+
+// schedulerKilledMidBurst (plugin mode) SIGKILLs gputopo-scheduler, whose
+// core holds the deciding ledger, as soon as a burst of 1-GPU pods starts
+// binding, and starts it again: the new process rebuilds its ledger from
+// the pods, and every burst pod runs on a GPU no other live pod holds.
+func (e *env) schedulerKilledMidBurst(t *testing.T, train *corev1.Pod) {
+	taken := gpuList(t, train, v1alpha1.AnnotationAssignedGPUs)
+	var names []string
+	for i := range nodeGPUs - len(taken) {
+		names = append(names, fmt.Sprintf("burst-%d", i))
+	}
+	created := make(chan error, 1)
+	go func() {
+		var errs []error
+		for _, n := range names {
+			errs = append(errs, e.cp.Client.Create(context.Background(), gpuPod(nsTeam, n, 1)))
+		}
+		created <- errors.Join(errs...)
+	}()
+	err := wait.PollUntilContextTimeout(context.Background(), 2*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		g, err := localcluster.LedgerGPUs("http://" + e.pluginMetrics + "/metrics")
+		return err == nil && g["held"]+g["reserved"] > float64(len(taken)), nil
+	})
+	if err != nil {
+		t.Fatalf("the burst never started binding: %v", err)
+	}
+	e.sched.Kill()
+	if err := <-created; err != nil {
+		t.Fatalf("create the burst: %v", err)
+	}
+	bound := 0
+	for _, name := range names {
+		if e.getPod(t, nsTeam, name).Spec.NodeName != "" {
+			bound++
+		}
+	}
+	t.Logf("injected: gputopo-scheduler SIGKILLed with %d of %d burst pods bound", bound, len(names))
+	e.startScheduler(t, false)
+	for _, name := range names {
+		p := e.waitPod(t, gpuPod(nsTeam, name, 1), 2*time.Minute, name+" to run", isRunning)
+		for _, u := range gpuList(t, p, v1alpha1.AnnotationAssignedGPUs) {
+			if slices.Contains(taken, u) {
+				t.Errorf("GPU %s issued twice (pod %s)", u, name)
+			}
+			taken = append(taken, u)
+		}
+	}
+	t.Logf("checked: all %d burst pods run on distinct GPUs after the restart", len(names))
+	e.audit(t)
+	e.deletePods(t, nsTeam, names...)
 }

@@ -44,6 +44,7 @@ import (
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/nodeagent"
+	"github.com/gputopo/gputopo/schedplugin"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/test/kubelet"
 	"github.com/gputopo/gputopo/topology"
@@ -88,6 +89,14 @@ type env struct {
 
 	schedKubeconfig string
 	sched           *localcluster.Process
+
+	// plugin is plugin mode: gputopo-scheduler decides in-process and no
+	// HTTP extender runs. ext is then an observer: a core fed by the same
+	// informers (StartInProcess) that the drift audit and the scenarios
+	// read holdings and reasons from; pluginMetrics is gputopo-scheduler's
+	// own core's /metrics address, whose counts the audit checks too.
+	plugin        bool
+	pluginMetrics string
 
 	extPort int
 	ext     *extender.Extender
@@ -158,8 +167,14 @@ func setup(t *testing.T) *env {
 // the chart's gpuResourceName renders them.
 func setupWith(t *testing.T, resource corev1.ResourceName) *env {
 	t.Helper()
+	return setupMode(t, resource, false)
+}
+
+// setupMode is setupWith in extender mode or, with plugin, in plugin mode.
+func setupMode(t *testing.T, resource corev1.ResourceName, plugin bool) *env {
+	t.Helper()
 	start := time.Now()
-	e := &env{dir: t.TempDir(), resource: resource}
+	e := &env{dir: t.TempDir(), resource: resource, plugin: plugin}
 	// kubelet runs in the test's working directory, and when it removes a
 	// container it deletes the files matching "<log path>*"; the fake
 	// runtime reports no log path, so the pattern is "*". Give it an empty
@@ -209,11 +224,24 @@ func setupWith(t *testing.T, resource corev1.ResourceName) *env {
 		}
 	}
 
+	if plugin {
+		// The chart binds the extender's ClusterRole to the scheduler's
+		// service account in plugin mode.
+		b := binding("gputopo-extender", harness.SchedulerUser)
+		b.Name = "gputopo-extender-plugin"
+		if err := e.cp.Client.Create(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+	}
 	e.startWebhook(t)
 	if e.extPort, err = harness.FreePort(); err != nil {
 		t.Fatal(err)
 	}
-	e.startExtender(t)
+	if plugin {
+		e.startObserver(t)
+	} else {
+		e.startExtender(t)
+	}
 	t.Cleanup(func() {
 		if err := e.extRun.stop(); err != nil {
 			t.Errorf("extender: %v", err)
@@ -259,6 +287,9 @@ func setupWith(t *testing.T, resource corev1.ResourceName) *env {
 		c := e.ext.Ledger().Counts()
 		return c.Total == nodeGPUs && c.Free == nodeGPUs, c.String()
 	})
+	if plugin {
+		e.waitPluginLedger(t, nodeGPUs)
+	}
 	t.Logf("setup: control plane, webhook, extender, kube-scheduler, kube-controller-manager (job), kubelet %s and node agent (%s) up in %v",
 		nodeName, fixtureName, time.Since(start).Round(time.Second))
 	return e
@@ -286,11 +317,16 @@ func (e *env) schedulerConfig(t *testing.T, ignorable bool) *schedconfigv1.KubeS
 	return cfg
 }
 
-// startScheduler (re)starts kube-scheduler with the chart's profile.
+// startScheduler (re)starts kube-scheduler with the chart's profile, or
+// in plugin mode gputopo-scheduler with the chart's plugin profile.
 func (e *env) startScheduler(t *testing.T, ignorable bool) {
 	t.Helper()
 	if e.sched != nil {
 		e.sched.Stop()
+	}
+	if e.plugin {
+		e.startPluginScheduler(t)
+		return
 	}
 	// The secure port is picked free and then bound by the new process;
 	// on a busy machine another process may take it in between: retry.
@@ -305,6 +341,64 @@ func (e *env) startScheduler(t *testing.T, ignorable bool) {
 	}
 	e.sched = nil
 	t.Fatal(errors.Join(errs...))
+}
+
+// startPluginScheduler runs gputopo-scheduler with the chart's plugin
+// profile, its core configured for the environment's GPU resource, and
+// returns once its ledger has the node's GPUs.
+func (e *env) startPluginScheduler(t *testing.T) {
+	t.Helper()
+	cfgFile := filepath.Join(e.dir, "extender-config.yaml")
+	doc := fmt.Sprintf("apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nresourceName: %q\n", e.resource)
+	if err := os.WriteFile(cfgFile, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	port, err := harness.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.pluginMetrics = "127.0.0.1:" + strconv.Itoa(port)
+	cfg, err := localcluster.PluginSchedulerConfig(schedplugin.Args{ConfigFile: cfgFile, MetricsBindAddress: e.pluginMetrics})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := localcluster.StartSchedulerBinary("gputopo-scheduler", cfg, e.schedKubeconfig, e.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.sched = p
+	e.waitPluginLedger(t, 0)
+}
+
+// waitPluginLedger waits until gputopo-scheduler's core serves its metrics
+// and its ledger has at least min GPUs (the node's, once published).
+func (e *env) waitPluginLedger(t *testing.T, min float64) {
+	t.Helper()
+	e.poll(t, time.Minute, "gputopo-scheduler's core", func() (bool, string) {
+		if exited, err := e.sched.Exited(); exited {
+			t.Fatalf("gputopo-scheduler exited: %v\n%s", err, e.sched.Tail(30))
+		}
+		g, err := localcluster.LedgerGPUs("http://" + e.pluginMetrics + "/metrics")
+		if err != nil {
+			return false, err.Error()
+		}
+		return g["total"] >= min, fmt.Sprint(g)
+	})
+}
+
+// startObserver runs, in plugin mode, a core fed by the same informers as
+// gputopo-scheduler's, as the extender's service account, serving nothing.
+func (e *env) startObserver(t *testing.T) {
+	t.Helper()
+	o := extender.Options{MetricsBindAddress: "0", Config: extender.DefaultConfiguration()}
+	o.Config.ResourceName = string(e.resource)
+	x, err := extender.New(e.cp.UserConfig(t, extenderUser), o)
+	if err != nil {
+		t.Fatalf("observer: %v", err)
+	}
+	e.ext = x
+	e.extRun = goRun(klog.NewContext(context.Background(), e.logger.WithName("observer")), x.StartInProcess)
+	e.waitExtenderReady(t, x, e.extRun)
 }
 
 // startWebhook runs the webhook server where envtest registered it and
