@@ -65,10 +65,10 @@ func (c *Cycle) FilterNode(node string) (passed, unresolvable bool, reason strin
 	c.mu.Unlock()
 	l.mu.RUnlock()
 	if v.ok {
-		c.x.metrics.filterResults.WithLabelValues("passed", "").Inc()
+		c.x.metrics.filterCounter(true, 0).Inc()
 		return true, false, ""
 	}
-	c.x.metrics.filterResults.WithLabelValues("failed", reasonNames[v.code]).Inc()
+	c.x.metrics.filterCounter(false, v.code).Inc()
 	return false, v.unresolvable, filterReason(c.pr, v)
 }
 

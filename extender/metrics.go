@@ -3,6 +3,7 @@ package extender
 import (
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,11 +32,15 @@ type Metrics struct {
 
 	latency       *prometheus.HistogramVec
 	filterResults *prometheus.CounterVec
-	scores        *scoreHistogram
-	utilization   *prometheus.GaugeVec
-	temperature   *prometheus.GaugeVec
-	errors        *prometheus.CounterVec
-	placements    *prometheus.CounterVec
+	// filterCounters are filterResults' children, resolved once each:
+	// the plugin build counts node by node. Index 0 is passed, 1+code
+	// failed with that reason.
+	filterCounters [numReasonCodes + 1]atomic.Pointer[prometheus.Counter]
+	scores         *scoreHistogram
+	utilization    *prometheus.GaugeVec
+	temperature    *prometheus.GaugeVec
+	errors         *prometheus.CounterVec
+	placements     *prometheus.CounterVec
 	// heuristic counts bound placements whose GPUs the allocator chose
 	// heuristically (its exact search's work budget ran out).
 	heuristic prometheus.Counter
@@ -346,4 +351,24 @@ func (h *scoreHistogram) Collect(ch chan<- prometheus.Metric) {
 	sum := h.sum
 	h.mu.Unlock()
 	ch <- prometheus.MustNewConstHistogram(h.desc, cum, sum, buckets)
+}
+
+// filterCounter is filterResults' counter of passed nodes, or of nodes
+// failed with code.
+func (m *Metrics) filterCounter(passed bool, code reasonCode) prometheus.Counter {
+	i := 0
+	if !passed {
+		i = int(code) + 1
+	}
+	if c := m.filterCounters[i].Load(); c != nil {
+		return *c
+	}
+	var c prometheus.Counter
+	if i == 0 {
+		c = m.filterResults.WithLabelValues("passed", "")
+	} else {
+		c = m.filterResults.WithLabelValues("failed", reasonNames[code])
+	}
+	m.filterCounters[i].Store(&c)
+	return c
 }

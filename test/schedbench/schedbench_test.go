@@ -49,6 +49,8 @@ import (
 //	SCHEDBENCH_NODES  comma-separated node counts, ascending (500,1000)
 //	SCHEDBENCH_PODS   GPU pods per phase (500)
 //	SCHEDBENCH_REPS   repetitions of every phase at every size (1)
+//	SCHEDBENCH_MODES  comma-separated subset of plain,noop,extender,plugin
+//	                  (all)
 //	SCHEDBENCH_OUT    file to write the Markdown table to, relative to the
 //	                  repository root (none)
 func envInts(t *testing.T, key, def string) []int {
@@ -79,7 +81,7 @@ const (
 	modePlugin   = "gputopo plugin build"
 )
 
-var modes = []string{modePlain, modeNoop, modeExtender, modePlugin}
+var allModes = []string{modePlain, modeNoop, modeExtender, modePlugin}
 
 // modeSlug names each mode's namespaces.
 var modeSlug = map[string]string{modePlain: "plain", modeNoop: "noop", modeExtender: "extender", modePlugin: "plugin"}
@@ -99,6 +101,7 @@ func TestSchedulerThroughput(t *testing.T) {
 	sizes := envInts(t, "SCHEDBENCH_NODES", "500,1000")
 	podCount := envInts(t, "SCHEDBENCH_PODS", "500")[0]
 	reps := envInts(t, "SCHEDBENCH_REPS", "1")[0]
+	modes := selectedModes(t)
 	cp := harness.Start(t, harness.Options{})
 	ctx := harness.Context(t)
 	// The plugin build's core reads what the extender reads, as the
@@ -169,6 +172,30 @@ func TestSchedulerThroughput(t *testing.T) {
 			t.Errorf("%s on %d nodes (repetition %d): %d of %d pods not bound; the figures above are not comparable", r.name, r.nodes, r.rep+1, r.unscheduled, r.pods)
 		}
 	}
+}
+
+// selectedModes is SCHEDBENCH_MODES as modes, in the table's order.
+func selectedModes(t *testing.T) []string {
+	t.Helper()
+	v := os.Getenv("SCHEDBENCH_MODES")
+	if v == "" {
+		return allModes
+	}
+	want := map[string]bool{}
+	for _, s := range strings.Split(v, ",") {
+		want[strings.TrimSpace(s)] = true
+	}
+	var out []string
+	for _, m := range allModes {
+		if want[modeSlug[m]] {
+			out = append(out, m)
+			delete(want, modeSlug[m])
+		}
+	}
+	if len(want) > 0 || len(out) == 0 {
+		t.Fatalf("SCHEDBENCH_MODES=%q: want a comma-separated subset of plain,noop,extender,plugin", v)
+	}
+	return out
 }
 
 // grantExtenderRole binds the extender's ClusterRole to user.
@@ -580,7 +607,7 @@ func render(rs []phase) string {
 	var sizes []int
 	for _, r := range rs {
 		k := key{r.nodes, r.name}
-		if len(by[k]) == 0 && r.name == modes[0] {
+		if len(by[k]) == 0 && r.rep == 0 && !slices.Contains(sizes, r.nodes) {
 			sizes = append(sizes, r.nodes)
 		}
 		by[k] = append(by[k], r)
@@ -607,7 +634,7 @@ func render(rs []phase) string {
 	fmt.Fprintf(&b, "| nodes | scheduler | reps | pods bound | pods/s median | pods/s min-max | p50 latency | p99 latency | test-process CPU/pod |\n")
 	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|\n")
 	for _, n := range sizes {
-		for _, m := range modes {
+		for _, m := range allModes {
 			ps := by[key{n, m}]
 			if len(ps) == 0 {
 				continue
@@ -634,6 +661,9 @@ func render(rs []phase) string {
 			{modeExtender, modePlain, "-"},
 		} {
 			num, den := by[key{n, rt.num}], by[key{n, rt.den}]
+			if len(num) == 0 || len(den) == 0 {
+				continue
+			}
 			var ratios []float64
 			var each []string
 			for i := range min(len(num), len(den)) {
