@@ -16,7 +16,7 @@ export KUBEBUILDER_ASSETS := $(BIN)
 
 GENERATED := api/v1alpha1/zz_generated.deepcopy.go charts/gputopo/crds
 
-.PHONY: all build gputopo-scheduler kubectl-gputopo tools kubectl prometheus generate verify test test-unit test-integration test-security bench bench-scheduler demo clean help
+.PHONY: all build demo-plugin gputopo-scheduler kubectl-gputopo tools kubectl prometheus generate verify test test-unit test-integration test-security bench bench-scheduler demo clean help
 
 all: build
 
@@ -120,6 +120,9 @@ bench-scheduler: tools gputopo-scheduler ## kube-scheduler pods/s: plain, no-op 
 
 demo: tools kubectl-gputopo ## Run the whole system on a simulated mixed GPU cluster (DEMO_FLAGS=--keep keeps it up for kubectl gputopo)
 	$(GO) run -ldflags "$(LDFLAGS)" ./cmd/gputopo demo $(DEMO_FLAGS)
+
+demo-plugin: tools kubectl-gputopo gputopo-scheduler ## The demo through gputopo-scheduler, the plugin build (gputopo demo --mode plugin)
+	$(GO) run -ldflags "$(LDFLAGS)" ./cmd/gputopo demo --mode plugin $(DEMO_FLAGS)
 
 clean: ## Remove build outputs except the cached control-plane binaries
 	rm -f $(BIN)/gputopo $(BIN)/kubectl-gputopo

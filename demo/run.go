@@ -17,6 +17,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
@@ -28,6 +29,7 @@ import (
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/nodeagent"
+	"github.com/gputopo/gputopo/schedplugin"
 	"github.com/gputopo/gputopo/topology"
 	"github.com/gputopo/gputopo/webhook"
 )
@@ -228,7 +230,16 @@ type Options struct {
 	// AfterPlacement, when set, runs against the still-running cluster
 	// after the report, with an admin kubeconfig; its error is Run's.
 	AfterPlacement func(ctx context.Context, kubeconfig string) error
+	// Mode is ModeExtender (default: kube-scheduler calls the extender)
+	// or ModePlugin (gputopo-scheduler decides in-process).
+	Mode string
 }
+
+// The scheduler modes, as the chart's scheduler.mode.
+const (
+	ModeExtender = "extender"
+	ModePlugin   = "plugin"
+)
 
 const demoNamespace = "ml-team"
 
@@ -249,6 +260,18 @@ func Run(ctx context.Context, o Options) (err error) {
 	}
 	if o.Out == nil {
 		o.Out = os.Stdout
+	}
+	switch o.Mode {
+	case "":
+		o.Mode = ModeExtender
+	case ModeExtender, ModePlugin:
+	default:
+		return fmt.Errorf("mode %q: use %s (kube-scheduler calls the extender) or %s (gputopo-scheduler decides in-process)", o.Mode, ModeExtender, ModePlugin)
+	}
+	if o.Mode == ModePlugin {
+		if _, err := localcluster.Binary("gputopo-scheduler"); err != nil {
+			return fmt.Errorf("mode plugin needs bin/gputopo-scheduler: run `make gputopo-scheduler` (about 8 minutes cold): %w", err)
+		}
 	}
 	if err := os.MkdirAll(o.OutDir, 0o755); err != nil {
 		return fmt.Errorf("output dir %s: %w", o.OutDir, err)
@@ -305,37 +328,54 @@ func Run(ctx context.Context, o Options) (err error) {
 		return err
 	}
 
-	say("starting the extender")
-	x, err := extender.New(cp.Config, extender.Options{Port: 0, BindAddress: "127.0.0.1", MetricsBindAddress: "0"})
-	if err != nil {
-		return fmt.Errorf("extender: %w", err)
-	}
-	xerr := goRun(ctx, &stops, x.Start)
-	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-		select {
-		case err := <-xerr:
-			return false, fmt.Errorf("extender stopped: %w", err)
-		default:
-		}
-		return x.Ready(), nil
-	}); err != nil {
-		return fmt.Errorf("extender not ready: %w", err)
-	}
-
-	say("starting kube-scheduler (profile %s, extender at %s) and kube-controller-manager (job controller)", v1alpha1.DefaultSchedulerName, x.APIAddr())
-	schedCfg, err := localcluster.ChartSchedulerConfig("http://" + x.APIAddr())
-	if err != nil {
-		return err
-	}
 	schedKubeconfig, err := cp.Kubeconfig(localcluster.SchedulerUser)
 	if err != nil {
 		return err
 	}
-	sched, err := localcluster.StartScheduler(schedCfg, schedKubeconfig, o.OutDir)
-	if err != nil {
-		return err
+	if o.Mode == ModePlugin {
+		say("starting gputopo-scheduler (kube-scheduler with the GPUTopology plugin, profile %s) and kube-controller-manager (job controller)", v1alpha1.DefaultSchedulerName)
+		// As the chart binds it in plugin mode: the scheduler's identity
+		// gets the extender's ClusterRole.
+		if err := grantExtenderRole(ctx, c, localcluster.SchedulerUser); err != nil {
+			return err
+		}
+		schedCfg, err := localcluster.PluginSchedulerConfig(schedplugin.Args{MetricsBindAddress: "0"})
+		if err != nil {
+			return err
+		}
+		sched, err := localcluster.StartSchedulerBinary("gputopo-scheduler", schedCfg, schedKubeconfig, o.OutDir)
+		if err != nil {
+			return err
+		}
+		stops = append(stops, sched.Stop)
+	} else {
+		say("starting the extender")
+		x, err := extender.New(cp.Config, extender.Options{Port: 0, BindAddress: "127.0.0.1", MetricsBindAddress: "0"})
+		if err != nil {
+			return fmt.Errorf("extender: %w", err)
+		}
+		xerr := goRun(ctx, &stops, x.Start)
+		if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+			select {
+			case err := <-xerr:
+				return false, fmt.Errorf("extender stopped: %w", err)
+			default:
+			}
+			return x.Ready(), nil
+		}); err != nil {
+			return fmt.Errorf("extender not ready: %w", err)
+		}
+		say("starting kube-scheduler (profile %s, extender at %s) and kube-controller-manager (job controller)", v1alpha1.DefaultSchedulerName, x.APIAddr())
+		schedCfg, err := localcluster.ChartSchedulerConfig("http://" + x.APIAddr())
+		if err != nil {
+			return err
+		}
+		sched, err := localcluster.StartScheduler(schedCfg, schedKubeconfig, o.OutDir)
+		if err != nil {
+			return err
+		}
+		stops = append(stops, sched.Stop)
 	}
-	stops = append(stops, sched.Stop)
 	kcmKubeconfig, err := cp.Kubeconfig("gputopo-demo-controller-manager", "system:masters")
 	if err != nil {
 		return err
@@ -664,4 +704,22 @@ func pending(pods []corev1.Pod) string {
 		}
 	}
 	return b.String()
+}
+
+// grantExtenderRole creates the extender's ClusterRole and binds it to
+// user, as the chart does for the scheduler in plugin mode.
+func grantExtenderRole(ctx context.Context, c client.Client, user string) error {
+	for _, obj := range []client.Object{
+		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "gputopo-extender"}, Rules: extender.RBACRules()},
+		&rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: "gputopo-scheduler-gpu-decisions"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "gputopo-extender"},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
+		},
+	} {
+		if err := c.Create(ctx, obj); err != nil {
+			return fmt.Errorf("create %T %s: %w", obj, obj.GetName(), err)
+		}
+	}
+	return nil
 }

@@ -18,12 +18,19 @@ import (
 // default cluster and workloads and checks that every workload was placed,
 // the table and the picture came out, and gputopo never did worse than
 // count-only on all-NVLink sets.
+// It runs in both modes (`gputopo demo` and `gputopo demo --mode plugin`).
 func TestDemoPlacesEveryWorkloadAndBeatsCountOnly(t *testing.T) {
+	for _, mode := range []string{ModeExtender, ModePlugin} {
+		t.Run(mode, func(t *testing.T) { testDemo(t, mode) })
+	}
+}
+
+func testDemo(t *testing.T, mode string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	var out bytes.Buffer
 	dir := t.TempDir()
-	if err := Run(ctx, Options{OutDir: dir, Out: &out}); err != nil {
+	if err := Run(ctx, Options{OutDir: dir, Out: &out, Mode: mode}); err != nil {
 		t.Fatalf("demo failed: %v\n%s", err, out.String())
 	}
 	text := out.String()

@@ -23,10 +23,15 @@ given. It writes a picture of every node to <out>/placement.svg, prints the
 kubectl gputopo commands to try with the cluster's kubeconfig, and tears
 everything down on exit or Ctrl-C (with --keep, only on Ctrl-C).
 
+--mode plugin runs gputopo-scheduler (kube-scheduler with gputopo's
+framework plugin, make gputopo-scheduler) instead of kube-scheduler and the
+HTTP extender: the same decisions, in-process.
+
 --machines runs it on other machines instead: built-in fixtures or machine
 files imported from your own servers ('gputopo machine import'); the
 workloads shrink to fit them.`,
 		Example: `  gputopo demo
+  gputopo demo --mode plugin
   gputopo demo --machines mybox.yaml=2,dgx-a100=2`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -43,6 +48,7 @@ workloads shrink to fit them.`,
 	}
 	cmd.Flags().StringVar(&opts.OutDir, "out", opts.OutDir, "directory for placement.svg and component logs")
 	cmd.Flags().StringVar(&machines, "machines", "", "nodes as machine=count,... where a machine is a fixture name or a machine file, e.g. mybox.yaml=2,dgx-a100=2 (default: 2x dgx-a100, 2x dgx1-v100, 2x pcie-8x)")
+	cmd.Flags().StringVar(&opts.Mode, "mode", demo.ModeExtender, "extender: kube-scheduler calls the HTTP extender; plugin: gputopo-scheduler decides in-process (bin/gputopo-scheduler, make gputopo-scheduler)")
 	cmd.Flags().BoolVar(&opts.Keep, "keep", false, "keep the cluster running after the report, for kubectl gputopo, until Ctrl-C")
 	return cmd
 }
