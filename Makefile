@@ -75,8 +75,14 @@ verify: generate ## gofmt, go vet, and generated files up to date
 
 test: verify test-unit test-integration ## Every test tier
 
-test-unit: ## Unit tests (no API server)
+# The decision core (ledger, evaluator, both front ends) is shared by
+# concurrent verbs and scheduling goroutines: its unit tests also run under
+# the race detector.
+RACE_PKGS := ./extender/... ./schedplugin/... ./topology/...
+
+test-unit: ## Unit tests (no API server); the decision core's again with -race
 	$(GO) test -count=1 ./...
+	$(GO) test -race -count=1 $(RACE_PKGS)
 
 test-integration: tools kubectl gputopo-scheduler ## Integration and e2e tests on the real control plane
 	$(GO) test $(INTEGRATION_FLAGS) ./...
