@@ -22,6 +22,14 @@ const errRefused = "refused"
 // bindPod reads the pod bind decides on: the informer cache when it holds
 // this very pod, else the API server.
 func (x *Extender) bindPod(ctx context.Context, key types.NamespacedName, uid types.UID) (*corev1.Pod, error) {
+	if x.podStore != nil {
+		if o, ok, err := x.podStore.GetByKey(key.String()); err == nil && ok {
+			if p, ok := o.(*corev1.Pod); ok && p.UID == uid {
+				return p, nil
+			}
+		}
+		return x.getPod(ctx, key)
+	}
 	if x.cache != nil {
 		p := &corev1.Pod{}
 		if err := x.cache.Get(ctx, key, p); err == nil && p.UID == uid {
@@ -37,6 +45,17 @@ func (x *Extender) bindPod(ctx context.Context, key types.NamespacedName, uid ty
 // to on kube-scheduler's retry. Without informers (in-process use) it asks
 // the API server.
 func (x *Extender) bindNode(ctx context.Context, name string) (*corev1.Node, error) {
+	if x.nodeStore != nil {
+		o, ok, err := x.nodeStore.GetByKey(name)
+		if err != nil {
+			return nil, err
+		}
+		n, isNode := o.(*corev1.Node)
+		if !ok || !isNode {
+			return nil, apierrors.NewNotFound(corev1.Resource("nodes"), name)
+		}
+		return n, nil
+	}
 	if x.cache != nil {
 		n := &corev1.Node{}
 		if err := x.cache.Get(ctx, types.NamespacedName{Name: name}, n); err != nil {

@@ -54,6 +54,9 @@ type Extender struct {
 	// cache is the informer cache (stripped pods and nodes) once started;
 	// nil in-process without informers.
 	cache client.Reader
+	// podStore and nodeStore are the host's informer stores with
+	// Options.HostInformers (they answer bind's reads instead of cache).
+	podStore, nodeStore toolscache.Store
 	// mirror sends filter and prioritize requests to a shadow extender
 	// (--shadow-url); nil when none.
 	mirror *mirror
@@ -315,19 +318,37 @@ func (x *Extender) startInformers(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	if err := add(&corev1.Node{}, toolscache.ResourceEventHandlerFuncs{
+	nodeHandler := toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { upsertAs(o, l.UpsertNode) },
 		UpdateFunc: func(_, o any) { upsertAs(o, l.UpsertNode) },
 		DeleteFunc: func(o any) { deleteByName(o, l.DeleteNode) },
-	}); err != nil {
-		return err
 	}
-	if err := add(&corev1.Pod{}, toolscache.ResourceEventHandlerFuncs{
+	podHandler := toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { upsertAs(o, l.UpsertPod) },
 		UpdateFunc: func(_, o any) { upsertAs(o, l.UpsertPod) },
 		DeleteFunc: l.DeletePod,
-	}); err != nil {
-		return err
+	}
+	if h := x.opts.HostInformers; h != nil {
+		// The host's own watches feed the ledger and answer bind's reads;
+		// the cache watches NodeGPUTopologies only.
+		for _, hi := range []struct {
+			inf toolscache.SharedIndexInformer
+			h   toolscache.ResourceEventHandlerFuncs
+		}{{h.Nodes, nodeHandler}, {h.Pods, podHandler}} {
+			reg, err := hi.inf.AddEventHandler(hi.h)
+			if err != nil {
+				return fmt.Errorf("event handler on the host's informer: %w", err)
+			}
+			regs = append(regs, reg)
+		}
+		x.podStore, x.nodeStore = h.Pods.GetIndexer(), h.Nodes.GetIndexer()
+	} else {
+		if err := add(&corev1.Node{}, nodeHandler); err != nil {
+			return err
+		}
+		if err := add(&corev1.Pod{}, podHandler); err != nil {
+			return err
+		}
 	}
 	go func() {
 		if err := c.Start(ctx); err != nil {

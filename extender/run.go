@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
@@ -64,6 +65,13 @@ type Options struct {
 	// Shadow makes this extender compare mirrored decisions with its own
 	// and never bind.
 	Shadow bool
+
+	// HostInformers (in-process only, StartInProcess) are the host
+	// process's own pod and node informers, kube-scheduler's in the
+	// gputopo-scheduler build: the ledger is fed from them instead of a
+	// second watch of every pod and node. Their pods must exclude
+	// terminal ones, as kube-scheduler's do.
+	HostInformers *HostInformers
 	// ShadowLogSampleRate is the fraction of pods (by UID) whose differing
 	// decisions are logged, 0..1; metrics count all. Default 0.1.
 	ShadowLogSampleRate float64
@@ -180,4 +188,9 @@ func Run(ctx context.Context, restCfg *rest.Config, o Options) error {
 		return err
 	}
 	return x.Start(ctx)
+}
+
+// HostInformers are a host process's informers the core shares.
+type HostInformers struct {
+	Pods, Nodes toolscache.SharedIndexInformer
 }

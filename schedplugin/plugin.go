@@ -123,7 +123,11 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 		}
 		return shared, nil
 	}
-	p, err := start(ctx, h.KubeConfig(), args)
+	// kube-scheduler's own pod and node informers feed the core's ledger:
+	// no second watch of every pod and node.
+	f := h.SharedInformerFactory()
+	host := &extender.HostInformers{Pods: f.Core().V1().Pods().Informer(), Nodes: f.Core().V1().Nodes().Informer()}
+	p, err := start(ctx, h.KubeConfig(), args, host)
 	if err != nil {
 		return nil, err
 	}
@@ -132,8 +136,9 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 }
 
 // start builds the core from args and runs it until ctx ends.
-func start(ctx context.Context, cfg *rest.Config, args Args) (*Plugin, error) {
+func start(ctx context.Context, cfg *rest.Config, args Args, host *extender.HostInformers) (*Plugin, error) {
 	o := extender.NewOptions()
+	o.HostInformers = host
 	o.ConfigFile = args.ConfigFile
 	if args.MetricsBindAddress != "" {
 		o.MetricsBindAddress = args.MetricsBindAddress
