@@ -72,6 +72,15 @@ func (c *Cycle) FilterNode(node string) (passed, unresolvable bool, reason strin
 	return false, v.unresolvable, filterReason(c.pr, v)
 }
 
+// Score is prioritize's 0..10 for each of names (the feasible nodes), with
+// the cycle's evaluator: the verdicts Filter reached are not recomputed.
+func (c *Cycle) Score(names []string) extenderv1.HostPriorityList {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	list, _ := c.x.score(c.e, c.pr, names, false)
+	return list
+}
+
 // ReservePod chooses the pod's GPUs on node and holds them in the ledger,
 // exactly as bind would before writing the Binding: within the scheduling
 // cycle no other pod can be given them. A second call for the same pod and

@@ -21,7 +21,7 @@ func merits(t *testing.T, x *Extender, args *extenderv1.ExtenderArgs) map[string
 		t.Fatal(err)
 	}
 	names := nodeNames(args)
-	nl, _ := x.evaluate(pr, names)
+	nl, _ := x.evaluate(newEvaluator(x.alloc, x.cfg, pr, x.now()), pr, names)
 	defer nl.release()
 	out := map[string]int64{}
 	for i, n := range names {

@@ -109,14 +109,22 @@ func (x *Extender) prioritize(args *extenderv1.ExtenderArgs, track bool) (extend
 	if err != nil {
 		return nil, nil, err
 	}
-	list := make(extenderv1.HostPriorityList, len(names))
 	if pr.count == 0 {
+		list := make(extenderv1.HostPriorityList, len(names))
 		for i, name := range names {
 			list[i] = extenderv1.HostPriority{Host: name}
 		}
 		return list, nil, nil
 	}
-	nl, bestMerit := x.evaluate(pr, names)
+	list, top := x.score(newEvaluator(x.alloc, x.cfg, pr, x.now()), pr, names, track)
+	return list, top, nil
+}
+
+// score is prioritize's scoring with the evaluator e (fresh per request,
+// or a plugin cycle's, whose verdicts from Filter it reuses).
+func (x *Extender) score(e *evaluator, pr podRequest, names []string, track bool) (extenderv1.HostPriorityList, *ShadowPick) {
+	list := make(extenderv1.HostPriorityList, len(names))
+	nl, bestMerit := x.evaluate(e, pr, names)
 	var counts [extenderv1.MaxExtenderPriority + 1]uint64
 	best, bestGPUs := -1, []int(nil)
 	for i, name := range names {
@@ -135,7 +143,7 @@ func (x *Extender) prioritize(args *extenderv1.ExtenderArgs, track bool) (extend
 	if best >= 0 {
 		top = &ShadowPick{Node: list[best].Host, Score: list[best].Score, GPUs: slices.Clone(bestGPUs)}
 	}
-	return list, top, nil
+	return list, top
 }
 
 // evaluate decides the pod on every node of names: in the returned list,
@@ -144,8 +152,7 @@ func (x *Extender) prioritize(args *extenderv1.ExtenderArgs, track bool) (extend
 // Two passes: the cross-node terms compare each node with every node that
 // passed (the cohort), so the verdicts come first. The caller releases the
 // list.
-func (x *Extender) evaluate(pr podRequest, names []string) (nl *nodeList, best float64) {
-	e := newEvaluator(x.alloc, x.cfg, pr, x.now())
+func (x *Extender) evaluate(e *evaluator, pr podRequest, names []string) (nl *nodeList, best float64) {
 	l := x.ledger
 	l.mu.RLock()
 	defer l.mu.RUnlock()

@@ -274,14 +274,11 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *corev1.Pod, 
 // PreScore scores every feasible node with the extender's prioritize (its
 // cross-node terms compare each node with the others), once per cycle.
 func (p *Plugin) PreScore(ctx context.Context, state fwk.CycleState, pod *corev1.Pod, nodes []fwk.NodeInfo) *fwk.Status {
-	if _, err := state.Read(cycleKey); err != nil {
+	d, err := state.Read(cycleKey)
+	if err != nil {
 		return fwk.NewStatus(fwk.Skip) // no GPUs: PreFilter skipped
 	}
-	names := nodeNames(nodes)
-	list, err := p.x.Prioritize(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
-	if err != nil {
-		return fwk.AsStatus(fmt.Errorf("%s%w", extender.ReasonPrefix, err))
-	}
+	list := d.(*cycle).c.Score(nodeNames(nodes))
 	s := make(scores, len(list))
 	for _, hp := range list {
 		s[hp.Host] = hp.Score * scoreScale

@@ -94,7 +94,43 @@ type phase struct {
 	podsPerSec  float64
 	p50, p99    time.Duration
 	cpuPerPod   time.Duration // this process (clients + in-process extenders)
-	unscheduled int
+	// schedCPU and apiCPU are per pod: the scheduler process, and
+	// kube-apiserver plus etcd.
+	schedCPU, apiCPU time.Duration
+	unscheduled      int
+}
+
+// procCPU is the CPU time (user + system) of the processes whose
+// executable is bin/<name> for one of names, from /proc.
+func procCPU(names ...string) time.Duration {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	var total time.Duration
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		exe, err := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
+		if err != nil || !slices.Contains(names, filepath.Base(exe)) || filepath.Dir(exe) != harness.BinDir() {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+		if err != nil {
+			continue
+		}
+		// Fields after the command (which may hold spaces) in ")".
+		f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+		if len(f) < 13 {
+			continue
+		}
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		total += time.Duration(ut+st) * time.Second / 100 // USER_HZ
+	}
+	return total
 }
 
 func TestSchedulerThroughput(t *testing.T) {
@@ -505,6 +541,7 @@ func runPhase(t *testing.T, cp *harness.ControlPlane, name string, nodes int, ns
 	}
 	runtime.GC()
 	cpu0 := cpuTime()
+	sched0, api0 := procCPU("kube-scheduler", "gputopo-scheduler"), procCPU("kube-apiserver", "etcd")
 	start := time.Now()
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 32)
@@ -561,6 +598,7 @@ wait:
 		}
 	}
 	cpu := cpuTime() - cpu0
+	schedCPU, apiCPU := procCPU("kube-scheduler", "gputopo-scheduler")-sched0, procCPU("kube-apiserver", "etcd")-api0
 	mu.Lock()
 	var last time.Time
 	lat := make([]time.Duration, 0, len(bound))
@@ -572,7 +610,8 @@ wait:
 	}
 	mu.Unlock()
 	slices.Sort(lat)
-	r := phase{name: name, nodes: nodes, pods: len(specs), unscheduled: len(specs) - len(lat), cpuPerPod: cpu / time.Duration(len(specs))}
+	per := time.Duration(len(specs))
+	r := phase{name: name, nodes: nodes, pods: len(specs), unscheduled: len(specs) - len(lat), cpuPerPod: cpu / per, schedCPU: schedCPU / per, apiCPU: apiCPU / per}
 	if len(lat) > 0 {
 		r.wall = last.Sub(start)
 		r.podsPerSec = float64(len(lat)) / r.wall.Seconds()
@@ -631,8 +670,8 @@ func render(rs []phase) string {
 		return time.Duration(median(xs))
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "| nodes | scheduler | reps | pods bound | pods/s median | pods/s min-max | p50 latency | p99 latency | test-process CPU/pod |\n")
-	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| nodes | scheduler | reps | pods bound | pods/s median | pods/s min-max | p50 latency | p99 latency | scheduler CPU/pod | apiserver+etcd CPU/pod | test-process CPU/pod |\n")
+	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, n := range sizes {
 		for _, m := range allModes {
 			ps := by[key{n, m}]
@@ -646,10 +685,12 @@ func render(rs []phase) string {
 				bound += p.pods - p.unscheduled
 				total += p.pods
 			}
-			fmt.Fprintf(&b, "| %d | %s | %d | %d/%d | %.1f | %.1f-%.1f | %s | %s | %s |\n", n, m, len(ps), bound, total,
+			fmt.Fprintf(&b, "| %d | %s | %d | %d/%d | %.1f | %.1f-%.1f | %s | %s | %s | %s | %s |\n", n, m, len(ps), bound, total,
 				median(rates), slices.Min(rates), slices.Max(rates),
 				medianDur(ps, func(p phase) time.Duration { return p.p50 }).Round(time.Millisecond),
 				medianDur(ps, func(p phase) time.Duration { return p.p99 }).Round(time.Millisecond),
+				medianDur(ps, func(p phase) time.Duration { return p.schedCPU }).Round(time.Microsecond),
+				medianDur(ps, func(p phase) time.Duration { return p.apiCPU }).Round(time.Microsecond),
 				medianDur(ps, func(p phase) time.Duration { return p.cpuPerPod }).Round(time.Microsecond))
 		}
 	}
