@@ -29,6 +29,7 @@ import (
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/nodeagent"
+	"github.com/gputopo/gputopo/nodeagent/nvmlsim"
 	"github.com/gputopo/gputopo/schedplugin"
 	"github.com/gputopo/gputopo/topology"
 	"github.com/gputopo/gputopo/webhook"
@@ -549,7 +550,7 @@ func startNodes(ctx context.Context, c client.Client, specs []NodeSpec, stops *[
 		if _, err := localcluster.CreateGPUNode(ctx, c, s.Name, f.GPUs, map[string]string{"nvidia.com/gpu.present": "true", labelMachine: f.Name}); err != nil {
 			return nil, err
 		}
-		sim := nodeagent.NewSimulator(f, s.Name)
+		sim := nvmlsim.New(f, s.Name)
 		logger := klog.FromContext(ctx).WithValues("node", s.Name)
 		src := nodeagent.NewNVMLSource(sim.NVML(), logger, nil)
 		pub := nodeagent.NewPublisher(c, src, nodeagent.PublisherOptions{NodeName: s.Name}, nil, logger)

@@ -18,6 +18,7 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/internal/fakeapi"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -95,8 +96,8 @@ func TestBindIsIdempotentPerPodUID(t *testing.T) {
 		}
 		calls++
 		if calls == 1 {
-			_, _, _ = FakeBindingReactor(cs)(action)
-			return true, nil, apierrors.NewServerTimeout(podsGVR.GroupResource(), "create", 1)
+			_, _, _ = fakeapi.BindingReactor(cs)(action)
+			return true, nil, apierrors.NewServerTimeout(fakeapi.PodsGVR.GroupResource(), "create", 1)
 		}
 		return false, nil, nil
 	})
@@ -168,7 +169,7 @@ func TestBindFailures(t *testing.T) {
 	}{{
 		name: "definite API failure releases the reservation",
 		reactor: func(k8stesting.Action) (bool, runtime.Object, error) {
-			return true, nil, apierrors.NewForbidden(podsGVR.GroupResource(), "p", errors.New("RBAC says no"))
+			return true, nil, apierrors.NewForbidden(fakeapi.PodsGVR.GroupResource(), "p", errors.New("RBAC says no"))
 		},
 		wantErr: "forbidden",
 	}, {
@@ -185,7 +186,7 @@ func TestBindFailures(t *testing.T) {
 			// The cache still has the old pod; the API server has a new one.
 			fresh := pod.DeepCopy()
 			fresh.UID = "uid-new"
-			if err := cs.Tracker().Update(podsGVR, fresh, "default"); err != nil {
+			if err := cs.Tracker().Update(fakeapi.PodsGVR, fresh, "default"); err != nil {
 				t.Fatal(err)
 			}
 			return bindArgs(pod, "a")

@@ -13,6 +13,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/internal/fakeapi"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -105,7 +106,7 @@ func newTestExtender(t testing.TB, cfg *Configuration, objs ...runtime.Object) (
 		cfg = DefaultConfiguration()
 	}
 	cs := fake.NewClientset(objs...)
-	cs.PrependReactor("create", "pods", FakeBindingReactor(cs))
+	cs.PrependReactor("create", "pods", fakeapi.BindingReactor(cs))
 	// kube-scheduler only binds to nodes that exist; a node the test did
 	// not create reads as a plain untainted one, so that tests about GPUs
 	// need not create Node objects.

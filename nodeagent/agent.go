@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/nodeagent/nvmlsim"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -52,7 +53,7 @@ type Options struct {
 	// Simulator, when set, is the simulated node to run (tests and the demo
 	// keep a handle on it to script telemetry and inject faults); it
 	// overrides Simulate.
-	Simulator *Simulator
+	Simulator *nvmlsim.Simulator
 	// Ready, when set, is called once the first topology is published and
 	// the device plugin is serving.
 	Ready func(*Agent)
@@ -135,7 +136,7 @@ func Run(ctx context.Context, restCfg *rest.Config, o Options) error {
 		lib = o.Simulator.NVML()
 	case o.Simulate != "":
 		f, _ := topology.LoadMachine(o.Simulate)
-		lib = NewSimulator(f, o.NodeName).NVML()
+		lib = nvmlsim.New(f, o.NodeName).NVML()
 	default:
 		lib = nvml.New()
 	}

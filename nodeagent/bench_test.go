@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"context"
+	"github.com/gputopo/gputopo/nodeagent/nvmlsim"
 	"testing"
 
 	"github.com/go-logr/logr"
@@ -15,7 +16,7 @@ func BenchmarkTopology(b *testing.B) {
 	for _, name := range []string{"pcie-8x", "dgx-a100", "dgx1-v100", "dgx2"} {
 		b.Run(name, func(b *testing.B) {
 			f := fixtureB(b, name)
-			src := NewNVMLSource(NewSimulator(f, testNode).NVML(), logr.Discard(), nil)
+			src := NewNVMLSource(nvmlsim.New(f, testNode).NVML(), logr.Discard(), nil)
 			for b.Loop() {
 				if _, err := src.Topology(); err != nil {
 					b.Fatal(err)

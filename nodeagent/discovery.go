@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/nodeagent/internal/nvmllevel"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -455,7 +456,7 @@ func (s *NVMLSource) readEnd(a, b *deviceInfo) (pairEnd, error) {
 	e := pairEnd{level: v1alpha1.PCIeCrossSocket}
 	level, ret := a.dev.GetTopologyCommonAncestor(b.dev)
 	if ok, err := s.check("GetTopologyCommonAncestor", ret); ok {
-		e.level, e.levelKnown = pcieLevel(level), true
+		e.level, e.levelKnown = nvmllevel.API(level), true
 	} else if errors.Is(err, errGPULost) {
 		return e, err
 	}
@@ -539,16 +540,9 @@ func (s *NVMLSource) readLink(a, b *deviceInfo) (v1alpha1.Link, []issue, error) 
 	return l, issues, nil
 }
 
-// pcieRank orders PCIe levels from nearest (0) to farthest, as pcieLevels
-// lists them; CrossSocket (and anything else) is the farthest.
-func pcieRank(l v1alpha1.PCIeLevel) int {
-	for i, p := range pcieLevels {
-		if p.api == l {
-			return i
-		}
-	}
-	return len(pcieLevels)
-}
+// pcieRank orders PCIe levels from nearest (0) to farthest; CrossSocket
+// (and anything else) is the farthest.
+func pcieRank(l v1alpha1.PCIeLevel) int { return nvmllevel.Rank(l) }
 
 // p2pName names a P2P status for messages.
 func p2pName(st nvml.GpuP2PStatus) string {
@@ -736,29 +730,6 @@ func nonZeroGen(gen int) int {
 		return 4
 	}
 	return gen
-}
-
-// pcieLevels pairs NVML's common-ancestor levels with the API's names;
-// any other level (TOPOLOGY_SYSTEM) is cross-socket.
-var pcieLevels = [...]struct {
-	nvml nvml.GpuTopologyLevel
-	api  v1alpha1.PCIeLevel
-}{
-	{nvml.TOPOLOGY_INTERNAL, v1alpha1.PCIeInternal},
-	{nvml.TOPOLOGY_SINGLE, v1alpha1.PCIeSameSwitch},
-	{nvml.TOPOLOGY_MULTIPLE, v1alpha1.PCIeMultipleSwitches},
-	{nvml.TOPOLOGY_HOSTBRIDGE, v1alpha1.PCIeHostBridge},
-	{nvml.TOPOLOGY_NODE, v1alpha1.PCIeSameNUMA},
-}
-
-// pcieLevel maps NVML's common-ancestor levels onto the API's names.
-func pcieLevel(l nvml.GpuTopologyLevel) v1alpha1.PCIeLevel {
-	for _, p := range pcieLevels {
-		if p.nvml == l {
-			return p.api
-		}
-	}
-	return v1alpha1.PCIeCrossSocket
 }
 
 // busIDString reads PciInfo.BusId, a NUL-terminated C string.

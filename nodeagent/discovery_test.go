@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/nodeagent/nvmlsim"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -62,7 +63,7 @@ func fixtureB(t testing.TB, name string) topology.Fixture {
 
 func wantStatus(f topology.Fixture) v1alpha1.NodeGPUTopologyStatus {
 	st := f.Graph(testNode).Status()
-	st.DriverVersion = SimulatedDriverVersion
+	st.DriverVersion = nvmlsim.SimulatedDriverVersion
 	st.Conditions = []metav1.Condition{consistentCondition()}
 	return st
 }
@@ -73,7 +74,7 @@ func wantStatus(f topology.Fixture) v1alpha1.NodeGPUTopologyStatus {
 func TestTopologyEqualsFixture(t *testing.T) {
 	for _, f := range topology.Fixtures() {
 		t.Run(f.Name, func(t *testing.T) {
-			src := NewNVMLSource(NewSimulator(f, testNode).NVML(), logr.Discard(), nil)
+			src := NewNVMLSource(nvmlsim.New(f, testNode).NVML(), logr.Discard(), nil)
 			defer src.Close()
 			got, err := src.Topology()
 			if err != nil {
@@ -87,7 +88,7 @@ func TestTopologyEqualsFixture(t *testing.T) {
 }
 
 func TestNVMLInitFailureIsReportedAndRecovers(t *testing.T) {
-	sim := NewSimulator(fixture(t, "dgx-a100"), testNode)
+	sim := nvmlsim.New(fixture(t, "dgx-a100"), testNode)
 	reg := prometheus.NewRegistry()
 	src := NewNVMLSource(sim.NVML(), logr.Discard(), NewMetrics(reg, testNode))
 	sim.FailInit(nvml.ERROR_LIBRARY_NOT_FOUND)
@@ -113,7 +114,7 @@ func TestNVMLInitFailureIsReportedAndRecovers(t *testing.T) {
 
 func TestGPULostAfterDiscoveryKeepsFactsAndMarksUnhealthy(t *testing.T) {
 	f := fixture(t, "dgx1-v100")
-	sim := NewSimulator(f, testNode)
+	sim := nvmlsim.New(f, testNode)
 	src := NewNVMLSource(sim.NVML(), logr.Discard(), nil)
 	before, err := src.Topology()
 	if err != nil {
@@ -156,7 +157,7 @@ func TestGPULostAfterDiscoveryKeepsFactsAndMarksUnhealthy(t *testing.T) {
 }
 
 func TestGPULostBeforeFirstReadFailsDiscovery(t *testing.T) {
-	sim := NewSimulator(fixture(t, "pcie-8x"), testNode)
+	sim := nvmlsim.New(fixture(t, "pcie-8x"), testNode)
 	if err := sim.LoseGPU(5); err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +224,7 @@ func TestNotSupportedDegrades(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			f := fixture(t, tc.fixture)
-			sim := NewSimulator(f, testNode)
+			sim := nvmlsim.New(f, testNode)
 			sim.Unsupported(tc.calls...)
 			logs := &logCapture{}
 			src := NewNVMLSource(sim.NVML(), logs.logger(), nil)
@@ -262,10 +263,10 @@ func TestNotSupportedDegrades(t *testing.T) {
 }
 
 func TestUnsupportedTelemetryReadsZero(t *testing.T) {
-	sim := NewSimulator(fixture(t, "pcie-8x"), testNode)
+	sim := nvmlsim.New(fixture(t, "pcie-8x"), testNode)
 	sim.SetJitter(false)
 	sim.Unsupported("GetPowerUsage", "GetEnforcedPowerLimit")
-	if err := sim.SetTelemetry(1, SimTelemetry{UtilizationPercent: 70, MemoryUsedMiB: 1000, TemperatureC: 60, PowerWatts: 200, PowerLimitWatts: 300}); err != nil {
+	if err := sim.SetTelemetry(1, nvmlsim.Telemetry{UtilizationPercent: 70, MemoryUsedMiB: 1000, TemperatureC: 60, PowerWatts: 200, PowerLimitWatts: 300}); err != nil {
 		t.Fatal(err)
 	}
 	tel, err := NewNVMLSource(sim.NVML(), logr.Discard(), nil).Telemetry()
@@ -279,7 +280,7 @@ func TestUnsupportedTelemetryReadsZero(t *testing.T) {
 }
 
 func TestHeatingGPUReportsThermalSlowdown(t *testing.T) {
-	sim := NewSimulator(fixture(t, "hgx-h100"), testNode)
+	sim := nvmlsim.New(fixture(t, "hgx-h100"), testNode)
 	sim.SetJitter(false)
 	if err := sim.HeatUp(4, 20, 90); err != nil {
 		t.Fatal(err)
@@ -322,7 +323,7 @@ func TestXIDClassification(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			sim := NewSimulator(fixture(t, "dgx-a100"), testNode)
+			sim := nvmlsim.New(fixture(t, "dgx-a100"), testNode)
 			reg := prometheus.NewRegistry()
 			src := NewNVMLSource(sim.NVML(), logr.Discard(), NewMetrics(reg, testNode))
 			if _, err := src.Topology(); err != nil {
@@ -360,7 +361,7 @@ func TestXIDClassification(t *testing.T) {
 }
 
 func TestWaitHealthTimesOutQuietly(t *testing.T) {
-	src := NewNVMLSource(NewSimulator(fixture(t, "dgx-a100"), testNode).NVML(), logr.Discard(), nil)
+	src := NewNVMLSource(nvmlsim.New(fixture(t, "dgx-a100"), testNode).NVML(), logr.Discard(), nil)
 	evs, err := src.WaitHealth(10 * time.Millisecond)
 	if err != nil || len(evs) != 0 {
 		t.Fatalf("WaitHealth with no events: got %v, %v; want none, nil", evs, err)
@@ -379,7 +380,7 @@ func withoutNVLink(f topology.Fixture, l v1alpha1.Link) v1alpha1.Link {
 }
 
 // dropLinkTo removes one of GPU i's NVLinks to bus busID.
-func dropLinkTo(t *testing.T, sim *Simulator, i int, busID string) {
+func dropLinkTo(t *testing.T, sim *nvmlsim.Simulator, i int, busID string) {
 	t.Helper()
 	links, err := sim.NVLinks(i)
 	if err != nil {
@@ -396,7 +397,7 @@ func dropLinkTo(t *testing.T, sim *Simulator, i int, busID string) {
 	t.Fatalf("GPU %d has no NVLink to %s", i, busID)
 }
 
-func mustBus(t *testing.T, sim *Simulator, i int) string {
+func mustBus(t *testing.T, sim *nvmlsim.Simulator, i int) string {
 	t.Helper()
 	b, err := sim.BusID(i)
 	if err != nil {
@@ -421,7 +422,7 @@ func TestHostileTopologyDiscovery(t *testing.T) {
 	tests := []struct {
 		name    string
 		fixture string
-		script  func(t *testing.T, sim *Simulator)
+		script  func(t *testing.T, sim *nvmlsim.Simulator)
 		// want changes the fixture's status into the one to publish.
 		want func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus)
 		// reason is the condition's reason; "" means Consistent.
@@ -429,7 +430,7 @@ func TestHostileTopologyDiscovery(t *testing.T) {
 		message []string
 	}{{
 		name: "NVLink only the lower GPU reports is not published", fixture: "dgx1-v100",
-		script: func(t *testing.T, sim *Simulator) { dropLinkTo(t, sim, 1, mustBus(t, sim, 0)) },
+		script: func(t *testing.T, sim *nvmlsim.Simulator) { dropLinkTo(t, sim, 1, mustBus(t, sim, 0)) },
 		want: func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
 			st.Links[linkAt(8, 0, 1)] = withoutNVLink(f, st.Links[linkAt(8, 0, 1)])
 		},
@@ -437,7 +438,7 @@ func TestHostileTopologyDiscovery(t *testing.T) {
 		message: []string{"GPU 0 reports 1 NVLinks to GPU 1, GPU 1 reports 0 to GPU 0; publishing 0"},
 	}, {
 		name: "NVLink only the higher GPU reports is not published", fixture: "dgx1-v100",
-		script: func(t *testing.T, sim *Simulator) { dropLinkTo(t, sim, 0, mustBus(t, sim, 1)) },
+		script: func(t *testing.T, sim *nvmlsim.Simulator) { dropLinkTo(t, sim, 0, mustBus(t, sim, 1)) },
 		want: func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
 			st.Links[linkAt(8, 0, 1)] = withoutNVLink(f, st.Links[linkAt(8, 0, 1)])
 		},
@@ -445,7 +446,7 @@ func TestHostileTopologyDiscovery(t *testing.T) {
 		message: []string{"GPU 0 reports 0 NVLinks to GPU 1, GPU 1 reports 1 to GPU 0; publishing 0"},
 	}, {
 		name: "double link seen single from one end is published single", fixture: "dgx1-v100",
-		script: func(t *testing.T, sim *Simulator) { dropLinkTo(t, sim, 3, mustBus(t, sim, 0)) },
+		script: func(t *testing.T, sim *nvmlsim.Simulator) { dropLinkTo(t, sim, 3, mustBus(t, sim, 0)) },
 		want: func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
 			l := &st.Links[linkAt(8, 0, 3)]
 			l.NVLinks, l.BandwidthGBps = 1, 50
@@ -454,7 +455,7 @@ func TestHostileTopologyDiscovery(t *testing.T) {
 		message: []string{"GPU 0 reports 2 NVLinks to GPU 3, GPU 3 reports 1 to GPU 0; publishing 1"},
 	}, {
 		name: "PCIe levels that disagree publish the farther", fixture: "pcie-8x",
-		script: func(t *testing.T, sim *Simulator) { must(t, sim.SetPCIeLevel(1, 0, v1alpha1.PCIeCrossSocket)) },
+		script: func(t *testing.T, sim *nvmlsim.Simulator) { must(t, sim.SetPCIeLevel(1, 0, v1alpha1.PCIeCrossSocket)) },
 		want: func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
 			l := &st.Links[linkAt(8, 0, 1)]
 			l.PCIe, l.BandwidthGBps = v1alpha1.PCIeCrossSocket, topology.PCIeBandwidthGBps(f.PCIeGen, v1alpha1.PCIeCrossSocket)
@@ -463,7 +464,7 @@ func TestHostileTopologyDiscovery(t *testing.T) {
 		message: []string{"GPU 0 sees GPU 1 at PCIe level SameSwitch, GPU 1 sees GPU 0 at CrossSocket; publishing CrossSocket"},
 	}, {
 		name: "PCIe level the lower GPU puts farther is published too", fixture: "pcie-8x",
-		script: func(t *testing.T, sim *Simulator) { must(t, sim.SetPCIeLevel(2, 3, v1alpha1.PCIeSameNUMA)) },
+		script: func(t *testing.T, sim *nvmlsim.Simulator) { must(t, sim.SetPCIeLevel(2, 3, v1alpha1.PCIeSameNUMA)) },
 		want: func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
 			l := &st.Links[linkAt(8, 2, 3)]
 			l.PCIe, l.BandwidthGBps = v1alpha1.PCIeSameNUMA, topology.PCIeBandwidthGBps(f.PCIeGen, v1alpha1.PCIeSameNUMA)
@@ -472,7 +473,7 @@ func TestHostileTopologyDiscovery(t *testing.T) {
 		message: []string{"GPU 2 sees GPU 3 at PCIe level SameNUMA, GPU 3 sees GPU 2 at SameSwitch; publishing SameNUMA"},
 	}, {
 		name: "P2P one end refuses is published unsupported", fixture: "pcie-8x",
-		script: func(t *testing.T, sim *Simulator) { must(t, sim.SetP2P(5, 4, false)) },
+		script: func(t *testing.T, sim *nvmlsim.Simulator) { must(t, sim.SetP2P(5, 4, false)) },
 		want: func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
 			st.Links[linkAt(8, 4, 5)].P2P = false
 		},
@@ -480,7 +481,7 @@ func TestHostileTopologyDiscovery(t *testing.T) {
 		message: []string{"GPU 4 reports P2P reads to GPU 5 as OK, GPU 5 to GPU 4 as chipset not supported; publishing P2P unsupported"},
 	}, {
 		name: "per-link speeds that disagree publish the slower", fixture: "hgx-h100",
-		script: func(t *testing.T, sim *Simulator) { must(t, sim.SetNVLinkGBps(3, 25)) },
+		script: func(t *testing.T, sim *nvmlsim.Simulator) { must(t, sim.SetNVLinkGBps(3, 25)) },
 		want: func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
 			for i := range st.Links {
 				if l := &st.Links[i]; l.A == 3 || l.B == 3 {
@@ -492,53 +493,53 @@ func TestHostileTopologyDiscovery(t *testing.T) {
 		message: []string{"GPU 0 reads 50 GB/s per NVLink, GPU 3 reads 25; publishing 25", "GPU 3 reads 25 GB/s per NVLink, GPU 7 reads 50; publishing 25"},
 	}, {
 		name: "absurd measured link speed is not believed", fixture: "hgx-h100",
-		script: func(t *testing.T, sim *Simulator) { must(t, sim.SetNVLinkGBps(6, 8_000_000)) },
+		script: func(t *testing.T, sim *nvmlsim.Simulator) { must(t, sim.SetNVLinkGBps(6, 8_000_000)) },
 	}, {
 		name: "remote GPU at an unknown bus ID is not counted", fixture: "pcie-8x",
-		script: func(t *testing.T, sim *Simulator) {
-			must(t, sim.SetNVLinks(0, []SimNVLink{{phantomBus, nvml.NVLINK_DEVICE_TYPE_GPU}, {phantomBus, nvml.NVLINK_DEVICE_TYPE_GPU}}))
+		script: func(t *testing.T, sim *nvmlsim.Simulator) {
+			must(t, sim.SetNVLinks(0, []nvmlsim.NVLink{{RemoteBusID: phantomBus, RemoteType: nvml.NVLINK_DEVICE_TYPE_GPU}, {RemoteBusID: phantomBus, RemoteType: nvml.NVLINK_DEVICE_TYPE_GPU}}))
 		},
 		reason:  v1alpha1.ReasonUnknownRemoteBusID,
 		message: []string{"GPU 0 NVLinks [0 1] lead to bus ID 00000000:99:00.0 (remote type GPU), which is no other GPU of this node; not counted"},
 	}, {
 		name: "remote of unknown type at an unknown bus ID is not an NVSwitch", fixture: "pcie-8x",
-		script: func(t *testing.T, sim *Simulator) {
-			must(t, sim.SetNVLinks(0, []SimNVLink{{phantomBus, nvml.NVLINK_DEVICE_TYPE_UNKNOWN}}))
-			must(t, sim.SetNVLinks(1, []SimNVLink{{phantomBus, nvml.NVLINK_DEVICE_TYPE_UNKNOWN}}))
+		script: func(t *testing.T, sim *nvmlsim.Simulator) {
+			must(t, sim.SetNVLinks(0, []nvmlsim.NVLink{{RemoteBusID: phantomBus, RemoteType: nvml.NVLINK_DEVICE_TYPE_UNKNOWN}}))
+			must(t, sim.SetNVLinks(1, []nvmlsim.NVLink{{RemoteBusID: phantomBus, RemoteType: nvml.NVLINK_DEVICE_TYPE_UNKNOWN}}))
 		},
 		reason:  v1alpha1.ReasonUnknownRemoteBusID,
 		message: []string{"GPU 0 NVLinks [0] lead to bus ID 00000000:99:00.0 (remote type unknown (0xff))", "GPU 1 NVLinks [0]"},
 	}, {
 		name: "remote of a type go-nvml does not define is not an NVSwitch", fixture: "pcie-8x",
-		script: func(t *testing.T, sim *Simulator) {
-			must(t, sim.SetNVLinks(0, []SimNVLink{{phantomBus, nvml.IntNvLinkDeviceType(7)}}))
-			must(t, sim.SetNVLinks(1, []SimNVLink{{phantomBus, nvml.IntNvLinkDeviceType(7)}}))
+		script: func(t *testing.T, sim *nvmlsim.Simulator) {
+			must(t, sim.SetNVLinks(0, []nvmlsim.NVLink{{RemoteBusID: phantomBus, RemoteType: nvml.IntNvLinkDeviceType(7)}}))
+			must(t, sim.SetNVLinks(1, []nvmlsim.NVLink{{RemoteBusID: phantomBus, RemoteType: nvml.IntNvLinkDeviceType(7)}}))
 		},
 		reason:  v1alpha1.ReasonUnknownRemoteBusID,
 		message: []string{"(remote type unknown (0x7))"},
 	}, {
 		name: "remote type not reported and an unknown bus ID is no phantom NVSwitch", fixture: "pcie-8x",
-		script: func(t *testing.T, sim *Simulator) {
+		script: func(t *testing.T, sim *nvmlsim.Simulator) {
 			sim.Unsupported("GetNvLinkRemoteDeviceType")
-			must(t, sim.SetNVLinks(0, []SimNVLink{{phantomBus, nvml.NVLINK_DEVICE_TYPE_SWITCH}}))
-			must(t, sim.SetNVLinks(1, []SimNVLink{{"00000000:9A:00.0", nvml.NVLINK_DEVICE_TYPE_SWITCH}}))
+			must(t, sim.SetNVLinks(0, []nvmlsim.NVLink{{RemoteBusID: phantomBus, RemoteType: nvml.NVLINK_DEVICE_TYPE_SWITCH}}))
+			must(t, sim.SetNVLinks(1, []nvmlsim.NVLink{{RemoteBusID: "00000000:9A:00.0", RemoteType: nvml.NVLINK_DEVICE_TYPE_SWITCH}}))
 		},
 		reason:  v1alpha1.ReasonUnknownRemoteBusID,
 		message: []string{"GPU 0 NVLinks [0] lead to bus ID 00000000:99:00.0 (remote type not reported by the driver)", "GPU 1 NVLinks [0] lead to bus ID 00000000:9A:00.0"},
 	}, {
 		name: "remote type not reported still finds GPUs by bus ID", fixture: "pcie-8x-nvlink-pairs",
-		script: func(t *testing.T, sim *Simulator) { sim.Unsupported("GetNvLinkRemoteDeviceType") },
+		script: func(t *testing.T, sim *nvmlsim.Simulator) { sim.Unsupported("GetNvLinkRemoteDeviceType") },
 	}, {
 		name: "IBM NPU link is a CPU link, neither counted nor an inconsistency", fixture: "pcie-8x",
-		script: func(t *testing.T, sim *Simulator) {
-			must(t, sim.SetNVLinks(0, []SimNVLink{{phantomBus, nvml.NVLINK_DEVICE_TYPE_IBMNPU}}))
-			must(t, sim.SetNVLinks(1, []SimNVLink{{phantomBus, nvml.NVLINK_DEVICE_TYPE_IBMNPU}}))
+		script: func(t *testing.T, sim *nvmlsim.Simulator) {
+			must(t, sim.SetNVLinks(0, []nvmlsim.NVLink{{RemoteBusID: phantomBus, RemoteType: nvml.NVLINK_DEVICE_TYPE_IBMNPU}}))
+			must(t, sim.SetNVLinks(1, []nvmlsim.NVLink{{RemoteBusID: phantomBus, RemoteType: nvml.NVLINK_DEVICE_TYPE_IBMNPU}}))
 		},
 	}, {
 		name: "NVSwitch is believed when NVML says NVSwitch, whatever its bus ID", fixture: "pcie-8x",
-		script: func(t *testing.T, sim *Simulator) {
-			must(t, sim.SetNVLinks(0, []SimNVLink{{phantomBus, nvml.NVLINK_DEVICE_TYPE_SWITCH}, {phantomBus, nvml.NVLINK_DEVICE_TYPE_SWITCH}}))
-			must(t, sim.SetNVLinks(1, []SimNVLink{{"", nvml.NVLINK_DEVICE_TYPE_SWITCH}}))
+		script: func(t *testing.T, sim *nvmlsim.Simulator) {
+			must(t, sim.SetNVLinks(0, []nvmlsim.NVLink{{RemoteBusID: phantomBus, RemoteType: nvml.NVLINK_DEVICE_TYPE_SWITCH}, {RemoteBusID: phantomBus, RemoteType: nvml.NVLINK_DEVICE_TYPE_SWITCH}}))
+			must(t, sim.SetNVLinks(1, []nvmlsim.NVLink{{RemoteBusID: "", RemoteType: nvml.NVLINK_DEVICE_TYPE_SWITCH}}))
 		},
 		want: func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
 			l := &st.Links[linkAt(8, 0, 1)]
@@ -547,8 +548,8 @@ func TestHostileTopologyDiscovery(t *testing.T) {
 		},
 	}, {
 		name: "NVLink to the GPU's own bus ID is not counted", fixture: "pcie-8x",
-		script: func(t *testing.T, sim *Simulator) {
-			must(t, sim.SetNVLinks(2, []SimNVLink{{mustBus(t, sim, 2), nvml.NVLINK_DEVICE_TYPE_GPU}}))
+		script: func(t *testing.T, sim *nvmlsim.Simulator) {
+			must(t, sim.SetNVLinks(2, []nvmlsim.NVLink{{RemoteBusID: mustBus(t, sim, 2), RemoteType: nvml.NVLINK_DEVICE_TYPE_GPU}}))
 		},
 		reason:  v1alpha1.ReasonUnknownRemoteBusID,
 		message: []string{"GPU 2 NVLinks [0] lead to bus ID 00000000:27:00.0 (remote type GPU)"},
@@ -556,7 +557,7 @@ func TestHostileTopologyDiscovery(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			f := fixture(t, tc.fixture)
-			sim := NewSimulator(f, testNode)
+			sim := nvmlsim.New(f, testNode)
 			tc.script(t, sim)
 			reg := prometheus.NewRegistry()
 			src := NewNVMLSource(sim.NVML(), logr.Discard(), NewMetrics(reg, testNode))
@@ -621,7 +622,7 @@ func checkConsistency(t *testing.T, conds []metav1.Condition, reason string, mes
 // Two GPUs with one bus ID cannot have their NVLinks told apart: the read
 // is refused with a DuplicateBusID condition naming both, not scrambled.
 func TestDuplicateBusIDIsRefused(t *testing.T) {
-	sim := NewSimulator(fixture(t, "dgx1-v100"), testNode)
+	sim := nvmlsim.New(fixture(t, "dgx1-v100"), testNode)
 	must(t, sim.SetBusID(5, mustBus(t, sim, 2)))
 	reg := prometheus.NewRegistry()
 	src := NewNVMLSource(sim.NVML(), logr.Discard(), NewMetrics(reg, testNode))
@@ -669,7 +670,7 @@ func TestDiscoveryAtTheGPULimit(t *testing.T) {
 	// seen as one node, MaxGPUs the limit.
 	for _, n := range []int{64, 72, topology.MaxGPUs} {
 		t.Run(fmt.Sprintf("%d GPUs are read whole, a lie on one pair included", n), func(t *testing.T) {
-			sim := NewSimulator(bigFixture(n), testNode)
+			sim := nvmlsim.New(bigFixture(n), testNode)
 			must(t, sim.SetPCIeLevel(n-1, n-2, v1alpha1.PCIeCrossSocket))
 			got, err := NewNVMLSource(sim.NVML(), logr.Discard(), nil).Topology()
 			if err != nil {
@@ -699,7 +700,7 @@ func TestDiscoveryAtTheGPULimit(t *testing.T) {
 	}
 	t.Run("more than MaxGPUs are refused with the limit named", func(t *testing.T) {
 		n := topology.MaxGPUs + 2
-		sim := NewSimulator(bigFixture(n), testNode)
+		sim := nvmlsim.New(bigFixture(n), testNode)
 		_, err := NewNVMLSource(sim.NVML(), logr.Discard(), nil).Topology()
 		want := fmt.Sprintf("nvml reports %d GPUs; at most %d are supported per node", n, topology.MaxGPUs)
 		if err == nil || !strings.Contains(err.Error(), want) {

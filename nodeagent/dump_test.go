@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/nodeagent/nvmlsim"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -42,7 +43,7 @@ func TestTopologyEqualsImportedMachines(t *testing.T) {
 			continue // built-in fixtures: TestTopologyEqualsFixture
 		}
 		t.Run(f.Name, func(t *testing.T) {
-			src := NewNVMLSource(NewSimulator(f, testNode).NVML(), logr.Discard(), nil)
+			src := NewNVMLSource(nvmlsim.New(f, testNode).NVML(), logr.Discard(), nil)
 			defer src.Close()
 			got, err := src.Topology()
 			if err != nil {
@@ -61,7 +62,7 @@ func TestTopologyEqualsImportedMachines(t *testing.T) {
 func TestDumpRoundTripsEverySimulatedMachine(t *testing.T) {
 	for _, f := range dumpMachines(t) {
 		t.Run(f.Name, func(t *testing.T) {
-			sim := NewSimulator(f, testNode)
+			sim := nvmlsim.New(f, testNode)
 			dumped, err := DumpMachine(sim.NVML(), logr.Discard(), DumpOptions{Name: "dumped"})
 			if err != nil {
 				t.Fatalf("dump: %v", err)
@@ -96,7 +97,7 @@ func TestDumpRecordsWhatNVMLGotWrong(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sim := NewSimulator(f, testNode)
+	sim := nvmlsim.New(f, testNode)
 	// GPU 0 says it shares a switch with GPU 5; GPU 5 says they cross
 	// sockets: the dump keeps the conservative answer and says so.
 	if err := sim.SetPCIeLevel(0, 5, v1alpha1.PCIeSameSwitch); err != nil {
@@ -126,7 +127,7 @@ func TestDumpFailsClearly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sim := NewSimulator(f, testNode)
+	sim := nvmlsim.New(f, testNode)
 	sim.FailInit(nvml.ERROR_DRIVER_NOT_LOADED)
 	if _, err := DumpMachine(sim.NVML(), logr.Discard(), DumpOptions{Name: "a"}); err == nil || !strings.Contains(err.Error(), "nvml init") {
 		t.Errorf("dump with the driver down: %v; want the nvml init error", err)

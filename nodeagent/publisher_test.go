@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/nodeagent/nvmlsim"
 )
 
 // writeCounter counts status writes to NodeGPUTopology and can fail the
@@ -74,7 +75,7 @@ func TestPublisherCreatesOwnedObjectWithFixtureTopology(t *testing.T) {
 	f := fixture(t, "dgx1-v100")
 	wc := &writeCounter{}
 	c := newFakeClient(t, wc, testNode)
-	src := NewNVMLSource(NewSimulator(f, testNode).NVML(), logr.Discard(), nil)
+	src := NewNVMLSource(nvmlsim.New(f, testNode).NVML(), logr.Discard(), nil)
 	p := NewPublisher(c, src, PublisherOptions{NodeName: testNode}, nil, logr.Discard())
 	if err := p.Sync(context.Background(), t0, false); err != nil {
 		t.Fatal(err)
@@ -113,7 +114,7 @@ func TestPublisherIdleWrites(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			wc := &writeCounter{}
 			c := newFakeClient(t, wc, testNode)
-			src := NewNVMLSource(NewSimulator(fixture(t, "hgx-h100"), testNode).NVML(), logr.Discard(), nil)
+			src := NewNVMLSource(nvmlsim.New(fixture(t, "hgx-h100"), testNode).NVML(), logr.Discard(), nil)
 			p := NewPublisher(c, src, PublisherOptions{NodeName: testNode, Always: tc.always}, nil, logr.Discard())
 			for s := 0; s <= 600; s++ {
 				if err := p.Sync(context.Background(), t0.Add(time.Duration(s)*time.Second), false); err != nil {
@@ -133,14 +134,14 @@ func TestPublisherIdleWrites(t *testing.T) {
 func TestPublisherWritesTelemetryThatMoved(t *testing.T) {
 	wc := &writeCounter{}
 	c := newFakeClient(t, wc, testNode)
-	sim := NewSimulator(fixture(t, "hgx-h100"), testNode)
+	sim := nvmlsim.New(fixture(t, "hgx-h100"), testNode)
 	src := NewNVMLSource(sim.NVML(), logr.Discard(), nil)
 	p := NewPublisher(c, src, PublisherOptions{NodeName: testNode}, nil, logr.Discard())
 	ctx := context.Background()
 	if err := p.Sync(ctx, t0, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := sim.SetTelemetry(6, SimTelemetry{UtilizationPercent: 95, MemoryUsedMiB: 60000, TemperatureC: 70, PowerWatts: 600, PowerLimitWatts: 700}); err != nil {
+	if err := sim.SetTelemetry(6, nvmlsim.Telemetry{UtilizationPercent: 95, MemoryUsedMiB: 60000, TemperatureC: 70, PowerWatts: 600, PowerLimitWatts: 700}); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.Sync(ctx, t0.Add(30*time.Second), false); err != nil {
@@ -158,7 +159,7 @@ func TestPublisherWritesTelemetryThatMoved(t *testing.T) {
 func TestPublisherRefreshesAtOnceOnHealthChange(t *testing.T) {
 	wc := &writeCounter{}
 	c := newFakeClient(t, wc, testNode)
-	sim := NewSimulator(fixture(t, "dgx-a100"), testNode)
+	sim := nvmlsim.New(fixture(t, "dgx-a100"), testNode)
 	src := NewNVMLSource(sim.NVML(), logr.Discard(), nil)
 	p := NewPublisher(c, src, PublisherOptions{NodeName: testNode}, nil, logr.Discard())
 	ctx, cancel := context.WithCancel(context.Background())
@@ -187,7 +188,7 @@ func TestPublisherMarksStale(t *testing.T) {
 	wc := &writeCounter{}
 	c := newFakeClient(t, wc, testNode)
 	f := fixture(t, "pcie-8x")
-	sim := NewSimulator(f, testNode)
+	sim := nvmlsim.New(f, testNode)
 	src := NewNVMLSource(sim.NVML(), logr.Discard(), nil)
 	p := NewPublisher(c, src, PublisherOptions{NodeName: testNode}, nil, logr.Discard())
 	ctx := context.Background()
@@ -212,7 +213,7 @@ func TestPublisherMarksStale(t *testing.T) {
 
 	// The driver fails mid-run: the source keeps its session, so make the
 	// device count fail, as a driver in trouble does.
-	sim.lib.DeviceGetCountFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_UNKNOWN }
+	sim.FailDeviceCount(nvml.ERROR_UNKNOWN)
 	if err := p.Sync(ctx, t0.Add(10*time.Minute), false); err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +234,7 @@ func TestPublisherPublishesConsistency(t *testing.T) {
 	wc := &writeCounter{}
 	c := newFakeClient(t, wc, testNode)
 	f := fixture(t, "dgx1-v100")
-	sim := NewSimulator(f, testNode)
+	sim := nvmlsim.New(f, testNode)
 	src := NewNVMLSource(sim.NVML(), logr.Discard(), nil)
 	p := NewPublisher(c, src, PublisherOptions{NodeName: testNode}, nil, logr.Discard())
 	ctx := context.Background()
@@ -282,7 +283,7 @@ func TestPublisherPublishesConsistency(t *testing.T) {
 func TestPublisherRetriesConflicts(t *testing.T) {
 	wc := &writeCounter{}
 	c := newFakeClient(t, wc, testNode)
-	src := NewNVMLSource(NewSimulator(fixture(t, "dgx2"), testNode).NVML(), logr.Discard(), nil)
+	src := NewNVMLSource(nvmlsim.New(fixture(t, "dgx2"), testNode).NVML(), logr.Discard(), nil)
 	p := NewPublisher(c, src, PublisherOptions{NodeName: testNode}, nil, logr.Discard())
 	wc.conflicts.Store(2)
 	if err := p.Sync(context.Background(), t0, false); err != nil {

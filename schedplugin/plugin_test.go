@@ -19,6 +19,7 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
+	"github.com/gputopo/gputopo/internal/fakeapi"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -75,7 +76,7 @@ type cluster struct {
 func newCluster(t *testing.T, fixtures ...string) *cluster {
 	t.Helper()
 	cs := fake.NewClientset()
-	cs.PrependReactor("create", "pods", extender.FakeBindingReactor(cs))
+	cs.PrependReactor("create", "pods", fakeapi.BindingReactor(cs))
 	x := extender.NewWithClient(nil, cs)
 	x.SetClock(func() time.Time { return now })
 	c := &cluster{x: x, p: NewForCore(x), cs: cs}

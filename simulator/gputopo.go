@@ -17,6 +17,7 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
+	"github.com/gputopo/gputopo/internal/fakeapi"
 	"github.com/gputopo/gputopo/topology"
 	"github.com/gputopo/gputopo/webhook"
 )
@@ -54,7 +55,7 @@ var simEpoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
 func newGputopoPolicy(nodes []Node, ext *extender.Configuration, table webhook.PolicyTable) (*gputopoPolicy, error) {
 	cs := fake.NewClientset()
-	cs.PrependReactor("create", "pods", extender.FakeBindingReactor(cs))
+	cs.PrependReactor("create", "pods", fakeapi.BindingReactor(cs))
 	cfg := extender.DefaultConfiguration()
 	if ext != nil {
 		c := *ext

@@ -44,6 +44,7 @@ import (
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/nodeagent"
+	"github.com/gputopo/gputopo/nodeagent/nvmlsim"
 	"github.com/gputopo/gputopo/schedplugin"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/test/kubelet"
@@ -77,7 +78,7 @@ type env struct {
 
 	cp  *harness.ControlPlane
 	k   *kubelet.Kubelet
-	sim *nodeagent.Simulator
+	sim *nvmlsim.Simulator
 	pr  *nodeagent.PodResourcesClient
 	// prAlloc asks kubelet which devices it can hand out now.
 	prAlloc podresourcesapi.PodResourcesListerClient
@@ -268,7 +269,7 @@ func setupMode(t *testing.T, resource corev1.ResourceName, plugin bool) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.sim = nodeagent.NewSimulator(f, nodeName)
+	e.sim = nvmlsim.New(f, nodeName)
 	e.sim.SetJitter(false)
 	e.startAgent(t)
 	t.Cleanup(func() { e.stopAgent(t) })

@@ -16,6 +16,7 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/nodeagent"
+	"github.com/gputopo/gputopo/nodeagent/nvmlsim"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/test/kubelet"
 	"github.com/gputopo/gputopo/topology"
@@ -40,7 +41,7 @@ var (
 type env struct {
 	cp    *harness.ControlPlane
 	k     *kubelet.Kubelet
-	sim   *nodeagent.Simulator
+	sim   *nvmlsim.Simulator
 	agent *nodeagent.Agent
 	pr    *nodeagent.PodResourcesClient
 }
@@ -165,7 +166,7 @@ func (e *env) driftEvents(t *testing.T, name string) int {
 	return n
 }
 
-func uuids(sim *nodeagent.Simulator, idx ...int) []string {
+func uuids(sim *nvmlsim.Simulator, idx ...int) []string {
 	all := sim.UUIDs()
 	out := make([]string, len(idx))
 	for i, x := range idx {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/nodeagent"
+	"github.com/gputopo/gputopo/nodeagent/nvmlsim"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/test/kubelet"
 	"github.com/gputopo/gputopo/topology"
@@ -46,7 +47,7 @@ func setupWithStrategies(t *testing.T, strategies []string) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{cp: cp, k: k, sim: nodeagent.NewSimulator(f, nodeName)}
+	e := &env{cp: cp, k: k, sim: nvmlsim.New(f, nodeName)}
 	ready := make(chan *nodeagent.Agent, 1)
 	done := make(chan error, 1)
 	agentCtx, cancel := context.WithCancel(klog.NewContext(ctx, testr.NewWithOptions(t, testr.Options{Verbosity: 1})))

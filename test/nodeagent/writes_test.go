@@ -18,6 +18,7 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/nodeagent"
+	"github.com/gputopo/gputopo/nodeagent/nvmlsim"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/topology"
 )
@@ -55,7 +56,7 @@ func idleWrites(t *testing.T, cp *harness.ControlPlane, prefix string, n int, al
 		if err := cp.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
 			t.Fatalf("create node %s: %v", name, err)
 		}
-		sim := nodeagent.NewSimulator(fixtures[i%len(fixtures)], name)
+		sim := nvmlsim.New(fixtures[i%len(fixtures)], name)
 		src := nodeagent.NewNVMLSource(sim.NVML(), logr.Discard(), nil)
 		pubs[i] = nodeagent.NewPublisher(c, src, nodeagent.PublisherOptions{NodeName: name, Always: always}, nil, logr.Discard())
 	}

@@ -13,6 +13,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gputopo/gputopo/nodeagent"
+	"github.com/gputopo/gputopo/nodeagent/nvmlsim"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -257,7 +258,7 @@ func (o nodeAgentDump) run(stdout io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("--simulate: %w", err)
 		}
-		lib = nodeagent.NewSimulator(f, name).NVML()
+		lib = nvmlsim.New(f, name).NVML()
 	} else {
 		lib, sysfs = nvml.New(), true
 	}

@@ -1,4 +1,9 @@
-package nodeagent
+// Package nvmlsim is a simulated NVML: go-nvml's mock interface answering
+// as a machine fixture's driver would (devices, NVLinks, PCIe levels, P2P,
+// memory, telemetry, XID events), with faults a test can inject. The node
+// agent runs the same NVML code path on it as on a real node
+// (`gputopo nodeagent --simulate`); nothing in it touches a GPU.
+package nvmlsim
 
 import (
 	"encoding/hex"
@@ -12,14 +17,15 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/nodeagent/internal/nvmllevel"
 	"github.com/gputopo/gputopo/topology"
 )
 
 // SimulatedDriverVersion is the driver version a simulated node reports.
 const SimulatedDriverVersion = "550.54.15"
 
-// SimTelemetry is one simulated GPU's readings.
-type SimTelemetry struct {
+// Telemetry is one simulated GPU's readings.
+type Telemetry struct {
 	UtilizationPercent uint32
 	MemoryUsedMiB      uint64
 	TemperatureC       uint32
@@ -58,12 +64,12 @@ type Simulator struct {
 	// NVLinks, its own bus ID and its per-link speed; levels and p2p hold
 	// one-directional overrides of the fixture's answers, keyed by
 	// (asking GPU, other GPU).
-	links       [][]SimNVLink
+	links       [][]NVLink
 	busIDs      []string
 	linkGBps    []int
 	levels      map[[2]int]v1alpha1.PCIeLevel
 	p2p         map[[2]int]bool
-	tel         []SimTelemetry
+	tel         []Telemetry
 	heat        []heatScript
 	reads       []uint64
 	lost        []bool
@@ -77,16 +83,16 @@ type heatScript struct {
 	perRead, max uint32
 }
 
-// NewSimulator builds the simulated NVML of node nodeName from fixture (any
+// New builds the simulated NVML of node nodeName from fixture (any
 // machine: topology.LoadMachine's answer). UUIDs are derived from the node
 // name (topology.FixtureUUID) and PCI bus IDs are the machine's, so the
 // extender and tests can name GPUs without asking the node. Idle GPUs read 30 °C, 0%
 // and 60 W with a small deterministic jitter, as real idle GPUs do.
-func NewSimulator(fixture topology.Fixture, nodeName string) *Simulator {
+func New(fixture topology.Fixture, nodeName string) *Simulator {
 	gpus, _ := fixture.Parts(nodeName)
 	s := &Simulator{
 		fixture: fixture, gpus: gpus,
-		tel: make([]SimTelemetry, len(gpus)), heat: make([]heatScript, len(gpus)),
+		tel: make([]Telemetry, len(gpus)), heat: make([]heatScript, len(gpus)),
 		reads: make([]uint64, len(gpus)), lost: make([]bool, len(gpus)),
 		initRet: nvml.SUCCESS, unsupported: map[string]bool{}, jitter: true,
 		events: make(chan nvml.EventData, 64),
@@ -96,10 +102,10 @@ func NewSimulator(fixture topology.Fixture, nodeName string) *Simulator {
 		limit = 700
 	}
 	for i := range s.tel {
-		s.tel[i] = SimTelemetry{TemperatureC: 30, PowerWatts: 60, PowerLimitWatts: limit}
+		s.tel[i] = Telemetry{TemperatureC: 30, PowerWatts: 60, PowerLimitWatts: limit}
 	}
 	s.levels, s.p2p = map[[2]int]v1alpha1.PCIeLevel{}, map[[2]int]bool{}
-	s.links, s.busIDs, s.linkGBps = make([][]SimNVLink, len(gpus)), make([]string, len(gpus)), make([]int, len(gpus))
+	s.links, s.busIDs, s.linkGBps = make([][]NVLink, len(gpus)), make([]string, len(gpus)), make([]int, len(gpus))
 	s.devices = make([]*mock.Device, len(gpus))
 	for i := range gpus {
 		s.devices[i] = &mock.Device{}
@@ -137,7 +143,7 @@ func (s *Simulator) checkIndex(i int) error {
 }
 
 // SetTelemetry sets GPU i's readings.
-func (s *Simulator) SetTelemetry(i int, t SimTelemetry) error {
+func (s *Simulator) SetTelemetry(i int, t Telemetry) error {
 	if err := s.checkIndex(i); err != nil {
 		return err
 	}
@@ -205,6 +211,14 @@ func (s *Simulator) FailInit(ret nvml.Return) {
 	s.initRet = ret
 }
 
+// FailDeviceCount makes DeviceGetCount fail with ret from now on, as a
+// driver in trouble mid-run does (the session stays open).
+func (s *Simulator) FailDeviceCount(ret nvml.Return) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lib.DeviceGetCountFunc = func() (int, nvml.Return) { return 0, ret }
+}
+
 // Unsupported makes the named device calls (e.g. "GetNvLinkState",
 // "GetPowerUsage") return ERROR_NOT_SUPPORTED, as an older driver or a
 // GPU without the feature would.
@@ -239,35 +253,35 @@ func (s *Simulator) indexOf(d nvml.Device) int {
 	return -1
 }
 
-// SimNVLink is one active NVLink of a simulated GPU as NVML reports it:
+// NVLink is one active NVLink of a simulated GPU as NVML reports it:
 // the remote end's PCI bus ID (GetNvLinkRemotePciInfo) and device type
 // (GetNvLinkRemoteDeviceType).
-type SimNVLink struct {
+type NVLink struct {
 	RemoteBusID string
 	RemoteType  nvml.IntNvLinkDeviceType
 }
 
 // NVLinks returns what GPU i reports about its active NVLinks (a copy),
 // e.g. to change one and hand it to SetNVLinks.
-func (s *Simulator) NVLinks(i int) ([]SimNVLink, error) {
+func (s *Simulator) NVLinks(i int) ([]NVLink, error) {
 	if err := s.checkIndex(i); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]SimNVLink(nil), s.links[i]...), nil
+	return append([]NVLink(nil), s.links[i]...), nil
 }
 
 // SetNVLinks makes GPU i report links as its active NVLinks (link k is
 // links[k]); no other GPU changes, so an NVLink one end reports and the
 // other does not is made this way. Empty means no NVLink at all.
-func (s *Simulator) SetNVLinks(i int, links []SimNVLink) error {
+func (s *Simulator) SetNVLinks(i int, links []NVLink) error {
 	if err := s.checkIndex(i); err != nil {
 		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.links[i] = append([]SimNVLink(nil), links...)
+	s.links[i] = append([]NVLink(nil), links...)
 	return nil
 }
 
@@ -344,21 +358,21 @@ func (s *Simulator) checkPair(i, j int) error {
 }
 
 // linksOf is what GPU i reports about its NVLinks now.
-func (s *Simulator) linksOf(i int) []SimNVLink {
+func (s *Simulator) linksOf(i int) []NVLink {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.links[i]
 }
 
 // fixtureNVLinks are GPU i's NVLinks as the fixture describes them.
-func (s *Simulator) fixtureNVLinks(i int) []SimNVLink {
+func (s *Simulator) fixtureNVLinks(i int) []NVLink {
 	f := s.fixture
-	var out []SimNVLink
+	var out []NVLink
 	if f.NVSwitchLinks > 0 {
 		for l := 0; l < f.NVSwitchLinks; l++ {
 			// NVSwitches sit on their own buses; which switch a link goes
 			// to does not matter to the agent.
-			out = append(out, SimNVLink{RemoteBusID: fmt.Sprintf("00000000:%02X:00.0", 0xC0+l%6), RemoteType: nvml.NVLINK_DEVICE_TYPE_SWITCH})
+			out = append(out, NVLink{RemoteBusID: fmt.Sprintf("00000000:%02X:00.0", 0xC0+l%6), RemoteType: nvml.NVLINK_DEVICE_TYPE_SWITCH})
 		}
 		return out
 	}
@@ -371,7 +385,7 @@ func (s *Simulator) fixtureNVLinks(i int) []SimNVLink {
 			other = p.A
 		}
 		for n := 0; other >= 0 && n < p.Links; n++ {
-			out = append(out, SimNVLink{RemoteBusID: s.gpus[other].PCIBusID, RemoteType: nvml.NVLINK_DEVICE_TYPE_GPU})
+			out = append(out, NVLink{RemoteBusID: s.gpus[other].PCIBusID, RemoteType: nvml.NVLINK_DEVICE_TYPE_GPU})
 		}
 	}
 	return out
@@ -380,16 +394,6 @@ func (s *Simulator) fixtureNVLinks(i int) []SimNVLink {
 // nvlinkVersion is nvmlNvlinkVersion_t for an NVLink generation.
 func nvlinkVersion(gen int) uint32 {
 	return map[int]uint32{1: 1, 2: 2, 3: 4, 4: 6, 5: 7}[gen]
-}
-
-// nvmlLevel is pcieLevel the other way round.
-func nvmlLevel(l v1alpha1.PCIeLevel) nvml.GpuTopologyLevel {
-	for _, p := range pcieLevels {
-		if p.api == l {
-			return p.nvml
-		}
-	}
-	return nvml.TOPOLOGY_SYSTEM
 }
 
 func pciInfo(busID string) nvml.PciInfo {
@@ -539,7 +543,7 @@ func (s *Simulator) wireDevice(i int) {
 		if !ok {
 			level = f.PCIeLevel(i, j)
 		}
-		return nvmlLevel(level), nvml.SUCCESS
+		return nvmllevel.NVML(level), nvml.SUCCESS
 	}
 	d.GetP2PStatusFunc = func(other nvml.Device, _ nvml.GpuP2PCapsIndex) (nvml.GpuP2PStatus, nvml.Return) {
 		j := s.indexOf(other)
@@ -617,7 +621,7 @@ func (s *Simulator) wireDevice(i int) {
 // read returns GPU i's readings and a read counter for the jitter (always
 // 0 with jitter off). The counter advances once per utilization read, that
 // is once per telemetry round.
-func (s *Simulator) read(i int) (SimTelemetry, uint64) {
+func (s *Simulator) read(i int) (Telemetry, uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.jitter {
