@@ -92,11 +92,11 @@ test-integration: tools kubectl gputopo-scheduler ## Integration and e2e tests o
 # hold the same line: the chart's mutual TLS with the real kube-scheduler, its
 # RBAC and resource name, device-list strategies under a real kubelet, and a
 # renamed GPU resource end to end.
-SECURITY_TESTS_CHART    := TestRenderedSchedulerConfigRunsThroughExtender|TestChartLintsAndRendersWhatTheComponentsRead|TestEveryComponentGetsTheGPUResourceName|TestSchedulerImageFollowsTheCluster
+SECURITY_TESTS_CHART    := TestRenderedSchedulerConfigRunsThroughExtender|TestRenderedPluginModeSchedulesInProcess|TestChartLintsAndRendersWhatTheComponentsRead|TestEveryComponentGetsTheGPUResourceName|TestSchedulerImageFollowsTheCluster
 SECURITY_TESTS_NODE     := TestDeviceListStrategyWithRealKubelet
 SECURITY_TESTS_E2E      := TestRenamedGPUResource
 
-test-security: tools ## The security suite alone (real control plane, kube-scheduler and kubelet)
+test-security: tools gputopo-scheduler ## The security suite alone (real control plane, kube-scheduler and kubelet)
 	$(GO) test $(INTEGRATION_FLAGS) ./test/security/
 	$(GO) test $(INTEGRATION_FLAGS) -run '$(SECURITY_TESTS_CHART)' ./test/chart/
 	$(GO) test $(INTEGRATION_FLAGS) -run '$(SECURITY_TESTS_NODE)' ./test/nodeagent/

@@ -4,6 +4,7 @@ package chart
 
 import (
 	"encoding/json"
+	"net/http"
 	"os"
 	"path"
 	"path/filepath"
@@ -175,6 +176,30 @@ func TestRenderedPluginModeSchedulesInProcess(t *testing.T) {
 	}
 	if waited.Spec.NodeName != "" {
 		t.Errorf("the impossible pod was bound to %s", waited.Spec.NodeName)
+	}
+
+	// A client on the pod network reaches the scheduler pods' ports: the
+	// core's metrics port serves /metrics and nothing else, so there is
+	// no verb to call, with or without credentials.
+	pending := harness.GPUPod("default", "bind-me", 1)
+	pending.Spec.SchedulerName = "nobody" // stays unbound unless someone binds it
+	if err := cp.Client.Create(ctx, pending); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/filter", "/prioritize", "/bind", "/scheduler/filter", "/scheduler/prioritize", "/scheduler/bind"} {
+		body := `{"podName":"bind-me","podNamespace":"default","podUID":"` + string(pending.UID) + `","node":"dgx-a100-0"}`
+		resp, err := http.Post("http://"+metricsAddr+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatalf("POST %s: %v", path, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode < 400 {
+			t.Errorf("POST %s on the core's metrics port answered %s; it must serve no verbs", path, resp.Status)
+		}
+	}
+	var still corev1.Pod
+	if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(pending), &still); err != nil || still.Spec.NodeName != "" {
+		t.Errorf("after POSTs to the metrics port the pod is on node %q (err %v), want unbound", still.Spec.NodeName, err)
 	}
 
 	var lease coordinationv1.Lease
