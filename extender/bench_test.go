@@ -2,6 +2,7 @@ package extender
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -49,8 +50,8 @@ func BenchmarkFilterPrioritize(b *testing.B) {
 			args := benchArgs(names)
 			b.ReportAllocs()
 			for b.Loop() {
-				res := x.Filter(args)
-				if _, err := x.Prioritize(&extenderv1.ExtenderArgs{Pod: args.Pod, NodeNames: res.NodeNames}); err != nil {
+				res := x.Filter(context.Background(), args)
+				if _, err := x.Prioritize(context.Background(), &extenderv1.ExtenderArgs{Pod: args.Pod, NodeNames: res.NodeNames}); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -50,7 +50,7 @@ func TestBindWritesAssignmentAndPlacementInTheBinding(t *testing.T) {
 	x.ledger.UpsertTopology(topo(t, "dgx1-v100", "a"))
 	x.ledger.UpsertPod(pod)
 
-	if res := x.Bind(bindArgs(pod, "a")); res.Error != "" {
+	if res := x.Bind(context.Background(), bindArgs(pod, "a")); res.Error != "" {
 		t.Fatalf("bind: %s", res.Error)
 	}
 	got := getPod(t, cs, "mp")
@@ -101,11 +101,11 @@ func TestBindIsIdempotentPerPodUID(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	if res := x.Bind(bindArgs(pod, "a")); res.Error != "" {
+	if res := x.Bind(context.Background(), bindArgs(pod, "a")); res.Error != "" {
 		t.Fatalf("first bind (ambiguous, settled by reading the pod): %s", res.Error)
 	}
 	first := assignedOf(t, getPod(t, cs, "p"))
-	if res := x.Bind(bindArgs(pod, "a")); res.Error != "" {
+	if res := x.Bind(context.Background(), bindArgs(pod, "a")); res.Error != "" {
 		t.Fatalf("retried bind: %s", res.Error)
 	}
 	if diff := cmp.Diff(first, assignedOf(t, getPod(t, cs, "p"))); diff != "" {
@@ -127,7 +127,7 @@ func TestBindAmbiguousUnboundKeepsReservationForTheRetry(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	res := x.Bind(bindArgs(pod, "a"))
+	res := x.Bind(context.Background(), bindArgs(pod, "a"))
 	if !strings.Contains(res.Error, "outcome unknown") || !strings.Contains(res.Error, "stay reserved") {
 		t.Fatalf("bind error = %q, want an outcome-unknown error", res.Error)
 	}
@@ -141,12 +141,12 @@ func TestBindAmbiguousUnboundKeepsReservationForTheRetry(t *testing.T) {
 		t.Fatal(err)
 	}
 	x.ledger.UpsertPod(other)
-	if res := x.Bind(bindArgs(other, "a")); res.Error != "" {
+	if res := x.Bind(context.Background(), bindArgs(other, "a")); res.Error != "" {
 		t.Fatalf("bind other: %s", res.Error)
 	}
 	otherGPUs := assignedOf(t, getPod(t, cs, "q"))
 	fail = false
-	if res := x.Bind(bindArgs(pod, "a")); res.Error != "" {
+	if res := x.Bind(context.Background(), bindArgs(pod, "a")); res.Error != "" {
 		t.Fatalf("retry: %s", res.Error)
 	}
 	got := assignedOf(t, getPod(t, cs, "p"))
@@ -252,7 +252,7 @@ func TestBindFailures(t *testing.T) {
 			if tc.mutate != nil {
 				args = tc.mutate(t, x, cs, pod)
 			}
-			res := x.Bind(args)
+			res := x.Bind(context.Background(), args)
 			if !strings.Contains(res.Error, tc.wantErr) {
 				t.Fatalf("bind error = %q, want it to contain %q", res.Error, tc.wantErr)
 			}
@@ -279,7 +279,7 @@ func TestConcurrentBindsToOneNodeNeverShareAGPU(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	for _, p := range list {
-		wg.Go(func() { x.Bind(bindArgs(p, "a")) })
+		wg.Go(func() { x.Bind(context.Background(), bindArgs(p, "a")) })
 	}
 	wg.Wait()
 	owner := map[string]string{}

@@ -1,6 +1,7 @@
 package extender
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -76,7 +77,7 @@ func TestBindRefusesWhatKubeSchedulerWouldNeverSend(t *testing.T) {
 			x, cs := newTestExtender(t, nil, tc.pod, tc.node)
 			x.ledger.UpsertTopology(topo(t, "dgx-a100", "a"))
 			x.ledger.UpsertPod(tc.pod)
-			res := x.Bind(bindArgs(tc.pod, "a"))
+			res := x.Bind(context.Background(), bindArgs(tc.pod, "a"))
 			got := getPod(t, cs, tc.pod.Name)
 			if tc.wantErr == "" {
 				if res.Error != "" || got.Spec.NodeName != "a" {

@@ -1,6 +1,7 @@
 package extender
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -10,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology"
@@ -151,6 +153,10 @@ type evaluator struct {
 	// wantsBandwidth: the pod asks for bandwidth, so bandwidth fit
 	// counts for it.
 	wantsBandwidth bool
+	// log is the request's logger; trace caches log.V(5).Enabled() for
+	// the per-node verdict log.
+	log   klog.Logger
+	trace bool
 }
 
 // evalSlots is the size of the evaluator's direct-mapped cache (a power of
@@ -171,8 +177,11 @@ func (k evalKey) slot() int {
 	return int(h >> (64 - 6))
 }
 
-func newEvaluator(alloc *topology.Allocator, cfg *Configuration, pr podRequest, now time.Time) *evaluator {
-	e := &evaluator{alloc: alloc, cfg: cfg, pr: pr, now: now, maxAge: cfg.topologyMaxAge()}
+// newEvaluator decides pr for one request (an HTTP verb, a scheduling
+// cycle); it logs through ctx's logger.
+func newEvaluator(ctx context.Context, alloc *topology.Allocator, cfg *Configuration, pr podRequest, now time.Time) *evaluator {
+	log := klog.FromContext(ctx)
+	e := &evaluator{alloc: alloc, cfg: cfg, pr: pr, now: now, maxAge: cfg.topologyMaxAge(), log: log, trace: log.V(5).Enabled()}
 	w := cfg.Weights
 	e.wU, e.wA, e.wH, e.wF = float64(*w.UtilizationBalance), float64(*w.TaskAffinity), float64(*w.ThermalPowerHeadroom), float64(*w.Fragmentation)
 	e.wB, e.wC, e.wI = float64(*w.BandwidthFit), float64(*w.CapabilityConservation), float64(*w.IslandBestFit)
@@ -226,8 +235,24 @@ func (n *nodeState) topologyState(w freshWindow) topoState {
 }
 
 // check decides whether node n can take the pod now. The caller holds the
-// ledger's read lock.
+// ledger's read lock. At verbosity 5 every verdict is logged.
 func (e *evaluator) check(n *nodeState) *verdict {
+	v := e.checkNode(n)
+	if e.trace {
+		name := ""
+		if n != nil {
+			name = n.name
+		}
+		if v.ok {
+			e.log.V(5).Info("node passes", "node", name, "gpus", v.res.GPUs, "tier", v.res.Metrics.Tier)
+		} else {
+			e.log.V(5).Info("node refused", "node", name, "reason", v.reason, "unresolvable", v.unresolvable)
+		}
+	}
+	return v
+}
+
+func (e *evaluator) checkNode(n *nodeState) *verdict {
 	switch n.topologyState(e.window) {
 	case topoMissing:
 		return &verdict{code: reasonNoTopology, reason: "node has no NodeGPUTopology; the gputopo node agent has not published its GPUs (is it running on this node?)"}

@@ -1,6 +1,7 @@
 package extender
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"testing"
@@ -63,8 +64,8 @@ func TestSharedAnswersMatchPerNode(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			pod := pb.obj()
 			all := append([]string(nil), names...)
-			gotFilter := x.Filter(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &all})
-			gotScores, err := x.Prioritize(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &all})
+			gotFilter := x.Filter(context.Background(), &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &all})
+			gotScores, err := x.Prioritize(context.Background(), &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &all})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -73,7 +74,7 @@ func TestSharedAnswersMatchPerNode(t *testing.T) {
 			var merits []float64
 			for _, n := range names {
 				one := []string{n}
-				r := x.Filter(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &one})
+				r := x.Filter(context.Background(), &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &one})
 				*wantFilter.NodeNames = append(*wantFilter.NodeNames, *r.NodeNames...)
 				for k, v := range r.FailedNodes {
 					if wantFilter.FailedNodes == nil {
@@ -93,7 +94,7 @@ func TestSharedAnswersMatchPerNode(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				e := newEvaluator(x.alloc, x.cfg, pr, x.now())
+				e := newEvaluator(context.Background(), x.alloc, x.cfg, pr, x.now())
 				x.ledger.mu.RLock()
 				st := x.ledger.nodes[n]
 				merit := -1.0

@@ -1,6 +1,7 @@
 package extender
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -29,7 +30,7 @@ func TestBindRecordsGPUsBoundEventOnLeaderOnly(t *testing.T) {
 			x.leading.Store(tc.leading)
 			x.ledger.UpsertTopology(topo(t, "dgx1-v100", "a"))
 			x.ledger.UpsertPod(pod)
-			if res := x.Bind(bindArgs(pod, "a")); res.Error != "" {
+			if res := x.Bind(context.Background(), bindArgs(pod, "a")); res.Error != "" {
 				t.Fatalf("bind: %s", res.Error)
 			}
 			close(rec.Events)
@@ -69,7 +70,7 @@ func TestBindAfterFallbackRecordsPlacementFellBack(t *testing.T) {
 	x.recorder = rec
 	x.ledger.UpsertTopology(topo(t, "pcie-8x", "pcie"))
 	x.ledger.UpsertPod(pod)
-	if res := x.Bind(bindArgs(pod, "pcie")); res.Error != "" {
+	if res := x.Bind(context.Background(), bindArgs(pod, "pcie")); res.Error != "" {
 		t.Fatalf("bind: %s", res.Error)
 	}
 	close(rec.Events)

@@ -1,6 +1,7 @@
 package extender
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -24,23 +25,23 @@ func TestFallbackAfterRelaxesNVLinkOncePendingLongEnough(t *testing.T) {
 	x.ledger.UpsertPod(pod)
 	args := &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &[]string{"pcie"}}
 
-	fr := x.Filter(args)
+	fr := x.Filter(context.Background(), args)
 	reason := fr.FailedAndUnresolvableNodes["pcie"] + fr.FailedNodes["pcie"]
 	for _, want := range []string{"NVLink", "falls back to the best set without it in 10m0s", "fallbackAfter 30m0s"} {
 		if !strings.Contains(reason, want) {
 			t.Errorf("filter reason %q lacks %q", reason, want)
 		}
 	}
-	if res := x.Bind(bindArgs(pod, "pcie")); res.Error == "" {
+	if res := x.Bind(context.Background(), bindArgs(pod, "pcie")); res.Error == "" {
 		t.Fatal("bind before fallbackAfter passed: want a refusal")
 	}
 
 	later := testNow.Add(11 * time.Minute)
 	x.SetClock(func() time.Time { return later })
-	if fr := x.Filter(args); fr.NodeNames == nil || len(*fr.NodeNames) != 1 {
+	if fr := x.Filter(context.Background(), args); fr.NodeNames == nil || len(*fr.NodeNames) != 1 {
 		t.Fatalf("filter after fallbackAfter: passed %v, failed %v %v; want the node", fr.NodeNames, fr.FailedNodes, fr.FailedAndUnresolvableNodes)
 	}
-	if res := x.Bind(bindArgs(pod, "pcie")); res.Error != "" {
+	if res := x.Bind(context.Background(), bindArgs(pod, "pcie")); res.Error != "" {
 		t.Fatalf("bind after fallbackAfter: %s", res.Error)
 	}
 	pl, err := v1alpha1.ParsePlacement(getPod(t, cs, "mp").Annotations[v1alpha1.AnnotationPlacement])
@@ -65,14 +66,14 @@ func TestFallbackKeepsNVLinkWhenOneIsFree(t *testing.T) {
 	x.ledger.UpsertTopology(topo(t, "dgx-a100", "a100"))
 	x.ledger.UpsertTopology(topo(t, "pcie-8x", "pcie"))
 	x.ledger.UpsertPod(pod)
-	list, err := x.Prioritize(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &[]string{"pcie", "a100"}})
+	list, err := x.Prioritize(context.Background(), &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &[]string{"pcie", "a100"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if list[1].Score != 10 || list[0].Score >= list[1].Score {
 		t.Errorf("scores %v: want the NVSwitch node on top", list)
 	}
-	if res := x.Bind(bindArgs(pod, "a100")); res.Error != "" {
+	if res := x.Bind(context.Background(), bindArgs(pod, "a100")); res.Error != "" {
 		t.Fatalf("bind: %s", res.Error)
 	}
 	pl, err := v1alpha1.ParsePlacement(getPod(t, cs, "mp").Annotations[v1alpha1.AnnotationPlacement])

@@ -1,6 +1,7 @@
 package extender
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -147,7 +148,7 @@ func TestFilter(t *testing.T) {
 				tc.setup(t, x)
 			}
 			names := append([]string(nil), tc.nodes...)
-			res := x.Filter(&extenderv1.ExtenderArgs{Pod: tc.pod, NodeNames: &names})
+			res := x.Filter(context.Background(), &extenderv1.ExtenderArgs{Pod: tc.pod, NodeNames: &names})
 			if tc.want.errContains != "" {
 				if !strings.Contains(res.Error, tc.want.errContains) {
 					t.Fatalf("Error = %q, want it to contain %q", res.Error, tc.want.errContains)
@@ -186,7 +187,7 @@ func TestFilterFullNodesModeReturnsNodeObjects(t *testing.T) {
 	holdOn(x, "h", "b", 0, 1, 2, 3, 4, 5, 6, 7)
 	x.ledger.UpsertTopology(topo(t, "dgx1-v100", "b"))
 	nodes := &corev1.NodeList{Items: []corev1.Node{*gpuNode("a", 8), *gpuNode("b", 8)}}
-	res := x.Filter(&extenderv1.ExtenderArgs{Pod: makePod("p").gpus(1).obj(), Nodes: nodes})
+	res := x.Filter(context.Background(), &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(1).obj(), Nodes: nodes})
 	if res.NodeNames != nil {
 		t.Errorf("NodeNames = %v, want nil in full-node mode", *res.NodeNames)
 	}
@@ -208,13 +209,13 @@ func TestFilterReleasesFollowPods(t *testing.T) {
 	holdOn(x, "h", "a", 0, 1, 2, 3, 4, 5, 6, 7)
 	names := []string{"a"}
 	pod := makePod("p").gpus(4).req(modelParallel).obj()
-	if res := x.Filter(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names}); len(*res.NodeNames) != 0 {
+	if res := x.Filter(context.Background(), &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names}); len(*res.NodeNames) != 0 {
 		t.Fatalf("full node passed: %v", *res.NodeNames)
 	}
 	// The holder finishes: its GPUs are free for the next request.
 	done := makePod("h").gpus(8).node("a").phase(corev1.PodSucceeded).obj()
 	x.ledger.UpsertPod(done)
-	if res := x.Filter(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names}); len(*res.NodeNames) != 1 {
+	if res := x.Filter(context.Background(), &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names}); len(*res.NodeNames) != 1 {
 		t.Fatalf("node still rejected after the holder finished: %v", res.FailedNodes)
 	}
 }

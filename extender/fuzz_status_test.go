@@ -1,6 +1,7 @@
 package extender
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -109,7 +110,7 @@ func FuzzStatus(f *testing.F) {
 			names := []string{node}
 			args := &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names}
 			var res *extenderv1.ExtenderFilterResult
-			timed(fmt.Sprintf("filter of a %d-GPU pod %s", gpus, raw), func() { res = x.Filter(args) })
+			timed(fmt.Sprintf("filter of a %d-GPU pod %s", gpus, raw), func() { res = x.Filter(context.Background(), args) })
 			if res.Error != "" {
 				t.Fatalf("filter Error %q for a well-formed pod", res.Error)
 			}
@@ -128,7 +129,7 @@ func FuzzStatus(f *testing.F) {
 				t.Fatalf("refusal %q lacks the %q prefix", failed+unresolvable, ReasonPrefix)
 			}
 			var list extenderv1.HostPriorityList
-			timed(fmt.Sprintf("prioritize of a %d-GPU pod %s", gpus, raw), func() { list, err = x.Prioritize(args) })
+			timed(fmt.Sprintf("prioritize of a %d-GPU pod %s", gpus, raw), func() { list, err = x.Prioritize(context.Background(), args) })
 			if err != nil {
 				t.Fatalf("prioritize: %v", err)
 			}

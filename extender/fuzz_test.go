@@ -2,6 +2,7 @@ package extender
 
 import (
 	"bytes"
+	"context"
 	"testing"
 
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
@@ -29,11 +30,11 @@ func FuzzDecode(f *testing.F) {
 			if args.Pod == nil || (args.NodeNames == nil && args.Nodes == nil) {
 				t.Fatalf("accepted a request without pod or nodes: %s", body)
 			}
-			res := x.Filter(args)
+			res := x.Filter(context.Background(), args)
 			if res.Error == "" && res.NodeNames == nil && res.Nodes == nil {
 				t.Fatalf("filter returned neither nodes nor an error for %s", body)
 			}
-			if list, err := x.Prioritize(args); err == nil {
+			if list, err := x.Prioritize(context.Background(), args); err == nil {
 				for _, h := range list {
 					if h.Score < extenderv1.MinExtenderPriority || h.Score > extenderv1.MaxExtenderPriority {
 						t.Fatalf("score %d out of range", h.Score)

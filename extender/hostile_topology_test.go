@@ -1,6 +1,7 @@
 package extender
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"strings"
@@ -49,7 +50,7 @@ func linkOf(t *testing.T, o *v1alpha1.NodeGPUTopology, a, b int) *v1alpha1.Link 
 func filterOne(t *testing.T, x *Extender, pb *podBuilder, node string) (passed bool, reason string, unresolvable bool) {
 	t.Helper()
 	names := []string{node}
-	res := x.Filter(&extenderv1.ExtenderArgs{Pod: pb.obj(), NodeNames: &names})
+	res := x.Filter(context.Background(), &extenderv1.ExtenderArgs{Pod: pb.obj(), NodeNames: &names})
 	if res.Error != "" {
 		t.Fatalf("filter Error %q", res.Error)
 	}

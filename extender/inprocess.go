@@ -42,7 +42,7 @@ type Cycle struct {
 // NewCycle parses the pod's GPU request and requirement; an error names
 // the field and the fix, as filter's Error does. A pod that requests no
 // GPUs has a nil Cycle: it is not the core's to decide.
-func (x *Extender) NewCycle(pod *corev1.Pod) (*Cycle, error) {
+func (x *Extender) NewCycle(ctx context.Context, pod *corev1.Pod) (*Cycle, error) {
 	pr, err := parsePodRequest(pod, x.cfg.GPUResource(), x.now())
 	if err != nil {
 		x.metrics.errors.WithLabelValues(phaseFilter, errBadRequest).Inc()
@@ -51,7 +51,7 @@ func (x *Extender) NewCycle(pod *corev1.Pod) (*Cycle, error) {
 	if pr.count == 0 {
 		return nil, nil
 	}
-	return &Cycle{x: x, pr: pr, e: newEvaluator(x.alloc, x.cfg, pr, x.now())}, nil
+	return &Cycle{x: x, pr: pr, e: newEvaluator(ctx, x.alloc, x.cfg, pr, x.now())}, nil
 }
 
 // FilterNode is filter's verdict on one node: passed, or the reason (with
@@ -94,7 +94,7 @@ func (x *Extender) ReservePod(ctx context.Context, pod *corev1.Pod, node string)
 		return nil
 	}
 	key := types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}
-	_, placement, err := x.reserve(pod.UID, key, node, pr)
+	_, placement, err := x.reserve(ctx, pod.UID, key, node, pr)
 	if err != nil {
 		x.metrics.errors.WithLabelValues(phaseBind, errKind(err)).Inc()
 		return err

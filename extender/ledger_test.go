@@ -1,6 +1,7 @@
 package extender
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -121,11 +122,11 @@ func TestSweepReleasesOnlyExpiredReservations(t *testing.T) {
 	clock := testNow
 	x.ledger.now = func() time.Time { return clock }
 	pr := podRequest{count: 2}
-	if _, _, err := x.reserve("uid-old", types.NamespacedName{Namespace: "default", Name: "old"}, "a", pr); err != nil {
+	if _, _, err := x.reserve(context.Background(), "uid-old", types.NamespacedName{Namespace: "default", Name: "old"}, "a", pr); err != nil {
 		t.Fatal(err)
 	}
 	clock = clock.Add(time.Minute)
-	if _, _, err := x.reserve("uid-new", types.NamespacedName{Namespace: "default", Name: "new"}, "a", pr); err != nil {
+	if _, _, err := x.reserve(context.Background(), "uid-new", types.NamespacedName{Namespace: "default", Name: "new"}, "a", pr); err != nil {
 		t.Fatal(err)
 	}
 	// A bound pod's holding never expires.
@@ -284,7 +285,7 @@ func TestLedgerDoubleHeldWithAReservationCountsAsHeld(t *testing.T) {
 	x, _ := newTestExtender(t, nil)
 	l := x.ledger
 	l.UpsertTopology(topo(t, "dgx1-v100", "a"))
-	uuids, _, err := x.reserve("uid-r", types.NamespacedName{Namespace: "default", Name: "r"}, "a", podRequest{count: 1})
+	uuids, _, err := x.reserve(context.Background(), "uid-r", types.NamespacedName{Namespace: "default", Name: "r"}, "a", podRequest{count: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package extender
 
 import (
+	"context"
 	"math"
 	"strings"
 	"testing"
@@ -21,7 +22,7 @@ func merits(t *testing.T, x *Extender, args *extenderv1.ExtenderArgs) map[string
 		t.Fatal(err)
 	}
 	names := nodeNames(args)
-	nl, _ := x.evaluate(newEvaluator(x.alloc, x.cfg, pr, x.now()), pr, names)
+	nl, _ := x.evaluate(newEvaluator(context.Background(), x.alloc, x.cfg, pr, x.now()), pr, names)
 	defer nl.release()
 	out := map[string]int64{}
 	for i, n := range names {
@@ -36,7 +37,7 @@ func merits(t *testing.T, x *Extender, args *extenderv1.ExtenderArgs) map[string
 
 func scores(t *testing.T, x *Extender, args *extenderv1.ExtenderArgs) map[string]int64 {
 	t.Helper()
-	list, err := x.Prioritize(args)
+	list, err := x.Prioritize(context.Background(), args)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +255,7 @@ func TestPrioritizeScoresAreRelativeToTheBest(t *testing.T) {
 
 func TestPrioritizeMalformedRequirementIsAnError(t *testing.T) {
 	x, _ := newTestExtender(t, nil)
-	_, err := x.Prioritize(&extenderv1.ExtenderArgs{Pod: makePod("p").gpus(1).req(`{"gpuMemoryMiB":-1}`).obj(), NodeNames: &[]string{"a"}})
+	_, err := x.Prioritize(context.Background(), &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(1).req(`{"gpuMemoryMiB":-1}`).obj(), NodeNames: &[]string{"a"}})
 	if err == nil || !strings.Contains(err.Error(), "gpuMemoryMiB") {
 		t.Fatalf("err = %v, want one naming gpuMemoryMiB", err)
 	}

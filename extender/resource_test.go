@@ -1,6 +1,7 @@
 package extender
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -64,7 +65,7 @@ func TestConfiguredResourceName(t *testing.T) {
 			if tc.setup != nil {
 				tc.setup(x)
 			}
-			res := x.Filter(&extenderv1.ExtenderArgs{Pod: tc.pod, NodeNames: &[]string{"a"}})
+			res := x.Filter(context.Background(), &extenderv1.ExtenderArgs{Pod: tc.pod, NodeNames: &[]string{"a"}})
 			if res.Error != "" {
 				t.Fatalf("filter error: %s", res.Error)
 			}
@@ -113,10 +114,10 @@ func TestInvalidDemandIsAnError(t *testing.T) {
 			x.ledger.UpsertTopology(topo(t, "dgx1-v100", "a"))
 			x.ledger.UpsertPod(pod)
 			args := &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &[]string{"a"}}
-			if res := x.Filter(args); !strings.Contains(res.Error, tc.want) || !strings.HasPrefix(res.Error, "pod default/p: ") {
+			if res := x.Filter(context.Background(), args); !strings.Contains(res.Error, tc.want) || !strings.HasPrefix(res.Error, "pod default/p: ") {
 				t.Errorf("filter error %q, want one naming the pod and containing %q", res.Error, tc.want)
 			}
-			if _, err := x.Prioritize(args); err == nil || !strings.Contains(err.Error(), tc.want) {
+			if _, err := x.Prioritize(context.Background(), args); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("prioritize error %v, want one containing %q", err, tc.want)
 			}
 			if c := x.ledger.Counts(); c.Held != 0 || c.Reserved != 0 {

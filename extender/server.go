@@ -2,6 +2,7 @@ package extender
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -79,7 +80,7 @@ func (e *httpError) Error() string { return e.msg }
 // verb wraps a verb's handler with readiness, client-certificate,
 // body-size and latency handling. The handler returns the value to encode
 // as the response, or an *httpError.
-func (x *Extender) verb(phase string, h func(body io.Reader) (any, error)) http.HandlerFunc {
+func (x *Extender) verb(phase string, h func(ctx context.Context, body io.Reader) (any, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		defer func() { x.metrics.latency.WithLabelValues(phase).Observe(time.Since(start).Seconds()) }()
@@ -91,7 +92,8 @@ func (x *Extender) verb(phase string, h func(body io.Reader) (any, error)) http.
 		case x.notReadyReason() != "":
 			err = &httpError{http.StatusServiceUnavailable, errNotReady, x.notReadyReason()}
 		default:
-			resp, err = h(http.MaxBytesReader(w, r.Body, x.cfg.MaxRequestBytes))
+			ctx := klog.NewContext(r.Context(), x.log.WithValues("phase", phase))
+			resp, err = h(ctx, http.MaxBytesReader(w, r.Body, x.cfg.MaxRequestBytes))
 		}
 		if err != nil {
 			var he *httpError
@@ -99,7 +101,7 @@ func (x *Extender) verb(phase string, h func(body io.Reader) (any, error)) http.
 				he = &httpError{http.StatusInternalServerError, "internal", err.Error()}
 			}
 			x.metrics.errors.WithLabelValues(phase, he.kind).Inc()
-			klog.FromContext(r.Context()).V(2).Info("extender request refused", "phase", phase, "status", he.status, "reason", he.msg)
+			x.log.V(2).Info("extender request refused", "phase", phase, "status", he.status, "reason", he.msg)
 			writeJSON(w, he.status, errorBody(phase, he.msg))
 			return
 		}
@@ -192,23 +194,23 @@ func DecodeBindingArgs(body io.Reader) (*extenderv1.ExtenderBindingArgs, error) 
 	return &args, nil
 }
 
-func (x *Extender) serveFilter(body io.Reader) (any, error) {
+func (x *Extender) serveFilter(ctx context.Context, body io.Reader) (any, error) {
 	args, err := DecodeExtenderArgs(body)
 	if err != nil {
 		return nil, err
 	}
-	res := x.Filter(args)
+	res := x.Filter(ctx, args)
 	x.mirrorFilter(args, res)
 	return res, nil
 }
 
-func (x *Extender) servePrioritize(body io.Reader) (any, error) {
+func (x *Extender) servePrioritize(ctx context.Context, body io.Reader) (any, error) {
 	args, err := DecodeExtenderArgs(body)
 	if err != nil {
 		return nil, err
 	}
 	track := x.mirror.wants(args)
-	list, top, err := x.prioritize(args, track)
+	list, top, err := x.prioritize(ctx, args, track)
 	if err != nil {
 		return nil, &httpError{http.StatusBadRequest, errBadRequest, err.Error()}
 	}
@@ -218,7 +220,7 @@ func (x *Extender) servePrioritize(body io.Reader) (any, error) {
 	return &list, nil
 }
 
-func (x *Extender) serveBind(body io.Reader) (any, error) {
+func (x *Extender) serveBind(ctx context.Context, body io.Reader) (any, error) {
 	if x.opts.Shadow {
 		return nil, &httpError{http.StatusForbidden, errBadRequest, "this extender runs with --shadow and never binds; point kube-scheduler's bindVerb at the serving extender"}
 	}
@@ -226,7 +228,7 @@ func (x *Extender) serveBind(body io.Reader) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return x.Bind(args), nil
+	return x.Bind(ctx, args), nil
 }
 
 // nodeNames lists the candidate nodes of a request in either mode.

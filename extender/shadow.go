@@ -327,7 +327,7 @@ func (x *Extender) ShadowDecisions() []ShadowDecision {
 	return x.shadowLog.list()
 }
 
-func (x *Extender) serveShadow(body io.Reader) (any, error) {
+func (x *Extender) serveShadow(ctx context.Context, body io.Reader) (any, error) {
 	var r ShadowRequest
 	if err := decodeJSON(body, &r); err != nil {
 		return nil, err
@@ -342,7 +342,7 @@ func (x *Extender) serveShadow(body io.Reader) (any, error) {
 	case r.Verb != phaseFilter && r.Verb != phasePrioritize:
 		return nil, &httpError{http.StatusBadRequest, errBadRequest, fmt.Sprintf("malformed shadow request: verb %q must be filter or prioritize", r.Verb)}
 	}
-	dec, err := x.compare(&r)
+	dec, err := x.compare(ctx, &r)
 	if err != nil {
 		return nil, &httpError{http.StatusBadRequest, errBadRequest, err.Error()}
 	}
@@ -366,7 +366,7 @@ func (x *Extender) serveShadow(body io.Reader) (any, error) {
 		if n := len(dec.Differences); r.Verb == phaseFilter && n > maxFilterDifferences {
 			dec.Differences, dec.Omitted = dec.Differences[:maxFilterDifferences], n-maxFilterDifferences
 		}
-		x.shadowLog.add(context.Background(), dec)
+		x.shadowLog.add(ctx, dec)
 	}
 	x.metrics.shadowDecisions.WithLabelValues(r.Verb, result).Inc()
 	return &dec, nil
@@ -379,10 +379,10 @@ func (x *Extender) serveShadowDecisions(w http.ResponseWriter, _ *http.Request) 
 // compare decides r's request as this extender would, as if the pod held
 // no GPUs yet (the serving extender may have bound it by now), and lists
 // the differences.
-func (x *Extender) compare(r *ShadowRequest) (ShadowDecision, error) {
+func (x *Extender) compare(ctx context.Context, r *ShadowRequest) (ShadowDecision, error) {
 	pod := r.Args.Pod
 	dec := ShadowDecision{Time: metav1.NewTime(x.now()), Verb: r.Verb, Pod: pod.Namespace + "/" + pod.Name, PodUID: pod.UID}
-	evals, err := x.evaluateAll(&r.Args)
+	evals, err := x.evaluateAll(ctx, &r.Args)
 	if err != nil {
 		return dec, err
 	}
@@ -515,7 +515,7 @@ type nodeEval struct {
 // evaluateAll filters and scores every candidate of args, as if the pod
 // held no GPUs and were not yet counted in its job: the comparison is with
 // the decision made before the serving extender bound it.
-func (x *Extender) evaluateAll(args *extenderv1.ExtenderArgs) ([]nodeEval, error) {
+func (x *Extender) evaluateAll(ctx context.Context, args *extenderv1.ExtenderArgs) ([]nodeEval, error) {
 	names := nodeNames(args)
 	pr, err := parsePodRequest(args.Pod, x.cfg.GPUResource(), x.now())
 	if err != nil {
@@ -528,7 +528,7 @@ func (x *Extender) evaluateAll(args *extenderv1.ExtenderArgs) ([]nodeEval, error
 		}
 		return out, nil
 	}
-	e := newEvaluator(x.alloc, x.cfg, pr, x.now())
+	e := newEvaluator(ctx, x.alloc, x.cfg, pr, x.now())
 	l := x.ledger
 	l.mu.RLock()
 	defer l.mu.RUnlock()

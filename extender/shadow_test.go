@@ -50,9 +50,9 @@ func shadowPair(t *testing.T) (serving, shadow *Extender) {
 func mirrored(t *testing.T, x *Extender, verb string, args *extenderv1.ExtenderArgs) *ShadowRequest {
 	t.Helper()
 	if verb == phaseFilter {
-		return &ShadowRequest{Verb: verb, Args: *args, Filter: x.Filter(args)}
+		return &ShadowRequest{Verb: verb, Args: *args, Filter: x.Filter(context.Background(), args)}
 	}
-	list, top, err := x.prioritize(args, true)
+	list, top, err := x.prioritize(context.Background(), args, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +195,7 @@ func TestShadowIgnoresThePodsOwnBinding(t *testing.T) {
 	}
 	// Another pod still sees those GPUs held.
 	other := &extenderv1.ExtenderArgs{Pod: makePod("other").gpus(8).obj(), NodeNames: &[]string{prio.Top.Node}}
-	if evals, _ := shadow.evaluateAll(other); evals[0].ok {
+	if evals, _ := shadow.evaluateAll(context.Background(), other); evals[0].ok {
 		t.Errorf("a different pod passes node %s whose 8 GPUs are held", prio.Top.Node)
 	}
 }

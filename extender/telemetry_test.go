@@ -1,6 +1,7 @@
 package extender
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -62,7 +63,7 @@ func TestExternalTelemetryScoresAndFallback(t *testing.T) {
 	args := &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(2).obj(), NodeNames: &[]string{"a", "b"}}
 	scores := func() (a, b int64) {
 		t.Helper()
-		list, err := x.Prioritize(args)
+		list, err := x.Prioritize(context.Background(), args)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,6 +1,7 @@
 package extender
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -35,7 +36,7 @@ func TestTopologyNodesGaugeJudgesAsFilterDoes(t *testing.T) {
 	}
 	// Every node the gauge does not count as fresh fails filter.
 	for _, n := range []string{"old", "ahead", "stale", "invalid", "missing"} {
-		if v := x.Filter(&extenderv1.ExtenderArgs{Pod: makePod("p").gpus(1).obj(), NodeNames: &[]string{n}}); v.NodeNames != nil && len(*v.NodeNames) > 0 {
+		if v := x.Filter(context.Background(), &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(1).obj(), NodeNames: &[]string{n}}); v.NodeNames != nil && len(*v.NodeNames) > 0 {
 			t.Errorf("node %s passes filter, but the gauge counts it as not fresh", n)
 		}
 	}

@@ -24,7 +24,7 @@ import (
 // take the pod even with all their GPUs free and healthy go to
 // FailedAndUnresolvableNodes, so that kube-scheduler does not preempt for
 // them. A malformed requirement is an Error naming the field.
-func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFilterResult {
+func (x *Extender) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFilterResult {
 	names := nodeNames(args)
 	pr, err := parsePodRequest(args.Pod, x.cfg.GPUResource(), x.now())
 	if err != nil {
@@ -36,7 +36,7 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 	if pr.count > 0 {
 		passed = make([]string, 0, len(names))
 		var failed [numReasonCodes]int
-		e := newEvaluator(x.alloc, x.cfg, pr, x.now())
+		e := newEvaluator(ctx, x.alloc, x.cfg, pr, x.now())
 		reason := func(v *verdict) string { return filterReason(pr, v) }
 		l := x.ledger
 		l.mu.RLock()
@@ -95,15 +95,15 @@ func fallbackNote(pr podRequest) string {
 
 // Prioritize scores each node 0..10 for the placement bind would make
 // there. Nodes that would not pass filter score 0.
-func (x *Extender) Prioritize(args *extenderv1.ExtenderArgs) (extenderv1.HostPriorityList, error) {
-	list, _, err := x.prioritize(args, false)
+func (x *Extender) Prioritize(ctx context.Context, args *extenderv1.ExtenderArgs) (extenderv1.HostPriorityList, error) {
+	list, _, err := x.prioritize(ctx, args, false)
 	return list, err
 }
 
 // prioritize scores the nodes and, with track, also returns the top node
 // (ties broken by name) and the GPUs bind would take there, for the
 // shadow mirror.
-func (x *Extender) prioritize(args *extenderv1.ExtenderArgs, track bool) (extenderv1.HostPriorityList, *ShadowPick, error) {
+func (x *Extender) prioritize(ctx context.Context, args *extenderv1.ExtenderArgs, track bool) (extenderv1.HostPriorityList, *ShadowPick, error) {
 	names := nodeNames(args)
 	pr, err := parsePodRequest(args.Pod, x.cfg.GPUResource(), x.now())
 	if err != nil {
@@ -116,7 +116,7 @@ func (x *Extender) prioritize(args *extenderv1.ExtenderArgs, track bool) (extend
 		}
 		return list, nil, nil
 	}
-	list, top := x.score(newEvaluator(x.alloc, x.cfg, pr, x.now()), pr, names, track)
+	list, top := x.score(newEvaluator(ctx, x.alloc, x.cfg, pr, x.now()), pr, names, track)
 	return list, top, nil
 }
 
@@ -185,11 +185,10 @@ func (x *Extender) evaluate(e *evaluator, pr podRequest, names []string) (nl *no
 // Bind picks the pod's GPUs on the node, reserves them in the ledger and
 // writes one Binding carrying assigned-gpus and placement; kube-apiserver
 // copies its annotations onto the pod in the same write that sets nodeName.
-func (x *Extender) Bind(args *extenderv1.ExtenderBindingArgs) *extenderv1.ExtenderBindingResult {
-	ctx := context.Background()
+func (x *Extender) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs) *extenderv1.ExtenderBindingResult {
 	if err := x.bind(ctx, args); err != nil {
 		x.metrics.errors.WithLabelValues(phaseBind, errKind(err)).Inc()
-		klog.V(2).InfoS("bind failed", "pod", klog.KRef(args.PodNamespace, args.PodName), "node", args.Node, "err", err)
+		klog.FromContext(ctx).V(2).Info("bind failed", "pod", klog.KRef(args.PodNamespace, args.PodName), "node", args.Node, "err", err)
 		return &extenderv1.ExtenderBindingResult{Error: err.Error()}
 	}
 	return &extenderv1.ExtenderBindingResult{}
@@ -254,7 +253,7 @@ func (x *Extender) bind(ctx context.Context, args *extenderv1.ExtenderBindingArg
 	var placement v1alpha1.Placement
 	if pr.count > 0 {
 		var err error
-		if uuids, placement, err = x.reserve(args.PodUID, key, args.Node, pr); err != nil {
+		if uuids, placement, err = x.reserve(ctx, args.PodUID, key, args.Node, pr); err != nil {
 			return err
 		}
 		binding.Annotations = map[string]string{
@@ -266,7 +265,7 @@ func (x *Extender) bind(ctx context.Context, args *extenderv1.ExtenderBindingArg
 	err = x.client.CoreV1().Pods(args.PodNamespace).Bind(bctx, binding, metav1.CreateOptions{})
 	cancel()
 	if err == nil {
-		x.bound(args, pr, uuids, placement)
+		x.bound(ctx, args, pr, uuids, placement)
 		return nil
 	}
 	if definiteFailure(err) {
@@ -291,7 +290,7 @@ func (x *Extender) settle(ctx context.Context, args *extenderv1.ExtenderBindingA
 		x.ledger.Release(args.PodUID)
 		return bindErr(errConflict, "bind pod %s: pod has UID %s, not %s: it was deleted and recreated", key, p.UID, args.PodUID)
 	case p.Spec.NodeName == args.Node && p.Annotations[v1alpha1.AnnotationAssignedGPUs] == v1alpha1.FormatGPUList(uuids):
-		x.bound(args, pr, uuids, placement)
+		x.bound(ctx, args, pr, uuids, placement)
 		return nil
 	case p.Spec.NodeName != "":
 		x.ledger.Release(args.PodUID)
@@ -305,7 +304,7 @@ func (x *Extender) settle(ctx context.Context, args *extenderv1.ExtenderBindingA
 	return bindErr(errAPIUnknown, "bind pod %s to node %s: outcome unknown (%v) and the pod is not bound yet; its GPUs stay reserved for the retry", key, args.Node, bindErrIn)
 }
 
-func (x *Extender) bound(args *extenderv1.ExtenderBindingArgs, pr podRequest, uuids []string, placement v1alpha1.Placement) {
+func (x *Extender) bound(ctx context.Context, args *extenderv1.ExtenderBindingArgs, pr podRequest, uuids []string, placement v1alpha1.Placement) {
 	if pr.count == 0 {
 		return
 	}
@@ -314,7 +313,7 @@ func (x *Extender) bound(args *extenderv1.ExtenderBindingArgs, pr podRequest, uu
 	if placement.Heuristic {
 		x.metrics.heuristic.Inc()
 	}
-	klog.V(2).InfoS("pod bound", "pod", klog.KRef(args.PodNamespace, args.PodName), "node", args.Node, "gpus", placement.GPUIndices, "tier", placement.Tier)
+	klog.FromContext(ctx).V(2).Info("pod bound", "pod", klog.KRef(args.PodNamespace, args.PodName), "node", args.Node, "gpus", placement.GPUIndices, "tier", placement.Tier)
 	x.recordBound(args, uuids, placement)
 }
 
@@ -346,7 +345,7 @@ func definiteFailure(err error) bool {
 // reserve chooses the pod's GPUs on node and records them in the ledger,
 // under the ledger's lock: two binds to one node never get the same GPU.
 // A pod that already holds a reservation on node gets the same GPUs.
-func (x *Extender) reserve(uid types.UID, key types.NamespacedName, node string, pr podRequest) ([]string, v1alpha1.Placement, error) {
+func (x *Extender) reserve(ctx context.Context, uid types.UID, key types.NamespacedName, node string, pr podRequest) ([]string, v1alpha1.Placement, error) {
 	l := x.ledger
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -360,7 +359,7 @@ func (x *Extender) reserve(uid types.UID, key types.NamespacedName, node string,
 		l.releaseLocked(uid) // a retry that kube-scheduler sent to another node
 	}
 	n := l.nodes[node]
-	e := newEvaluator(x.alloc, x.cfg, pr, l.now())
+	e := newEvaluator(ctx, x.alloc, x.cfg, pr, l.now())
 	v := e.check(n)
 	if !v.ok {
 		return nil, v1alpha1.Placement{}, bindErr(errInfeasible, "pod %s cannot bind to node %s: %s", key, node, v.reason)
@@ -404,8 +403,8 @@ type NodeExplanation struct {
 // Explain evaluates the pod on every node of args with the code the verbs
 // run, as if the pod held no GPUs yet, keeping each node's verdict, score
 // and GPU choice: what `kubectl gputopo explain` shows.
-func (x *Extender) Explain(args *extenderv1.ExtenderArgs) ([]NodeExplanation, error) {
-	evals, err := x.evaluateAll(args)
+func (x *Extender) Explain(ctx context.Context, args *extenderv1.ExtenderArgs) ([]NodeExplanation, error) {
+	evals, err := x.evaluateAll(ctx, args)
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package kubectlplugin
 
 import (
+	"context"
 	"fmt"
 	"sort"
 	"strings"
@@ -156,11 +157,13 @@ func (s *Snapshot) verdicts(p *corev1.Pod) ([]NodeVerdict, error) {
 	}
 	names := s.gpuNodeNames()
 	args := &extenderv1.ExtenderArgs{Pod: p, NodeNames: &names}
-	filtered := x.Filter(args)
+	// The plugin evaluates in-process from the snapshot, synchronously.
+	ctx := context.Background()
+	filtered := x.Filter(ctx, args)
 	if filtered.Error != "" {
 		return nil, fmt.Errorf("extender filter: %s", filtered.Error)
 	}
-	expl, err := x.Explain(args)
+	expl, err := x.Explain(ctx, args)
 	if err != nil {
 		return nil, fmt.Errorf("extender explain: %w", err)
 	}

@@ -119,7 +119,7 @@ func TestExplainPendingPodUsesTheExtendersVerdicts(t *testing.T) {
 		x.Ledger().UpsertPod(&s.Pods[i])
 	}
 	names := []string{"a100", "pcie", "v100"}
-	res := x.Filter(&extenderv1.ExtenderArgs{Pod: &p, NodeNames: &names})
+	res := x.Filter(context.Background(), &extenderv1.ExtenderArgs{Pod: &p, NodeNames: &names})
 	byNode := map[string]NodeVerdict{}
 	for _, v := range e.Nodes {
 		byNode[v.Node] = v

@@ -233,8 +233,8 @@ func nodeNames(nodes []fwk.NodeInfo) []string {
 // PreFilter reads the pod's request and requirement once per cycle. Pods
 // without GPUs skip the plugin; a malformed requirement ends the cycle as
 // unresolvable with the message that names the field.
-func (p *Plugin) PreFilter(_ context.Context, state fwk.CycleState, pod *corev1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
-	c, err := p.x.NewCycle(pod)
+func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+	c, err := p.x.NewCycle(ctx, pod)
 	if err != nil {
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
 	}

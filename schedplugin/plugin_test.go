@@ -171,7 +171,7 @@ func TestFilterAndScoreAreTheExtenders(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			pod := c.pod(t, tc.name, tc.gpus, tc.req)
 			names := c.names()
-			want := c.x.Filter(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
+			want := c.x.Filter(context.Background(), &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
 			st := newState()
 			got := c.filter(t, st, pod)
 			var feasible []fwk.NodeInfo
@@ -201,7 +201,7 @@ func TestFilterAndScoreAreTheExtenders(t *testing.T) {
 				t.Fatalf("PreScore: %v", s)
 			}
 			fnames := nodeNames(feasible)
-			prio, err := c.x.Prioritize(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &fnames})
+			prio, err := c.x.Prioritize(context.Background(), &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &fnames})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,6 +1,7 @@
 package simulator
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -134,8 +135,11 @@ func (p *gputopoPolicy) Place(job Job, _ []topology.Mask) (Placement, bool, erro
 	if err != nil {
 		return Placement{}, false, err
 	}
+	// Decisions are synchronous and in simulated time; the core logs
+	// through the process's default logger.
+	ctx := context.Background()
 	names := append([]string(nil), p.names...)
-	fr := p.x.Filter(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
+	fr := p.x.Filter(ctx, &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
 	if fr.Error != "" {
 		return Placement{}, false, fmt.Errorf("job %s: filter: %s", job.ID, fr.Error)
 	}
@@ -143,7 +147,7 @@ func (p *gputopoPolicy) Place(job Job, _ []topology.Mask) (Placement, bool, erro
 		return Placement{}, false, nil
 	}
 	passed := *fr.NodeNames
-	prio, err := p.x.Prioritize(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &passed})
+	prio, err := p.x.Prioritize(ctx, &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &passed})
 	if err != nil {
 		return Placement{}, false, fmt.Errorf("job %s: prioritize: %w", job.ID, err)
 	}
@@ -160,7 +164,7 @@ func (p *gputopoPolicy) Place(job Job, _ []topology.Mask) (Placement, bool, erro
 		}
 	}
 	node := prio[top[p.rng.IntN(len(top))]].Host
-	br := p.x.Bind(&extenderv1.ExtenderBindingArgs{PodName: pod.Name, PodNamespace: pod.Namespace, PodUID: pod.UID, Node: node})
+	br := p.x.Bind(ctx, &extenderv1.ExtenderBindingArgs{PodName: pod.Name, PodNamespace: pod.Namespace, PodUID: pod.UID, Node: node})
 	if br.Error != "" {
 		return Placement{}, false, fmt.Errorf("job %s: bind to %s: %s", job.ID, node, br.Error)
 	}

@@ -126,7 +126,7 @@ func (e *env) unmeetable(t *testing.T, _ *corev1.Pod) {
 		t.Fatalf("the unmeetable pod was bound to %s", p.Spec.NodeName)
 	}
 	names := []string{nodeName}
-	ex, err := e.ext.Explain(&extenderv1.ExtenderArgs{Pod: p, NodeNames: &names})
+	ex, err := e.ext.Explain(context.Background(), &extenderv1.ExtenderArgs{Pod: p, NodeNames: &names})
 	if err != nil || len(ex) != 1 || ex[0].Passed {
 		t.Fatalf("the core's explanation: %+v (err %v); want the node refused", ex, err)
 	}
