@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
 
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
@@ -150,6 +151,44 @@ func BenchmarkBaselineDecodeEncode(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
+			}
+		})
+	}
+}
+
+// BenchmarkCycleFilterNode is the plugin build's filter for one pod: a
+// cycle, then FilterNode on every node from 16 goroutines as the
+// framework's filter does, then Score over the passed nodes. Compare with
+// BenchmarkFilterPrioritize, the same decisions in one pass.
+func BenchmarkCycleFilterNode(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
+			x, names := benchCluster(b, n)
+			args := benchArgs(names)
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				c, err := x.NewCycle(ctx, args.Pod)
+				if err != nil {
+					b.Fatal(err)
+				}
+				passed := make([]bool, len(names))
+				var wg sync.WaitGroup
+				for w := range 16 {
+					wg.Go(func() {
+						for i := w; i < len(names); i += 16 {
+							passed[i], _, _ = c.FilterNode(names[i])
+						}
+					})
+				}
+				wg.Wait()
+				feasible := make([]string, 0, len(names))
+				for i, ok := range passed {
+					if ok {
+						feasible = append(feasible, names[i])
+					}
+				}
+				c.Score(feasible)
 			}
 		})
 	}
