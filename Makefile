@@ -16,7 +16,7 @@ export KUBEBUILDER_ASSETS := $(BIN)
 
 GENERATED := api/v1alpha1/zz_generated.deepcopy.go charts/gputopo/crds
 
-.PHONY: all build demo-plugin gputopo-scheduler kubectl-gputopo tools kubectl prometheus generate verify test test-unit test-integration test-security bench bench-scheduler demo clean help
+.PHONY: all build image demo-plugin gputopo-scheduler kubectl-gputopo tools kubectl prometheus generate verify test test-unit test-integration test-security bench bench-scheduler demo clean help
 
 all: build
 
@@ -71,6 +71,8 @@ verify: generate ## gofmt, go vet, and generated files up to date
 	  git status --short -- $(GENERATED); exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags integration ./...
+	cd cmd/gputopo-scheduler && $(GO) vet ./...
+	cd hack/image && $(GO) vet ./...
 	@echo "verify: ok"
 
 test: verify test-unit test-integration ## Every test tier
@@ -84,7 +86,7 @@ test-unit: ## Unit tests (no API server); the decision core's again with -race
 	$(GO) test -count=1 ./...
 	$(GO) test -race -count=1 $(RACE_PKGS)
 
-test-integration: tools kubectl gputopo-scheduler ## Integration and e2e tests on the real control plane
+test-integration: tools kubectl gputopo-scheduler image ## Integration and e2e tests on the real control plane
 	$(GO) test $(INTEGRATION_FLAGS) ./...
 
 # The security suite: attempts as a tenant, a client on the pod network and a
@@ -123,6 +125,18 @@ bench-scheduler: tools gputopo-scheduler ## kube-scheduler pods/s: plain, no-op 
 	  || { tail -40 _out/schedbench.log; exit 1; }
 	cat _out/schedbench.md
 	$(GO) run ./test/schedbench/docsplice -doc docs/benchmarks.md schedbench=_out/schedbench.md
+
+# The image as an OCI archive, without a container engine: Debian's libc6
+# as the base layer, the binaries on top, assembled by hack/image (its own
+# module, go-containerregistry). Push: skopeo copy oci-archive:_out/gputopo-image.tar docker://REGISTRY/gputopo:TAG
+IMAGE_REF ?= ghcr.io/gputopo/gputopo:$(VERSION)
+image: gputopo-scheduler ## Build the image as an OCI archive in _out/gputopo-image.tar (no container engine needed)
+	@mkdir -p _out/image
+	CGO_ENABLED=1 $(GO) build -trimpath -ldflags "-s -w $(LDFLAGS)" -o _out/image/gputopo ./cmd/gputopo
+	cp $(BIN)/gputopo-scheduler _out/image/gputopo-scheduler
+	bash hack/image/debs.sh _out/image/debs
+	cd hack/image && $(GO) run . -out $(CURDIR)/_out/gputopo-image.tar -ref $(IMAGE_REF) -version $(VERSION) \
+	  -debs "$$(ls $(CURDIR)/_out/image/debs/*.deb | paste -sd, -)" -bin $(CURDIR)/_out/image/gputopo,$(CURDIR)/_out/image/gputopo-scheduler
 
 demo: tools kubectl-gputopo ## Run the whole system on a simulated mixed GPU cluster (DEMO_FLAGS=--keep keeps it up for kubectl gputopo)
 	$(GO) run -ldflags "$(LDFLAGS)" ./cmd/gputopo demo $(DEMO_FLAGS)
