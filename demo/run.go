@@ -17,7 +17,6 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
@@ -337,10 +336,15 @@ func Run(ctx context.Context, o Options) (err error) {
 		say("starting gputopo-scheduler (kube-scheduler with the GPUTopology plugin, profile %s) and kube-controller-manager (job controller)", v1alpha1.DefaultSchedulerName)
 		// As the chart binds it in plugin mode: the scheduler's identity
 		// gets the extender's ClusterRole.
-		if err := grantExtenderRole(ctx, c, localcluster.SchedulerUser); err != nil {
+		if err := localcluster.GrantExtenderRole(ctx, c, localcluster.SchedulerUser); err != nil {
 			return err
 		}
-		schedCfg, err := localcluster.PluginSchedulerConfig(schedplugin.Args{MetricsBindAddress: "0"})
+		port, err := localcluster.FreePort()
+		if err != nil {
+			return err
+		}
+		coreAddr := "127.0.0.1:" + strconv.Itoa(port)
+		schedCfg, err := localcluster.PluginSchedulerConfig(schedplugin.Args{MetricsBindAddress: coreAddr})
 		if err != nil {
 			return err
 		}
@@ -349,6 +353,19 @@ func Run(ctx context.Context, o Options) (err error) {
 			return err
 		}
 		stops = append(stops, sched.Stop)
+		// Its core decides once its informers synced and its ledger is
+		// rebuilt (/readyz on the core's metrics port).
+		var why string
+		if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+			if exited, err := sched.Exited(); exited {
+				return false, fmt.Errorf("gputopo-scheduler exited: %v\n%s", err, sched.Tail(20))
+			}
+			var ok bool
+			ok, why = localcluster.CoreReady(coreAddr)
+			return ok, nil
+		}); err != nil {
+			return fmt.Errorf("gputopo-scheduler's core not ready (%s): %w", why, err)
+		}
 	} else {
 		say("starting the extender")
 		x, err := extender.New(cp.Config, extender.Options{Port: 0, BindAddress: "127.0.0.1", MetricsBindAddress: "0"})
@@ -705,22 +722,4 @@ func pending(pods []corev1.Pod) string {
 		}
 	}
 	return b.String()
-}
-
-// grantExtenderRole creates the extender's ClusterRole and binds it to
-// user, as the chart does for the scheduler in plugin mode.
-func grantExtenderRole(ctx context.Context, c client.Client, user string) error {
-	for _, obj := range []client.Object{
-		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "gputopo-extender"}, Rules: extender.RBACRules()},
-		&rbacv1.ClusterRoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Name: "gputopo-scheduler-gpu-decisions"},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "gputopo-extender"},
-			Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
-		},
-	} {
-		if err := c.Create(ctx, obj); err != nil {
-			return fmt.Errorf("create %T %s: %w", obj, obj.GetName(), err)
-		}
-	}
-	return nil
 }

@@ -39,22 +39,29 @@ func (x *Extender) Handler() http.Handler {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = io.WriteString(w, "ok")
 	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if msg := x.notReadyReason(); msg != "" {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = io.WriteString(w, msg)
-			return
-		}
-		_, _ = io.WriteString(w, "ok")
-	})
+	mux.HandleFunc("GET /readyz", x.serveReadyz)
 	return mux
 }
 
-// MetricsHandler serves the extender's registry.
+// serveReadyz answers 200 once the core decides (informers synced, ledger
+// rebuilt, leading), else 503 with the reason.
+func (x *Extender) serveReadyz(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if msg := x.notReadyReason(); msg != "" {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, msg)
+		return
+	}
+	_, _ = io.WriteString(w, "ok")
+}
+
+// MetricsHandler serves the extender's registry, and /readyz: in plugin
+// mode (StartInProcess) the metrics port is the core's only one, and
+// /readyz is the scheduler pods' readiness.
 func (x *Extender) MetricsHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(x.metrics.Registry, promhttp.HandlerOpts{Registry: x.metrics.Registry}))
+	mux.HandleFunc("GET /readyz", x.serveReadyz)
 	return mux
 }
 

@@ -2,7 +2,9 @@ package localcluster
 
 import (
 	"fmt"
+	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/common/expfmt"
@@ -45,4 +47,18 @@ func LedgerGPUs(url string) (map[string]float64, error) {
 		out["double_held"] = f.Metric[0].GetGauge().GetValue()
 	}
 	return out, nil
+}
+
+// CoreReady reports whether the decision core serving metrics at addr
+// (host:port) decides: its /readyz answers 200 (informers synced, ledger
+// rebuilt from the pods). The reason is /readyz's answer otherwise.
+func CoreReady(addr string) (bool, string) {
+	hc := &http.Client{Timeout: 2 * time.Second}
+	resp, err := hc.Get("http://" + addr + "/readyz")
+	if err != nil {
+		return false, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+	return resp.StatusCode == http.StatusOK, strings.TrimSpace(string(b))
 }

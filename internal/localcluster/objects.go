@@ -3,15 +3,19 @@ package localcluster
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/extender"
 )
 
 // CreateGPUNode creates a Node with gpus nvidia.com/gpu, as kubelet would
@@ -67,4 +71,28 @@ func GPUPodSpec(gpus int) corev1.PodSpec {
 			},
 		}},
 	}
+}
+
+// ExtenderRoleName is the ClusterRole GrantExtenderRole creates: the
+// extender's RBAC (extender.RBACRules), as the chart's.
+const ExtenderRoleName = "gputopo-extender"
+
+// GrantExtenderRole binds the extender's ClusterRole (created when
+// missing) to user, as the chart binds it to the scheduler's service
+// account in plugin mode: the GPUTopology plugin's core reads and binds
+// what the extender would.
+func GrantExtenderRole(ctx context.Context, c client.Client, user string) error {
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: ExtenderRoleName}, Rules: extender.RBACRules()}
+	if err := c.Create(ctx, role); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create ClusterRole %s: %w", role.Name, err)
+	}
+	b := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: ExtenderRoleName + "-for-" + strings.NewReplacer(":", "-").Replace(user)},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: ExtenderRoleName},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
+	}
+	if err := c.Create(ctx, b); err != nil {
+		return fmt.Errorf("create ClusterRoleBinding %s: %w", b.Name, err)
+	}
+	return nil
 }

@@ -66,6 +66,10 @@ func TestPluginModeRendersNoExtender(t *testing.T) {
 	if !hasMetrics {
 		t.Errorf("scheduler ports %v lack the core's metrics port %s", c.Ports, args.MetricsBindAddress)
 	}
+	// Ready means the core decides: its /readyz on the metrics port.
+	if p := c.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" || p.HTTPGet.Port.String() != "metrics" {
+		t.Errorf("readinessProbe %+v; want GET /readyz on the metrics port (the core's readiness)", p)
+	}
 }
 
 // pluginScheduler returns the rendered scheduler Deployment and the
@@ -205,6 +209,9 @@ func TestRenderedPluginModeSchedulesInProcess(t *testing.T) {
 	var lease coordinationv1.Lease
 	if err := cp.Client.Get(ctx, client.ObjectKey{Namespace: rel.namespace, Name: fn + "-scheduler"}, &lease); err != nil || lease.Spec.HolderIdentity == nil {
 		t.Errorf("the scheduler's Lease %s/%s-scheduler: %v (holder %v)", rel.namespace, fn, err, lease.Spec.HolderIdentity)
+	}
+	if ok, why := localcluster.CoreReady(metricsAddr); !ok {
+		t.Errorf("the core's /readyz after scheduling: %s", why)
 	}
 	g, err := localcluster.LedgerGPUs("http://" + metricsAddr + "/metrics")
 	if err != nil || g["held"] != 4 || g["total"] != 16 {

@@ -228,9 +228,7 @@ func setupMode(t *testing.T, resource corev1.ResourceName, plugin bool) *env {
 	if plugin {
 		// The chart binds the extender's ClusterRole to the scheduler's
 		// service account in plugin mode.
-		b := binding("gputopo-extender", harness.SchedulerUser)
-		b.Name = "gputopo-extender-plugin"
-		if err := e.cp.Client.Create(ctx, b); err != nil {
+		if err := localcluster.GrantExtenderRole(ctx, e.cp.Client, harness.SchedulerUser); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -354,15 +352,8 @@ func (e *env) startPluginScheduler(t *testing.T) {
 	if err := os.WriteFile(cfgFile, []byte(doc), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	port, err := harness.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.pluginMetrics = "127.0.0.1:" + strconv.Itoa(port)
-	cfg, err := localcluster.PluginSchedulerConfig(schedplugin.Args{ConfigFile: cfgFile, MetricsBindAddress: e.pluginMetrics})
-	if err != nil {
-		t.Fatal(err)
-	}
+	var cfg *schedconfigv1.KubeSchedulerConfiguration
+	cfg, e.pluginMetrics = harness.PluginSchedulerConfig(t, schedplugin.Args{ConfigFile: cfgFile})
 	p, err := localcluster.StartSchedulerBinary("gputopo-scheduler", cfg, e.schedKubeconfig, e.dir)
 	if err != nil {
 		t.Fatal(err)
@@ -378,6 +369,9 @@ func (e *env) waitPluginLedger(t *testing.T, min float64) {
 	e.poll(t, time.Minute, "gputopo-scheduler's core", func() (bool, string) {
 		if exited, err := e.sched.Exited(); exited {
 			t.Fatalf("gputopo-scheduler exited: %v\n%s", err, e.sched.Tail(30))
+		}
+		if ok, why := localcluster.CoreReady(e.pluginMetrics); !ok {
+			return false, "not ready: " + why
 		}
 		g, err := localcluster.LedgerGPUs("http://" + e.pluginMetrics + "/metrics")
 		if err != nil {

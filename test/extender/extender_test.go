@@ -140,17 +140,7 @@ func TestBindStorm(t *testing.T) {
 		if len(owner) != total {
 			t.Errorf("%d distinct GPUs assigned, want %d", len(owner), total)
 		}
-		// The ledger agrees with the pods.
-		poll(t, 30*time.Second, "ledger to match the pods", func() (bool, string) {
-			c := s.gauges(t)
-			return c["held"] == float64(total) && c["free"] == 0 && c["reserved"] == 0, fmtGauges(c)
-		})
-
-		deleteAll(t, e)
-		poll(t, time.Minute, "every GPU free after deleting the pods", func() (bool, string) {
-			c := s.gauges(t)
-			return c["total"] == float64(total) && c["free"] == c["total"] && c["held"] == 0 && c["reserved"] == 0, fmtGauges(c)
-		})
+		ledgerFollowsPods(t, e, s, total)
 	})
 }
 
@@ -206,16 +196,7 @@ func TestCrashMidStorm(t *testing.T) {
 			}
 			return true, ""
 		})
-		poll(t, 30*time.Second, "the restarted ledger to match the pods", func() (bool, string) {
-			c := s.gauges(t)
-			return c["held"] == float64(total) && c["free"] == 0 && c["reserved"] == 0, fmtGauges(c)
-		})
-
-		deleteAll(t, e)
-		poll(t, time.Minute, "every GPU free after deleting the pods", func() (bool, string) {
-			c := s.gauges(t)
-			return c["total"] == float64(total) && c["free"] == c["total"] && c["held"] == 0 && c["reserved"] == 0, fmtGauges(c)
-		})
+		ledgerFollowsPods(t, e, s, total)
 		if t.Failed() {
 			t.Logf("scheduler log:\n%s", s.tail())
 		}
@@ -263,4 +244,20 @@ func TestTwoReplicasExactlyOneReady(t *testing.T) {
 	if n, _ := ready(); n != 1 {
 		t.Errorf("%d replicas Ready after failover, want 1", n)
 	}
+}
+
+// ledgerFollowsPods checks that the deciding ledger holds exactly the total
+// GPUs the pods were bound to, with nothing reserved, and that once every
+// pod is deleted all of them are free again.
+func ledgerFollowsPods(t *testing.T, e *env, s system, total int) {
+	t.Helper()
+	poll(t, 30*time.Second, "the ledger to match the pods", func() (bool, string) {
+		c := s.gauges(t)
+		return c["held"] == float64(total) && c["free"] == 0 && c["reserved"] == 0, fmtGauges(c)
+	})
+	deleteAll(t, e)
+	poll(t, time.Minute, "every GPU free after deleting the pods", func() (bool, string) {
+		c := s.gauges(t)
+		return c["total"] == float64(total) && c["free"] == c["total"] && c["held"] == 0 && c["reserved"] == 0, fmtGauges(c)
+	})
 }

@@ -76,11 +76,14 @@ func startExtenderSystem(t *testing.T, e *env) system {
 
 func (s *extenderSystem) gauges(t *testing.T) map[string]float64 { return ledgerGauges(t, s.x) }
 
-func (s *extenderSystem) kill(t *testing.T) {
+func (s *extenderSystem) kill(t *testing.T) { sigkill(t, s.x.Process) }
+
+// sigkill SIGKILLs p and fails the test if it still runs.
+func sigkill(t *testing.T, p *harness.Process) {
 	t.Helper()
-	s.x.Kill()
-	if exited, _ := s.x.Exited(); !exited {
-		t.Fatal("extender process still running after SIGKILL")
+	p.Kill()
+	if exited, _ := p.Exited(); !exited {
+		t.Fatalf("%s still running after SIGKILL", p.Name)
 	}
 }
 
@@ -104,39 +107,12 @@ type pluginSystem struct {
 
 func startPluginSystem(t *testing.T, e *env) system {
 	t.Helper()
-	grantExtenderRole(t, e, harness.SchedulerUser)
+	if err := localcluster.GrantExtenderRole(harness.Context(t), e.cp.Client, harness.SchedulerUser); err != nil {
+		t.Fatal(err)
+	}
 	s := &pluginSystem{e: e}
 	s.restart(t)
 	return s
-}
-
-// grantExtenderRole binds the extender's ClusterRole (newEnv made it) to
-// user.
-func grantExtenderRole(t *testing.T, e *env, user string) {
-	t.Helper()
-	if _, err := e.cp.Clientset.RbacV1().ClusterRoleBindings().Create(harness.Context(t), &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "gputopo-plugin-" + user},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: extenderUser},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("bind the extender's ClusterRole to %s: %v", user, err)
-	}
-}
-
-// pluginConfig is the chart's plugin profile with the core's metrics on a
-// free local port.
-func pluginConfig(t *testing.T) (*schedconfigv1.KubeSchedulerConfiguration, string) {
-	t.Helper()
-	port, err := harness.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := "127.0.0.1:" + strconv.Itoa(port)
-	cfg, err := localcluster.PluginSchedulerConfig(schedplugin.Args{MetricsBindAddress: addr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cfg, addr
 }
 
 func (s *pluginSystem) gauges(t *testing.T) map[string]float64 {
@@ -148,31 +124,29 @@ func (s *pluginSystem) gauges(t *testing.T) map[string]float64 {
 	return g
 }
 
-func (s *pluginSystem) kill(t *testing.T) {
-	t.Helper()
-	s.sched.Kill()
-	if exited, _ := s.sched.Exited(); !exited {
-		t.Fatal("gputopo-scheduler still running after SIGKILL")
-	}
-}
+func (s *pluginSystem) kill(t *testing.T) { sigkill(t, s.sched) }
 
 func (s *pluginSystem) restart(t *testing.T) {
 	t.Helper()
 	var cfg *schedconfigv1.KubeSchedulerConfiguration
-	cfg, s.metricsAddr = pluginConfig(t)
+	cfg, s.metricsAddr = harness.PluginSchedulerConfig(t, schedplugin.Args{})
 	s.sched = s.e.cp.StartSchedulerBinary(t, "gputopo-scheduler", cfg)
 	waitPluginLedger(t, s.sched, s.metricsAddr, len(s.e.nodes)*gpusPerNode)
 }
 
 func (s *pluginSystem) tail() string { return s.sched.Tail(30) }
 
-// waitPluginLedger waits until the core in gputopo-scheduler has read
+// waitPluginLedger waits until the core in gputopo-scheduler decides
+// (/readyz: informers synced, ledger rebuilt from the pods) and has read
 // every node's GPUs.
 func waitPluginLedger(t *testing.T, p *harness.Process, metricsAddr string, total int) {
 	t.Helper()
 	poll(t, time.Minute, p.Name+"'s GPU ledger", func() (bool, string) {
 		if exited, err := p.Exited(); exited {
 			t.Fatalf("%s exited (%v):\n%s", p.Name, err, p.Tail(30))
+		}
+		if ok, why := localcluster.CoreReady(metricsAddr); !ok {
+			return false, "not ready: " + why
 		}
 		g, err := localcluster.LedgerGPUs("http://" + metricsAddr + "/metrics")
 		if err != nil {
@@ -191,7 +165,7 @@ func fmtGauges(g map[string]float64) string {
 // failover test.
 func pluginReplica(t *testing.T, e *env, name string) (*harness.Process, string) {
 	t.Helper()
-	cfg, addr := pluginConfig(t)
+	cfg, addr := harness.PluginSchedulerConfig(t, schedplugin.Args{})
 	cfg.LeaderElection.LeaderElect = ptr.To(true)
 	cfg.LeaderElection.ResourceNamespace = metav1.NamespaceDefault
 	cfg.LeaderElection.ResourceName = "gputopo-scheduler-test"
@@ -211,7 +185,9 @@ func pluginReplica(t *testing.T, e *env, name string) (*harness.Process, string)
 func TestPluginLeaderFailover(t *testing.T) {
 	e := newEnv(t, 4)
 	ctx := harness.Context(t)
-	grantExtenderRole(t, e, harness.SchedulerUser)
+	if err := localcluster.GrantExtenderRole(harness.Context(t), e.cp.Client, harness.SchedulerUser); err != nil {
+		t.Fatal(err)
+	}
 	// The chart's Role for the scheduler's own Lease.
 	const lease = "gputopo-scheduler-test"
 	rules := []rbacv1.PolicyRule{

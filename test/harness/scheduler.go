@@ -1,11 +1,13 @@
 package harness
 
 import (
+	"strconv"
 	"testing"
 
 	schedconfigv1 "k8s.io/kube-scheduler/config/v1"
 
 	"github.com/gputopo/gputopo/internal/localcluster"
+	"github.com/gputopo/gputopo/schedplugin"
 )
 
 // SchedulerUser is the identity the harness gives kube-scheduler.
@@ -82,4 +84,22 @@ func ChartSchedulerConfig(t testing.TB, extenderURL string) *schedconfigv1.KubeS
 		t.Fatal(err)
 	}
 	return cfg
+}
+
+// PluginSchedulerConfig is the chart's plugin-mode configuration
+// (localcluster.PluginSchedulerConfig) with the GPUTopology plugin's args,
+// its core's metrics on a free loopback port, which it returns as
+// host:port.
+func PluginSchedulerConfig(t testing.TB, args schedplugin.Args) (*schedconfigv1.KubeSchedulerConfiguration, string) {
+	t.Helper()
+	port, err := FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	args.MetricsBindAddress = "127.0.0.1:" + strconv.Itoa(port)
+	cfg, err := localcluster.PluginSchedulerConfig(args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg, args.MetricsBindAddress
 }

@@ -22,7 +22,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -31,7 +30,6 @@ import (
 	"k8s.io/klog/v2"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
@@ -143,7 +141,9 @@ func TestSchedulerThroughput(t *testing.T) {
 	// The plugin build's core reads what the extender reads, as the
 	// scheduler's own identity (the chart binds the extender's ClusterRole
 	// to the scheduler's service account in plugin mode).
-	grantExtenderRole(t, cp, harness.SchedulerUser)
+	if err := localcluster.GrantExtenderRole(ctx, cp.Client, harness.SchedulerUser); err != nil {
+		t.Fatal(err)
+	}
 
 	x, stopExtender := startExtender(t, cp)
 	defer stopExtender()
@@ -234,40 +234,18 @@ func selectedModes(t *testing.T) []string {
 	return out
 }
 
-// grantExtenderRole binds the extender's ClusterRole to user.
-func grantExtenderRole(t *testing.T, cp *harness.ControlPlane, user string) {
-	t.Helper()
-	ctx := harness.Context(t)
-	for _, obj := range []client.Object{
-		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "gputopo-extender"}, Rules: extender.RBACRules()},
-		&rbacv1.ClusterRoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Name: "gputopo-extender-plugin"},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "gputopo-extender"},
-			Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
-		},
-	} {
-		if err := cp.Client.Create(ctx, obj); err != nil {
-			t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
-		}
-	}
-}
-
 // startPluginScheduler runs bin/gputopo-scheduler with the chart's plugin
 // profile and waits until its core's ledger has every node's GPUs free.
 func startPluginScheduler(t *testing.T, cp *harness.ControlPlane, nodes int) *harness.Process {
 	t.Helper()
-	port, err := harness.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := "127.0.0.1:" + strconv.Itoa(port)
-	cfg, err := localcluster.PluginSchedulerConfig(schedplugin.Args{MetricsBindAddress: addr})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, addr := harness.PluginSchedulerConfig(t, schedplugin.Args{})
 	p := cp.StartSchedulerBinary(t, "gputopo-scheduler", cfg)
 	var got map[string]float64
+	var err error
 	err = wait.PollUntilContextTimeout(harness.Context(t), 200*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
+		if ok, _ := localcluster.CoreReady(addr); !ok {
+			return false, nil
+		}
 		got, err = localcluster.LedgerGPUs("http://" + addr + "/metrics")
 		return err == nil && got["free"] == float64(8*nodes), nil
 	})
