@@ -2,18 +2,21 @@ package schedplugin
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
+	k8stesting "k8s.io/client-go/testing"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	fwk "k8s.io/kube-scheduler/framework"
 
@@ -390,5 +393,51 @@ func TestDecodeArgs(t *testing.T) {
 	}
 	if _, err := DecodeArgs(&corev1.Pod{}); err == nil || !strings.Contains(err.Error(), "*v1.Pod") {
 		t.Fatalf("wrong type: %v, want an error naming it", err)
+	}
+}
+
+// TestUnreserveAfterAFailedBind: a Binding the API server certainly did
+// not apply frees the reservation at Unreserve; one whose outcome is
+// unknown (a timeout, the pod still unbound when read back) keeps it, so
+// that the retry gets the same GPUs and no other pod gets them meanwhile.
+func TestUnreserveAfterAFailedBind(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		answer       error
+		wantUnknown  bool
+		wantReserved int
+	}{
+		{"definite failure", apierrors.NewForbidden(fakeapi.PodsGVR.GroupResource(), "p", errors.New("RBAC says no")), false, 0},
+		{"outcome unknown", apierrors.NewServerTimeout(fakeapi.PodsGVR.GroupResource(), "create", 1), true, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, "dgx-a100")
+			node := c.names()[0]
+			c.cs.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+				if a.GetSubresource() != "binding" {
+					return false, nil, nil
+				}
+				return true, nil, tc.answer
+			})
+			p := c.pod(t, "p", 4, modelNVLink)
+			st := newState()
+			if s := c.filter(t, st, p)[node]; !s.IsSuccess() {
+				t.Fatalf("Filter: %v", s)
+			}
+			if s := c.p.Reserve(context.Background(), st, p, node); !s.IsSuccess() {
+				t.Fatalf("Reserve: %v", s)
+			}
+			if s := c.p.Bind(context.Background(), st, p, node); s.IsSuccess() {
+				t.Fatal("Bind succeeded against an API server that refused or timed out")
+			}
+			_, err := st.Read(bindKey)
+			if unknown := err == nil; unknown != tc.wantUnknown {
+				t.Errorf("bind outcome recorded unknown = %v, want %v", unknown, tc.wantUnknown)
+			}
+			c.p.Unreserve(context.Background(), st, p, node)
+			if got := c.x.Ledger().Counts().Reserved; got != tc.wantReserved {
+				t.Errorf("after Unreserve %d GPUs reserved, want %d", got, tc.wantReserved)
+			}
+		})
 	}
 }
