@@ -5,6 +5,11 @@
 // see docs/install.md, "Building the image". The layout matches the
 // Dockerfile's: /usr/local/bin/gputopo and /usr/local/bin/gputopo-scheduler,
 // user 65532, entrypoint gputopo.
+//
+// With -pause it writes the pod sandbox image instead: one static binary
+// (hack/image/pause) at /pause, user 65535, the shape of Kubernetes'
+// registry.k8s.io/pause. The runtime tests import both archives into
+// containerd, which cannot pull here.
 package main
 
 import (
@@ -41,6 +46,7 @@ type options struct {
 	out, ref, version string
 	debs              []string
 	bins              []string
+	pause             bool
 }
 
 func main() {
@@ -51,6 +57,7 @@ func main() {
 	flag.StringVar(&o.version, "version", "dev", "version label")
 	flag.StringVar(&debs, "debs", "", "comma-separated Debian .deb files whose contents form the base layer (libc6)")
 	flag.StringVar(&bins, "bin", "", "comma-separated binaries for /usr/local/bin")
+	flag.BoolVar(&o.pause, "pause", false, "write the pod sandbox image: -bin is one static binary, installed as /pause; no -debs")
 	flag.Parse()
 	o.debs, o.bins = split(debs), split(bins)
 	if err := build(o); err != nil {
@@ -70,41 +77,17 @@ func split(s string) []string {
 }
 
 func build(o options) error {
-	if len(o.debs) == 0 || len(o.bins) == 0 {
-		return errors.New("-debs and -bin are required: the base layer is Debian's libc6, the top layer the binaries")
-	}
-	base, err := debLayer(o.debs)
-	if err != nil {
-		return err
-	}
-	binLayer, err := binariesLayer(o.bins)
-	if err != nil {
-		return err
-	}
-	img, err := mutate.Append(mutate.MediaType(empty.Image, types.OCIManifestSchema1),
-		mutate.Addendum{Layer: base, MediaType: types.OCILayer, History: v1.History{CreatedBy: "Debian packages: " + strings.Join(baseNames(o.debs), " "), Created: v1.Time{Time: epoch}}},
-		mutate.Addendum{Layer: binLayer, MediaType: types.OCILayer, History: v1.History{CreatedBy: "gputopo binaries", Created: v1.Time{Time: epoch}}},
+	var (
+		img v1.Image
+		err error
 	)
-	if err != nil {
-		return fmt.Errorf("assemble layers: %w", err)
+	if o.pause {
+		img, err = pauseImage(o)
+	} else {
+		img, err = gputopoImage(o)
 	}
-	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
-	cf, err := img.ConfigFile()
 	if err != nil {
 		return err
-	}
-	cf = cf.DeepCopy()
-	cf.Architecture, cf.OS, cf.Created = "amd64", "linux", v1.Time{Time: epoch}
-	cf.Config.User = fmt.Sprintf("%d:%d", nonroot, nonroot)
-	cf.Config.Entrypoint = []string{"/usr/local/bin/gputopo"}
-	cf.Config.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin"}
-	cf.Config.Labels = map[string]string{
-		"org.opencontainers.image.title":   "gputopo",
-		"org.opencontainers.image.version": o.version,
-		"org.opencontainers.image.source":  "https://github.com/gputopo/gputopo",
-	}
-	if img, err = mutate.ConfigFile(img, cf); err != nil {
-		return fmt.Errorf("image config: %w", err)
 	}
 	dir, err := os.MkdirTemp("", "gputopo-image-layout-")
 	if err != nil {
@@ -115,7 +98,12 @@ func build(o options) error {
 	if err != nil {
 		return fmt.Errorf("write OCI layout: %w", err)
 	}
-	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": o.ref})); err != nil {
+	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{
+		// The OCI name, and the full name containerd's import (ctr images
+		// import) registers the image under.
+		"org.opencontainers.image.ref.name": o.ref,
+		"io.containerd.image.name":          o.ref,
+	})); err != nil {
 		return fmt.Errorf("write image into the layout: %w", err)
 	}
 	if err := os.MkdirAll(filepath.Dir(o.out), 0o755); err != nil {
@@ -127,6 +115,71 @@ func build(o options) error {
 	d, _ := img.Digest()
 	fmt.Printf("image: %s (%s) written to %s\n", o.ref, d, o.out)
 	return nil
+}
+
+// gputopoImage is Debian's libc6 and the nonroot user below the gputopo
+// binaries.
+func gputopoImage(o options) (v1.Image, error) {
+	if len(o.debs) == 0 || len(o.bins) == 0 {
+		return nil, errors.New("-debs and -bin are required: the base layer is Debian's libc6, the top layer the binaries")
+	}
+	base, err := debLayer(o.debs)
+	if err != nil {
+		return nil, err
+	}
+	binLayer, err := binariesLayer(o.bins)
+	if err != nil {
+		return nil, err
+	}
+	return withConfig(o, "gputopo", fmt.Sprintf("%d:%d", nonroot, nonroot), []string{"/usr/local/bin/gputopo"},
+		mutate.Addendum{Layer: base, MediaType: types.OCILayer, History: v1.History{CreatedBy: "Debian packages: " + strings.Join(baseNames(o.debs), " "), Created: v1.Time{Time: epoch}}},
+		mutate.Addendum{Layer: binLayer, MediaType: types.OCILayer, History: v1.History{CreatedBy: "gputopo binaries", Created: v1.Time{Time: epoch}}},
+	)
+}
+
+// pauseImage is the sandbox image: /pause alone, run as 65535 like
+// upstream's.
+func pauseImage(o options) (v1.Image, error) {
+	if len(o.debs) != 0 || len(o.bins) != 1 {
+		return nil, errors.New("-pause takes exactly one -bin (the static pause binary) and no -debs")
+	}
+	body, err := os.ReadFile(o.bins[0])
+	if err != nil {
+		return nil, err
+	}
+	l, err := layerOf([]entry{fileEntry("pause", 0o755, body)})
+	if err != nil {
+		return nil, err
+	}
+	return withConfig(o, "pause", "65535:65535", []string{"/pause"},
+		mutate.Addendum{Layer: l, MediaType: types.OCILayer, History: v1.History{CreatedBy: "pause", Created: v1.Time{Time: epoch}}})
+}
+
+// withConfig stacks the layers into an OCI image and writes its config.
+func withConfig(o options, title, user string, entrypoint []string, layers ...mutate.Addendum) (v1.Image, error) {
+	img, err := mutate.Append(mutate.MediaType(empty.Image, types.OCIManifestSchema1), layers...)
+	if err != nil {
+		return nil, fmt.Errorf("assemble layers: %w", err)
+	}
+	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cf = cf.DeepCopy()
+	cf.Architecture, cf.OS, cf.Created = "amd64", "linux", v1.Time{Time: epoch}
+	cf.Config.User = user
+	cf.Config.Entrypoint = entrypoint
+	cf.Config.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin"}
+	cf.Config.Labels = map[string]string{
+		"org.opencontainers.image.title":   title,
+		"org.opencontainers.image.version": o.version,
+		"org.opencontainers.image.source":  "https://github.com/gputopo/gputopo",
+	}
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		return nil, fmt.Errorf("image config: %w", err)
+	}
+	return img, nil
 }
 
 func baseNames(paths []string) []string {

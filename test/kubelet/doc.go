@@ -4,6 +4,14 @@
 // sends (env included), so a test can check what a container would have
 // seen without a container engine or a GPU.
 //
+// With Options.Containerd the same kubelet runs on a real runtime instead:
+// containerd from bin/ (`make tools`) with Debian's runc and CNI plugins,
+// images imported from the OCI archives `make image` writes (nothing is
+// pulled), and a test reads what a container's process really received
+// from /proc/<pid>/environ (Containerd.PID, Environ). Teardown removes
+// every pod and fails the test if a shim, mount, cgroup or the CNI bridge
+// is left behind.
+//
 // kubelet's device manager uses the fixed directory
 // /var/lib/kubelet/device-plugins, so only one such kubelet may run on a
 // machine at a time: Start holds an exclusive lock on LockPath for the

@@ -31,6 +31,9 @@ type Options struct {
 	NodeName string
 	// Verbosity is kubelet's -v. Default 2.
 	Verbosity int
+	// Containerd, when set, runs kubelet on a real containerd (and runc)
+	// instead of the fake runtime; Kubelet.Runtime is then nil.
+	Containerd *ContainerdOptions
 }
 
 // Kubelet is a running kubelet and its fake runtime.
@@ -41,9 +44,11 @@ type Kubelet struct {
 	RootDir string
 	// PodResourcesSocket is kubelet's PodResources API socket.
 	PodResourcesSocket string
-	// Runtime records the containers kubelet created.
+	// Runtime records the containers kubelet created (fake runtime).
 	Runtime *Runtime
-	Process *harness.Process
+	// Containerd is the real runtime, when Options.Containerd was set.
+	Containerd *Containerd
+	Process    *harness.Process
 
 	cp   *harness.ControlPlane
 	args []string
@@ -96,12 +101,19 @@ func Start(t testing.TB, cp *harness.ControlPlane, opts Options) *Kubelet {
 			t.Fatalf("create %s: %v", d, err)
 		}
 	}
-	rt, err := StartRuntime(filepath.Join(dir, "cri.sock"))
-	if err != nil {
-		t.Fatal(err)
+	endpoint := ""
+	if opts.Containerd != nil {
+		k.Containerd = StartContainerd(t, filepath.Join(dir, "containerd"), *opts.Containerd)
+		endpoint = k.Containerd.Endpoint
+	} else {
+		rt, err := StartRuntime(filepath.Join(dir, "cri.sock"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(rt.Stop)
+		k.Runtime = rt
+		endpoint = rt.Endpoint
 	}
-	t.Cleanup(rt.Stop)
-	k.Runtime = rt
 
 	port, err := harness.FreePort()
 	if err != nil {
@@ -112,7 +124,7 @@ func Start(t testing.TB, cp *harness.ControlPlane, opts Options) *Kubelet {
 		t.Fatal(err)
 	}
 	cfgPath := filepath.Join(dir, "kubelet.yaml")
-	if err := os.WriteFile(cfgPath, []byte(config(rt.Endpoint, port, healthz, dir)), 0o600); err != nil {
+	if err := os.WriteFile(cfgPath, []byte(config(endpoint, port, healthz, dir)), 0o600); err != nil {
 		t.Fatalf("write kubelet config: %v", err)
 	}
 	kubeconfig := cp.Kubeconfig(t, "system:node:"+opts.NodeName, "system:nodes", "system:masters")
@@ -129,8 +141,8 @@ func Start(t testing.TB, cp *harness.ControlPlane, opts Options) *Kubelet {
 	return k
 }
 
-// config is the KubeletConfiguration for a kubelet with no container
-// engine and no cgroup management: QoS cgroups and node allocatable
+// config is the KubeletConfiguration for a kubelet on the fake runtime or
+// containerd, with no cgroup management of its own: QoS cgroups and node allocatable
 // enforcement off, cgroup v1 tolerated, swap tolerated, no static pods,
 // eviction thresholds that a busy test machine cannot trip.
 func config(endpoint string, port, healthz int, dir string) string {
@@ -156,7 +168,7 @@ cgroupDriver: cgroupfs
 enforceNodeAllocatable: []
 failSwapOn: false
 staticPodPath: %[4]s/manifests
-podLogsDirectory: %[4]s/logs
+podLogsDir: %[4]s/logs
 resolvConf: ""
 syncFrequency: 5s
 fileCheckFrequency: 5s
