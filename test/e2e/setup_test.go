@@ -107,6 +107,9 @@ type env struct {
 
 	agent   *nodeagent.Agent
 	agentRn *running
+	// agentStrategies are the node agent's device list strategies
+	// (default envvar) for its next start.
+	agentStrategies []string
 
 	// fault, when set, is applied to the next Binding an extender writes.
 	faultMu sync.Mutex
@@ -173,6 +176,15 @@ func setupWith(t *testing.T, resource corev1.ResourceName) *env {
 
 // setupMode is setupWith in extender mode or, with plugin, in plugin mode.
 func setupMode(t *testing.T, resource corev1.ResourceName, plugin bool) *env {
+	t.Helper()
+	return setupEnv(t, resource, plugin, false)
+}
+
+// setupEnv is setupMode with kubelet on the fake runtime or, with
+// containerd, on containerd and runc: the pods' containers then really
+// run, from the pause image imported under the name the pods give
+// (trainImage), and visible reads their processes' environment.
+func setupEnv(t *testing.T, resource corev1.ResourceName, plugin, containerd bool) *env {
 	t.Helper()
 	start := time.Now()
 	e := &env{dir: t.TempDir(), resource: resource, plugin: plugin}
@@ -262,7 +274,19 @@ func setupMode(t *testing.T, resource corev1.ResourceName, plugin bool) *env {
 	e.startScheduler(t, false)
 	e.cp.StartControllerManager(t, "job-controller")
 
-	e.k = kubelet.Start(t, e.cp, kubelet.Options{NodeName: nodeName})
+	kopts := kubelet.Options{NodeName: nodeName}
+	if containerd {
+		_, pause := kubelet.Archives()
+		ref, err := kubelet.ImageRef(pause)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The workload is the pause process under the pods' image name:
+		// it runs until deleted, and its environment is what the
+		// runtime gave it.
+		kopts.Containerd = &kubelet.ContainerdOptions{SandboxImage: pause, Aliases: map[string]string{trainImage: ref}}
+	}
+	e.k = kubelet.Start(t, e.cp, kopts)
 	f, err := topology.FixtureByName(fixtureName)
 	if err != nil {
 		t.Fatal(err)
@@ -602,7 +626,7 @@ func (e *env) startAgent(t *testing.T) {
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: agentUser, Extra: map[string][]string{serviceaccount.NodeNameKey: {nodeName}}}
 	e.agentRn = goRun(klog.NewContext(context.Background(), e.logger.WithName("nodeagent")), func(ctx context.Context) error {
 		return nodeagent.Run(ctx, cfg, nodeagent.Options{
-			NodeName: nodeName, Simulator: e.sim, ResourceName: string(e.resource),
+			NodeName: nodeName, Simulator: e.sim, ResourceName: string(e.resource), DeviceListStrategies: e.agentStrategies,
 			DevicePluginDir: kubelet.DevicePluginDir, PodResourcesSocket: e.k.PodResourcesSocket,
 			TopologyInterval: 5 * time.Minute, TelemetryInterval: 30 * time.Second, ReconcileInterval: 2 * time.Second,
 			MetricsBindAddress: "0",
@@ -702,7 +726,7 @@ func podSpecOf(gpus int64, name corev1.ResourceName) corev1.PodSpec {
 		RestartPolicy:                 corev1.RestartPolicyNever,
 		TerminationGracePeriodSeconds: ptr.To[int64](0),
 		AutomountServiceAccountToken:  ptr.To(false),
-		Containers:                    []corev1.Container{{Name: "main", Image: "registry.example/train:1"}},
+		Containers:                    []corev1.Container{{Name: "main", Image: trainImage}},
 	}
 	if gpus > 0 {
 		q := *resource.NewQuantity(gpus, resource.DecimalSI)
@@ -751,10 +775,26 @@ func scheduledFalse(p *corev1.Pod) (corev1.PodCondition, bool) {
 	return corev1.PodCondition{}, false
 }
 
+// trainImage is the image of the test's GPU pods.
+const trainImage = "registry.example/train:1"
+
 // visible is the NVIDIA_VISIBLE_DEVICES the runtime received for the
-// pod's (this incarnation's) container, sorted; ok is false when the
-// runtime created none.
+// pod's (this incarnation's) container "main", sorted; ok is false when
+// the runtime created none. On containerd it is read from the running
+// process's environment, and a variable set other than exactly once is
+// reported as not ok.
 func (e *env) visible(p *corev1.Pod) ([]string, bool) {
+	if e.k.Containerd != nil {
+		env, err := e.environ(p, "main")
+		if err != nil {
+			return nil, false
+		}
+		vals := kubelet.Lookup(env, v1alpha1.EnvVisibleDevices)
+		if len(vals) != 1 {
+			return nil, false
+		}
+		return kubelet.EnvList(vals[0]), true
+	}
 	var env map[string]string
 	for _, c := range e.k.Runtime.ContainersOf(p.Namespace, p.Name) {
 		if c.PodUID == string(p.UID) {
@@ -765,6 +805,23 @@ func (e *env) visible(p *corev1.Pod) ([]string, bool) {
 		return nil, false
 	}
 	return kubelet.EnvList(env[v1alpha1.EnvVisibleDevices]), true
+}
+
+// environ is the environment of the running process of container name
+// of pod p, on containerd.
+func (e *env) environ(p *corev1.Pod, name string) ([]string, error) {
+	pid, err := e.pid(p, name)
+	if err != nil {
+		return nil, err
+	}
+	return kubelet.Environ(pid)
+}
+
+// pid is the host PID of container name of pod p, on containerd.
+func (e *env) pid(p *corev1.Pod, name string) (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return e.k.Containerd.PID(ctx, p.Namespace, p.Name, string(p.UID), name)
 }
 
 func gpuList(t *testing.T, p *corev1.Pod, key string) []string {

@@ -246,16 +246,20 @@ func (c *Containerd) ctr(args ...string) ([]byte, error) {
 }
 
 // PID is the host PID of the running container name of pod
-// namespace/podName (its newest incarnation), from containerd's verbose
-// CRI status.
-func (c *Containerd) PID(ctx context.Context, namespace, podName, name string) (int, error) {
+// namespace/podName (of the pod with UID podUID unless empty; the newest
+// container if several), from containerd's verbose CRI status.
+func (c *Containerd) PID(ctx context.Context, namespace, podName, podUID, name string) (int, error) {
+	labels := map[string]string{
+		"io.kubernetes.pod.namespace":  namespace,
+		"io.kubernetes.pod.name":       podName,
+		"io.kubernetes.container.name": name,
+	}
+	if podUID != "" {
+		labels["io.kubernetes.pod.uid"] = podUID
+	}
 	resp, err := c.rs.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{
-		State: &runtimeapi.ContainerStateValue{State: runtimeapi.ContainerState_CONTAINER_RUNNING},
-		LabelSelector: map[string]string{
-			"io.kubernetes.pod.namespace":  namespace,
-			"io.kubernetes.pod.name":       podName,
-			"io.kubernetes.container.name": name,
-		},
+		State:         &runtimeapi.ContainerStateValue{State: runtimeapi.ContainerState_CONTAINER_RUNNING},
+		LabelSelector: labels,
 	}})
 	if err != nil {
 		return 0, fmt.Errorf("list containers of %s/%s: %w", namespace, podName, err)

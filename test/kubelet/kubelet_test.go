@@ -109,7 +109,7 @@ func TestKubeletRunsPodOnContainerd(t *testing.T) {
 			t.Errorf("gputopo version in its image exited %d (%s: %s)", s.State.Terminated.ExitCode, s.State.Terminated.Reason, s.State.Terminated.Message)
 		}
 	}
-	pid, err := k.Containerd.PID(ctx, "default", "hello", "main")
+	pid, err := k.Containerd.PID(ctx, "default", "hello", "", "main")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func TestKubeletRunsPodOnContainerd(t *testing.T) {
 	t.Logf("checked: pid %d runs from the imported image with GREETING=hi; gputopo version ran in its image", pid)
 
 	k.Restart(t)
-	if again, err := k.Containerd.PID(ctx, "default", "hello", "main"); err != nil || again != pid {
+	if again, err := k.Containerd.PID(ctx, "default", "hello", "", "main"); err != nil || again != pid {
 		t.Errorf("after a kubelet restart the container's pid is %d (%v), want the same %d", again, err, pid)
 	}
 	if err := cp.Client.Delete(ctx, pod); err != nil {
