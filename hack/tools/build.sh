@@ -10,12 +10,13 @@ root=$(cd "$here/../.." && pwd)
 bin="${BIN_DIR:-$root/bin}"
 mkdir -p "$bin"
 
-tools=(kube-apiserver kube-scheduler kube-controller-manager kubelet etcd controller-gen helm containerd containerd-shim-runc-v2 ctr)
+tools=(kube-apiserver kube-scheduler kube-controller-manager kubelet kube-proxy etcd controller-gen helm containerd containerd-shim-runc-v2 ctr)
 pkgs=(
   k8s.io/kubernetes/cmd/kube-apiserver
   k8s.io/kubernetes/cmd/kube-scheduler
   k8s.io/kubernetes/cmd/kube-controller-manager
   k8s.io/kubernetes/cmd/kubelet
+  k8s.io/kubernetes/cmd/kube-proxy
   ./etcd
   sigs.k8s.io/controller-tools/cmd/controller-gen
   helm.sh/helm/v3/cmd/helm
