@@ -13,12 +13,18 @@ import (
 // user needs broad rights, since the controllers use its credentials rather
 // than per-controller service accounts. It returns once /healthz answers.
 func StartControllerManager(kubeconfig, dir string, controllers ...string) (*Process, error) {
+	return StartControllerManagerWith(kubeconfig, dir, nil, controllers...)
+}
+
+// StartControllerManagerWith is StartControllerManager with extra flags
+// (e.g. --root-ca-file for the root CA publisher).
+func StartControllerManagerWith(kubeconfig, dir string, flags []string, controllers ...string) (*Process, error) {
 	bin, err := Binary("kube-controller-manager")
 	if err != nil {
 		return nil, err
 	}
 	return startServing("kube-controller-manager", dir, time.Now().UnixNano(), bin, func(port int) []string {
-		return []string{
+		return append([]string{
 			"--kubeconfig=" + kubeconfig,
 			"--authentication-kubeconfig=" + kubeconfig,
 			"--authorization-kubeconfig=" + kubeconfig,
@@ -30,6 +36,6 @@ func StartControllerManager(kubeconfig, dir string, controllers ...string) (*Pro
 			"--kube-api-qps=200",
 			"--kube-api-burst=400",
 			"--v=1",
-		}
+		}, flags...)
 	})
 }

@@ -1,7 +1,13 @@
 package localcluster
 
 import (
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	certutil "k8s.io/client-go/util/cert"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
@@ -32,7 +39,17 @@ type Options struct {
 	WebhookInstallOptions *envtest.WebhookInstallOptions
 	// APIServerArgs are extra kube-apiserver flags (name -> values).
 	APIServerArgs map[string][]string
+	// PodReachableIP, when set, makes kube-apiserver serve and advertise on
+	// this host address instead of 127.0.0.1, with a serving certificate
+	// for it and for the kubernetes Service's ClusterIP (KubernetesIP):
+	// pods on the node then reach it through the Service, as in-cluster
+	// clients do (with kube-proxy).
+	PodReachableIP string
 }
+
+// KubernetesIP is the ClusterIP of the kubernetes Service: the first
+// address of envtest's service range 10.0.0.0/24.
+const KubernetesIP = "10.0.0.1"
 
 // Scheme returns a scheme with the built-in types and gputopo's.
 func Scheme() *runtime.Scheme {
@@ -67,6 +84,13 @@ func StartControlPlane(opts Options) (*ControlPlane, error) {
 		env.WebhookInstallOptions = *opts.WebhookInstallOptions
 	}
 	args := env.ControlPlane.GetAPIServer().Configure()
+	if opts.PodReachableIP != "" {
+		if err := servePodReachable(env.ControlPlane.GetAPIServer(), filepath.Join(dir, "apiserver-pki"), opts.PodReachableIP); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
+		args.Set("advertise-address", opts.PodReachableIP)
+	}
 	for k, v := range opts.APIServerArgs {
 		args.Set(k, v...)
 	}
@@ -77,6 +101,65 @@ func StartControlPlane(opts Options) (*ControlPlane, error) {
 	}
 	cfg.QPS, cfg.Burst = 500, 1000
 	return &ControlPlane{Env: env, Config: cfg, Scheme: scheme, Dir: dir}, nil
+}
+
+// servePodReachable makes api listen on ip with a serving certificate for
+// ip, KubernetesIP, 127.0.0.1 and the Service's DNS names, signed by a CA
+// of its own (written as ca.crt), and the service-account signing key
+// envtest would otherwise write beside its own certificate.
+func servePodReachable(api *envtest.APIServer, certDir, ip string) error {
+	if err := os.MkdirAll(certDir, 0o700); err != nil {
+		return fmt.Errorf("apiserver cert dir: %w", err)
+	}
+	ips := []net.IP{net.ParseIP(ip), net.ParseIP(KubernetesIP), net.ParseIP("127.0.0.1")}
+	if ips[0] == nil {
+		return fmt.Errorf("PodReachableIP %q is not an IP address", ip)
+	}
+	dns := []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}
+	// GenerateSelfSignedCertKey returns the serving certificate followed by
+	// the CA that signed it.
+	certPEM, keyPEM, err := certutil.GenerateSelfSignedCertKey(ip, ips, dns)
+	if err != nil {
+		return fmt.Errorf("apiserver serving certificate: %w", err)
+	}
+	serving, rest := pem.Decode(certPEM)
+	if serving == nil || len(rest) == 0 {
+		return errors.New("apiserver serving certificate: no CA after the certificate")
+	}
+	saKey, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		return fmt.Errorf("service account key: %w", err)
+	}
+	saPub, err := x509.MarshalPKIXPublicKey(&saKey.PublicKey)
+	if err != nil {
+		return err
+	}
+	files := map[string][]byte{
+		"apiserver.crt": certPEM,
+		"apiserver.key": keyPEM,
+		"ca.crt":        rest,
+		"sa-signer.key": pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(saKey)}),
+		"sa-signer.crt": pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: saPub}),
+	}
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(certDir, name), b, 0o600); err != nil {
+			return fmt.Errorf("write %s: %w", name, err)
+		}
+	}
+	api.CertDir = certDir
+	api.SecureServing.ListenAddr.Address = ip
+	api.SecureServing.CA = rest
+	return nil
+}
+
+// CAFile is the CA that signed kube-apiserver's serving certificate when it
+// serves pods (Options.PodReachableIP); empty otherwise.
+func (cp *ControlPlane) CAFile() string {
+	p := filepath.Join(cp.Dir, "apiserver-pki", "ca.crt")
+	if _, err := os.Stat(p); err != nil {
+		return ""
+	}
+	return p
 }
 
 // Stop stops kube-apiserver and etcd and removes Dir.

@@ -590,12 +590,14 @@ func checkNodeAgentDaemonSet(t *testing.T, r release, w want, objs []*unstructur
 			hostPaths[v.Name] = v.HostPath.Path
 		}
 	}
-	for _, p := range []string{w.kubeletRoot + "/device-plugins", w.kubeletRoot + "/pod-resources"} {
+	// kubelet's device plugin directory is fixed whatever its root dir;
+	// the PodResources socket follows the root dir.
+	for _, p := range []string{"/var/lib/kubelet/device-plugins", w.kubeletRoot + "/pod-resources"} {
 		if !slices.Contains(mapsValues(hostPaths), p) {
 			t.Errorf("node agent hostPath volumes %v lack %s", hostPaths, p)
 		}
 	}
-	for _, a := range []string{"--device-plugin-dir=" + w.kubeletRoot + "/device-plugins", "--pod-resources-socket=" + w.kubeletRoot + "/pod-resources/kubelet.sock"} {
+	for _, a := range []string{"--device-plugin-dir=/var/lib/kubelet/device-plugins", "--pod-resources-socket=" + w.kubeletRoot + "/pod-resources/kubelet.sock"} {
 		if !slices.Contains(ctr.Args, a) {
 			t.Errorf("node agent args %q lack %q", ctr.Args, a)
 		}

@@ -61,7 +61,13 @@ var (
 // the named controllers (e.g. "job") and stops it at test cleanup.
 func (cp *ControlPlane) StartControllerManager(t testing.TB, controllers ...string) *Process {
 	t.Helper()
-	p, err := localcluster.StartControllerManager(cp.Kubeconfig(t, "gputopo-test-controller-manager", "system:masters"), t.TempDir(), controllers...)
+	return cp.StartControllerManagerWith(t, nil, controllers...)
+}
+
+// StartControllerManagerWith is StartControllerManager with extra flags.
+func (cp *ControlPlane) StartControllerManagerWith(t testing.TB, flags []string, controllers ...string) *Process {
+	t.Helper()
+	p, err := localcluster.StartControllerManagerWith(cp.Kubeconfig(t, "gputopo-test-controller-manager", "system:masters"), t.TempDir(), flags, controllers...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,3 +109,7 @@ func PluginSchedulerConfig(t testing.TB, args schedplugin.Args) (*schedconfigv1.
 	}
 	return cfg, args.MetricsBindAddress
 }
+
+// CAFile is the CA of kube-apiserver's serving certificate when it serves
+// pods (Options.PodReachableIP); empty otherwise.
+func (cp *ControlPlane) CAFile() string { return cp.local.CAFile() }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -31,6 +32,8 @@ type Options struct {
 	NodeName string
 	// Verbosity is kubelet's -v. Default 2.
 	Verbosity int
+	// NodeLabels are set on the Node at registration (--node-labels).
+	NodeLabels map[string]string
 	// Containerd, when set, runs kubelet on a real containerd (and runc)
 	// instead of the fake runtime; Kubelet.Runtime is then nil.
 	Containerd *ContainerdOptions
@@ -135,6 +138,14 @@ func Start(t testing.TB, cp *harness.ControlPlane, opts Options) *Kubelet {
 		"--cert-dir=" + filepath.Join(dir, "pki"),
 		"--hostname-override=" + opts.NodeName,
 		fmt.Sprintf("--v=%d", opts.Verbosity),
+	}
+	if len(opts.NodeLabels) > 0 {
+		var kv []string
+		for k, v := range opts.NodeLabels {
+			kv = append(kv, k+"="+v)
+		}
+		sort.Strings(kv)
+		k.args = append(k.args, "--node-labels="+strings.Join(kv, ","))
 	}
 	k.start()
 	k.waitReady(t, time.Time{})
