@@ -31,7 +31,7 @@ ARG TARGETARCH=amd64
 RUN --mount=type=cache,target=/root/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=1 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
-    go build -trimpath \
+    go build -trimpath -tags nodemo \
       -ldflags "-s -w -X github.com/gputopo/gputopo/cmd/gputopo/app.Version=${VERSION}" \
       -o /out/gputopo ./cmd/gputopo
 RUN --mount=type=cache,target=/root/go/pkg/mod \

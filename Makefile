@@ -135,7 +135,7 @@ IMAGE_REF ?= ghcr.io/gputopo/gputopo:$(VERSION)
 PAUSE_REF ?= localhost/gputopo/pause:$(VERSION)
 image: gputopo-scheduler ## Build the image (and the runtime tests' pause image) as OCI archives in _out/ (no container engine needed)
 	@mkdir -p _out/image
-	CGO_ENABLED=1 $(GO) build -trimpath -ldflags "-s -w $(LDFLAGS)" -o _out/image/gputopo ./cmd/gputopo
+	CGO_ENABLED=1 $(GO) build -trimpath -tags nodemo -ldflags "-s -w $(LDFLAGS)" -o _out/image/gputopo ./cmd/gputopo
 	cp $(BIN)/gputopo-scheduler _out/image/gputopo-scheduler
 	bash hack/image/debs.sh _out/image/debs
 	cd hack/image && $(GO) run . -out $(CURDIR)/_out/gputopo-image.tar -ref $(IMAGE_REF) -version $(VERSION) \

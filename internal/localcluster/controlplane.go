@@ -43,7 +43,8 @@ type Options struct {
 	// this host address instead of 127.0.0.1, with a serving certificate
 	// for it and for the kubernetes Service's ClusterIP (KubernetesIP):
 	// pods on the node then reach it through the Service, as in-cluster
-	// clients do (with kube-proxy).
+	// clients do (with kube-proxy), with the service account tokens the
+	// ServiceAccount admission plugin (on in this mode) mounts.
 	PodReachableIP string
 }
 
@@ -90,6 +91,12 @@ func StartControlPlane(opts Options) (*ControlPlane, error) {
 			return nil, err
 		}
 		args.Set("advertise-address", opts.PodReachableIP)
+		// Every address: pods connect to PodReachableIP (through the
+		// Service), the tests' clients to 127.0.0.1.
+		args.Set("bind-address", "0.0.0.0")
+		// Pods run for real: they get their service account tokens
+		// (envtest turns the ServiceAccount admission plugin off).
+		args.Disable("disable-admission-plugins")
 	}
 	for k, v := range opts.APIServerArgs {
 		args.Set(k, v...)

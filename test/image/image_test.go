@@ -206,4 +206,10 @@ func TestImageRunsFromItsOwnRootFilesystem(t *testing.T) {
 			t.Errorf("%v inside the image: %v\n%s", tc.args, err, out)
 		}
 	}
+	// The components run with a read-only root filesystem: starting must
+	// write nothing (the image's binary is built without the demo, whose
+	// envtest import creates a directory below /tmp at init).
+	if left, _ := os.ReadDir(filepath.Join(root, "tmp")); len(left) > 0 {
+		t.Errorf("starting the binaries wrote into the image's /tmp: %v", left)
+	}
 }

@@ -173,7 +173,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.opt",
 `, filepath.Join(dir, "root"), filepath.Join(dir, "state"), c.socket, c.socket+".ttrpc", sandbox, c.CDIDir,
 		shim, runc, CNIBinDir, filepath.Join(dir, "cni"))
 	cni := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "gputopo-test", "plugins": [
-  {"type": "bridge", "bridge": %q, "isGateway": true, "ipMasq": false,
+  {"type": "bridge", "bridge": %q, "isGateway": true, "isDefaultGateway": true, "ipMasq": false,
    "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "dataDir": %q}},
   {"type": "loopback"}]}
 `, bridgeName, podSubnet, filepath.Join(dir, "ipam"))

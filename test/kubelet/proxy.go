@@ -71,7 +71,9 @@ iptables:
 	return harness.StartProcess(t, "kube-proxy", bin, "--config="+path, "--v=2")
 }
 
-// kubeChains lists the KUBE- chains in the host's iptables.
+// kubeChains lists kube-proxy's chains in the host's iptables (kubelet's
+// own KUBE-IPTABLES-HINT, KUBE-KUBELET-CANARY and KUBE-FIREWALL are
+// kubelet's, not kube-proxy's).
 func kubeChains() []string {
 	out, err := exec.Command("iptables-save").Output()
 	if err != nil {
@@ -79,9 +81,15 @@ func kubeChains() []string {
 	}
 	var chains []string
 	for _, line := range strings.Split(string(out), "\n") {
-		if strings.HasPrefix(line, ":KUBE-") {
-			chains = append(chains, strings.Fields(line)[0][1:])
+		if !strings.HasPrefix(line, ":KUBE-") {
+			continue
 		}
+		name := strings.Fields(line)[0][1:]
+		switch name {
+		case "KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY", "KUBE-FIREWALL":
+			continue
+		}
+		chains = append(chains, name)
 	}
 	return chains
 }

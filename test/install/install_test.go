@@ -1,0 +1,756 @@
+//go:build integration
+
+package install
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/test/harness"
+	"github.com/gputopo/gputopo/test/kubelet"
+)
+
+const (
+	releaseName = "gputopo"
+	releaseNS   = "gputopo-system"
+	nodeName    = "gpu-node-1"
+	machine     = "dgx-a100"
+	teamNS      = "ml-team"
+	// trainImage is the workload's image: the pause image under this name.
+	trainImage = "registry.example/train:1"
+)
+
+// The controllers a one-node cluster needs for the release: its
+// Deployments and DaemonSet, service accounts and the root CA ConfigMap
+// their tokens trust, the EndpointSlices kube-proxy routes Services with,
+// the workload's Job, and garbage collection of what uninstall deletes.
+var controllers = []string{
+	"deployment-controller", "replicaset-controller", "daemonset-controller",
+	"serviceaccount-controller", "root-ca-certificate-publisher-controller",
+	"endpointslice-controller", "job-controller", "garbage-collector-controller",
+}
+
+// cluster is the one-node cluster the chart is installed on.
+type cluster struct {
+	cp         *harness.ControlPlane
+	k          *kubelet.Kubelet
+	kubeconfig string
+	dir        string
+}
+
+// TestHelmInstall installs the chart with `helm install` on a one-node
+// cluster with a real container runtime (containerd, runc) and kube-proxy,
+// from the image `make image` built, imported rather than pulled. The test
+// plays cert-manager: it issues the Secrets the chart's Certificates ask for
+// and injects the webhooks' CA bundle, since cert-manager's controller
+// cannot be built here. Then the demo's model-parallel workload runs through
+// the installed system, every component's container is killed once, the
+// release is upgraded with a changed value and uninstalled, and the test
+// checks what is left.
+func TestHelmInstall(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a real kubelet and container runtime need root")
+	}
+	start := time.Now()
+	c := startCluster(t)
+	values := c.values(t)
+	if out, err := c.helm(t, "install", releaseName, chartDir(), "--namespace", releaseNS, "--create-namespace", "-f", values); err != nil {
+		t.Fatalf("helm install: %v\n%s", err, out)
+	}
+	t.Logf("injected: helm install %s in %s, plugin mode, the node agent simulating a %s", releaseName, releaseNS, machine)
+	c.actAsCertManager(t)
+	c.waitReleaseReady(t, 4*time.Minute)
+	t.Logf("checked: every pod of the release Running and Ready (%v since start)", time.Since(start).Round(time.Second))
+	c.checkLeader(t, "gputopo-scheduler")
+
+	var first *corev1.Pod
+	t.Run("model-parallel Job through the installed system", func(t *testing.T) {
+		defer c.dumpIfFailed(t)
+		first = c.runJob(t, "train", 2, nil)
+	})
+	if first == nil {
+		t.Fatal("no workload pod ran; the rest builds on it")
+	}
+	t.Run("each component's container killed once: kubelet restarts it, probes gate readiness, no GPU issued twice", func(t *testing.T) {
+		defer c.dumpIfFailed(t)
+		c.killEachComponent(t)
+		second := c.runJob(t, "train-after-restarts", 2, gpuList(t, c.pod(t, first), v1alpha1.AnnotationAssignedGPUs))
+		c.deleteJob(t, "train-after-restarts", second)
+	})
+	t.Run("helm upgrade with a changed value rolls the components", func(t *testing.T) {
+		defer c.dumpIfFailed(t)
+		c.upgrade(t, values)
+	})
+	t.Run("helm uninstall leaves nothing of the release", func(t *testing.T) {
+		c.deleteJob(t, "train", first)
+		c.uninstall(t)
+	})
+	t.Logf("suite: %v in all", time.Since(start).Round(time.Second))
+}
+
+func chartDir() string { return filepath.Join(harness.RepoRoot(), "charts", "gputopo") }
+
+// startCluster starts kube-apiserver on an address pods reach, the
+// controllers, the default kube-scheduler, kubelet on containerd with the images imported, and
+// kube-proxy.
+func startCluster(t *testing.T) *cluster {
+	t.Helper()
+	ip := hostIP(t)
+	cp := harness.Start(t, harness.Options{PodReachableIP: ip})
+	harness.InstallThirdPartyCRDs(t, cp)
+	cp.StartControllerManagerWith(t, []string{"--root-ca-file=" + cp.CAFile()}, controllers...)
+	// The cluster's own scheduler places the release's pods; the release's
+	// gputopo-scheduler places the GPU workload.
+	cp.StartScheduler(t, nil)
+	gputopoImage, pauseImage := kubelet.Archives()
+	pauseRef, err := kubelet.ImageRef(pauseImage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := kubelet.Start(t, cp, kubelet.Options{
+		NodeName: nodeName, NodeLabels: map[string]string{"nvidia.com/gpu.present": "true"},
+		Containerd: &kubelet.ContainerdOptions{SandboxImage: pauseImage, Images: []string{gputopoImage},
+			Aliases: map[string]string{trainImage: pauseRef}},
+	})
+	kubelet.StartProxy(t, cp, nodeName)
+	c := &cluster{cp: cp, k: k, dir: t.TempDir(), kubeconfig: cp.Kubeconfig(t, "gputopo-test-helm", "system:masters")}
+	t.Cleanup(func() {
+		if t.Failed() {
+			c.dump(t)
+		}
+	})
+	return c
+}
+
+// hostIP is this machine's first global IPv4 address: kube-apiserver
+// serves on it, and pods reach it through the kubernetes Service.
+func hostIP(t *testing.T) string {
+	t.Helper()
+	ifs, err := net.Interfaces()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range ifs {
+		if i.Flags&net.FlagUp == 0 || i.Flags&net.FlagLoopback != 0 || strings.HasPrefix(i.Name, "gputopo-") {
+			continue
+		}
+		addrs, _ := i.Addrs()
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && n.IP.IsGlobalUnicast() {
+				return n.IP.String()
+			}
+		}
+	}
+	t.Skip("no global IPv4 address for kube-apiserver to serve pods on")
+	return ""
+}
+
+// values is the release's values file: the image built here (never
+// pulled), plugin mode, two webhook and two scheduler replicas (leader
+// election picks one scheduler), the node agent simulating machine on
+// this kubelet.
+func (c *cluster) values(t *testing.T) string {
+	t.Helper()
+	gputopoImage, _ := kubelet.Archives()
+	ref, err := kubelet.ImageRef(gputopoImage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	repo, tag := ref[:strings.LastIndex(ref, ":")], ref[strings.LastIndex(ref, ":")+1:]
+	v := fmt.Sprintf(`image:
+  repository: %s
+  tag: %q
+  pullPolicy: Never
+scheduler:
+  mode: plugin
+  replicas: 2
+webhook:
+  replicas: 2
+nodeAgent:
+  simulate: %s
+  kubeletRootDir: %s
+  runtimeClassName: ""
+  reconcileInterval: 2s
+`, repo, tag, machine, c.k.RootDir)
+	p := filepath.Join(c.dir, "values.yaml")
+	if err := os.WriteFile(p, []byte(v), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func (c *cluster) helm(t *testing.T, args ...string) ([]byte, error) {
+	t.Helper()
+	bin, err := harness.Binary("helm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, append(args, "--kubeconfig", c.kubeconfig)...)
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+filepath.Join(c.dir, "helm-cache"),
+		"HELM_CONFIG_HOME="+filepath.Join(c.dir, "helm-config"), "HELM_DATA_HOME="+filepath.Join(c.dir, "helm-data"))
+	return cmd.CombinedOutput()
+}
+
+// actAsCertManager does what cert-manager's controller and CA injector
+// would for the release: one CA (the chart's CA Certificate), a Secret
+// with tls.crt, tls.key and ca.crt for each Certificate, signed for its
+// DNS names, and the CA in the caBundle of every webhook configuration
+// annotated cert-manager.io/inject-ca-from.
+func (c *cluster) actAsCertManager(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	certs := &unstructured.UnstructuredList{}
+	certs.SetAPIVersion("cert-manager.io/v1")
+	certs.SetKind("CertificateList")
+	if err := c.cp.Client.List(ctx, certs, client.InNamespace(releaseNS)); err != nil {
+		t.Fatalf("list the release's Certificates: %v", err)
+	}
+	caKey, caCert := newCert(t, "gputopo-test-ca", nil, nil, nil)
+	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caCert.Raw})
+	caOf := map[string][]byte{}
+	for _, crt := range certs.Items {
+		secret, _, _ := unstructured.NestedString(crt.Object, "spec", "secretName")
+		isCA, _, _ := unstructured.NestedBool(crt.Object, "spec", "isCA")
+		dns, _, _ := unstructured.NestedStringSlice(crt.Object, "spec", "dnsNames")
+		key, cert := caKey, caCert
+		if !isCA {
+			key, cert = newCert(t, crt.GetName(), dns, caKey, caCert)
+		}
+		keyDER, err := x509.MarshalECPrivateKey(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: releaseNS, Name: secret,
+				Annotations: map[string]string{"cert-manager.io/certificate-name": crt.GetName()}},
+			Type: corev1.SecretTypeTLS,
+			Data: map[string][]byte{
+				corev1.TLSCertKey:       pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw}),
+				corev1.TLSPrivateKeyKey: pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+				"ca.crt":                caPEM,
+			},
+		}
+		if err := c.cp.Client.Create(ctx, s); err != nil {
+			t.Fatalf("create Secret %s for Certificate %s: %v", secret, crt.GetName(), err)
+		}
+		caOf[releaseNS+"/"+crt.GetName()] = caPEM
+		t.Logf("injected: Secret %s for Certificate %s (isCA %v, dnsNames %v)", secret, crt.GetName(), isCA, dns)
+	}
+	if len(certs.Items) == 0 {
+		t.Fatal("the release created no cert-manager Certificate")
+	}
+	injected := 0
+	muts := &admissionregistrationv1.MutatingWebhookConfigurationList{}
+	vals := &admissionregistrationv1.ValidatingWebhookConfigurationList{}
+	if err := c.cp.Client.List(ctx, muts); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.cp.Client.List(ctx, vals); err != nil {
+		t.Fatal(err)
+	}
+	for i := range muts.Items {
+		m := &muts.Items[i]
+		if ca, ok := caOf[m.Annotations["cert-manager.io/inject-ca-from"]]; ok {
+			for j := range m.Webhooks {
+				m.Webhooks[j].ClientConfig.CABundle = ca
+			}
+			if err := c.cp.Client.Update(ctx, m); err != nil {
+				t.Fatalf("inject the CA into %s: %v", m.Name, err)
+			}
+			injected++
+		}
+	}
+	for i := range vals.Items {
+		v := &vals.Items[i]
+		if ca, ok := caOf[v.Annotations["cert-manager.io/inject-ca-from"]]; ok {
+			for j := range v.Webhooks {
+				v.Webhooks[j].ClientConfig.CABundle = ca
+			}
+			if err := c.cp.Client.Update(ctx, v); err != nil {
+				t.Fatalf("inject the CA into %s: %v", v.Name, err)
+			}
+			injected++
+		}
+	}
+	if injected != 2 {
+		t.Fatalf("injected the CA into %d webhook configurations, want the release's mutating and validating ones", injected)
+	}
+	t.Logf("injected: the CA bundle into the release's %d webhook configurations", injected)
+}
+
+// newCert is a P-256 key and a certificate for name: a self-signed CA
+// without a parent, else a serving certificate for dns signed by parent.
+func newCert(t *testing.T, name string, dns []string, parentKey *ecdsa.PrivateKey, parent *x509.Certificate) (*ecdsa.PrivateKey, *x509.Certificate) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
+	tmpl := &x509.Certificate{
+		SerialNumber: serial, Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		DNSNames: dns,
+	}
+	signer, issuer := key, tmpl
+	if parent == nil {
+		tmpl.IsCA, tmpl.BasicConstraintsValid = true, true
+		tmpl.KeyUsage = x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature
+	} else {
+		signer, issuer = parentKey, parent
+		tmpl.KeyUsage = x509.KeyUsageDigitalSignature
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, issuer, &key.PublicKey, signer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key, cert
+}
+
+// releasePods are the pods of the release.
+func (c *cluster) releasePods(t *testing.T) []corev1.Pod {
+	t.Helper()
+	list := &corev1.PodList{}
+	if err := c.cp.Client.List(context.Background(), list, client.InNamespace(releaseNS),
+		client.MatchingLabels{"app.kubernetes.io/instance": releaseName}); err != nil {
+		t.Fatal(err)
+	}
+	return list.Items
+}
+
+// waitReleaseReady waits until the release's Deployments and DaemonSet
+// have every replica available and every pod of it is Running and Ready.
+func (c *cluster) waitReleaseReady(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	c.poll(t, timeout, "every pod of the release Running and Ready", func() (bool, string) {
+		ctx := context.Background()
+		deps := &appsv1.DeploymentList{}
+		dss := &appsv1.DaemonSetList{}
+		if err := c.cp.Client.List(ctx, deps, client.InNamespace(releaseNS)); err != nil {
+			return false, err.Error()
+		}
+		if err := c.cp.Client.List(ctx, dss, client.InNamespace(releaseNS)); err != nil {
+			return false, err.Error()
+		}
+		var want int32
+		var notReady []string
+		for _, d := range deps.Items {
+			want += ptr.Deref(d.Spec.Replicas, 1)
+			if d.Status.ObservedGeneration < d.Generation || d.Status.UpdatedReplicas != ptr.Deref(d.Spec.Replicas, 1) || d.Status.AvailableReplicas != ptr.Deref(d.Spec.Replicas, 1) {
+				notReady = append(notReady, fmt.Sprintf("Deployment %s %d/%d available", d.Name, d.Status.AvailableReplicas, ptr.Deref(d.Spec.Replicas, 1)))
+			}
+		}
+		for _, d := range dss.Items {
+			want += d.Status.DesiredNumberScheduled
+			if d.Status.ObservedGeneration < d.Generation || d.Status.DesiredNumberScheduled == 0 || d.Status.NumberReady != d.Status.DesiredNumberScheduled || d.Status.UpdatedNumberScheduled != d.Status.DesiredNumberScheduled {
+				notReady = append(notReady, fmt.Sprintf("DaemonSet %s %d/%d ready", d.Name, d.Status.NumberReady, d.Status.DesiredNumberScheduled))
+			}
+		}
+		pods := c.releasePods(t)
+		for _, p := range pods {
+			if p.DeletionTimestamp != nil {
+				notReady = append(notReady, p.Name+" terminating")
+			} else if !podReady(&p) {
+				notReady = append(notReady, fmt.Sprintf("%s %s %s", p.Name, p.Status.Phase, containerStates(&p)))
+			}
+		}
+		if len(deps.Items) == 0 || len(dss.Items) == 0 {
+			notReady = append(notReady, fmt.Sprintf("%d Deployments, %d DaemonSets", len(deps.Items), len(dss.Items)))
+		}
+		if int32(len(pods)) != want {
+			notReady = append(notReady, fmt.Sprintf("%d pods, want %d", len(pods), want))
+		}
+		return len(notReady) == 0, strings.Join(notReady, "; ")
+	})
+}
+
+func podReady(p *corev1.Pod) bool {
+	if p.Status.Phase != corev1.PodRunning {
+		return false
+	}
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == corev1.PodReady {
+			return cond.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func containerStates(p *corev1.Pod) string {
+	var out []string
+	for _, s := range p.Status.ContainerStatuses {
+		st := "running"
+		switch {
+		case s.State.Waiting != nil:
+			st = "waiting " + s.State.Waiting.Reason + " " + s.State.Waiting.Message
+		case s.State.Terminated != nil:
+			st = fmt.Sprintf("terminated %s (%d)", s.State.Terminated.Reason, s.State.Terminated.ExitCode)
+		}
+		if l := s.LastTerminationState.Terminated; l != nil {
+			st += fmt.Sprintf(", last terminated %s (%d) %s", l.Reason, l.ExitCode, strings.TrimSpace(l.Message))
+		}
+		out = append(out, fmt.Sprintf("%s: %s ready=%v restarts=%d", s.Name, st, s.Ready, s.RestartCount))
+	}
+	return "[" + strings.Join(out, ", ") + "]"
+}
+
+// runJob runs a model-parallel Job of one pod with gpus GPUs in the opted-in
+// namespace and checks the installed system placed it: mutated by the
+// webhook, bound by gputopo-scheduler to an NVLinked set, assigned-gpus
+// equal to allocated-gpus, none of them in avoid, and the container
+// process's NVIDIA_VISIBLE_DEVICES exactly those GPUs.
+func (c *cluster) runJob(t *testing.T, name string, gpus int64, avoid []string) *corev1.Pod {
+	t.Helper()
+	ctx := context.Background()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: teamNS, Labels: map[string]string{v1alpha1.LabelInjection: v1alpha1.InjectionEnabled}}}
+	if err := c.cp.Client.Create(ctx, ns); err != nil && !strings.Contains(err.Error(), "already exists") {
+		t.Fatal(err)
+	}
+	q := *resource.NewQuantity(gpus, resource.DecimalSI)
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Namespace: teamNS, Name: name,
+			Annotations: map[string]string{v1alpha1.AnnotationParallelism: string(v1alpha1.ParallelismModel)}},
+		Spec: batchv1.JobSpec{
+			Parallelism: ptr.To[int32](1), Completions: ptr.To[int32](1), BackoffLimit: ptr.To[int32](0),
+			Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+				RestartPolicy: corev1.RestartPolicyNever, TerminationGracePeriodSeconds: ptr.To[int64](0),
+				AutomountServiceAccountToken: ptr.To(false),
+				Containers: []corev1.Container{{Name: "main", Image: trainImage, ImagePullPolicy: corev1.PullIfNotPresent,
+					Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{v1alpha1.ResourceGPU: q}, Limits: corev1.ResourceList{v1alpha1.ResourceGPU: q}}}},
+			}},
+		},
+	}
+	if err := c.cp.Client.Create(ctx, job); err != nil {
+		t.Fatalf("create Job %s: %v", name, err)
+	}
+	var pod *corev1.Pod
+	c.poll(t, 2*time.Minute, "the Job's pod to run with allocated-gpus", func() (bool, string) {
+		list := &corev1.PodList{}
+		if err := c.cp.Client.List(ctx, list, client.InNamespace(teamNS), client.MatchingLabels{batchv1.JobNameLabel: name}); err != nil {
+			return false, err.Error()
+		}
+		if len(list.Items) != 1 {
+			return false, fmt.Sprintf("%d pods", len(list.Items))
+		}
+		pod = &list.Items[0]
+		msg := fmt.Sprintf("%s %s node %q %s", pod.Name, pod.Status.Phase, pod.Spec.NodeName, containerStates(pod))
+		for _, cond := range pod.Status.Conditions {
+			if cond.Type == corev1.PodScheduled && cond.Status == corev1.ConditionFalse {
+				msg += ": " + cond.Message
+			}
+		}
+		return pod.Status.Phase == corev1.PodRunning && pod.Annotations[v1alpha1.AnnotationAllocatedGPUs] != "", msg
+	})
+	if pod.Spec.SchedulerName != v1alpha1.DefaultSchedulerName || pod.Annotations[v1alpha1.AnnotationRequirement] == "" {
+		t.Errorf("pod %s: schedulerName %q, requirement %q; the installed webhook did not mutate it", pod.Name, pod.Spec.SchedulerName, pod.Annotations[v1alpha1.AnnotationRequirement])
+	}
+	assigned := gpuList(t, pod, v1alpha1.AnnotationAssignedGPUs)
+	allocated := gpuList(t, pod, v1alpha1.AnnotationAllocatedGPUs)
+	if int64(len(assigned)) != gpus || !slices.Equal(assigned, allocated) {
+		t.Errorf("assigned-gpus %v, allocated-gpus %v: want %d GPUs, equal", assigned, allocated, gpus)
+	}
+	for _, u := range assigned {
+		if slices.Contains(avoid, u) {
+			t.Errorf("GPU %s issued to %s while a running pod holds it", u, pod.Name)
+		}
+	}
+	pl, err := v1alpha1.ParsePlacement(pod.Annotations[v1alpha1.AnnotationPlacement])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pl.Tier != v1alpha1.TierNVSwitch || pl.Node != nodeName {
+		t.Errorf("placement %s; want an NVSwitch set on %s", pl, nodeName)
+	}
+	pid, err := c.k.Containerd.PID(ctx, pod.Namespace, pod.Name, string(pod.UID), "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := kubelet.Environ(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vis := kubelet.Lookup(env, v1alpha1.EnvVisibleDevices)
+	if len(vis) != 1 || !slices.Equal(kubelet.EnvList(vis[0]), assigned) {
+		t.Errorf("%s in /proc/%d/environ = %q, want exactly assigned-gpus %v", v1alpha1.EnvVisibleDevices, pid, vis, assigned)
+	}
+	t.Logf("checked: %s mutated by the installed webhook, bound by gputopo-scheduler with placement %s, allocated-gpus = assigned-gpus = %v = the process's %s", pod.Name, pl, assigned, v1alpha1.EnvVisibleDevices)
+	return pod
+}
+
+func gpuList(t *testing.T, p *corev1.Pod, key string) []string {
+	t.Helper()
+	l, err := v1alpha1.ParseGPUList(key, p.Annotations[key])
+	if err != nil {
+		t.Fatalf("pod %s/%s: %v", p.Namespace, p.Name, err)
+	}
+	return v1alpha1.SortedGPUList(l)
+}
+
+func (c *cluster) pod(t *testing.T, p *corev1.Pod) *corev1.Pod {
+	t.Helper()
+	got := &corev1.Pod{}
+	if err := c.cp.Client.Get(context.Background(), client.ObjectKeyFromObject(p), got); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// checkLeader checks that leader election picked one of deployment's
+// pods: the Lease the chart installed names it as holder.
+func (c *cluster) checkLeader(t *testing.T, deployment string) {
+	t.Helper()
+	var holder string
+	c.poll(t, time.Minute, "a leader in Lease "+deployment, func() (bool, string) {
+		l := &coordinationv1.Lease{}
+		if err := c.cp.Client.Get(context.Background(), client.ObjectKey{Namespace: releaseNS, Name: deployment}, l); err != nil {
+			return false, err.Error()
+		}
+		holder = ptr.Deref(l.Spec.HolderIdentity, "")
+		return holder != "", "no holder"
+	})
+	var pods []string
+	for _, p := range c.releasePods(t) {
+		if strings.HasPrefix(p.Name, deployment+"-") {
+			pods = append(pods, p.Name)
+			if strings.HasPrefix(holder, p.Name) {
+				t.Logf("checked: leader election picked %s of %d replicas (Lease holder %s)", p.Name, len(pods), holder)
+				return
+			}
+		}
+	}
+	t.Errorf("Lease %s holder %q is none of the pods %v", deployment, holder, pods)
+}
+
+// killEachComponent SIGKILLs the container process of every pod of the
+// release, one at a time, and waits until kubelet restarted it and its
+// readiness probe passed again.
+func (c *cluster) killEachComponent(t *testing.T) {
+	t.Helper()
+	for _, p := range c.releasePods(t) {
+		if len(p.Spec.Containers) == 0 || len(p.Status.ContainerStatuses) == 0 {
+			t.Fatalf("pod %s has no container status", p.Name)
+		}
+		name := p.Spec.Containers[0].Name
+		restarts := p.Status.ContainerStatuses[0].RestartCount
+		pid, err := c.k.Containerd.PID(context.Background(), p.Namespace, p.Name, string(p.UID), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatalf("kill %s/%s (pid %d): %v", p.Name, name, pid, err)
+		}
+		t.Logf("injected: SIGKILL to %s/%s (pid %d)", p.Name, name, pid)
+		c.poll(t, 2*time.Minute, p.Name+" restarted by kubelet and Ready", func() (bool, string) {
+			got := &corev1.Pod{}
+			if err := c.cp.Client.Get(context.Background(), client.ObjectKeyFromObject(&p), got); err != nil {
+				return false, err.Error()
+			}
+			if len(got.Status.ContainerStatuses) == 0 {
+				return false, "no status"
+			}
+			return got.Status.ContainerStatuses[0].RestartCount > restarts && podReady(got), containerStates(got)
+		})
+	}
+	c.waitReleaseReady(t, 2*time.Minute)
+	t.Logf("checked: every component restarted through kubelet and is Ready again")
+}
+
+// upgrade changes logVerbosity with helm upgrade and waits until every
+// component runs with it.
+func (c *cluster) upgrade(t *testing.T, values string) {
+	t.Helper()
+	if out, err := c.helm(t, "upgrade", releaseName, chartDir(), "--namespace", releaseNS, "-f", values, "--set", "logVerbosity=3"); err != nil {
+		t.Fatalf("helm upgrade: %v\n%s", err, out)
+	}
+	t.Logf("injected: helm upgrade --set logVerbosity=3")
+	c.poll(t, 3*time.Minute, "every component at --v=3", func() (bool, string) {
+		var old []string
+		for _, p := range c.releasePods(t) {
+			argv := append(slices.Clone(p.Spec.Containers[0].Command), p.Spec.Containers[0].Args...)
+			if !slices.Contains(argv, "--v=3") || !podReady(&p) || p.DeletionTimestamp != nil {
+				old = append(old, p.Name+" "+containerStates(&p))
+			}
+		}
+		return len(old) == 0, fmt.Sprintf("not yet: %v", old)
+	})
+	c.waitReleaseReady(t, 2*time.Minute)
+	t.Logf("checked: every pod of the release replaced, Ready, at --v=3")
+}
+
+// deleteJob deletes the Job and waits until its pod is gone.
+func (c *cluster) deleteJob(t *testing.T, name string, p *corev1.Pod) {
+	t.Helper()
+	ctx := context.Background()
+	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Namespace: teamNS, Name: name}}
+	if err := c.cp.Client.Delete(ctx, job, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.cp.Client.Delete(ctx, p, client.GracePeriodSeconds(0)); client.IgnoreNotFound(err) != nil {
+		t.Fatal(err)
+	}
+	c.poll(t, time.Minute, "pod "+p.Name+" gone", func() (bool, string) {
+		err := c.cp.Client.Get(ctx, client.ObjectKeyFromObject(p), &corev1.Pod{})
+		return client.IgnoreNotFound(err) == nil && err != nil, fmt.Sprint(err)
+	})
+}
+
+// uninstall runs helm uninstall and checks that nothing of the release is
+// left: no webhook configuration, workload, Service, ConfigMap, Secret
+// other than the test's own, RBAC object, Lease, or pod.
+func (c *cluster) uninstall(t *testing.T) {
+	t.Helper()
+	if out, err := c.helm(t, "uninstall", releaseName, "--namespace", releaseNS, "--wait", "--timeout", "3m"); err != nil {
+		t.Fatalf("helm uninstall: %v\n%s", err, out)
+	}
+	t.Logf("injected: helm uninstall")
+	ctx := context.Background()
+	c.poll(t, 2*time.Minute, "the release's pods gone", func() (bool, string) {
+		pods := c.releasePods(t)
+		return len(pods) == 0, fmt.Sprintf("%d pods left", len(pods))
+	})
+	var left []string
+	check := func(list client.ObjectList, opts ...client.ListOption) {
+		if err := c.cp.Client.List(ctx, list, opts...); err != nil {
+			t.Fatal(err)
+		}
+		items, _ := metaItems(list)
+		for _, o := range items {
+			if strings.Contains(o.GetName(), releaseName) || o.GetLabels()["app.kubernetes.io/instance"] == releaseName {
+				left = append(left, fmt.Sprintf("%T %s/%s", list, o.GetNamespace(), o.GetName()))
+			}
+			if len(o.GetFinalizers()) > 0 && o.GetNamespace() == releaseNS {
+				left = append(left, fmt.Sprintf("%T %s/%s with finalizers %v", list, o.GetNamespace(), o.GetName(), o.GetFinalizers()))
+			}
+		}
+	}
+	check(&admissionregistrationv1.MutatingWebhookConfigurationList{})
+	check(&admissionregistrationv1.ValidatingWebhookConfigurationList{})
+	check(&appsv1.DeploymentList{}, client.InNamespace(releaseNS))
+	check(&appsv1.DaemonSetList{}, client.InNamespace(releaseNS))
+	check(&corev1.ServiceList{}, client.InNamespace(releaseNS))
+	check(&corev1.ConfigMapList{}, client.InNamespace(releaseNS))
+	check(&coordinationv1.LeaseList{}, client.InNamespace(releaseNS))
+	check(&corev1.PodList{}, client.InNamespace(releaseNS))
+	if len(left) > 0 {
+		t.Errorf("left after helm uninstall: %s", strings.Join(left, "; "))
+	}
+	t.Logf("checked: no webhook configuration, workload, Service, ConfigMap, Lease or pod of the release left")
+}
+
+// metaItems are a list's items as objects.
+func metaItems(list client.ObjectList) ([]client.Object, error) {
+	var out []client.Object
+	switch l := list.(type) {
+	case *admissionregistrationv1.MutatingWebhookConfigurationList:
+		for i := range l.Items {
+			out = append(out, &l.Items[i])
+		}
+	case *admissionregistrationv1.ValidatingWebhookConfigurationList:
+		for i := range l.Items {
+			out = append(out, &l.Items[i])
+		}
+	case *appsv1.DeploymentList:
+		for i := range l.Items {
+			out = append(out, &l.Items[i])
+		}
+	case *appsv1.DaemonSetList:
+		for i := range l.Items {
+			out = append(out, &l.Items[i])
+		}
+	case *corev1.ServiceList:
+		for i := range l.Items {
+			out = append(out, &l.Items[i])
+		}
+	case *corev1.ConfigMapList:
+		for i := range l.Items {
+			out = append(out, &l.Items[i])
+		}
+	case *coordinationv1.LeaseList:
+		for i := range l.Items {
+			out = append(out, &l.Items[i])
+		}
+	case *corev1.PodList:
+		for i := range l.Items {
+			out = append(out, &l.Items[i])
+		}
+	default:
+		return nil, fmt.Errorf("unexpected list %T", list)
+	}
+	return out, nil
+}
+
+func (c *cluster) poll(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(context.Background(), 500*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		ok, msg := cond()
+		last = msg
+		return ok, nil
+	})
+	if err != nil {
+		t.Fatalf("timed out after %v waiting for %s: %s", timeout, what, last)
+	}
+}
+
+func (c *cluster) dumpIfFailed(t *testing.T) {
+	if t.Failed() {
+		c.dump(t)
+	}
+}
+
+// dump logs what a failed run needs: the release's pods and their
+// containers' last log lines (kubelet's pod log files).
+func (c *cluster) dump(t *testing.T) {
+	list := &corev1.PodList{}
+	_ = c.cp.Client.List(context.Background(), list)
+	for _, p := range list.Items {
+		t.Logf("pod %s/%s %s node %q %s", p.Namespace, p.Name, p.Status.Phase, p.Spec.NodeName, containerStates(&p))
+	}
+	logs, _ := filepath.Glob(filepath.Join(c.k.Dir, "logs", "*", "*", "*.log"))
+	for _, l := range logs {
+		b, _ := os.ReadFile(l)
+		if len(b) == 0 {
+			continue
+		}
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		if len(lines) > 15 {
+			lines = lines[len(lines)-15:]
+		}
+		t.Logf("%s:\n%s", strings.TrimPrefix(l, c.k.Dir), strings.Join(lines, "\n"))
+	}
+	t.Logf("kubelet:\n%s", c.k.Process.Tail(30))
+}
