@@ -129,11 +129,12 @@ bench-scheduler: tools gputopo-scheduler ## kube-scheduler pods/s: plain, no-op 
 # The image as an OCI archive, without a container engine: Debian's libc6
 # as the base layer, the binaries on top, assembled by hack/image (its own
 # module, go-containerregistry). Push: skopeo copy oci-archive:_out/gputopo-image.tar docker://REGISTRY/gputopo:TAG
-# The pod sandbox image (_out/pause-image.tar, hack/image/pause) is for the
-# runtime tests' containerd, which cannot pull registry.k8s.io/pause here.
+# The pod sandbox image (_out/pause-image.tar, hack/image/pause) and
+# kube-scheduler from bin/ (_out/kube-scheduler-image.tar) are for the
+# runtime tests' containerd, which cannot pull registry.k8s.io here.
 IMAGE_REF ?= ghcr.io/gputopo/gputopo:$(VERSION)
 PAUSE_REF ?= localhost/gputopo/pause:$(VERSION)
-image: gputopo-scheduler ## Build the image (and the runtime tests' pause image) as OCI archives in _out/ (no container engine needed)
+image: tools gputopo-scheduler ## Build the image (and the runtime tests' pause image) as OCI archives in _out/ (no container engine needed)
 	@mkdir -p _out/image
 	CGO_ENABLED=1 $(GO) build -trimpath -tags nodemo -ldflags "-s -w $(LDFLAGS)" -o _out/image/gputopo ./cmd/gputopo
 	cp $(BIN)/gputopo-scheduler _out/image/gputopo-scheduler
@@ -141,7 +142,9 @@ image: gputopo-scheduler ## Build the image (and the runtime tests' pause image)
 	cd hack/image && $(GO) run . -out $(CURDIR)/_out/gputopo-image.tar -ref $(IMAGE_REF) -version $(VERSION) \
 	  -debs "$$(ls $(CURDIR)/_out/image/debs/*.deb | paste -sd, -)" -bin $(CURDIR)/_out/image/gputopo,$(CURDIR)/_out/image/gputopo-scheduler
 	cd hack/image && CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $(CURDIR)/_out/image/pause ./pause
-	cd hack/image && $(GO) run . -pause -out $(CURDIR)/_out/pause-image.tar -ref $(PAUSE_REF) -version $(VERSION) -bin $(CURDIR)/_out/image/pause
+	cd hack/image && $(GO) run . -single /pause -user 65535:65535 -out $(CURDIR)/_out/pause-image.tar -ref $(PAUSE_REF) -version $(VERSION) -bin $(CURDIR)/_out/image/pause
+	cd hack/image && $(GO) run . -single /usr/local/bin/kube-scheduler -out $(CURDIR)/_out/kube-scheduler-image.tar \
+	  -ref localhost/gputopo/kube-scheduler:$$($(BIN)/kube-scheduler --version | cut -d' ' -f2) -version $(VERSION) -bin $(BIN)/kube-scheduler
 
 demo: tools kubectl-gputopo ## Run the whole system on a simulated mixed GPU cluster (DEMO_FLAGS=--keep keeps it up for kubectl gputopo)
 	$(GO) run -ldflags "$(LDFLAGS)" ./cmd/gputopo demo $(DEMO_FLAGS)

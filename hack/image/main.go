@@ -6,10 +6,12 @@
 // Dockerfile's: /usr/local/bin/gputopo and /usr/local/bin/gputopo-scheduler,
 // user 65532, entrypoint gputopo.
 //
-// With -pause it writes the pod sandbox image instead: one static binary
-// (hack/image/pause) at /pause, user 65535, the shape of Kubernetes'
-// registry.k8s.io/pause. The runtime tests import both archives into
-// containerd, which cannot pull here.
+// With -single PATH it writes a one-binary image instead: the static binary
+// given with -bin at PATH, run as -user. `make image` writes two for the
+// runtime tests, which import the archives into containerd (nothing can be
+// pulled here): the pod sandbox image (hack/image/pause at /pause, user
+// 65535, the shape of registry.k8s.io/pause) and kube-scheduler from bin/
+// (the chart's extender-mode scheduler image).
 package main
 
 import (
@@ -46,7 +48,7 @@ type options struct {
 	out, ref, version string
 	debs              []string
 	bins              []string
-	pause             bool
+	single, user      string
 }
 
 func main() {
@@ -57,7 +59,8 @@ func main() {
 	flag.StringVar(&o.version, "version", "dev", "version label")
 	flag.StringVar(&debs, "debs", "", "comma-separated Debian .deb files whose contents form the base layer (libc6)")
 	flag.StringVar(&bins, "bin", "", "comma-separated binaries for /usr/local/bin")
-	flag.BoolVar(&o.pause, "pause", false, "write the pod sandbox image: -bin is one static binary, installed as /pause; no -debs")
+	flag.StringVar(&o.single, "single", "", "write a one-binary image: -bin is one static binary, installed at this path and run as -user; no -debs")
+	flag.StringVar(&o.user, "user", "65532:65532", "uid:gid of a -single image")
 	flag.Parse()
 	o.debs, o.bins = split(debs), split(bins)
 	if err := build(o); err != nil {
@@ -81,8 +84,8 @@ func build(o options) error {
 		img v1.Image
 		err error
 	)
-	if o.pause {
-		img, err = pauseImage(o)
+	if o.single != "" {
+		img, err = singleImage(o)
 	} else {
 		img, err = gputopoImage(o)
 	}
@@ -137,22 +140,32 @@ func gputopoImage(o options) (v1.Image, error) {
 	)
 }
 
-// pauseImage is the sandbox image: /pause alone, run as 65535 like
-// upstream's.
-func pauseImage(o options) (v1.Image, error) {
+// singleImage is one static binary at o.single (its parent directories
+// included) and nothing else, run as o.user.
+func singleImage(o options) (v1.Image, error) {
 	if len(o.debs) != 0 || len(o.bins) != 1 {
-		return nil, errors.New("-pause takes exactly one -bin (the static pause binary) and no -debs")
+		return nil, errors.New("-single takes exactly one -bin (a static binary) and no -debs")
+	}
+	if !strings.HasPrefix(o.single, "/") || strings.HasSuffix(o.single, "/") {
+		return nil, fmt.Errorf("-single %q: want the binary's absolute path in the image, e.g. /pause", o.single)
 	}
 	body, err := os.ReadFile(o.bins[0])
 	if err != nil {
 		return nil, err
 	}
-	l, err := layerOf([]entry{fileEntry("pause", 0o755, body)})
+	rel := strings.TrimPrefix(o.single, "/")
+	var es []entry
+	for d := filepath.Dir(rel); d != "."; d = filepath.Dir(d) {
+		es = append(es, dirEntry(d+"/", 0o755, 0))
+	}
+	es = append(es, fileEntry(rel, 0o755, body))
+	l, err := layerOf(es)
 	if err != nil {
 		return nil, err
 	}
-	return withConfig(o, "pause", "65535:65535", []string{"/pause"},
-		mutate.Addendum{Layer: l, MediaType: types.OCILayer, History: v1.History{CreatedBy: "pause", Created: v1.Time{Time: epoch}}})
+	title := filepath.Base(rel)
+	return withConfig(o, title, o.user, []string{o.single},
+		mutate.Addendum{Layer: l, MediaType: types.OCILayer, History: v1.History{CreatedBy: title, Created: v1.Time{Time: epoch}}})
 }
 
 // withConfig stacks the layers into an OCI image and writes its config.

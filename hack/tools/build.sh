@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the control-plane and code-generation binaries pinned in go.mod, and
-# containerd pinned in containerd/go.mod, into bin/ at the repository root. A stamp file records the hash of the pins, so a
+# containerd and CoreDNS pinned in their own modules (containerd/, coredns/),
+# into bin/ at the repository root. A stamp file records the hash of the pins, so a
 # second run with unchanged pins returns at once. A cold build compiles
 # Kubernetes and takes about 15 minutes on 2 cores.
 set -euo pipefail
@@ -10,7 +11,7 @@ root=$(cd "$here/../.." && pwd)
 bin="${BIN_DIR:-$root/bin}"
 mkdir -p "$bin"
 
-tools=(kube-apiserver kube-scheduler kube-controller-manager kubelet kube-proxy etcd controller-gen helm containerd containerd-shim-runc-v2 ctr)
+tools=(kube-apiserver kube-scheduler kube-controller-manager kubelet kube-proxy etcd controller-gen helm containerd containerd-shim-runc-v2 ctr coredns)
 pkgs=(
   k8s.io/kubernetes/cmd/kube-apiserver
   k8s.io/kubernetes/cmd/kube-scheduler
@@ -23,7 +24,7 @@ pkgs=(
 )
 
 stamp="$bin/.tools-stamp"
-want=$(cat "$here/go.mod" "$here/go.sum" "$here/build.sh" "$here/etcd/main.go" "$here/containerd/go.mod" "$here/containerd/go.sum" | sha256sum | cut -d' ' -f1)
+want=$(cat "$here/go.mod" "$here/go.sum" "$here/build.sh" "$here/etcd/main.go" "$here/containerd/go.mod" "$here/containerd/go.sum" "$here/coredns/go.mod" "$here/coredns/go.sum" "$here/coredns/main.go" | sha256sum | cut -d' ' -f1)
 
 complete=true
 for t in "${tools[@]}"; do [ -x "$bin/$t" ] || complete=false; done
@@ -59,5 +60,9 @@ echo "tools: building containerd $cver"
   github.com/containerd/containerd/v2/cmd/containerd \
   github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
   github.com/containerd/containerd/v2/cmd/ctr)
+# CoreDNS with the kubernetes plugin: the cluster DNS of the install tests'
+# one-node cluster (hack/tools/coredns names the plugins).
+echo "tools: building coredns $(cd "$here/coredns" && go list -m -f '{{.Version}}' github.com/coredns/coredns)"
+(cd "$here/coredns" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin/coredns" .)
 echo "$want" > "$stamp"
 echo "tools: done in $(( $(date +%s) - start ))s"

@@ -626,6 +626,11 @@ func checkExtenderHA(t *testing.T, r release, w want, objs []*unstructured.Unstr
 	fn := r.fullname()
 	var dep appsv1.Deployment
 	into(t, find(t, objs, "Deployment", fn+"-extender"), &dep)
+	// Only the leader is Ready: a rolling update would wait forever for a
+	// new replica to become Ready while an old one leads.
+	if dep.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
+		t.Errorf("extender Deployment strategy %q, want Recreate (only the Lease holder is Ready)", dep.Spec.Strategy.Type)
+	}
 	if ptr.Deref(dep.Spec.Replicas, 0) != w.extenderReplicas {
 		t.Errorf("extender replicas = %d, want %d", ptr.Deref(dep.Spec.Replicas, 0), w.extenderReplicas)
 	}

@@ -61,6 +61,7 @@ var controllers = []string{
 
 // cluster is the one-node cluster the chart is installed on.
 type cluster struct {
+	mode       string
 	cp         *harness.ControlPlane
 	k          *kubelet.Kubelet
 	kubeconfig string
@@ -76,21 +77,33 @@ type cluster struct {
 // the installed system, every component's container is killed once, the
 // release is upgraded with a changed value and uninstalled, and the test
 // checks what is left.
-func TestHelmInstall(t *testing.T) {
+func TestHelmInstall(t *testing.T) { installAndRun(t, "plugin") }
+
+// TestHelmInstallExtenderMode is TestHelmInstall in the chart's default
+// mode: the upstream kube-scheduler binary (bin/, in an image built here)
+// calls the extender Deployment's leader through its Service, by its
+// cluster DNS name (CoreDNS), over mutual TLS.
+func TestHelmInstallExtenderMode(t *testing.T) { installAndRun(t, "extender") }
+
+func installAndRun(t *testing.T, mode string) {
 	if os.Geteuid() != 0 {
 		t.Skip("a real kubelet and container runtime need root")
 	}
 	start := time.Now()
-	c := startCluster(t)
+	c := startCluster(t, mode)
 	values := c.values(t)
 	if out, err := c.helm(t, "install", releaseName, chartDir(), "--namespace", releaseNS, "--create-namespace", "-f", values); err != nil {
 		t.Fatalf("helm install: %v\n%s", err, out)
 	}
-	t.Logf("injected: helm install %s in %s, plugin mode, the node agent simulating a %s", releaseName, releaseNS, machine)
+	t.Logf("injected: helm install %s in %s, %s mode, the node agent simulating a %s", releaseName, releaseNS, mode, machine)
 	c.actAsCertManager(t)
 	c.waitReleaseReady(t, 4*time.Minute)
 	t.Logf("checked: every pod of the release Running and Ready (%v since start)", time.Since(start).Round(time.Second))
+	c.waitWebhookServes(t)
 	c.checkLeader(t, "gputopo-scheduler")
+	if mode == "extender" {
+		c.checkLeader(t, "gputopo-extender")
+	}
 
 	var first *corev1.Pod
 	t.Run("model-parallel Job through the installed system", func(t *testing.T) {
@@ -117,12 +130,17 @@ func TestHelmInstall(t *testing.T) {
 	t.Logf("suite: %v in all", time.Since(start).Round(time.Second))
 }
 
+// schedulerArchive is kube-scheduler from bin/ as an image (make image).
+func schedulerArchive() string {
+	return filepath.Join(harness.RepoRoot(), "_out", "kube-scheduler-image.tar")
+}
+
 func chartDir() string { return filepath.Join(harness.RepoRoot(), "charts", "gputopo") }
 
 // startCluster starts kube-apiserver on an address pods reach, the
 // controllers, the default kube-scheduler, kubelet on containerd with the images imported, and
 // kube-proxy.
-func startCluster(t *testing.T) *cluster {
+func startCluster(t *testing.T, mode string) *cluster {
 	t.Helper()
 	ip := hostIP(t)
 	cp := harness.Start(t, harness.Options{PodReachableIP: ip})
@@ -136,13 +154,20 @@ func startCluster(t *testing.T) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := kubelet.Start(t, cp, kubelet.Options{
+	opts := kubelet.Options{
 		NodeName: nodeName, NodeLabels: map[string]string{"nvidia.com/gpu.present": "true"},
 		Containerd: &kubelet.ContainerdOptions{SandboxImage: pauseImage, Images: []string{gputopoImage},
 			Aliases: map[string]string{trainImage: pauseRef}},
-	})
+	}
+	if mode == "extender" {
+		// kube-scheduler reaches the extender by its Service's DNS name.
+		kubelet.StartDNS(t, cp, ip)
+		opts.ClusterDNS = ip
+		opts.Containerd.Images = append(opts.Containerd.Images, schedulerArchive())
+	}
+	k := kubelet.Start(t, cp, opts)
 	kubelet.StartProxy(t, cp, nodeName)
-	c := &cluster{cp: cp, k: k, dir: t.TempDir(), kubeconfig: cp.Kubeconfig(t, "gputopo-test-helm", "system:masters")}
+	c := &cluster{mode: mode, cp: cp, k: k, dir: t.TempDir(), kubeconfig: cp.Kubeconfig(t, "gputopo-test-helm", "system:masters")}
 	t.Cleanup(func() {
 		if t.Failed() {
 			c.dump(t)
@@ -175,9 +200,9 @@ func hostIP(t *testing.T) string {
 }
 
 // values is the release's values file: the image built here (never
-// pulled), plugin mode, two webhook and two scheduler replicas (leader
-// election picks one scheduler), the node agent simulating machine on
-// this kubelet.
+// pulled), the mode, two webhook, scheduler (and extender) replicas
+// (leader election picks one of each), the node agent simulating machine
+// on this kubelet.
 func (c *cluster) values(t *testing.T) string {
 	t.Helper()
 	gputopoImage, _ := kubelet.Archives()
@@ -191,7 +216,7 @@ func (c *cluster) values(t *testing.T) string {
   tag: %q
   pullPolicy: Never
 scheduler:
-  mode: plugin
+  mode: %s
   replicas: 2
 webhook:
   replicas: 2
@@ -200,7 +225,16 @@ nodeAgent:
   kubeletRootDir: %s
   runtimeClassName: ""
   reconcileInterval: 2s
-`, repo, tag, machine, c.k.RootDir)
+`, repo, tag, c.mode, machine, c.k.RootDir)
+	if c.mode == "extender" {
+		sref, err := kubelet.ImageRef(schedulerArchive())
+		if err != nil {
+			t.Fatal(err)
+		}
+		v += "extender:\n  replicas: 2\n"
+		v = strings.Replace(v, "scheduler:\n", fmt.Sprintf("scheduler:\n  image:\n    repository: %s\n    tag: %q\n    pullPolicy: Never\n",
+			sref[:strings.LastIndex(sref, ":")], sref[strings.LastIndex(sref, ":")+1:]), 1)
+	}
 	p := filepath.Join(c.dir, "values.yaml")
 	if err := os.WriteFile(p, []byte(v), 0o600); err != nil {
 		t.Fatal(err)
@@ -369,9 +403,14 @@ func (c *cluster) waitReleaseReady(t *testing.T, timeout time.Duration) {
 		var want int32
 		var notReady []string
 		for _, d := range deps.Items {
-			want += ptr.Deref(d.Spec.Replicas, 1)
-			if d.Status.ObservedGeneration < d.Generation || d.Status.UpdatedReplicas != ptr.Deref(d.Spec.Replicas, 1) || d.Status.AvailableReplicas != ptr.Deref(d.Spec.Replicas, 1) {
-				notReady = append(notReady, fmt.Sprintf("Deployment %s %d/%d available", d.Name, d.Status.AvailableReplicas, ptr.Deref(d.Spec.Replicas, 1)))
+			n := ptr.Deref(d.Spec.Replicas, 1)
+			want += n
+			avail := n
+			if d.Spec.Template.Labels[componentLabel] == "extender" {
+				avail = 1 // only the Lease holder is Ready, by design
+			}
+			if d.Status.ObservedGeneration < d.Generation || d.Status.UpdatedReplicas != n || d.Status.Replicas != n || d.Status.AvailableReplicas != avail {
+				notReady = append(notReady, fmt.Sprintf("Deployment %s %d/%d available", d.Name, d.Status.AvailableReplicas, avail))
 			}
 		}
 		for _, d := range dss.Items {
@@ -384,9 +423,12 @@ func (c *cluster) waitReleaseReady(t *testing.T, timeout time.Duration) {
 		for _, p := range pods {
 			if p.DeletionTimestamp != nil {
 				notReady = append(notReady, p.Name+" terminating")
-			} else if !podReady(&p) {
+			} else if !podReady(&p) && !standby(&p) {
 				notReady = append(notReady, fmt.Sprintf("%s %s %s", p.Name, p.Status.Phase, containerStates(&p)))
 			}
+		}
+		if why := oneLeader(pods); why != "" {
+			notReady = append(notReady, why)
 		}
 		if len(deps.Items) == 0 || len(dss.Items) == 0 {
 			notReady = append(notReady, fmt.Sprintf("%d Deployments, %d DaemonSets", len(deps.Items), len(dss.Items)))
@@ -396,6 +438,41 @@ func (c *cluster) waitReleaseReady(t *testing.T, timeout time.Duration) {
 		}
 		return len(notReady) == 0, strings.Join(notReady, "; ")
 	})
+}
+
+// componentLabel names a pod's component (webhook, extender, ...).
+const componentLabel = "app.kubernetes.io/component"
+
+// standby is an extender replica running without the Lease: by design not
+// Ready, so that the Service routes to the leader only.
+func standby(p *corev1.Pod) bool {
+	if p.Labels[componentLabel] != "extender" || p.Status.Phase != corev1.PodRunning {
+		return false
+	}
+	for _, s := range p.Status.ContainerStatuses {
+		if s.State.Running == nil {
+			return false
+		}
+	}
+	return true
+}
+
+// oneLeader is why the extender replicas among pods are not exactly one
+// Ready leader ("" when they are, or when there are none).
+func oneLeader(pods []corev1.Pod) string {
+	n, ready := 0, 0
+	for i := range pods {
+		if pods[i].Labels[componentLabel] == "extender" && pods[i].DeletionTimestamp == nil {
+			n++
+			if podReady(&pods[i]) {
+				ready++
+			}
+		}
+	}
+	if n > 0 && ready != 1 {
+		return fmt.Sprintf("%d of %d extender replicas Ready, want the leader only", ready, n)
+	}
+	return ""
 }
 
 func podReady(p *corev1.Pod) bool {
@@ -428,6 +505,37 @@ func containerStates(p *corev1.Pod) string {
 	return "[" + strings.Join(out, ", ") + "]"
 }
 
+// waitWebhookServes waits until kube-apiserver reaches the installed
+// webhook through its Service (kube-proxy programs the Service a moment
+// after the pods are Ready): a server-side dry run of a Job in the opted-in
+// namespace calls the Job webhook, fail-closed.
+func (c *cluster) waitWebhookServes(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: teamNS, Labels: map[string]string{v1alpha1.LabelInjection: v1alpha1.InjectionEnabled}}}
+	if err := c.cp.Client.Create(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	c.poll(t, time.Minute, "the webhook to answer through its Service", func() (bool, string) {
+		job := &batchv1.Job{
+			ObjectMeta: metav1.ObjectMeta{Namespace: teamNS, Name: "probe",
+				Annotations: map[string]string{v1alpha1.AnnotationParallelism: string(v1alpha1.ParallelismModel)}},
+			Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+				RestartPolicy: corev1.RestartPolicyNever,
+				Containers:    []corev1.Container{{Name: "main", Image: trainImage}},
+			}}},
+		}
+		if err := c.cp.Client.Create(ctx, job, client.DryRunAll); err != nil {
+			return false, err.Error()
+		}
+		if job.Spec.Template.Annotations[v1alpha1.AnnotationParallelism] == "" {
+			return false, "the dry run's Job was not mutated"
+		}
+		return true, ""
+	})
+	t.Logf("checked: kube-apiserver reaches the installed webhook through its Service")
+}
+
 // runJob runs a model-parallel Job of one pod with gpus GPUs in the opted-in
 // namespace and checks the installed system placed it: mutated by the
 // webhook, bound by gputopo-scheduler to an NVLinked set, assigned-gpus
@@ -436,10 +544,6 @@ func containerStates(p *corev1.Pod) string {
 func (c *cluster) runJob(t *testing.T, name string, gpus int64, avoid []string) *corev1.Pod {
 	t.Helper()
 	ctx := context.Background()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: teamNS, Labels: map[string]string{v1alpha1.LabelInjection: v1alpha1.InjectionEnabled}}}
-	if err := c.cp.Client.Create(ctx, ns); err != nil && !strings.Contains(err.Error(), "already exists") {
-		t.Fatal(err)
-	}
 	q := *resource.NewQuantity(gpus, resource.DecimalSI)
 	job := &batchv1.Job{
 		ObjectMeta: metav1.ObjectMeta{Namespace: teamNS, Name: name,
@@ -557,7 +661,8 @@ func (c *cluster) checkLeader(t *testing.T, deployment string) {
 
 // killEachComponent SIGKILLs the container process of every pod of the
 // release, one at a time, and waits until kubelet restarted it and its
-// readiness probe passed again.
+// readiness probe passed again (an extender replica: until one replica
+// leads and is Ready again, the restarted one leader or standby).
 func (c *cluster) killEachComponent(t *testing.T) {
 	t.Helper()
 	for _, p := range c.releasePods(t) {
@@ -582,7 +687,10 @@ func (c *cluster) killEachComponent(t *testing.T) {
 			if len(got.Status.ContainerStatuses) == 0 {
 				return false, "no status"
 			}
-			return got.Status.ContainerStatuses[0].RestartCount > restarts && podReady(got), containerStates(got)
+			if why := oneLeader(c.releasePods(t)); why != "" {
+				return false, why
+			}
+			return got.Status.ContainerStatuses[0].RestartCount > restarts && (podReady(got) || standby(got)), containerStates(got)
 		})
 	}
 	c.waitReleaseReady(t, 2*time.Minute)
@@ -601,7 +709,7 @@ func (c *cluster) upgrade(t *testing.T, values string) {
 		var old []string
 		for _, p := range c.releasePods(t) {
 			argv := append(slices.Clone(p.Spec.Containers[0].Command), p.Spec.Containers[0].Args...)
-			if !slices.Contains(argv, "--v=3") || !podReady(&p) || p.DeletionTimestamp != nil {
+			if !slices.Contains(argv, "--v=3") || !(podReady(&p) || standby(&p)) || p.DeletionTimestamp != nil {
 				old = append(old, p.Name+" "+containerStates(&p))
 			}
 		}

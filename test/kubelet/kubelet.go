@@ -34,6 +34,9 @@ type Options struct {
 	Verbosity int
 	// NodeLabels are set on the Node at registration (--node-labels).
 	NodeLabels map[string]string
+	// ClusterDNS is the DNS server pods with dnsPolicy ClusterFirst use
+	// (kubelet's clusterDNS; domain cluster.local); see StartDNS.
+	ClusterDNS string
 	// Containerd, when set, runs kubelet on a real containerd (and runc)
 	// instead of the fake runtime; Kubelet.Runtime is then nil.
 	Containerd *ContainerdOptions
@@ -127,7 +130,11 @@ func Start(t testing.TB, cp *harness.ControlPlane, opts Options) *Kubelet {
 		t.Fatal(err)
 	}
 	cfgPath := filepath.Join(dir, "kubelet.yaml")
-	if err := os.WriteFile(cfgPath, []byte(config(endpoint, port, healthz, dir)), 0o600); err != nil {
+	cfg := config(endpoint, port, healthz, dir)
+	if opts.ClusterDNS != "" {
+		cfg += fmt.Sprintf("clusterDNS: [%q]\nclusterDomain: cluster.local\n", opts.ClusterDNS)
+	}
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatalf("write kubelet config: %v", err)
 	}
 	kubeconfig := cp.Kubeconfig(t, "system:node:"+opts.NodeName, "system:nodes", "system:masters")
