@@ -92,17 +92,21 @@ test-integration: tools kubectl gputopo-scheduler image ## Integration and e2e t
 # The security suite: attempts as a tenant, a client on the pod network and a
 # compromised node (test/security), plus the tests of the other suites that
 # hold the same line: the chart's mutual TLS with the real kube-scheduler, its
-# RBAC and resource name, device-list strategies under a real kubelet, and a
-# renamed GPU resource end to end.
+# RBAC and resource name, device-list strategies under a real kubelet, a
+# renamed GPU resource end to end, the container processes' environment and
+# CDI devices on containerd, and the installed extender refusing a client on
+# the pod network.
 SECURITY_TESTS_CHART    := TestRenderedSchedulerConfigRunsThroughExtender|TestRenderedPluginModeSchedulesInProcess|TestChartLintsAndRendersWhatTheComponentsRead|TestEveryComponentGetsTheGPUResourceName|TestSchedulerImageFollowsTheCluster
 SECURITY_TESTS_NODE     := TestDeviceListStrategyWithRealKubelet
-SECURITY_TESTS_E2E      := TestRenamedGPUResource
+SECURITY_TESTS_E2E      := TestRenamedGPUResource|TestEndToEndContainerd
+SECURITY_TESTS_INSTALL  := TestHelmInstallExtenderMode
 
-test-security: tools gputopo-scheduler ## The security suite alone (real control plane, kube-scheduler and kubelet)
+test-security: tools gputopo-scheduler image ## The security suite alone (real control plane, kube-scheduler and kubelet)
 	$(GO) test $(INTEGRATION_FLAGS) ./test/security/
 	$(GO) test $(INTEGRATION_FLAGS) -run '$(SECURITY_TESTS_CHART)' ./test/chart/
 	$(GO) test $(INTEGRATION_FLAGS) -run '$(SECURITY_TESTS_NODE)' ./test/nodeagent/
 	$(GO) test $(INTEGRATION_FLAGS) -run '$(SECURITY_TESTS_E2E)' ./test/e2e/
+	$(GO) test $(INTEGRATION_FLAGS) -run '$(SECURITY_TESTS_INSTALL)' ./test/install/
 
 bench: ## Benchmarks (allocator, extender, webhook), the simulator on the bundled traces and the placement suite; regenerates docs/benchmarks.md
 	@mkdir -p _out

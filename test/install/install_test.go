@@ -7,15 +7,18 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
 	"math/big"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -33,6 +36,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/test/harness"
@@ -112,6 +117,11 @@ func installAndRun(t *testing.T, mode string) {
 	})
 	if first == nil {
 		t.Fatal("no workload pod ran; the rest builds on it")
+	}
+	if mode == "extender" {
+		t.Run("a client on the pod network cannot call the extender's verbs", func(t *testing.T) {
+			c.podNetworkClient(t, first)
+		})
 	}
 	t.Run("each component's container killed once: kubelet restarts it, probes gate readiness, no GPU issued twice", func(t *testing.T) {
 		defer c.dumpIfFailed(t)
@@ -631,6 +641,80 @@ func (c *cluster) pod(t *testing.T, p *corev1.Pod) *corev1.Pod {
 		t.Fatal(err)
 	}
 	return got
+}
+
+// podNetworkClient calls the installed extender's filter and bind verbs
+// from inside a workload pod's network namespace, through the extender
+// Service's ClusterIP, as any pod could: without the scheduler's client
+// certificate every verb must be refused (401, or the handshake).
+func (c *cluster) podNetworkClient(t *testing.T, from *corev1.Pod) {
+	t.Helper()
+	svc := &corev1.Service{}
+	if err := c.cp.Client.Get(context.Background(), client.ObjectKey{Namespace: releaseNS, Name: "gputopo-extender"}, svc); err != nil {
+		t.Fatal(err)
+	}
+	addr := net.JoinHostPort(svc.Spec.ClusterIP, fmt.Sprint(svc.Spec.Ports[0].Port))
+	pid, err := c.k.Containerd.PID(context.Background(), from.Namespace, from.Name, string(from.UID), "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, verb := range []string{"filter", "bind"} {
+		status, err := postFromNetns(pid, addr, "/scheduler/"+verb)
+		switch {
+		case err != nil && !strings.Contains(err.Error(), "certificate"):
+			t.Errorf("POST /scheduler/%s from pod %s's network failed with %v; want a refusal naming the client certificate (is the Service reachable at all?)", verb, from.Name, err)
+		case err == nil && status != http.StatusUnauthorized && status != http.StatusForbidden:
+			t.Errorf("POST /scheduler/%s from pod %s's network: HTTP %d; want 401 or 403 without the scheduler's client certificate", verb, from.Name, status)
+		default:
+			t.Logf("checked: POST %s/scheduler/%s from pod %s's network namespace refused (HTTP %d, %v)", addr, verb, from.Name, status, err)
+		}
+	}
+}
+
+// postFromNetns POSTs an empty JSON body to https://addr/path from the
+// network namespace of process pid, trusting any server certificate and
+// presenting none.
+func postFromNetns(pid int, addr, path string) (int, error) {
+	type result struct {
+		status int
+		err    error
+	}
+	done := make(chan result, 1)
+	go func() {
+		// The thread enters the pod's network namespace and is never
+		// unlocked: it exits with the goroutine instead of serving others.
+		runtime.LockOSThread()
+		ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		defer ns.Close()
+		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+			done <- result{err: fmt.Errorf("enter the pod's network namespace: %w", err)}
+			return
+		}
+		// The socket is created on this thread, in the pod's namespace.
+		conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		tr := &http.Transport{
+			TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // the attacker trusts anything
+			DialContext:     func(context.Context, string, string) (net.Conn, error) { return conn, nil },
+		}
+		hc := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+		resp, err := hc.Post("https://"+addr+path, "application/json", strings.NewReader("{}"))
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		resp.Body.Close()
+		done <- result{status: resp.StatusCode}
+	}()
+	r := <-done
+	return r.status, r.err
 }
 
 // checkLeader checks that leader election picked one of deployment's
