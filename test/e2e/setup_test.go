@@ -29,7 +29,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
@@ -692,15 +691,7 @@ func (e *env) waitAllocatable(t *testing.T, want int64) {
 // message.
 func (e *env) poll(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
-	var last string
-	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
-		ok, msg := cond()
-		last = msg
-		return ok, nil
-	})
-	if err != nil {
-		t.Fatalf("timed out after %v waiting for %s: %s", timeout, what, last)
-	}
+	harness.Poll(t, timeout, what, cond)
 }
 
 // gpuPod is a pod (not created) with one container requesting gpus GPUs,

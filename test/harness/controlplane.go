@@ -4,8 +4,10 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
@@ -96,4 +98,19 @@ func Context(t testing.TB) context.Context {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// Poll checks cond every 200ms until it holds, failing the test after
+// timeout with what it waited for and cond's last message.
+func Poll(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		ok, msg := cond()
+		last = msg
+		return ok, nil
+	})
+	if err != nil {
+		t.Fatalf("timed out after %v waiting for %s: %s", timeout, what, last)
+	}
 }

@@ -30,10 +30,10 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -171,11 +171,15 @@ func startCluster(t *testing.T, mode string) *cluster {
 	}
 	if mode == "extender" {
 		// kube-scheduler reaches the extender by its Service's DNS name.
-		kubelet.StartDNS(t, cp, ip)
 		opts.ClusterDNS = ip
 		opts.Containerd.Images = append(opts.Containerd.Images, schedulerArchive())
 	}
+	// From here on this test holds the machine's kubelet lock: port 53,
+	// the bridge and kube-proxy's chains are its alone.
 	k := kubelet.Start(t, cp, opts)
+	if mode == "extender" {
+		kubelet.StartDNS(t, cp, ip)
+	}
 	kubelet.StartProxy(t, cp, nodeName)
 	c := &cluster{mode: mode, cp: cp, k: k, dir: t.TempDir(), kubeconfig: cp.Kubeconfig(t, "gputopo-test-helm", "system:masters")}
 	t.Cleanup(func() {
@@ -681,25 +685,40 @@ func postFromNetns(pid int, addr, path string) (int, error) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		// The thread enters the pod's network namespace and is never
-		// unlocked: it exits with the goroutine instead of serving others.
+		// The thread enters the pod's network namespace for the dial and
+		// returns to its own before it serves other goroutines again. It
+		// must not exit instead: the test's child processes (kubelet,
+		// containerd) get SIGKILL when the thread that started them exits
+		// (Pdeathsig).
 		runtime.LockOSThread()
+		own, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- result{err: err}
+			return
+		}
+		defer own.Close()
 		ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
 		if err != nil {
+			runtime.UnlockOSThread()
 			done <- result{err: err}
 			return
 		}
 		defer ns.Close()
 		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
 			done <- result{err: fmt.Errorf("enter the pod's network namespace: %w", err)}
 			return
 		}
-		// The socket is created on this thread, in the pod's namespace.
-		conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
-		if err != nil {
-			done <- result{err: err}
+		conn, dialErr := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err := unix.Setns(int(own.Fd()), unix.CLONE_NEWNET); err == nil {
+			runtime.UnlockOSThread()
+		} // else the thread stays locked and ends with the goroutine
+		if dialErr != nil {
+			done <- result{err: dialErr}
 			return
 		}
+		// The socket was created in the pod's namespace and stays there.
 		tr := &http.Transport{
 			TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // the attacker trusts anything
 			DialContext:     func(context.Context, string, string) (net.Conn, error) { return conn, nil },
@@ -754,11 +773,20 @@ func (c *cluster) killEachComponent(t *testing.T) {
 			t.Fatalf("pod %s has no container status", p.Name)
 		}
 		name := p.Spec.Containers[0].Name
-		restarts := p.Status.ContainerStatuses[0].RestartCount
-		pid, err := c.k.Containerd.PID(context.Background(), p.Namespace, p.Name, string(p.UID), name)
-		if err != nil {
-			t.Fatal(err)
-		}
+		var restarts int32
+		var pid int
+		// A leader that lost its Lease under load exits and is restarted:
+		// wait for a running container.
+		c.poll(t, 2*time.Minute, p.Name+"'s container running", func() (bool, string) {
+			got := &corev1.Pod{}
+			if err := c.cp.Client.Get(context.Background(), client.ObjectKeyFromObject(&p), got); err != nil || len(got.Status.ContainerStatuses) == 0 {
+				return false, fmt.Sprint(err)
+			}
+			restarts = got.Status.ContainerStatuses[0].RestartCount
+			var err error
+			pid, err = c.k.Containerd.PID(context.Background(), p.Namespace, p.Name, string(p.UID), name)
+			return err == nil, fmt.Sprint(err)
+		})
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 			t.Fatalf("kill %s/%s (pid %d): %v", p.Name, name, pid, err)
 		}
@@ -839,8 +867,15 @@ func (c *cluster) uninstall(t *testing.T) {
 		if err := c.cp.Client.List(ctx, list, opts...); err != nil {
 			t.Fatal(err)
 		}
-		items, _ := metaItems(list)
-		for _, o := range items {
+		items, err := meta.ExtractList(list)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, item := range items {
+			o, ok := item.(client.Object)
+			if !ok {
+				t.Fatalf("%T is not an object", item)
+			}
 			if strings.Contains(o.GetName(), releaseName) || o.GetLabels()["app.kubernetes.io/instance"] == releaseName {
 				left = append(left, fmt.Sprintf("%T %s/%s", list, o.GetNamespace(), o.GetName()))
 			}
@@ -863,59 +898,9 @@ func (c *cluster) uninstall(t *testing.T) {
 	t.Logf("checked: no webhook configuration, workload, Service, ConfigMap, Lease or pod of the release left")
 }
 
-// metaItems are a list's items as objects.
-func metaItems(list client.ObjectList) ([]client.Object, error) {
-	var out []client.Object
-	switch l := list.(type) {
-	case *admissionregistrationv1.MutatingWebhookConfigurationList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *admissionregistrationv1.ValidatingWebhookConfigurationList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *appsv1.DeploymentList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *appsv1.DaemonSetList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *corev1.ServiceList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *corev1.ConfigMapList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *coordinationv1.LeaseList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *corev1.PodList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	default:
-		return nil, fmt.Errorf("unexpected list %T", list)
-	}
-	return out, nil
-}
-
 func (c *cluster) poll(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
-	var last string
-	err := wait.PollUntilContextTimeout(context.Background(), 500*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
-		ok, msg := cond()
-		last = msg
-		return ok, nil
-	})
-	if err != nil {
-		t.Fatalf("timed out after %v waiting for %s: %s", timeout, what, last)
-	}
+	harness.Poll(t, timeout, what, cond)
 }
 
 func (c *cluster) dumpIfFailed(t *testing.T) {
