@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/extender/ledger"
 )
 
 // ConfigAPIVersion and ConfigKind identify the extender's configuration
@@ -110,11 +111,11 @@ func (c *Configuration) GPUResource() corev1.ResourceName {
 const (
 	// TelemetryNodeGPUTopology reads the node agent's NodeGPUTopology
 	// status (the default).
-	TelemetryNodeGPUTopology = "nodeGPUTopology"
+	TelemetryNodeGPUTopology = ledger.SourceNodeGPUTopology
 	// TelemetryPrometheus reads DCGM exporter metrics from Prometheus and
 	// falls back to NodeGPUTopology, node by node, while that data is
 	// missing or stale.
-	TelemetryPrometheus = "prometheus"
+	TelemetryPrometheus = ledger.SourcePrometheus
 )
 
 // Telemetry is the telemetry source of prioritize.

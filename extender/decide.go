@@ -4,16 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"math"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/extender/ledger"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -124,7 +123,7 @@ type verdict struct {
 }
 
 type evalKey struct {
-	topo     *topoEntry
+	topo     *ledger.Topo
 	free     topology.Mask
 	pristine bool
 }
@@ -140,7 +139,7 @@ type evaluator struct {
 	now    time.Time
 	maxAge time.Duration
 	// window bounds a fresh observedTime.
-	window freshWindow
+	window ledger.FreshWindow
 	// telemetryAfterNs is the oldest telemetry time still steered by.
 	telemetryAfterNs int64
 	// slots is a direct-mapped cache in front of memo: most lookups are a
@@ -170,7 +169,7 @@ type evalSlot struct {
 
 // slot picks the cache slot of k.
 func (k evalKey) slot() int {
-	h := (k.free.Word(0)^k.free.Word(1)*0xD6E8FEB86659FD93)*0x9E3779B97F4A7C15 ^ (k.topo.id+1)*0xC2B2AE3D27D4EB4F
+	h := (k.free.Word(0)^k.free.Word(1)*0xD6E8FEB86659FD93)*0x9E3779B97F4A7C15 ^ (k.topo.ID()+1)*0xC2B2AE3D27D4EB4F
 	if k.pristine {
 		h ^= 0x165667B19E3779F9
 	}
@@ -188,61 +187,16 @@ func newEvaluator(ctx context.Context, alloc *topology.Allocator, cfg *Configura
 	e.wantsBandwidth = pr.wantsBandwidth()
 	e.idleC, e.limitC = float64(*cfg.Thermal.IdleTemperatureC), float64(*cfg.Thermal.LimitTemperatureC)
 	e.telemetryAfterNs = now.Add(-cfg.TelemetryMaxAge.Duration).UnixNano()
-	e.window = newFreshWindow(now, e.maxAge)
+	e.window = ledger.NewFreshWindow(now, e.maxAge)
 	return e
-}
-
-// freshWindow is the range a fresh topology's observedTime lies in, in
-// Unix nanoseconds: from now - maxAge to now + topologyClockSkew, or
-// unbounded without an age check.
-type freshWindow struct{ from, to int64 }
-
-func newFreshWindow(now time.Time, maxAge time.Duration) freshWindow {
-	if maxAge <= 0 {
-		return freshWindow{math.MinInt64, math.MaxInt64}
-	}
-	return freshWindow{now.Add(-maxAge).UnixNano(), now.Add(topologyClockSkew).UnixNano()}
-}
-
-// topoState is the state of a node's NodeGPUTopology as filter judges it.
-type topoState uint8
-
-const (
-	topoFresh topoState = iota
-	topoMissing
-	topoInvalid
-	topoAgentStale
-	topoOld
-)
-
-var topoStateNames = [...]string{TopologyFresh, TopologyMissing, TopologyInvalid, TopologyAgentStale, TopologyOld}
-
-// topologyState judges n's topology: missing, invalid, marked stale by
-// the agent, old (observedTime missing or outside w) or fresh. Filter
-// refuses every node that is not fresh.
-func (n *nodeState) topologyState(w freshWindow) topoState {
-	switch {
-	case n == nil || !n.hasTopology:
-		return topoMissing
-	case n.graph == nil:
-		return topoInvalid
-	case n.stale:
-		return topoAgentStale
-	case n.observedNs == 0 || n.observedNs < w.from || n.observedNs > w.to:
-		return topoOld
-	}
-	return topoFresh
 }
 
 // check decides whether node n can take the pod now. The caller holds the
 // ledger's read lock. At verbosity 5 every verdict is logged.
-func (e *evaluator) check(n *nodeState) *verdict {
+func (e *evaluator) check(n *ledger.Node) *verdict {
 	v := e.checkNode(n)
 	if e.trace {
-		name := ""
-		if n != nil {
-			name = n.name
-		}
+		name := n.Name()
 		if v.ok {
 			e.log.V(5).Info("node passes", "node", name, "gpus", v.res.GPUs, "tier", v.res.Metrics.Tier)
 		} else {
@@ -252,46 +206,45 @@ func (e *evaluator) check(n *nodeState) *verdict {
 	return v
 }
 
-func (e *evaluator) checkNode(n *nodeState) *verdict {
-	switch n.topologyState(e.window) {
-	case topoMissing:
+func (e *evaluator) checkNode(n *ledger.Node) *verdict {
+	switch n.State(e.window) {
+	case ledger.TopoMissing:
 		return &verdict{code: reasonNoTopology, reason: "node has no NodeGPUTopology; the gputopo node agent has not published its GPUs (is it running on this node?)"}
-	case topoInvalid:
-		return &verdict{code: reasonInvalidTopology, reason: "node's NodeGPUTopology is invalid (" + n.topoErr + "); fix or restart the gputopo node agent on this node"}
-	case topoAgentStale:
+	case ledger.TopoInvalid:
+		return &verdict{code: reasonInvalidTopology, reason: "node's NodeGPUTopology is invalid (" + n.TopologyError() + "); fix or restart the gputopo node agent on this node"}
+	case ledger.TopoAgentStale:
 		reason := "node's GPU topology is stale"
-		if n.staleReason != "" {
-			reason += " (" + n.staleReason + ")"
+		if r := n.StaleReason(); r != "" {
+			reason += " (" + r + ")"
 		}
 		return &verdict{code: reasonStaleTopology, reason: reason + "; check the gputopo node agent and the GPU driver on this node"}
-	case topoOld:
+	case ledger.TopoOld:
 		return e.staleByTime(n)
 	}
-	if size := n.size; e.pr.count > size {
+	if size := n.Size(); e.pr.count > size {
 		return &verdict{code: reasonTooFewGPUs, unresolvable: true, reason: fmt.Sprintf("pod requests %d GPUs; node has %d", e.pr.count, size)}
 	}
-	if n.allocatable >= 0 && e.pr.count > n.allocatable {
-		return &verdict{code: reasonTooFewGPUs, unresolvable: true, reason: fmt.Sprintf("pod requests %d GPUs; node advertises %d %s", e.pr.count, n.allocatable, e.cfg.GPUResource())}
+	if a := n.Allocatable(); a >= 0 && e.pr.count > a {
+		return &verdict{code: reasonTooFewGPUs, unresolvable: true, reason: fmt.Sprintf("pod requests %d GPUs; node advertises %d %s", e.pr.count, a, e.cfg.GPUResource())}
 	}
-	free := n.free()
-	if n.unknownHeld > 0 && free.Count()-n.unknownHeld < e.pr.count {
+	free := n.Free()
+	if u := n.UnknownHeld(); u > 0 && free.Count()-u < e.pr.count {
 		return &verdict{code: reasonNotEnoughFree, reason: fmt.Sprintf("needs %d GPUs; %d of %d are free (%d more are held by pods whose GPUs are not recorded yet)",
-			e.pr.count, max(free.Count()-n.unknownHeld, 0), n.size, n.unknownHeld)}
+			e.pr.count, max(free.Count()-u, 0), n.Size(), u)}
 	}
 	v := e.allocate(n, free, false)
 	if v.ok || v.code != reasonInfeasible && v.code != reasonNotEnoughFree && v.code != reasonMemory && v.code != reasonNVLink && v.code != reasonBandwidth {
 		return v
 	}
-	if p := e.allocate(n, n.topo.pristine.All(), true); !p.ok {
+	if p := e.allocate(n, n.Topo().Pristine().All(), true); !p.ok {
 		return &verdict{code: p.code, unresolvable: true, reason: "can never fit this node, even with every GPU free and healthy: " + p.reason}
 	}
 	return v
 }
 
 // topologyClockSkew is how far in the future a NodeGPUTopology's
-// observedTime may lie before filter distrusts it: the node's clock and the
-// extender's may differ by this much (docs/extender.md).
-const topologyClockSkew = 2 * time.Minute
+// observedTime may lie before filter distrusts it (ledger.ClockSkew).
+const topologyClockSkew = ledger.ClockSkew
 
 // staleByTime says why n's observedTime makes its topology stale. A
 // topology without one was never published by a topology read (the agent
@@ -300,13 +253,14 @@ const topologyClockSkew = 2 * time.Minute
 // further in the future than topologyClockSkew: a clock running ahead
 // would otherwise keep a dead agent's topology fresh for as long as it is
 // ahead. With the age check off neither counts.
-func (e *evaluator) staleByTime(n *nodeState) *verdict {
+func (e *evaluator) staleByTime(n *ledger.Node) *verdict {
 	v := &verdict{code: reasonStaleTopology}
+	observed := n.Observed()
 	switch {
-	case n.observedNs == 0:
+	case observed.IsZero():
 		v.reason = "node's NodeGPUTopology has no observedTime; the gputopo node agent has not published a topology read (is it running on this node?)"
-	case n.observed.After(e.now.Add(topologyClockSkew)):
-		ahead := n.observed.Sub(e.now).Round(time.Second)
+	case observed.After(e.now.Add(topologyClockSkew)):
+		ahead := observed.Sub(e.now).Round(time.Second)
 		v.reason = fmt.Sprintf("node's NodeGPUTopology observedTime is %s in the future (more than the %s clock-skew allowance); check the node's clock (NTP) and the gputopo node agent", ahead, topologyClockSkew)
 	default:
 		v.reason = fmt.Sprintf("node's GPU topology was not refreshed for more than %s; check the gputopo node agent on this node", e.maxAge)
@@ -317,9 +271,9 @@ func (e *evaluator) staleByTime(n *nodeState) *verdict {
 // allocate asks the allocator, once per (topology, free GPUs) per request.
 // balanced_utilization reads each node's telemetry, so its answers are
 // per node and not shared.
-func (e *evaluator) allocate(n *nodeState, free topology.Mask, pristine bool) *verdict {
+func (e *evaluator) allocate(n *ledger.Node, free topology.Mask, pristine bool) *verdict {
 	shared := pristine || e.pr.req.EffectiveStrategy() != v1alpha1.StrategyBalancedUtilization
-	key := evalKey{topo: n.topo, free: free, pristine: pristine}
+	key := evalKey{topo: n.Topo(), free: free, pristine: pristine}
 	var slot *evalSlot
 	if shared {
 		slot = &e.slots[key.slot()]
@@ -330,12 +284,12 @@ func (e *evaluator) allocate(n *nodeState, free topology.Mask, pristine bool) *v
 			return v
 		}
 	}
-	g := n.graph
+	g := n.Graph()
 	req := topology.Request{Count: e.pr.count, Requirement: e.pr.req}
 	if pristine {
-		g = n.topo.pristine
+		g = key.topo.Pristine()
 	} else if !shared {
-		req.Utilization = n.freshUtil(e.telemetryAfterNs)
+		req.Utilization = n.Utilization(e.telemetryAfterNs)
 	}
 	res, err := e.alloc.Allocate(g, free, req)
 	v := &verdict{ok: err == nil, res: res}
@@ -375,15 +329,6 @@ func classify(reason string) reasonCode {
 	return reasonInfeasible
 }
 
-// freshUtil is the node's utilization when its telemetry is recent enough
-// to steer by, else nil.
-func (n *nodeState) freshUtil(afterNs int64) []int32 {
-	if n.util == nil || n.telemetryNs == 0 || n.telemetryNs < afterNs {
-		return nil
-	}
-	return n.util
-}
-
 // wantsBandwidth says whether the pod asks for bandwidth between its
 // GPUs: NVLink required, a minimum pair bandwidth, or highest_bandwidth
 // with more than one GPU (the policy table's model-parallel intent).
@@ -404,9 +349,9 @@ type cohort struct {
 }
 
 // add counts node n with its feasible verdict v in the cohort.
-func (c *cohort) add(n *nodeState, v *verdict) {
+func (c *cohort) add(n *ledger.Node, v *verdict) {
 	c.bestRingGBps = max(c.bestRingGBps, v.res.Metrics.RingGBps)
-	lc := n.topo.logCapability
+	lc := n.Topo().LogCapability()
 	if !c.any {
 		c.leastLogCap, c.mostLogCap, c.any = lc, lc, true
 		return
@@ -416,19 +361,10 @@ func (c *cohort) add(n *nodeState, v *verdict) {
 
 // soloCohort is the cohort of n alone, for a decision that sees one node
 // (bind's placement record): the cross-node terms score it 1.
-func soloCohort(n *nodeState, v *verdict) cohort {
+func soloCohort(n *ledger.Node, v *verdict) cohort {
 	var c cohort
 	c.add(n, v)
 	return c
-}
-
-// capabilityOf is what a machine's interconnect can offer the most
-// demanding pod: its peak pair bandwidth times its largest NVLink clique
-// (at least 1). A PCIe server scores its PCIe bandwidth, NVLink-bridged
-// pairs twice their bridge, a DGX-1 V100 four times its best pair, an
-// NVSwitch machine eight times its any-pair bandwidth.
-func capabilityOf(g *topology.Graph, maxIsland int) float64 {
-	return float64(max(g.PeakBandwidth(), 1)) * float64(max(maxIsland, 1))
 }
 
 // merit is the node's weighted mean of the terms that count for this pod,
@@ -436,16 +372,16 @@ func capabilityOf(g *topology.Graph, maxIsland int) float64 {
 // Task affinity counts only for a pod whose job has pods placed already,
 // bandwidth fit only for a pod that asks for bandwidth; the others count
 // for every pod.
-func (e *evaluator) merit(n *nodeState, v *verdict, aff affinityIndex, co cohort) (float64, components) {
-	c := e.components(n, v, aff.of(n), co)
+func (e *evaluator) merit(n *ledger.Node, v *verdict, aff ledger.Affinity, co cohort) (float64, components) {
+	c := e.components(n, v, aff.Of(n), co)
 	return e.combine(e.local(c, aff), c.bandwidthFit, c.conservation, aff), c
 }
 
 // local is the weighted sum of the terms that do not compare the node
 // with the others (all but bandwidth fit and capability conservation).
-func (e *evaluator) local(c components, aff affinityIndex) float64 {
+func (e *evaluator) local(c components, aff ledger.Affinity) float64 {
 	total := e.wU*c.utilization + e.wH*c.headroom + e.wF*c.fragmentation + e.wI*c.islandFit
-	if aff.nodes != nil {
+	if aff.Placed() {
 		total += e.wA * c.affinity
 	}
 	return total
@@ -454,9 +390,9 @@ func (e *evaluator) local(c components, aff affinityIndex) float64 {
 // combine adds the cross-node terms to a local sum and divides by the
 // weights that count for the pod: the merit, 0..1. Task affinity counts
 // when the pod's job has pods placed (aff).
-func (e *evaluator) combine(local, bandwidthFit, conservation float64, aff affinityIndex) float64 {
+func (e *evaluator) combine(local, bandwidthFit, conservation float64, aff ledger.Affinity) float64 {
 	total, sum := local+e.wC*conservation, e.wU+e.wH+e.wF+e.wI+e.wC
-	if aff.nodes != nil {
+	if aff.Placed() {
 		sum += e.wA
 	}
 	if e.wantsBandwidth {
@@ -506,26 +442,26 @@ type components struct {
 	bandwidthFit, conservation, islandFit          float64
 }
 
-func (e *evaluator) components(n *nodeState, v *verdict, affinity float64, co cohort) components {
-	size := n.size
-	fresh := n.tel != nil && n.telemetryNs != 0 && n.telemetryNs >= e.telemetryAfterNs
+func (e *evaluator) components(n *ledger.Node, v *verdict, affinity float64, co cohort) components {
+	size, topo, freeMask := n.Size(), n.Topo(), n.Free()
+	tel := n.Telemetry(e.telemetryAfterNs)
 	gpus := v.res.GPUs
 	// Utilization balance: 1 - the node's busy fraction after placement.
 	// A held GPU is fully busy; a free one is as busy as its telemetry says.
-	busy := float64(n.usedCount + n.unknownHeld)
+	busy := float64(n.UsedCount() + n.UnknownHeld())
 	c := components{affinity: affinity, headroom: 0.5, bandwidthFit: 1, conservation: 1}
-	if fresh {
-		busy += float64(n.utilFree) / 100
+	if tel != nil {
+		busy += float64(n.UtilFree()) / 100
 		// Thermal and power headroom of the chosen GPUs, in the same pass.
 		idle, limit := e.idleC, e.limitC
 		var sum float64
 		for _, i := range gpus {
-			th := n.tel[i]
+			th := tel[i]
 			busy++
-			busy -= float64(th.util) / 100
-			h := clamp01((limit - float64(th.tempC)) / (limit - idle))
-			if th.limitW > 0 {
-				h = min(h, clamp01(1-float64(th.powerW)/float64(th.limitW)))
+			busy -= float64(th.Util) / 100
+			h := clamp01((limit - float64(th.TempC)) / (limit - idle))
+			if th.LimitW > 0 {
+				h = min(h, clamp01(1-float64(th.PowerW)/float64(th.LimitW)))
 			}
 			sum += h
 		}
@@ -539,9 +475,9 @@ func (e *evaluator) components(n *nodeState, v *verdict, affinity float64, co co
 	c.utilization = clamp01(1 - busy/float64(size))
 	// Fragmentation left: the largest free NVLink island after placement,
 	// against the largest the free GPUs left could form on this machine.
-	left := n.freeMask.Count() - len(gpus)
+	left := freeMask.Count() - len(gpus)
 	c.fragmentation = 1
-	if want := min(left, n.topo.maxIsland); want > 0 {
+	if want := min(left, topo.MaxIsland()); want > 0 {
 		c.fragmentation = clamp01(float64(v.res.Metrics.LeftLargestIsland) / float64(want))
 	}
 	// Bandwidth fit: this node's ring bandwidth against the cohort's best.
@@ -549,102 +485,29 @@ func (e *evaluator) components(n *nodeState, v *verdict, affinity float64, co co
 	// between the cohort's least and most capable, on a log scale (the
 	// machines differ by orders of magnitude): 1 for the least capable,
 	// 0 for the most.
-	c.bandwidthFit, c.conservation = crossTerms(v.res.Metrics.RingGBps, n.topo.logCapability, co)
+	c.bandwidthFit, c.conservation = crossTerms(v.res.Metrics.RingGBps, topo.LogCapability(), co)
 	// Island best fit: the share of the touched islands' GPUs that is in
 	// use once the pod is placed, and of the node's.
 	var set, touched topology.Mask
 	for _, i := range gpus {
 		set = set.With(i)
-		touched = touched.Union(n.topo.islandOf[i])
+		touched = touched.Union(topo.IslandOf(i))
 	}
 	// Half of it is the fill of the touched islands, half the fill of the
 	// node: on a machine without NVLink every GPU is its own island, and
 	// packing by node is what keeps a whole machine free there.
 	islandFill, nodeFill := 1.0, 1.0
 	if t := touched.Count(); t > 0 {
-		islandFill = 1 - float64(n.freeMask.Minus(set).Intersect(touched).Count())/float64(t)
+		islandFill = 1 - float64(freeMask.Minus(set).Intersect(touched).Count())/float64(t)
 	}
 	if size > 0 {
-		nodeFill = 1 - float64(n.freeMask.Minus(set).Count())/float64(size)
+		nodeFill = 1 - float64(freeMask.Minus(set).Count())/float64(size)
 	}
 	c.islandFit = (islandFill + nodeFill) / 2
 	return c
 }
 
 func clamp01(x float64) float64 { return min(max(x, 0), 1) }
-
-// affinityIndex answers "does the pod's job run on this node or in its
-// NVLink fabric clique?" for one request.
-type affinityIndex struct {
-	nodes   map[string]int
-	cliques map[string]bool
-}
-
-// affinityLocked builds the index for job; the caller holds the read lock.
-func (l *Ledger) affinityLocked(job string) affinityIndex {
-	if job == "" {
-		return affinityIndex{}
-	}
-	return l.affinityOfLocked(l.jobs[job])
-}
-
-// affinityOfLocked indexes a job's pod counts by node.
-func (l *Ledger) affinityOfLocked(nodes map[string]int) affinityIndex {
-	idx := affinityIndex{nodes: nodes}
-	for name := range nodes {
-		if n, ok := l.nodes[name]; ok && n.clique != "" {
-			if idx.cliques == nil {
-				idx.cliques = make(map[string]bool)
-			}
-			idx.cliques[n.clique] = true
-		}
-	}
-	return idx
-}
-
-// affinityExcludingLocked is affinityLocked without pod itself, for
-// deciding as if it were not bound yet.
-func (l *Ledger) affinityExcludingLocked(job string, pod *corev1.Pod) affinityIndex {
-	idx := l.affinityLocked(job)
-	info := l.pods[types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}]
-	if info == nil || info.uid != pod.UID || info.node == "" || info.job != job || idx.nodes[info.node] == 0 {
-		return idx
-	}
-	nodes := maps.Clone(idx.nodes)
-	if nodes[info.node]--; nodes[info.node] == 0 {
-		delete(nodes, info.node)
-	}
-	return l.affinityOfLocked(nodes)
-}
-
-// withoutLocked is n as if uid held nothing on it (a copy; n is left
-// alone).
-func (l *Ledger) withoutLocked(n *nodeState, uid types.UID) *nodeState {
-	if _, ok := n.holdings[uid]; !ok {
-		return n
-	}
-	c := *n
-	c.holdings = make(map[types.UID]*holding, len(n.holdings))
-	for k, h := range n.holdings {
-		if k != uid {
-			c.holdings[k] = h
-		}
-	}
-	l.recomputeLocked(&c)
-	return &c
-}
-
-func (a affinityIndex) of(n *nodeState) float64 {
-	switch {
-	case a.nodes == nil:
-		return 0
-	case a.nodes[n.name] > 0:
-		return 1
-	case n.clique != "" && a.cliques[n.clique]:
-		return 0.5
-	}
-	return 0
-}
 
 // requestedTier names what the requirement asked for, for the placements
 // metric.

@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	"github.com/gputopo/gputopo/extender/ledger"
 )
 
 // TestSharedAnswersMatchPerNode: a request over many nodes shares answers
@@ -95,13 +97,13 @@ func TestSharedAnswersMatchPerNode(t *testing.T) {
 					t.Fatal(err)
 				}
 				e := newEvaluator(context.Background(), x.alloc, x.cfg, pr, x.now())
-				x.ledger.mu.RLock()
-				st := x.ledger.nodes[n]
 				merit := -1.0
-				if v := e.check(st); v.ok {
-					merit, _ = e.merit(st, v, x.ledger.affinityLocked(pr.job), soloCohort(st, v))
-				}
-				x.ledger.mu.RUnlock()
+				x.ledger.Read(func(lv ledger.View) {
+					st := lv.Node(n)
+					if v := e.check(st); v.ok {
+						merit, _ = e.merit(st, v, lv.Affinity(pr.job), soloCohort(st, v))
+					}
+				})
 				merits = append(merits, merit)
 			}
 			best := slices.Max(merits)

@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/extender/ledger"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -117,10 +118,9 @@ func New(restCfg *rest.Config, o Options) (*Extender, error) {
 // newExtender builds the request-serving core without informers or
 // servers: unit tests drive its ledger directly.
 func newExtender(cfg *Configuration, cs kubernetes.Interface) *Extender {
-	l := NewLedger()
-	l.resource = cfg.GPUResource()
+	l := ledger.New(cfg.GPUResource())
 	m := NewMetrics(l)
-	l.onTelemetry = m.setTelemetry
+	l.OnTelemetry(m.setTelemetry)
 	x := &Extender{
 		cfg:     cfg,
 		opts:    NewOptions(), // New replaces them with the flags
@@ -131,7 +131,7 @@ func newExtender(cfg *Configuration, cs kubernetes.Interface) *Extender {
 		now:     time.Now,
 		log:     klog.Background().WithName("extender"),
 	}
-	l.onDoubleHeld = x.onDoubleHeld
+	l.OnDoubleHeld(x.onDoubleHeld)
 	m.leader = x.leading.Load
 	m.topologyClock = func() (time.Time, time.Duration) { return x.now(), cfg.topologyMaxAge() }
 	return x

@@ -119,7 +119,7 @@ func newTestExtender(t testing.TB, cfg *Configuration, objs ...runtime.Object) (
 	})
 	x := newExtender(cfg, cs)
 	x.now = func() time.Time { return testNow }
-	x.ledger.now = x.now
+	x.ledger.SetClock(x.now)
 	x.synced.Store(true)
 	x.leading.Store(true)
 	return x, cs

@@ -9,6 +9,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	"github.com/gputopo/gputopo/extender/ledger"
 )
 
 // The in-process front end (the gputopo-scheduler plugin build) decides
@@ -58,12 +60,12 @@ func (x *Extender) NewCycle(ctx context.Context, pod *corev1.Pod) (*Cycle, error
 // ReasonPrefix) and whether no change of the node's GPU use could fix it
 // (FailedAndUnresolvableNodes).
 func (c *Cycle) FilterNode(node string) (passed, unresolvable bool, reason string) {
-	l := c.x.ledger
-	l.mu.RLock()
-	c.mu.Lock()
-	v := c.e.check(l.nodes[node])
-	c.mu.Unlock()
-	l.mu.RUnlock()
+	var v *verdict
+	c.x.ledger.Read(func(lv ledger.View) {
+		c.mu.Lock()
+		v = c.e.check(lv.Node(node))
+		c.mu.Unlock()
+	})
 	if v.ok {
 		c.x.metrics.filterCounter(true, 0).Inc()
 		return true, false, ""
@@ -120,7 +122,7 @@ func (x *Extender) BindPod(ctx context.Context, pod *corev1.Pod, node string) (u
 
 // ReleasePod drops the pod's reservation (a scheduling cycle that failed
 // after Reserve); a pod whose Binding was written keeps its GPUs.
-func (x *Extender) ReleasePod(uid types.UID) { x.ledger.releaseReserved(uid) }
+func (x *Extender) ReleasePod(uid types.UID) { x.ledger.ReleaseReserved(uid) }
 
 // errKind is the errors metric's label of a bind error.
 func errKind(err error) string {

@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/extender/ledger"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -120,7 +121,7 @@ func TestSweepReleasesOnlyExpiredReservations(t *testing.T) {
 	x, _ := newTestExtender(t, nil)
 	x.ledger.UpsertTopology(topo(t, "dgx1-v100", "a"))
 	clock := testNow
-	x.ledger.now = func() time.Time { return clock }
+	x.ledger.SetClock(func() time.Time { return clock })
 	pr := podRequest{count: 2}
 	if _, _, err := x.reserve(context.Background(), "uid-old", types.NamespacedName{Namespace: "default", Name: "old"}, "a", pr); err != nil {
 		t.Fatal(err)
@@ -228,7 +229,7 @@ func TestLedgerDoubleHeldGPUs(t *testing.T) {
 	gpu1 := topology.FixtureUUID("a", 1)
 	l := NewLedger()
 	var added, cleared []DoubleHold
-	l.onDoubleHeld = func(a, c []DoubleHold) { added, cleared = append(added, a...), append(cleared, c...) }
+	l.OnDoubleHeld(func(a, c []DoubleHold) { added, cleared = append(added, a...), append(cleared, c...) })
 	l.UpsertTopology(topo(t, "dgx1-v100", "a"))
 
 	// p1 holds 0,1; p2 was planned on 2,3 but kubelet gave it 1,2.
@@ -253,7 +254,9 @@ func TestLedgerDoubleHeldGPUs(t *testing.T) {
 	if diff := cmp.Diff(Counts{Total: 8, Free: 5, Held: 3, DoubleHeld: 1}, l.Counts()); diff != "" {
 		t.Errorf("counts (-want +got):\n%s", diff)
 	}
-	if free := l.nodes["a"].free(); free != topology.MaskOf(3, 4, 5, 6, 7) {
+	var free topology.Mask
+	l.Read(func(v ledger.View) { free = v.Node("a").Free() })
+	if free != topology.MaskOf(3, 4, 5, 6, 7) {
 		t.Errorf("free GPUs %v, want 3-7: a double-held GPU is never free", free.Indices())
 	}
 

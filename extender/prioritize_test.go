@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
+	"github.com/gputopo/gputopo/extender/ledger"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -277,7 +278,7 @@ func conservationScore(t *testing.T, least, most, on string) int64 {
 			t.Fatal(err)
 		}
 		g := f.Graph("n")
-		return capabilityOf(g, g.Metrics(topology.Mask{}, g.All()).LeftLargestIsland)
+		return ledger.CapabilityOf(g, g.Metrics(topology.Mask{}, g.All()).LeftLargestIsland)
 	}
 	s := 1 - math.Log(capOf(on)/capOf(least))/math.Log(capOf(most)/capOf(least))
 	if s <= 0 || s >= 1 {

@@ -23,6 +23,7 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/extender/ledger"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -529,31 +530,34 @@ func (x *Extender) evaluateAll(ctx context.Context, args *extenderv1.ExtenderArg
 		return out, nil
 	}
 	e := newEvaluator(ctx, x.alloc, x.cfg, pr, x.now())
-	l := x.ledger
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	own := l.holdings[args.Pod.UID]
-	aff := l.affinityExcludingLocked(pr.job, args.Pod)
-	states := make([]*nodeState, len(names))
-	verdicts := make([]*verdict, len(names))
-	var co cohort
-	for i, name := range names {
-		n := l.nodes[name]
-		if own != nil && n != nil && own.node == name {
-			n = l.withoutLocked(n, own.uid)
-		}
-		v := e.check(n)
-		states[i], verdicts[i] = n, v
-		out[i] = nodeEval{name: name, ok: v.ok, reason: v.reason}
-		if v.ok {
-			co.add(n, v)
-		}
-	}
 	merits := make([]float64, len(names))
+	verdicts := make([]*verdict, len(names))
+	x.ledger.Read(func(lv ledger.View) {
+		ownNode, owns := lv.HolderNode(args.Pod.UID)
+		aff := lv.AffinityExcluding(pr.job, args.Pod)
+		states := make([]*ledger.Node, len(names))
+		var co cohort
+		for i, name := range names {
+			n := lv.Node(name)
+			if owns && n != nil && ownNode == name {
+				n = lv.Without(n, args.Pod.UID)
+			}
+			v := e.check(n)
+			states[i], verdicts[i] = n, v
+			out[i] = nodeEval{name: name, ok: v.ok, reason: v.reason}
+			if v.ok {
+				co.add(n, v)
+			}
+		}
+		for i, v := range verdicts {
+			if v.ok {
+				merits[i], out[i].comps = e.merit(states[i], v, aff, co)
+			}
+		}
+	})
 	top := -1.0
 	for i, v := range verdicts {
 		if v.ok {
-			merits[i], out[i].comps = e.merit(states[i], v, aff, co)
 			top = max(top, merits[i])
 			out[i].gpus, out[i].res = slices.Clone(v.res.GPUs), v.res
 		}

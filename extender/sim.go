@@ -28,7 +28,5 @@ func NewWithClient(cfg *Configuration, cs kubernetes.Interface) *Extender {
 // before the first request.
 func (x *Extender) SetClock(now func() time.Time) {
 	x.now = now
-	x.ledger.mu.Lock()
-	x.ledger.now = now
-	x.ledger.mu.Unlock()
+	x.ledger.SetClock(now)
 }

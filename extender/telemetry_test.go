@@ -74,7 +74,7 @@ func TestExternalTelemetryScoresAndFallback(t *testing.T) {
 	}
 
 	// Prometheus says the opposite.
-	x.ledger.useExternalTelemetry(time.Minute)
+	x.ledger.UseExternalTelemetry(time.Minute)
 	x.ledger.SetExternalTelemetry(ExternalTelemetry{
 		"a": externalFor(t, "dgx-a100", "a", 95, 83, testNow),
 		"b": externalFor(t, "dgx-a100", "b", 0, 31, testNow),
@@ -109,7 +109,7 @@ func TestExternalTelemetryScoresAndFallback(t *testing.T) {
 
 	// Prometheus stops answering: samples age past maxAge and every node
 	// falls back; scores follow the node agent again.
-	x.ledger.now = func() time.Time { return testNow.Add(61 * time.Second) }
+	x.ledger.SetClock(func() time.Time { return testNow.Add(61 * time.Second) })
 	x.ledger.RefreshExternalTelemetry()
 	bySource, fallback := x.ledger.TelemetrySources()
 	if bySource[TelemetryPrometheus] != 0 || fallback[fallbackStale] != 2 || fallback[fallbackNoData] != 1 {

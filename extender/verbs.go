@@ -16,6 +16,7 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/extender/ledger"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -38,30 +39,29 @@ func (x *Extender) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) *e
 		var failed [numReasonCodes]int
 		e := newEvaluator(ctx, x.alloc, x.cfg, pr, x.now())
 		reason := func(v *verdict) string { return filterReason(pr, v) }
-		l := x.ledger
-		l.mu.RLock()
-		nodes := l.lookupLocked(names)
-		for i, name := range names {
-			v := e.check(nodes.s[i])
-			switch {
-			case v.ok:
-				passed = append(passed, name)
-			case v.unresolvable:
-				if res.FailedAndUnresolvableNodes == nil {
-					res.FailedAndUnresolvableNodes = make(extenderv1.FailedNodesMap)
+		x.ledger.Read(func(lv ledger.View) {
+			nodes := lookup(lv, names)
+			defer nodes.release()
+			for i, name := range names {
+				v := e.check(nodes.s[i])
+				switch {
+				case v.ok:
+					passed = append(passed, name)
+				case v.unresolvable:
+					if res.FailedAndUnresolvableNodes == nil {
+						res.FailedAndUnresolvableNodes = make(extenderv1.FailedNodesMap)
+					}
+					res.FailedAndUnresolvableNodes[name] = reason(v)
+					failed[v.code]++
+				default:
+					if res.FailedNodes == nil {
+						res.FailedNodes = make(extenderv1.FailedNodesMap)
+					}
+					res.FailedNodes[name] = reason(v)
+					failed[v.code]++
 				}
-				res.FailedAndUnresolvableNodes[name] = reason(v)
-				failed[v.code]++
-			default:
-				if res.FailedNodes == nil {
-					res.FailedNodes = make(extenderv1.FailedNodesMap)
-				}
-				res.FailedNodes[name] = reason(v)
-				failed[v.code]++
 			}
-		}
-		l.mu.RUnlock()
-		nodes.release()
+		})
 		for code, n := range failed {
 			if n > 0 {
 				x.metrics.filterResults.WithLabelValues("failed", reasonNames[code]).Add(float64(n))
@@ -153,32 +153,32 @@ func (x *Extender) score(e *evaluator, pr podRequest, names []string, track bool
 // passed (the cohort), so the verdicts come first. The caller releases the
 // list.
 func (x *Extender) evaluate(e *evaluator, pr podRequest, names []string) (nl *nodeList, best float64) {
-	l := x.ledger
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	aff := l.affinityLocked(pr.job)
-	nl = l.lookupLocked(names)
-	nl.evalSlices()
-	// Pass one touches each node once: verdict, the terms local to the
-	// node, and what the cross-node terms need. Pass two finishes the
-	// merits from the slices alone.
-	var co cohort
-	for i, n := range nl.s {
-		if v := e.check(n); v.ok {
-			nl.v[i] = v
-			co.add(n, v)
-			c := e.components(n, v, aff.of(n), cohort{})
-			nl.m[i], nl.c[i] = e.local(c, aff), n.topo.logCapability
+	x.ledger.Read(func(lv ledger.View) {
+		aff := lv.Affinity(pr.job)
+		nl = lookup(lv, names)
+		nl.evalSlices()
+		// Pass one touches each node once: verdict, the terms local to
+		// the node, and what the cross-node terms need. Pass two finishes
+		// the merits from the slices alone.
+		var co cohort
+		for i, n := range nl.s {
+			if v := e.check(n); v.ok {
+				nl.v[i] = v
+				co.add(n, v)
+				c := e.components(n, v, aff.Of(n), cohort{})
+				nl.m[i], nl.c[i] = e.local(c, aff), n.Topo().LogCapability()
+			}
 		}
-	}
-	best = -1
-	for i, v := range nl.v {
-		if v != nil {
-			bf, cons := crossTerms(v.res.Metrics.RingGBps, nl.c[i], co)
-			nl.m[i] = e.combine(nl.m[i], bf, cons, aff)
-			best = max(best, nl.m[i])
+		best = -1
+		for i, v := range nl.v {
+			if v != nil {
+				bf, cons := crossTerms(v.res.Metrics.RingGBps, nl.c[i], co)
+				nl.m[i] = e.combine(nl.m[i], bf, cons, aff)
+				best = max(best, nl.m[i])
+			}
 		}
-	}
+		clear(nl.s) // the nodes are not to be read past the lock
+	})
 	return nl, best
 }
 
@@ -222,23 +222,23 @@ func (x *Extender) bind(ctx context.Context, args *extenderv1.ExtenderBindingArg
 		x.ledger.Release(args.PodUID)
 		return bindErr(errConflict, "pod %s has UID %s, not %s: it was deleted and recreated; the scheduler will retry with the new pod", key, p.UID, args.PodUID)
 	}
-	info := *newPodInfo(p, x.cfg.GPUResource())
-	if info.demandErr != "" {
-		return bindErr(errBadRequest, "%s", info.demandErr)
+	info := ledger.NewPodInfo(p, x.cfg.GPUResource())
+	if info.DemandErr != "" {
+		return bindErr(errBadRequest, "%s", info.DemandErr)
 	}
-	if info.node != "" {
-		if info.node == args.Node && info.assignedRaw != "" {
+	if info.Node != "" {
+		if info.Node == args.Node && info.AssignedRaw != "" {
 			return nil // bound by an earlier attempt whose answer was lost
 		}
-		return bindErr(errConflict, "pod %s is already bound to node %s", key, info.node)
+		return bindErr(errConflict, "pod %s is already bound to node %s", key, info.Node)
 	}
-	if err := x.admitBind(ctx, p, info.gpus, args.Node); err != nil {
+	if err := x.admitBind(ctx, p, info.GPUs, args.Node); err != nil {
 		x.ledger.Release(args.PodUID)
 		return err
 	}
-	pr := podRequest{count: info.gpus, job: info.job}
-	if info.hasReq {
-		req, err := v1alpha1.ParseRequirement(info.requirement)
+	pr := podRequest{count: info.GPUs, job: info.Job}
+	if info.HasRequirement {
+		req, err := v1alpha1.ParseRequirement(info.Requirement)
 		if err != nil {
 			x.ledger.Release(args.PodUID)
 			return bindErr(errBadRequest, "pod %s: %w", key, err)
@@ -308,7 +308,7 @@ func (x *Extender) bound(ctx context.Context, args *extenderv1.ExtenderBindingAr
 	if pr.count == 0 {
 		return
 	}
-	x.ledger.confirm(args.PodUID, args.Node, uuids)
+	x.ledger.Confirm(args.PodUID, args.Node, uuids)
 	x.metrics.placements.WithLabelValues(requestedTier(pr), string(placement.Tier)).Inc()
 	if placement.Heuristic {
 		x.metrics.heuristic.Inc()
@@ -342,48 +342,41 @@ func definiteFailure(err error) bool {
 	return code >= 400
 }
 
-// reserve chooses the pod's GPUs on node and records them in the ledger,
-// under the ledger's lock: two binds to one node never get the same GPU.
-// A pod that already holds a reservation on node gets the same GPUs.
+// reserve chooses the pod's GPUs on node and holds them in the ledger
+// (ledger.Reserve): two binds to one node never get the same GPU, and a
+// pod that already holds a reservation on node gets the same GPUs.
 func (x *Extender) reserve(ctx context.Context, uid types.UID, key types.NamespacedName, node string, pr podRequest) ([]string, v1alpha1.Placement, error) {
-	l := x.ledger
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if h := l.holdings[uid]; h != nil {
-		if h.node == node && len(h.uuids) > 0 {
-			return h.uuids, h.placement, nil
+	c, err := x.ledger.Reserve(uid, key, node, func(lv ledger.View, n *ledger.Node) (ledger.Choice, error) {
+		e := newEvaluator(ctx, x.alloc, x.cfg, pr, x.now())
+		v := e.check(n)
+		if !v.ok {
+			return ledger.Choice{}, bindErr(errInfeasible, "pod %s cannot bind to node %s: %s", key, node, v.reason)
 		}
-		if !h.reserved {
-			return nil, v1alpha1.Placement{}, bindErr(errConflict, "pod %s already holds GPUs on node %s", key, h.node)
+		merit, _ := e.merit(n, v, lv.Affinity(pr.job), soloCohort(n, v))
+		gpus := n.Graph().GPUs()
+		uuids := make([]string, len(v.res.GPUs))
+		for i, idx := range v.res.GPUs {
+			uuids[i] = gpus[idx].UUID
 		}
-		l.releaseLocked(uid) // a retry that kube-scheduler sent to another node
+		m := v.res.Metrics
+		placement := v1alpha1.Placement{
+			Node:                 node,
+			Strategy:             pr.req.EffectiveStrategy(),
+			GPUIndices:           append([]int(nil), v.res.GPUs...),
+			Tier:                 m.Tier,
+			MinPairBandwidthGBps: m.MinPairGBps,
+			RingBandwidthGBps:    m.RingGBps,
+			Score:                int(absoluteScore(merit)),
+			Heuristic:            v.res.Heuristic,
+		}
+		placement.Degraded, placement.DegradedReason = pr.degraded(m)
+		return ledger.Choice{UUIDs: uuids, Placement: placement}, nil
+	})
+	var held *ledger.AlreadyHeldError
+	if errors.As(err, &held) {
+		return nil, v1alpha1.Placement{}, &bindError{kind: errConflict, err: err}
 	}
-	n := l.nodes[node]
-	e := newEvaluator(ctx, x.alloc, x.cfg, pr, l.now())
-	v := e.check(n)
-	if !v.ok {
-		return nil, v1alpha1.Placement{}, bindErr(errInfeasible, "pod %s cannot bind to node %s: %s", key, node, v.reason)
-	}
-	merit, _ := e.merit(n, v, l.affinityLocked(pr.job), soloCohort(n, v))
-	gpus := n.graph.GPUs()
-	uuids := make([]string, len(v.res.GPUs))
-	for i, idx := range v.res.GPUs {
-		uuids[i] = gpus[idx].UUID
-	}
-	m := v.res.Metrics
-	placement := v1alpha1.Placement{
-		Node:                 node,
-		Strategy:             pr.req.EffectiveStrategy(),
-		GPUIndices:           append([]int(nil), v.res.GPUs...),
-		Tier:                 m.Tier,
-		MinPairBandwidthGBps: m.MinPairGBps,
-		RingBandwidthGBps:    m.RingGBps,
-		Score:                int(absoluteScore(merit)),
-		Heuristic:            v.res.Heuristic,
-	}
-	placement.Degraded, placement.DegradedReason = pr.degraded(m)
-	l.setHoldingLocked(&holding{uid: uid, pod: key, node: node, uuids: uuids, reserved: true, since: l.now(), placement: placement})
-	return uuids, placement, nil
+	return c.UUIDs, c.Placement, err
 }
 
 // NodeExplanation is one node's outcome for a pod, as filter, prioritize

@@ -1,0 +1,284 @@
+package ledger
+
+import (
+	"maps"
+	"math"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gputopo/gputopo/topology"
+)
+
+// Node accessors: what filter and score read of a node. A *Node is valid
+// only inside the Read (or Reserve) call that handed it out; the accessors
+// read without locking, the caller's Read holds the lock.
+
+// Name is the node's name ("" for nil).
+func (n *Node) Name() string {
+	if n == nil {
+		return ""
+	}
+	return n.name
+}
+
+// Size is the number of GPUs (0 without a valid topology).
+func (n *Node) Size() int { return n.size }
+
+// Free is the healthy GPUs nobody holds or has been promised.
+func (n *Node) Free() topology.Mask { return n.freeMask }
+
+// UsedCount is the number of identified GPUs held or reserved.
+func (n *Node) UsedCount() int { return n.usedCount }
+
+// UnknownHeld counts GPUs held whose identity is not known: pods bound
+// without an assignment, or UUIDs not in the node's topology.
+func (n *Node) UnknownHeld() int { return n.unknownHeld }
+
+// Allocatable is the Node's allocatable count of the ledger's resource, -1
+// when no Node object has been seen.
+func (n *Node) Allocatable() int { return n.allocatable }
+
+// UtilFree sums the telemetry utilization of the healthy GPUs not held.
+func (n *Node) UtilFree() int32 { return n.utilFree }
+
+// Graph is the node's topology with its GPUs' health, nil when the
+// topology is missing or invalid.
+func (n *Node) Graph() *topology.Graph { return n.graph }
+
+// Topo is what every node of the same machine shares, nil without a valid
+// topology.
+func (n *Node) Topo() *Topo { return n.topo }
+
+// TopologyError is why the node's NodeGPUTopology is invalid.
+func (n *Node) TopologyError() string { return n.topoErr }
+
+// StaleReason is why the node agent marked the topology stale.
+func (n *Node) StaleReason() string { return n.staleReason }
+
+// Observed is the topology's observedTime (zero when unset).
+func (n *Node) Observed() time.Time { return n.observed }
+
+// Clique is the node's NVLink fabric clique ("" outside a multi-node
+// NVLink domain).
+func (n *Node) Clique() string { return n.clique }
+
+// Telemetry is each GPU's telemetry, by index, when it was taken at or
+// after afterNs (Unix nanoseconds); nil when the node has none that recent.
+func (n *Node) Telemetry(afterNs int64) []GPUTelemetry {
+	if n.tel == nil || n.telemetryNs == 0 || n.telemetryNs < afterNs {
+		return nil
+	}
+	return n.tel
+}
+
+// Utilization is each GPU's compute utilization, by index, for the
+// allocator, when taken at or after afterNs; nil otherwise.
+func (n *Node) Utilization(afterNs int64) []int32 {
+	if n.util == nil || n.telemetryNs == 0 || n.telemetryNs < afterNs {
+		return nil
+	}
+	return n.util
+}
+
+// Pristine is the machine's topology with every GPU healthy and free: what
+// a node of it could ever offer, to tell "not now" from "never".
+func (t *Topo) Pristine() *topology.Graph { return t.pristine }
+
+// MaxIsland is the size of the machine's largest NVLink-connected clique.
+func (t *Topo) MaxIsland() int { return t.maxIsland }
+
+// LogCapability is the log of CapabilityOf the machine.
+func (t *Topo) LogCapability() float64 { return t.logCapability }
+
+// IslandOf is GPU i's NVLink island.
+func (t *Topo) IslandOf(i int) topology.Mask { return t.islandOf[i] }
+
+// ID numbers the machine (IDs are never reused), for per-request caches.
+func (t *Topo) ID() uint64 { return t.id }
+
+// CapabilityOf is what a machine's interconnect can offer the most
+// demanding pod: its peak pair bandwidth times its largest NVLink clique
+// (at least 1). A PCIe server scores its PCIe bandwidth, NVLink-bridged
+// pairs twice their bridge, a DGX-1 V100 four times its best pair, an
+// NVSwitch machine eight times its any-pair bandwidth.
+func CapabilityOf(g *topology.Graph, maxIsland int) float64 {
+	return float64(max(g.PeakBandwidth(), 1)) * float64(max(maxIsland, 1))
+}
+
+// ClockSkew is how far in the future a NodeGPUTopology's observedTime may
+// lie before filter distrusts it: the node's clock and the scheduler's may
+// differ by this much (docs/extender.md).
+const ClockSkew = 2 * time.Minute
+
+// FreshWindow is the range a fresh topology's observedTime lies in, in
+// Unix nanoseconds: from now - maxAge to now + ClockSkew, or unbounded
+// without an age check.
+type FreshWindow struct{ from, to int64 }
+
+// NewFreshWindow is the window at now for maxAge (0 or less: no age check).
+func NewFreshWindow(now time.Time, maxAge time.Duration) FreshWindow {
+	if maxAge <= 0 {
+		return FreshWindow{math.MinInt64, math.MaxInt64}
+	}
+	return FreshWindow{now.Add(-maxAge).UnixNano(), now.Add(ClockSkew).UnixNano()}
+}
+
+// TopoState is the state of a node's NodeGPUTopology as filter judges it.
+type TopoState uint8
+
+// Topology states; filter refuses every node that is not TopoFresh.
+const (
+	TopoFresh TopoState = iota
+	TopoMissing
+	TopoInvalid
+	TopoAgentStale
+	TopoOld
+)
+
+var topoStateNames = [...]string{TopologyFresh, TopologyMissing, TopologyInvalid, TopologyAgentStale, TopologyOld}
+
+// String is the state's metric label (TopologyFresh, ...).
+func (s TopoState) String() string { return topoStateNames[s] }
+
+// State judges n's topology (n may be nil: missing): missing, invalid,
+// marked stale by the agent, old (observedTime missing or outside w) or
+// fresh.
+func (n *Node) State(w FreshWindow) TopoState {
+	switch {
+	case n == nil || !n.hasTopology:
+		return TopoMissing
+	case n.graph == nil:
+		return TopoInvalid
+	case n.stale:
+		return TopoAgentStale
+	case n.observedNs == 0 || n.observedNs < w.from || n.observedNs > w.to:
+		return TopoOld
+	}
+	return TopoFresh
+}
+
+// View is the ledger as one Read sees it. It is valid only inside that
+// call.
+type View struct{ l *Ledger }
+
+// Read calls fn with a view of the ledger under its read lock: every node
+// fn reads is in one consistent state. fn must not keep the view or the
+// nodes past its return, nor call the ledger's other methods (they lock).
+func (l *Ledger) Read(fn func(v View)) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	fn(View{l})
+}
+
+// Node is the named node, nil when the ledger knows nothing of it.
+func (v View) Node(name string) *Node { return v.l.nodes[name] }
+
+// Lookup resolves names into dst (reused when large enough) in one pass
+// before any node is evaluated: the lookups do not depend on each other,
+// so the CPU overlaps their cache misses, and the evaluation pass then
+// finds the nodes' state warm. Unknown names resolve to nil.
+func (v View) Lookup(names []string, dst []*Node) []*Node {
+	if cap(dst) < len(names) {
+		dst = make([]*Node, len(names))
+	}
+	dst = dst[:len(names)]
+	for i, name := range names {
+		dst[i] = v.l.nodes[name]
+	}
+	return dst
+}
+
+// HolderNode is the node on which pod uid holds or has been promised GPUs.
+func (v View) HolderNode(uid types.UID) (node string, ok bool) {
+	h, ok := v.l.holdings[uid]
+	if !ok {
+		return "", false
+	}
+	return h.node, true
+}
+
+// Without is n as if pod uid held nothing on it: a copy, n is left alone.
+// n itself when uid holds nothing there.
+func (v View) Without(n *Node, uid types.UID) *Node {
+	if _, ok := n.holdings[uid]; !ok {
+		return n
+	}
+	c := *n
+	c.holdings = make(map[types.UID]*holding, len(n.holdings))
+	for k, h := range n.holdings {
+		if k != uid {
+			c.holdings[k] = h
+		}
+	}
+	v.l.recomputeLocked(&c)
+	return &c
+}
+
+// Affinity answers "does the pod's job run on this node or in its NVLink
+// fabric clique?" for one request.
+type Affinity struct {
+	nodes   map[string]int
+	cliques map[string]bool
+}
+
+// Affinity indexes where job (namespace/job label) has live bound pods;
+// the zero Affinity for "" or a job with none placed.
+func (v View) Affinity(job string) Affinity {
+	if job == "" {
+		return Affinity{}
+	}
+	return v.affinityOf(v.l.jobs[job])
+}
+
+// AffinityExcluding is Affinity without pod itself, for deciding as if it
+// were not bound yet.
+func (v View) AffinityExcluding(job string, pod *corev1.Pod) Affinity {
+	idx := v.Affinity(job)
+	info := v.l.pods[types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}]
+	if info == nil || info.UID != pod.UID || info.Node == "" || info.Job != job || idx.nodes[info.Node] == 0 {
+		return idx
+	}
+	nodes := maps.Clone(idx.nodes)
+	if nodes[info.Node]--; nodes[info.Node] == 0 {
+		delete(nodes, info.Node)
+	}
+	if len(nodes) == 0 {
+		// The job's only placed pod: as for a job with none placed,
+		// task affinity does not count.
+		return Affinity{}
+	}
+	return v.affinityOf(nodes)
+}
+
+func (v View) affinityOf(nodes map[string]int) Affinity {
+	idx := Affinity{nodes: nodes}
+	for name := range nodes {
+		if n, ok := v.l.nodes[name]; ok && n.clique != "" {
+			if idx.cliques == nil {
+				idx.cliques = make(map[string]bool)
+			}
+			idx.cliques[n.clique] = true
+		}
+	}
+	return idx
+}
+
+// Placed says whether the job has pods placed: only then does task
+// affinity count for the pod.
+func (a Affinity) Placed() bool { return a.nodes != nil }
+
+// Of is the task affinity of node n: 1 when the job runs there, 0.5 when
+// it runs in n's fabric clique, else 0.
+func (a Affinity) Of(n *Node) float64 {
+	switch {
+	case a.nodes == nil:
+		return 0
+	case a.nodes[n.name] > 0:
+		return 1
+	case n.clique != "" && a.cliques[n.clique]:
+		return 0.5
+	}
+	return 0
+}
