@@ -15,6 +15,7 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
+	"github.com/gputopo/gputopo/test/harness"
 )
 
 // TestBindEventNamesTheGPUs: a pod the extender binds gets a Normal
@@ -57,7 +58,7 @@ func TestBindEventNamesTheGPUs(t *testing.T) {
 		t.Errorf("event type %s from %q; want Normal from %s", ev.Type, ev.Source.Component, extender.EventComponent)
 	}
 	want := []string{"node " + got.Spec.NodeName + ":", "tier " + string(placement.Tier), "strategy " + string(placement.Strategy)}
-	want = append(want, gpuList(t, got, v1alpha1.AnnotationAssignedGPUs)...)
+	want = append(want, harness.PodGPUs(t, got, v1alpha1.AnnotationAssignedGPUs)...)
 	if len(placement.GPUIndices) > 1 {
 		want = append(want, "ring "+strconv.Itoa(placement.RingBandwidthGBps)+" GB/s")
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/nodeagent"
+	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/test/kubelet"
 )
 
@@ -125,7 +126,7 @@ func (e *env) cdiDevices(t *testing.T, train *corev1.Pod) {
 	p := e.gpuPod(nsTeam, "cdi", 2)
 	e.create(t, p)
 	p = e.waitPod(t, p, 90*time.Second, "the CDI pod to run", isRunning)
-	assigned := gpuList(t, p, v1alpha1.AnnotationAssignedGPUs)
+	assigned := harness.PodGPUs(t, p, v1alpha1.AnnotationAssignedGPUs)
 	env, err := e.environ(p, "main")
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
+	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/webhook"
 )
 
@@ -207,7 +208,7 @@ func (e *env) fullFlow(t *testing.T) *corev1.Pod {
 	// Hop 3: gputopo-scheduler asked the extender, which bound the pod
 	// with its GPUs in the same write.
 	pod = e.waitPod(t, pod, time.Minute, "the pod to be bound", func(p *corev1.Pod) bool { return p.Spec.NodeName != "" })
-	assigned := gpuList(t, pod, v1alpha1.AnnotationAssignedGPUs)
+	assigned := harness.PodGPUs(t, pod, v1alpha1.AnnotationAssignedGPUs)
 	if pod.Spec.NodeName != nodeName || len(assigned) != gpus {
 		t.Fatalf("bound to %q with assigned-gpus %v; want %s and %d GPUs", pod.Spec.NodeName, assigned, nodeName, gpus)
 	}
@@ -245,7 +246,7 @@ func (e *env) fullFlow(t *testing.T) *corev1.Pod {
 	pod = e.waitPod(t, pod, 30*time.Second, "allocated-gpus", func(p *corev1.Pod) bool {
 		return p.Annotations[v1alpha1.AnnotationAllocatedGPUs] != ""
 	})
-	if got := gpuList(t, pod, v1alpha1.AnnotationAllocatedGPUs); !slices.Equal(assigned, got) {
+	if got := harness.PodGPUs(t, pod, v1alpha1.AnnotationAllocatedGPUs); !slices.Equal(assigned, got) {
 		t.Errorf("allocated-gpus %v, want assigned-gpus %v", got, assigned)
 	}
 	t.Logf("checked: the node agent recorded allocated-gpus = assigned-gpus")

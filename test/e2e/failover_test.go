@@ -94,7 +94,7 @@ func (e *env) leaderFailover(t *testing.T, train *corev1.Pod) {
 	e.ext = leader.x
 	t.Logf("injected: two extender replicas with leader election (%s leads) behind one address", leader.name)
 
-	free := nodeGPUs - len(gpuList(t, train, v1alpha1.AnnotationAssignedGPUs))
+	free := nodeGPUs - len(harness.PodGPUs(t, train, v1alpha1.AnnotationAssignedGPUs))
 	var names []string
 	for i := range free {
 		names = append(names, fmt.Sprintf("burst-%d", i))
@@ -135,9 +135,9 @@ func (e *env) leaderFailover(t *testing.T, train *corev1.Pod) {
 	var taken []string
 	for _, name := range names {
 		p := e.waitPod(t, gpuPod(nsTeam, name, 1), 2*time.Minute, name+" to run", isRunning)
-		got := gpuList(t, p, v1alpha1.AnnotationAssignedGPUs)
+		got := harness.PodGPUs(t, p, v1alpha1.AnnotationAssignedGPUs)
 		for _, u := range got {
-			if slices.Contains(taken, u) || slices.Contains(gpuList(t, train, v1alpha1.AnnotationAssignedGPUs), u) {
+			if slices.Contains(taken, u) || slices.Contains(harness.PodGPUs(t, train, v1alpha1.AnnotationAssignedGPUs), u) {
 				t.Errorf("GPU %s issued twice (pod %s)", u, name)
 			}
 		}
@@ -175,7 +175,7 @@ func (e *env) waitPortFree(ctx context.Context) error {
 // binding, and starts it again: the new process rebuilds its ledger from
 // the pods, and every burst pod runs on a GPU no other live pod holds.
 func (e *env) schedulerKilledMidBurst(t *testing.T, train *corev1.Pod) {
-	taken := gpuList(t, train, v1alpha1.AnnotationAssignedGPUs)
+	taken := harness.PodGPUs(t, train, v1alpha1.AnnotationAssignedGPUs)
 	var names []string
 	for i := range nodeGPUs - len(taken) {
 		names = append(names, fmt.Sprintf("burst-%d", i))
@@ -209,7 +209,7 @@ func (e *env) schedulerKilledMidBurst(t *testing.T, train *corev1.Pod) {
 	e.startScheduler(t, false)
 	for _, name := range names {
 		p := e.waitPod(t, gpuPod(nsTeam, name, 1), 2*time.Minute, name+" to run", isRunning)
-		for _, u := range gpuList(t, p, v1alpha1.AnnotationAssignedGPUs) {
+		for _, u := range harness.PodGPUs(t, p, v1alpha1.AnnotationAssignedGPUs) {
 			if slices.Contains(taken, u) {
 				t.Errorf("GPU %s issued twice (pod %s)", u, name)
 			}

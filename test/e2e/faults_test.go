@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/webhook"
 )
 
@@ -53,7 +54,7 @@ func (e *env) keepsGPUs(t *testing.T, pod *corev1.Pod, gpus []string) {
 		return ok && slices.Equal(gpus, got), fmt.Sprintf("PodResources %v (listed %v)", got, ok)
 	})
 	p := e.getPod(t, pod.Namespace, pod.Name)
-	if p.UID != pod.UID || !isRunning(p) || !slices.Equal(gpus, gpuList(t, p, v1alpha1.AnnotationAllocatedGPUs)) {
+	if p.UID != pod.UID || !isRunning(p) || !slices.Equal(gpus, harness.PodGPUs(t, p, v1alpha1.AnnotationAllocatedGPUs)) {
 		t.Errorf("%s is %s (uid %s, was %s) with allocated-gpus %q; want Running on %v",
 			p.Name, p.Status.Phase, p.UID, pod.UID, p.Annotations[v1alpha1.AnnotationAllocatedGPUs], gpus)
 	}
@@ -70,10 +71,10 @@ func (e *env) runsApart(t *testing.T, name string, gpus int64, taken []string) *
 	p = e.waitPod(t, p, 30*time.Second, name+"'s allocated-gpus", func(p *corev1.Pod) bool {
 		return p.Annotations[v1alpha1.AnnotationAllocatedGPUs] != ""
 	})
-	assigned := gpuList(t, p, v1alpha1.AnnotationAssignedGPUs)
+	assigned := harness.PodGPUs(t, p, v1alpha1.AnnotationAssignedGPUs)
 	vis, _ := e.visible(p)
-	if int64(len(assigned)) != gpus || !slices.Equal(assigned, gpuList(t, p, v1alpha1.AnnotationAllocatedGPUs)) || !slices.Equal(assigned, vis) {
-		t.Errorf("%s: assigned %v, allocated %v, container env %v; want the same %d GPUs", name, assigned, gpuList(t, p, v1alpha1.AnnotationAllocatedGPUs), vis, gpus)
+	if int64(len(assigned)) != gpus || !slices.Equal(assigned, harness.PodGPUs(t, p, v1alpha1.AnnotationAllocatedGPUs)) || !slices.Equal(assigned, vis) {
+		t.Errorf("%s: assigned %v, allocated %v, container env %v; want the same %d GPUs", name, assigned, harness.PodGPUs(t, p, v1alpha1.AnnotationAllocatedGPUs), vis, gpus)
 	}
 	for _, u := range assigned {
 		if slices.Contains(taken, u) {
@@ -87,7 +88,7 @@ func (e *env) runsApart(t *testing.T, name string, gpus int64, taken []string) *
 // kubeletRestart restarts kubelet under the running train pod.
 func (e *env) kubeletRestart(t *testing.T, train *corev1.Pod) {
 	before := e.agent.Plugin.Registrations()
-	held := gpuList(t, train, v1alpha1.AnnotationAssignedGPUs)
+	held := harness.PodGPUs(t, train, v1alpha1.AnnotationAssignedGPUs)
 	t.Logf("injected: kubelet restarted (SIGTERM, started again on the same root dir) with %s running on %v", train.Name, held)
 	e.k.Restart(t)
 	e.poll(t, time.Minute, "the node agent to re-register with the new kubelet", func() (bool, string) {
@@ -103,7 +104,7 @@ func (e *env) kubeletRestart(t *testing.T, train *corev1.Pod) {
 // nodeAgentRestart stops and starts the node agent (device plugin,
 // reconciler, publisher) under the running train pod.
 func (e *env) nodeAgentRestart(t *testing.T, train *corev1.Pod) {
-	held := gpuList(t, train, v1alpha1.AnnotationAssignedGPUs)
+	held := harness.PodGPUs(t, train, v1alpha1.AnnotationAssignedGPUs)
 	e.stopAgent(t)
 	t.Logf("injected: node agent stopped (device plugin socket gone) with %s running on %v", train.Name, held)
 	if p := e.getPod(t, train.Namespace, train.Name); !isRunning(p) {
@@ -153,11 +154,11 @@ func (e *env) extenderDown(t *testing.T, train *corev1.Pod) {
 			t.Errorf("rebuilt ledger holds %v for %s, which is gone", h.GPUs, h.Pod)
 		}
 	}
-	if want := gpuList(t, train, v1alpha1.AnnotationAssignedGPUs); !slices.Equal(want, rebuilt) {
+	if want := harness.PodGPUs(t, train, v1alpha1.AnnotationAssignedGPUs); !slices.Equal(want, rebuilt) {
 		t.Errorf("rebuilt ledger holds %v for %s; want %v", rebuilt, train.Name, want)
 	}
 	p = e.waitPod(t, p, 2*time.Minute, "the waiting pod to run once the extender is back", isRunning)
-	if got := gpuList(t, p, v1alpha1.AnnotationAssignedGPUs); len(got) != 2 {
+	if got := harness.PodGPUs(t, p, v1alpha1.AnnotationAssignedGPUs); len(got) != 2 {
 		t.Errorf("the waiting pod ran with assigned-gpus %v; want 2 GPUs chosen by the extender", got)
 	}
 	t.Logf("checked: rebuilt ledger holds %s's GPUs; the waiting pod ran on %s", train.Name, p.Annotations[v1alpha1.AnnotationAssignedGPUs])
@@ -200,7 +201,7 @@ func (e *env) extenderKilled(t *testing.T, train *corev1.Pod, mode faultMode) {
 		if fault.result != nil || p.Spec.NodeName != nodeName {
 			t.Fatalf("at the kill: Binding answered %v, pod bound to %q; want it written", fault.result, p.Spec.NodeName)
 		}
-		boundTo = gpuList(t, p, v1alpha1.AnnotationAssignedGPUs)
+		boundTo = harness.PodGPUs(t, p, v1alpha1.AnnotationAssignedGPUs)
 		t.Logf("injected: extender killed after the apiserver wrote %s's Binding (%v), before it replied to kube-scheduler", p.Name, boundTo)
 	}
 	e.stopExtender(t)
@@ -209,12 +210,12 @@ func (e *env) extenderKilled(t *testing.T, train *corev1.Pod, mode faultMode) {
 	fault.free()
 
 	p = e.waitPod(t, p, 2*time.Minute, p.Name+" to run", isRunning)
-	got := gpuList(t, p, v1alpha1.AnnotationAssignedGPUs)
+	got := harness.PodGPUs(t, p, v1alpha1.AnnotationAssignedGPUs)
 	if boundTo != nil && !slices.Equal(boundTo, got) {
 		t.Errorf("%s was bound to %v before the kill and now has %v; a written bind must stand", p.Name, boundTo, got)
 	}
 	for _, u := range got {
-		if slices.Contains(gpuList(t, train, v1alpha1.AnnotationAssignedGPUs), u) {
+		if slices.Contains(harness.PodGPUs(t, train, v1alpha1.AnnotationAssignedGPUs), u) {
 			t.Errorf("%s got GPU %s, which %s holds", p.Name, u, train.Name)
 		}
 	}
@@ -260,12 +261,12 @@ func (e *env) recreatedDuringBind(t *testing.T, train *corev1.Pod) {
 		t.Logf("checked: the stale Binding was refused: %v", fault.result)
 	}
 	p := e.waitPod(t, second, 2*time.Minute, "the recreated pod to run", isRunning)
-	got := gpuList(t, p, v1alpha1.AnnotationAssignedGPUs)
+	got := harness.PodGPUs(t, p, v1alpha1.AnnotationAssignedGPUs)
 	if p.UID != second.UID || len(got) != 2 {
 		t.Errorf("recreated pod runs as uid %s with assigned-gpus %v; want uid %s with 2 GPUs of its own", p.UID, got, second.UID)
 	}
 	for _, u := range got {
-		if slices.Contains(gpuList(t, train, v1alpha1.AnnotationAssignedGPUs), u) {
+		if slices.Contains(harness.PodGPUs(t, train, v1alpha1.AnnotationAssignedGPUs), u) {
 			t.Errorf("recreated pod got GPU %s, which %s holds", u, train.Name)
 		}
 	}
@@ -278,7 +279,7 @@ func (e *env) recreatedDuringBind(t *testing.T, train *corev1.Pod) {
 // extender down: the pod runs anyway, on GPUs the node agent chose, and
 // the truth it records is what the extender rebuilds from.
 func (e *env) extenderIgnored(t *testing.T, train *corev1.Pod) {
-	held := gpuList(t, train, v1alpha1.AnnotationAssignedGPUs)
+	held := harness.PodGPUs(t, train, v1alpha1.AnnotationAssignedGPUs)
 	e.startScheduler(t, true)
 	defer e.startScheduler(t, false)
 	e.stopExtender(t)
@@ -289,7 +290,7 @@ func (e *env) extenderIgnored(t *testing.T, train *corev1.Pod) {
 	p = e.waitPod(t, p, 30*time.Second, "allocated-gpus", func(p *corev1.Pod) bool {
 		return p.Annotations[v1alpha1.AnnotationAllocatedGPUs] != ""
 	})
-	allocated := gpuList(t, p, v1alpha1.AnnotationAllocatedGPUs)
+	allocated := harness.PodGPUs(t, p, v1alpha1.AnnotationAllocatedGPUs)
 	vis, _ := e.visible(p)
 	if p.Annotations[v1alpha1.AnnotationAssignedGPUs] != "" || len(allocated) != 2 || !slices.Equal(allocated, vis) {
 		t.Errorf("pod ran with assigned-gpus %q, allocated-gpus %v, container env %v; want no assignment and the same 2 GPUs recorded and visible",
@@ -324,7 +325,7 @@ func (e *env) extenderIgnored(t *testing.T, train *corev1.Pod) {
 // deleting the train Job and every pod.
 func (e *env) gpuLost(t *testing.T, train *corev1.Pod) {
 	ctx := context.Background()
-	held := gpuList(t, train, v1alpha1.AnnotationAssignedGPUs)
+	held := harness.PodGPUs(t, train, v1alpha1.AnnotationAssignedGPUs)
 	lost := slices.IndexFunc(e.sim.UUIDs(), func(u string) bool { return !slices.Contains(held, u) })
 	lostUUID := e.sim.UUIDs()[lost]
 	if err := e.sim.InjectXID(lost, 79); err != nil {
@@ -353,7 +354,7 @@ func (e *env) gpuLost(t *testing.T, train *corev1.Pod) {
 
 	free := int64(nodeGPUs - len(held) - 1)
 	fill := e.runsApart(t, "fill-healthy", free, held)
-	if got := gpuList(t, fill, v1alpha1.AnnotationAssignedGPUs); slices.Contains(got, lostUUID) {
+	if got := harness.PodGPUs(t, fill, v1alpha1.AnnotationAssignedGPUs); slices.Contains(got, lostUUID) {
 		t.Errorf("pod %s got the lost GPU %s", fill.Name, lostUUID)
 	}
 	t.Logf("checked: a %d-GPU pod took exactly the healthy free GPUs, not the lost one", free)
@@ -371,7 +372,7 @@ func (e *env) gpuLost(t *testing.T, train *corev1.Pod) {
 	t.Logf("checked: a further 1-GPU pod waits: %s: %s", c.Reason, short(c.Message))
 
 	p := e.getPod(t, train.Namespace, train.Name)
-	if !isRunning(p) || !slices.Equal(held, gpuList(t, p, v1alpha1.AnnotationAllocatedGPUs)) {
+	if !isRunning(p) || !slices.Equal(held, harness.PodGPUs(t, p, v1alpha1.AnnotationAllocatedGPUs)) {
 		t.Errorf("%s is %s with allocated-gpus %q after the GPU loss; want Running on %v", p.Name, p.Status.Phase, p.Annotations[v1alpha1.AnnotationAllocatedGPUs], held)
 	}
 	t.Logf("checked: %s keeps running on %v", p.Name, held)

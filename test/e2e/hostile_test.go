@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/webhook"
 )
 
@@ -57,7 +58,7 @@ const (
 func (e *env) hostileInput(t *testing.T, train *corev1.Pod) {
 	ctx := context.Background()
 	other := e.sim.UUIDs()[7]
-	if slices.Contains(gpuList(t, train, v1alpha1.AnnotationAssignedGPUs), other) {
+	if slices.Contains(harness.PodGPUs(t, train, v1alpha1.AnnotationAssignedGPUs), other) {
 		other = e.sim.UUIDs()[0]
 	}
 

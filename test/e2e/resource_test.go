@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/test/harness"
 )
 
 // TestRenamedGPUResource: with every component configured for another GPU
@@ -32,8 +33,8 @@ func TestRenamedGPUResource(t *testing.T) {
 	got = e.waitPod(t, p, 2*time.Minute, "the pod to run with its GPUs recorded", func(p *corev1.Pod) bool {
 		return isRunning(p) && p.Annotations[v1alpha1.AnnotationAllocatedGPUs] != ""
 	})
-	assigned := gpuList(t, got, v1alpha1.AnnotationAssignedGPUs)
-	allocated := gpuList(t, got, v1alpha1.AnnotationAllocatedGPUs)
+	assigned := harness.PodGPUs(t, got, v1alpha1.AnnotationAssignedGPUs)
+	allocated := harness.PodGPUs(t, got, v1alpha1.AnnotationAllocatedGPUs)
 	if len(assigned) != 2 || !slices.Equal(sorted(assigned), allocated) {
 		t.Fatalf("assigned-gpus %v, allocated-gpus %v; want the same 2 GPUs", assigned, allocated)
 	}

@@ -815,15 +815,6 @@ func (e *env) pid(p *corev1.Pod, name string) (int, error) {
 	return e.k.Containerd.PID(ctx, p.Namespace, p.Name, string(p.UID), name)
 }
 
-func gpuList(t *testing.T, p *corev1.Pod, key string) []string {
-	t.Helper()
-	l, err := v1alpha1.ParseGPUList(key, p.Annotations[key])
-	if err != nil {
-		t.Fatalf("pod %s/%s: %v", p.Namespace, p.Name, err)
-	}
-	return v1alpha1.SortedGPUList(l)
-}
-
 // deletePods deletes the named pods (all pods of the namespace when none
 // are named) at once and waits until they are gone from the API, kubelet
 // and the extender's ledger.

@@ -67,3 +67,14 @@ func (cp *ControlPlane) PublishTopology(t testing.TB, name string, f topology.Fi
 		t.Fatalf("update NodeGPUTopology status %s: %v", name, err)
 	}
 }
+
+// PodGPUs is the sorted GPU list in the pod's annotation key
+// (assigned-gpus, allocated-gpus); a malformed list fails the test.
+func PodGPUs(t testing.TB, p *corev1.Pod, key string) []string {
+	t.Helper()
+	l, err := v1alpha1.ParseGPUList(key, p.Annotations[key])
+	if err != nil {
+		t.Fatalf("pod %s/%s: %v", p.Namespace, p.Name, err)
+	}
+	return v1alpha1.SortedGPUList(l)
+}

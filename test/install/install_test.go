@@ -126,7 +126,7 @@ func installAndRun(t *testing.T, mode string) {
 	t.Run("each component's container killed once: kubelet restarts it, probes gate readiness, no GPU issued twice", func(t *testing.T) {
 		defer c.dumpIfFailed(t)
 		c.killEachComponent(t)
-		second := c.runJob(t, "train-after-restarts", 2, gpuList(t, c.pod(t, first), v1alpha1.AnnotationAssignedGPUs))
+		second := c.runJob(t, "train-after-restarts", 2, harness.PodGPUs(t, c.pod(t, first), v1alpha1.AnnotationAssignedGPUs))
 		c.deleteJob(t, "train-after-restarts", second)
 	})
 	t.Run("helm upgrade with a changed value rolls the components", func(t *testing.T) {
@@ -596,8 +596,8 @@ func (c *cluster) runJob(t *testing.T, name string, gpus int64, avoid []string) 
 	if pod.Spec.SchedulerName != v1alpha1.DefaultSchedulerName || pod.Annotations[v1alpha1.AnnotationRequirement] == "" {
 		t.Errorf("pod %s: schedulerName %q, requirement %q; the installed webhook did not mutate it", pod.Name, pod.Spec.SchedulerName, pod.Annotations[v1alpha1.AnnotationRequirement])
 	}
-	assigned := gpuList(t, pod, v1alpha1.AnnotationAssignedGPUs)
-	allocated := gpuList(t, pod, v1alpha1.AnnotationAllocatedGPUs)
+	assigned := harness.PodGPUs(t, pod, v1alpha1.AnnotationAssignedGPUs)
+	allocated := harness.PodGPUs(t, pod, v1alpha1.AnnotationAllocatedGPUs)
 	if int64(len(assigned)) != gpus || !slices.Equal(assigned, allocated) {
 		t.Errorf("assigned-gpus %v, allocated-gpus %v: want %d GPUs, equal", assigned, allocated, gpus)
 	}
@@ -627,15 +627,6 @@ func (c *cluster) runJob(t *testing.T, name string, gpus int64, avoid []string) 
 	}
 	t.Logf("checked: %s mutated by the installed webhook, bound by gputopo-scheduler with placement %s, allocated-gpus = assigned-gpus = %v = the process's %s", pod.Name, pl, assigned, v1alpha1.EnvVisibleDevices)
 	return pod
-}
-
-func gpuList(t *testing.T, p *corev1.Pod, key string) []string {
-	t.Helper()
-	l, err := v1alpha1.ParseGPUList(key, p.Annotations[key])
-	if err != nil {
-		t.Fatalf("pod %s/%s: %v", p.Namespace, p.Name, err)
-	}
-	return v1alpha1.SortedGPUList(l)
 }
 
 func (c *cluster) pod(t *testing.T, p *corev1.Pod) *corev1.Pod {
