@@ -16,7 +16,6 @@ import (
 
 // Telemetry fallback reasons (see ledger.FallbackNoData and the others).
 const (
-	fallbackNone       = ledger.FallbackNone
 	fallbackNoData     = ledger.FallbackNoData
 	fallbackIncomplete = ledger.FallbackIncomplete
 	fallbackStale      = ledger.FallbackStale
