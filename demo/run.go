@@ -29,7 +29,6 @@ import (
 	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/nodeagent"
 	"github.com/gputopo/gputopo/nodeagent/nvmlsim"
-	"github.com/gputopo/gputopo/schedplugin"
 	"github.com/gputopo/gputopo/topology"
 	"github.com/gputopo/gputopo/webhook"
 )
@@ -237,8 +236,8 @@ type Options struct {
 
 // The scheduler modes, as the chart's scheduler.mode.
 const (
-	ModeExtender = "extender"
-	ModePlugin   = "plugin"
+	ModeExtender = string(localcluster.ModeExtender)
+	ModePlugin   = string(localcluster.ModePlugin)
 )
 
 const demoNamespace = "ml-team"
@@ -261,14 +260,11 @@ func Run(ctx context.Context, o Options) (err error) {
 	if o.Out == nil {
 		o.Out = os.Stdout
 	}
-	switch o.Mode {
-	case "":
-		o.Mode = ModeExtender
-	case ModeExtender, ModePlugin:
-	default:
-		return fmt.Errorf("mode %q: use %s (kube-scheduler calls the extender) or %s (gputopo-scheduler decides in-process)", o.Mode, ModeExtender, ModePlugin)
+	mode, err := localcluster.ParseMode(o.Mode)
+	if err != nil {
+		return err
 	}
-	if o.Mode == ModePlugin {
+	if mode == localcluster.ModePlugin {
 		if _, err := localcluster.Binary("gputopo-scheduler"); err != nil {
 			return fmt.Errorf("mode plugin needs bin/gputopo-scheduler: run `make gputopo-scheduler` (about 8 minutes cold): %w", err)
 		}
@@ -332,67 +328,36 @@ func Run(ctx context.Context, o Options) (err error) {
 	if err != nil {
 		return err
 	}
-	if o.Mode == ModePlugin {
+	do := localcluster.DeciderOptions{Mode: mode, Kubeconfig: schedKubeconfig, Dir: o.OutDir}
+	if mode == localcluster.ModePlugin {
 		say("starting gputopo-scheduler (kube-scheduler with the GPUTopology plugin, profile %s) and kube-controller-manager (job controller)", v1alpha1.DefaultSchedulerName)
 		// As the chart binds it in plugin mode: the scheduler's identity
 		// gets the extender's ClusterRole.
 		if err := localcluster.GrantExtenderRole(ctx, c, localcluster.SchedulerUser); err != nil {
 			return err
 		}
-		port, err := localcluster.FreePort()
-		if err != nil {
-			return err
-		}
-		coreAddr := "127.0.0.1:" + strconv.Itoa(port)
-		schedCfg, err := localcluster.PluginSchedulerConfig(schedplugin.Args{MetricsBindAddress: coreAddr})
-		if err != nil {
-			return err
-		}
-		sched, err := localcluster.StartSchedulerBinary("gputopo-scheduler", schedCfg, schedKubeconfig, o.OutDir)
-		if err != nil {
-			return err
-		}
-		stops = append(stops, sched.Stop)
-		// Its core decides once its informers synced and its ledger is
-		// rebuilt (/readyz on the core's metrics port).
-		var why string
-		if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-			if exited, err := sched.Exited(); exited {
-				return false, fmt.Errorf("gputopo-scheduler exited: %v\n%s", err, sched.Tail(20))
-			}
-			var ok bool
-			ok, why = localcluster.CoreReady(coreAddr)
-			return ok, nil
-		}); err != nil {
-			return fmt.Errorf("gputopo-scheduler's core not ready (%s): %w", why, err)
-		}
 	} else {
 		say("starting the extender")
-		x, err := extender.New(cp.Config, extender.Options{Port: 0, BindAddress: "127.0.0.1", MetricsBindAddress: "0"})
+		x, err := localcluster.StartExtender(ctx, cp.Config, extender.Options{Port: 0, BindAddress: "127.0.0.1", MetricsBindAddress: "0"})
 		if err != nil {
-			return fmt.Errorf("extender: %w", err)
+			return err
 		}
-		xerr := goRun(ctx, &stops, x.Start)
-		if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-			select {
-			case err := <-xerr:
-				return false, fmt.Errorf("extender stopped: %w", err)
-			default:
-			}
-			return x.Ready(), nil
-		}); err != nil {
-			return fmt.Errorf("extender not ready: %w", err)
+		stops = append(stops, func() { _ = x.Stop() })
+		if err := x.WaitReady(ctx, time.Minute); err != nil {
+			return err
 		}
 		say("starting kube-scheduler (profile %s, extender at %s) and kube-controller-manager (job controller)", v1alpha1.DefaultSchedulerName, x.APIAddr())
-		schedCfg, err := localcluster.ChartSchedulerConfig("http://" + x.APIAddr())
-		if err != nil {
-			return err
-		}
-		sched, err := localcluster.StartScheduler(schedCfg, schedKubeconfig, o.OutDir)
-		if err != nil {
-			return err
-		}
-		stops = append(stops, sched.Stop)
+		do.ExtenderURL = x.URL()
+	}
+	sched, err := localcluster.StartDecider(do)
+	if err != nil {
+		return err
+	}
+	stops = append(stops, sched.Stop)
+	// In plugin mode its core decides once its informers synced and its
+	// ledger is rebuilt (/readyz on the core's metrics port).
+	if err := sched.WaitCore(ctx, time.Minute, nil); err != nil {
+		return err
 	}
 	kcmKubeconfig, err := cp.Kubeconfig("gputopo-demo-controller-manager", "system:masters")
 	if err != nil {
@@ -507,26 +472,6 @@ func printPluginCommands(w io.Writer, kubeconfig string, ex PodView, kept bool) 
 	}
 }
 
-// goRun runs fn in the background; the returned channel yields its error.
-// The stop function registered cancels it and waits.
-func goRun(ctx context.Context, stops *[]func(), fn func(context.Context) error) <-chan error {
-	ctx, cancel := context.WithCancel(ctx)
-	out := make(chan error, 1)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		out <- fn(ctx)
-	}()
-	*stops = append(*stops, func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-		}
-	})
-	return out
-}
-
 func startWebhook(ctx context.Context, cp *localcluster.ControlPlane, stops *[]func()) error {
 	wio := cp.Env.WebhookInstallOptions
 	mgr, err := webhook.NewManager(webhook.DefaultConfig(), cp.Config, webhook.Options{
@@ -536,13 +481,12 @@ func startWebhook(ctx context.Context, cp *localcluster.ControlPlane, stops *[]f
 	if err != nil {
 		return fmt.Errorf("webhook: %w", err)
 	}
-	errc := goRun(ctx, stops, mgr.Start)
+	run := localcluster.Go(ctx, mgr.Start)
+	*stops = append(*stops, func() { _ = run.Stop() })
 	addr := net.JoinHostPort(wio.LocalServingHost, strconv.Itoa(wio.LocalServingPort))
 	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		select {
-		case err := <-errc:
-			return false, fmt.Errorf("webhook stopped: %w", err)
-		default:
+		if exited, err := run.Exited(); exited {
+			return false, fmt.Errorf("webhook stopped: %v", err)
 		}
 		conn, err := tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", addr, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // readiness probe of a local server
 		if err != nil {
@@ -571,7 +515,8 @@ func startNodes(ctx context.Context, c client.Client, specs []NodeSpec, stops *[
 		logger := klog.FromContext(ctx).WithValues("node", s.Name)
 		src := nodeagent.NewNVMLSource(sim.NVML(), logger, nil)
 		pub := nodeagent.NewPublisher(c, src, nodeagent.PublisherOptions{NodeName: s.Name}, nil, logger)
-		goRun(ctx, stops, pub.Run)
+		run := localcluster.Go(ctx, pub.Run)
+		*stops = append(*stops, func() { _ = run.Stop() })
 		*stops = append(*stops, src.Close)
 		views = append(views, NodeView{Name: s.Name, Fixture: f.Name})
 	}

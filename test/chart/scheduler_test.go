@@ -8,7 +8,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -17,7 +16,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -28,7 +26,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/rest"
 	schedconfigv1 "k8s.io/kube-scheduler/config/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -160,7 +157,7 @@ func TestRenderedSchedulerConfigRunsThroughExtender(t *testing.T) {
 	opts.ConfigFile, opts.Config = "", cfg
 	extUser, extGroups := serviceAccountUser(rel.namespace, fn+"-extender")
 	extCfg := cp.UserConfig(t, extUser, extGroups...)
-	x, stopExt := startExtender(t, ctx, extCfg, opts)
+	x := harness.StartExtender(t, ctx, extCfg, opts)
 	addr := x.APIAddr()
 
 	// The scheduler's configuration, pointed at the local listener.
@@ -209,7 +206,7 @@ func TestRenderedSchedulerConfigRunsThroughExtender(t *testing.T) {
 
 	got := waitBoundByExtender(t, cp, pod, nodes)
 	for _, phase := range []string{"filter", "prioritize", "bind"} {
-		if n := verbCalls(t, x, phase); n < 1 {
+		if n := verbCalls(t, x.Extender, phase); n < 1 {
 			t.Errorf("extender saw %d %s calls, want at least 1", n, phase)
 		}
 	}
@@ -237,7 +234,7 @@ func TestRenderedSchedulerConfigRunsThroughExtender(t *testing.T) {
 	renewed := harness.NewCA(t, fn+"-ca-renewed")
 	renewedCert, renewedKey := renewed.Issue(t, clientSpec)
 	harness.WriteSecretVolume(t, secretDirs[clientSecret], map[string][]byte{"tls.crt": renewedCert, "tls.key": renewedKey, "ca.crt": ca.PEM})
-	stopExt()
+	_ = x.Stop()
 	clientCA := filepath.Join(t.TempDir(), "client-ca.crt")
 	if err := os.WriteFile(clientCA, renewed.PEM, 0o600); err != nil {
 		t.Fatal(err)
@@ -245,14 +242,14 @@ func TestRenderedSchedulerConfigRunsThroughExtender(t *testing.T) {
 	_, port, _ := net.SplitHostPort(addr)
 	opts.Port, _ = strconv.Atoi(port)
 	opts.ClientCAFile = clientCA
-	x, _ = startExtender(t, ctx, extCfg, opts)
+	x = harness.StartExtender(t, ctx, extCfg, opts)
 	second := harness.GPUPod("default", "train-1", 2)
 	second.Spec.SchedulerName = v1alpha1.DefaultSchedulerName
 	if err := cp.Client.Create(ctx, second); err != nil {
 		t.Fatalf("create pod: %v", err)
 	}
 	got = waitBoundByExtender(t, cp, second, nodes)
-	if n := verbCalls(t, x, "bind"); n < 1 {
+	if n := verbCalls(t, x.Extender, "bind"); n < 1 {
 		t.Errorf("the restarted extender saw %d bind calls, want at least 1", n)
 	}
 	t.Logf("checked: after its client certificate was renewed, the running kube-scheduler bound %s to %s through the extender", got.Name, got.Spec.NodeName)
@@ -300,42 +297,6 @@ func createGPUNodes(t *testing.T, cp *harness.ControlPlane) map[string]string {
 		}
 	}
 	return nodes
-}
-
-// startExtender runs an extender with opts as the REST config's user until
-// the returned stop is called (at the latest at test cleanup), and returns
-// once it is Ready.
-func startExtender(t *testing.T, ctx context.Context, cfg *rest.Config, opts extender.Options) (*extender.Extender, func()) {
-	t.Helper()
-	x, err := extender.New(cfg, opts)
-	if err != nil {
-		t.Fatalf("extender: %v", err)
-	}
-	extCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- x.Start(extCtx) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-				t.Errorf("extender: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-		select {
-		case err := <-done:
-			done <- err
-			return false, fmt.Errorf("extender stopped: %w", err)
-		default:
-		}
-		return x.Ready(), nil
-	}); err != nil {
-		t.Fatalf("extender never became Ready under the chart's RBAC (caches, Lease %s/%s): %v", opts.LeaderElectionNamespace, opts.LeaderElectionID, err)
-	}
-	return x, stop
 }
 
 // waitBoundByExtender waits until pod is bound to one of nodes with GPUs

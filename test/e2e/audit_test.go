@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/nodeagent"
 )
 
@@ -183,7 +182,7 @@ func (e *env) drift(ctx context.Context) ([]string, string) {
 	if e.plugin {
 		// The deciding ledger is in gputopo-scheduler: its counts must
 		// equal the observer's, with nothing reserved or double-held.
-		g, err := localcluster.LedgerGPUs("http://" + e.pluginMetrics + "/metrics")
+		g, err := e.sched.CoreGauges()
 		switch {
 		case err != nil:
 			add("gputopo-scheduler's ledger: %v", err)

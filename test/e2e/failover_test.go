@@ -30,8 +30,7 @@ import (
 // replica is one of several extender replicas behind a Service.
 type replica struct {
 	name string
-	x    *extender.Extender
-	run  *running
+	x    *localcluster.Extender
 	ft   *faultTransport
 	url  *url.URL
 }
@@ -73,21 +72,21 @@ func (e *env) leaderFailover(t *testing.T, train *corev1.Pod) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		x, run, ft := e.newExtender(t, extender.Options{
+		x, ft := e.newExtender(t, extender.Options{
 			Port: port, LeaderElect: true, LeaderElectionNamespace: metav1.NamespaceDefault,
 			LeaderElectionID: "gputopo-extender-e2e", LeaderElectionIdentity: name,
 			LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 500 * time.Millisecond,
 		})
 		u, _ := url.Parse("http://127.0.0.1:" + strconv.Itoa(port))
-		replicas = append(replicas, &replica{name: name, x: x, run: run, ft: ft, url: u})
+		replicas = append(replicas, &replica{name: name, x: x, ft: ft, url: u})
 		if len(replicas) == 1 {
-			e.waitExtenderReady(t, x, run) // a leads
+			e.waitExtenderReady(t, x) // a leads
 		}
 	}
 	leader, standby := replicas[0], replicas[1]
 	defer func() {
-		_ = leader.run.stop()
-		_ = standby.run.stop()
+		_ = leader.x.Stop()
+		_ = standby.x.Stop()
 	}()
 	closeService := e.service(t, replicas)
 	defer closeService()
@@ -123,7 +122,7 @@ func (e *env) leaderFailover(t *testing.T, train *corev1.Pod) {
 			bound++
 		}
 	}
-	_ = leader.run.stop()
+	_ = leader.x.Stop()
 	fault.free()
 	t.Logf("injected: leader %s crashed after writing the burst's third Binding, before replying; %d of %d burst pods bound then", leader.name, bound, len(names))
 
@@ -147,7 +146,7 @@ func (e *env) leaderFailover(t *testing.T, train *corev1.Pod) {
 	e.audit(t)
 	e.deletePods(t, nsTeam, names...)
 
-	_ = standby.run.stop()
+	_ = standby.x.Stop()
 	closeService()
 	if err := e.waitPortFree(ctx); err != nil {
 		t.Fatal(err)
@@ -189,7 +188,7 @@ func (e *env) schedulerKilledMidBurst(t *testing.T, train *corev1.Pod) {
 		created <- errors.Join(errs...)
 	}()
 	err := wait.PollUntilContextTimeout(context.Background(), 2*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-		g, err := localcluster.LedgerGPUs("http://" + e.pluginMetrics + "/metrics")
+		g, err := e.sched.CoreGauges()
 		return err == nil && g["held"]+g["reserved"] > float64(len(taken)), nil
 	})
 	if err != nil {

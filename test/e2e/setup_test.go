@@ -33,7 +33,6 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/textlogger"
-	schedconfigv1 "k8s.io/kube-scheduler/config/v1"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -44,7 +43,6 @@ import (
 	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/nodeagent"
 	"github.com/gputopo/gputopo/nodeagent/nvmlsim"
-	"github.com/gputopo/gputopo/schedplugin"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/test/kubelet"
 	"github.com/gputopo/gputopo/topology"
@@ -87,25 +85,24 @@ type env struct {
 	logger  klog.Logger
 	logPath string
 
-	schedKubeconfig string
-	sched           *localcluster.Process
+	// sched decides: kube-scheduler calling the extender on extPort, or
+	// in plugin mode gputopo-scheduler, whose core's ledger gauges the
+	// audit checks too (CoreGauges).
+	sched *harness.Decider
 
 	// plugin is plugin mode: gputopo-scheduler decides in-process and no
 	// HTTP extender runs. ext is then an observer: a core fed by the same
-	// informers (StartInProcess) that the drift audit and the scenarios
-	// read holdings and reasons from; pluginMetrics is gputopo-scheduler's
-	// own core's /metrics address, whose counts the audit checks too.
-	plugin        bool
-	pluginMetrics string
+	// informers (localcluster.StartCore) that the drift audit and the
+	// scenarios read holdings and reasons from.
+	plugin bool
 
 	extPort int
-	ext     *extender.Extender
-	extRun  *running
+	ext     *localcluster.Extender
 
-	hookRun *running
+	hookRun *localcluster.Running
 
 	agent   *nodeagent.Agent
-	agentRn *running
+	agentRn *localcluster.Running
 	// agentStrategies are the node agent's device list strategies
 	// (default envvar) for its next start.
 	agentStrategies []string
@@ -113,50 +110,6 @@ type env struct {
 	// fault, when set, is applied to the next Binding an extender writes.
 	faultMu sync.Mutex
 	fault   *bindFault
-}
-
-// running is a component started in a goroutine.
-type running struct {
-	cancel context.CancelFunc
-	done   chan error
-	once   sync.Once
-	err    error
-}
-
-func goRun(ctx context.Context, fn func(context.Context) error) *running {
-	ctx, cancel := context.WithCancel(ctx)
-	r := &running{cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- fn(ctx) }()
-	return r
-}
-
-// stop cancels the component and returns what it returned; safe to call
-// more than once and on nil.
-func (r *running) stop() error {
-	if r == nil {
-		return nil
-	}
-	r.once.Do(func() {
-		r.cancel()
-		select {
-		case r.err = <-r.done:
-			r.done <- r.err
-		case <-time.After(30 * time.Second):
-			r.err = fmt.Errorf("did not stop within 30s")
-		}
-	})
-	return r.err
-}
-
-// exited reports whether the component stopped on its own.
-func (r *running) exited() (bool, error) {
-	select {
-	case err := <-r.done:
-		r.done <- err
-		return true, err
-	default:
-		return false, nil
-	}
 }
 
 // setup starts everything and returns once a GPU pod can go the whole way.
@@ -253,21 +206,20 @@ func setupEnv(t *testing.T, resource corev1.ResourceName, plugin, containerd boo
 		e.startExtender(t)
 	}
 	t.Cleanup(func() {
-		if err := e.extRun.stop(); err != nil {
+		if err := e.ext.Stop(); err != nil {
 			t.Errorf("extender: %v", err)
 		}
-		if err := e.hookRun.stop(); err != nil {
+		if err := e.hookRun.Stop(); err != nil {
 			t.Errorf("webhook: %v", err)
 		}
 	})
-	e.schedKubeconfig = e.cp.Kubeconfig(t, harness.SchedulerUser)
 	t.Cleanup(func() {
 		if e.sched == nil {
 			return
 		}
 		e.sched.Stop()
 		if t.Failed() {
-			t.Logf("last lines of kube-scheduler log (%s):\n%s", e.sched.LogPath, e.sched.Tail(40))
+			t.Logf("last lines of %s log (%s):\n%s", e.sched.Name, e.sched.LogPath, e.sched.Tail(40))
 		}
 	})
 	e.startScheduler(t, false)
@@ -309,9 +261,7 @@ func setupEnv(t *testing.T, resource corev1.ResourceName, plugin, containerd boo
 		c := e.ext.Ledger().Counts()
 		return c.Total == nodeGPUs && c.Free == nodeGPUs, c.String()
 	})
-	if plugin {
-		e.waitPluginLedger(t, nodeGPUs)
-	}
+	harness.WaitCore(t, e.sched, localcluster.AtLeast(nodeGPUs))
 	t.Logf("setup: control plane, webhook, extender, kube-scheduler, kube-controller-manager (job), kubelet %s and node agent (%s) up in %v",
 		nodeName, fixtureName, time.Since(start).Round(time.Second))
 	return e
@@ -325,83 +275,32 @@ func binding(name, user string) *rbacv1.ClusterRoleBinding {
 	}
 }
 
-// schedulerConfig is the chart's KubeSchedulerConfiguration with the
-// extender's host replaced by the in-process extender's, as the chart
-// replaces it with its Service, and the extender's ignorable flag set.
-func (e *env) schedulerConfig(t *testing.T, ignorable bool) *schedconfigv1.KubeSchedulerConfiguration {
-	t.Helper()
-	cfg := harness.ChartSchedulerConfig(t, "http://127.0.0.1:"+strconv.Itoa(e.extPort))
-	if cfg.Extenders[0].Ignorable {
-		t.Fatal("the chart's extender is ignorable; GPU pods would run on GPUs the extender did not choose while it is down")
-	}
-	cfg.Extenders[0].Ignorable = ignorable
-	cfg.Extenders[0].ManagedResources[0].Name = string(e.resource)
-	return cfg
-}
-
-// startScheduler (re)starts kube-scheduler with the chart's profile, or
-// in plugin mode gputopo-scheduler with the chart's plugin profile.
+// startScheduler (re)starts the deciding scheduler: kube-scheduler with
+// the chart's profile calling the extender on extPort, its ignorable flag
+// set as given, or in plugin mode gputopo-scheduler with the chart's
+// plugin profile, once its core decides. Every part is configured for the
+// environment's GPU resource.
 func (e *env) startScheduler(t *testing.T, ignorable bool) {
 	t.Helper()
 	if e.sched != nil {
 		e.sched.Stop()
 	}
+	mode := harness.ModeExtender
 	if e.plugin {
-		e.startPluginScheduler(t)
-		return
+		mode = harness.ModePlugin
 	}
-	// The secure port is picked free and then bound by the new process;
-	// on a busy machine another process may take it in between: retry.
-	var errs []error
-	for range 3 {
-		p, err := localcluster.StartScheduler(e.schedulerConfig(t, ignorable), e.schedKubeconfig, e.dir)
-		if err == nil {
-			e.sched = p
-			return
-		}
-		errs = append(errs, err)
-	}
-	e.sched = nil
-	t.Fatal(errors.Join(errs...))
-}
-
-// startPluginScheduler runs gputopo-scheduler with the chart's plugin
-// profile, its core configured for the environment's GPU resource, and
-// returns once its ledger has the node's GPUs.
-func (e *env) startPluginScheduler(t *testing.T) {
-	t.Helper()
-	cfgFile := filepath.Join(e.dir, "extender-config.yaml")
-	doc := fmt.Sprintf("apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nresourceName: %q\n", e.resource)
-	if err := os.WriteFile(cfgFile, []byte(doc), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var cfg *schedconfigv1.KubeSchedulerConfiguration
-	cfg, e.pluginMetrics = harness.PluginSchedulerConfig(t, schedplugin.Args{ConfigFile: cfgFile})
-	p, err := localcluster.StartSchedulerBinary("gputopo-scheduler", cfg, e.schedKubeconfig, e.dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.sched = p
-	e.waitPluginLedger(t, 0)
-}
-
-// waitPluginLedger waits until gputopo-scheduler's core serves its metrics
-// and its ledger has at least min GPUs (the node's, once published).
-func (e *env) waitPluginLedger(t *testing.T, min float64) {
-	t.Helper()
-	e.poll(t, time.Minute, "gputopo-scheduler's core", func() (bool, string) {
-		if exited, err := e.sched.Exited(); exited {
-			t.Fatalf("gputopo-scheduler exited: %v\n%s", err, e.sched.Tail(30))
-		}
-		if ok, why := localcluster.CoreReady(e.pluginMetrics); !ok {
-			return false, "not ready: " + why
-		}
-		g, err := localcluster.LedgerGPUs("http://" + e.pluginMetrics + "/metrics")
-		if err != nil {
-			return false, err.Error()
-		}
-		return g["total"] >= min, fmt.Sprint(g)
+	// Not cp.StartDecider: a scenario restarts the scheduler, which must
+	// outlive the scenario's subtest; setupEnv's cleanup stops it.
+	d, err := localcluster.StartDecider(localcluster.DeciderOptions{
+		Mode: mode, Kubeconfig: e.cp.Kubeconfig(t, harness.SchedulerUser), Dir: e.dir, ResourceName: string(e.resource),
+		ExtenderURL: "http://127.0.0.1:" + strconv.Itoa(e.extPort), Ignorable: ignorable,
 	})
+	if err != nil {
+		e.sched = nil
+		t.Fatal(err)
+	}
+	e.sched = d
+	harness.WaitCore(t, e.sched, nil)
 }
 
 // startObserver runs, in plugin mode, a core fed by the same informers as
@@ -410,13 +309,12 @@ func (e *env) startObserver(t *testing.T) {
 	t.Helper()
 	o := extender.Options{MetricsBindAddress: "0", Config: extender.DefaultConfiguration()}
 	o.Config.ResourceName = string(e.resource)
-	x, err := extender.New(e.cp.UserConfig(t, extenderUser), o)
+	x, err := localcluster.StartCore(klog.NewContext(context.Background(), e.logger.WithName("observer")), e.cp.UserConfig(t, extenderUser), o)
 	if err != nil {
 		t.Fatalf("observer: %v", err)
 	}
 	e.ext = x
-	e.extRun = goRun(klog.NewContext(context.Background(), e.logger.WithName("observer")), x.StartInProcess)
-	e.waitExtenderReady(t, x, e.extRun)
+	e.waitExtenderReady(t, x)
 }
 
 // startWebhook runs the webhook server where envtest registered it and
@@ -433,9 +331,9 @@ func (e *env) startWebhook(t *testing.T) {
 	if err != nil {
 		t.Fatalf("webhook manager: %v", err)
 	}
-	e.hookRun = goRun(context.Background(), mgr.Start)
+	e.hookRun = localcluster.Go(context.Background(), mgr.Start)
 	e.poll(t, time.Minute, "the webhook to serve TLS", func() (bool, string) {
-		if exited, err := e.hookRun.exited(); exited {
+		if exited, err := e.hookRun.Exited(); exited {
 			t.Fatalf("webhook stopped: %v", err)
 		}
 		_, err := e.servedCert()
@@ -466,7 +364,7 @@ func (e *env) servedCert() ([]byte, error) {
 
 func (e *env) stopWebhook(t *testing.T) {
 	t.Helper()
-	if err := e.hookRun.stop(); err != nil {
+	if err := e.hookRun.Stop(); err != nil {
 		t.Errorf("webhook: %v", err)
 	}
 }
@@ -474,13 +372,13 @@ func (e *env) stopWebhook(t *testing.T) {
 // startExtender runs a fresh extender on extPort and waits until Ready.
 func (e *env) startExtender(t *testing.T) {
 	t.Helper()
-	e.ext, e.extRun, _ = e.newExtender(t, extender.Options{Port: e.extPort})
-	e.waitExtenderReady(t, e.ext, e.extRun)
+	e.ext, _ = e.newExtender(t, extender.Options{Port: e.extPort})
+	e.waitExtenderReady(t, e.ext)
 }
 
 // newExtender starts an extender as its service account with o (bound to
 // loopback, no metrics), its API calls through a faultTransport.
-func (e *env) newExtender(t *testing.T, o extender.Options) (*extender.Extender, *running, *faultTransport) {
+func (e *env) newExtender(t *testing.T, o extender.Options) (*localcluster.Extender, *faultTransport) {
 	t.Helper()
 	o.BindAddress, o.MetricsBindAddress = "127.0.0.1", "0"
 	if o.Config == nil {
@@ -490,26 +388,23 @@ func (e *env) newExtender(t *testing.T, o extender.Options) (*extender.Extender,
 	cfg := e.cp.UserConfig(t, extenderUser)
 	ft := &faultTransport{e: e}
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { ft.next = rt; return ft })
-	x, err := extender.New(cfg, o)
+	x, err := localcluster.StartExtender(klog.NewContext(context.Background(), e.logger), cfg, o)
 	if err != nil {
-		t.Fatalf("extender: %v", err)
+		t.Fatal(err)
 	}
-	return x, goRun(klog.NewContext(context.Background(), e.logger), x.Start), ft
+	return x, ft
 }
 
-func (e *env) waitExtenderReady(t *testing.T, x *extender.Extender, r *running) {
+func (e *env) waitExtenderReady(t *testing.T, x *localcluster.Extender) {
 	t.Helper()
-	e.poll(t, time.Minute, "the extender to be Ready", func() (bool, string) {
-		if exited, err := r.exited(); exited {
-			t.Fatalf("extender stopped: %v", err)
-		}
-		return x.Ready(), "not ready"
-	})
+	if err := x.WaitReady(harness.Context(t), time.Minute); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (e *env) stopExtender(t *testing.T) {
 	t.Helper()
-	if err := e.extRun.stop(); err != nil {
+	if err := e.ext.Stop(); err != nil {
 		t.Errorf("extender: %v", err)
 	}
 }
@@ -623,7 +518,7 @@ func (e *env) startAgent(t *testing.T) {
 	// in the user's extra, impersonated here.
 	cfg := rest.CopyConfig(e.cp.Config)
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: agentUser, Extra: map[string][]string{serviceaccount.NodeNameKey: {nodeName}}}
-	e.agentRn = goRun(klog.NewContext(context.Background(), e.logger.WithName("nodeagent")), func(ctx context.Context) error {
+	e.agentRn = localcluster.Go(klog.NewContext(context.Background(), e.logger.WithName("nodeagent")), func(ctx context.Context) error {
 		return nodeagent.Run(ctx, cfg, nodeagent.Options{
 			NodeName: nodeName, Simulator: e.sim, ResourceName: string(e.resource), DeviceListStrategies: e.agentStrategies,
 			DevicePluginDir: kubelet.DevicePluginDir, PodResourcesSocket: e.k.PodResourcesSocket,
@@ -634,7 +529,8 @@ func (e *env) startAgent(t *testing.T) {
 	})
 	select {
 	case e.agent = <-ready:
-	case err := <-e.agentRn.done:
+	case <-e.agentRn.Done():
+		_, err := e.agentRn.Exited()
 		t.Fatalf("node agent stopped before it was ready: %v", err)
 	case <-time.After(90 * time.Second):
 		t.Fatal("node agent not ready after 90s")
@@ -646,7 +542,7 @@ func (e *env) startAgent(t *testing.T) {
 
 func (e *env) stopAgent(t *testing.T) {
 	t.Helper()
-	if err := e.agentRn.stop(); err != nil {
+	if err := e.agentRn.Stop(); err != nil {
 		t.Errorf("node agent: %v", err)
 	}
 }

@@ -103,23 +103,13 @@ func createNode(t *testing.T, cp *harness.ControlPlane, name string) {
 
 // runningExtender is an in-process extender replica.
 type runningExtender struct {
-	*extender.Extender
-	cancel context.CancelFunc
-	done   chan error
-	port   int
-	once   sync.Once
-	err    error
+	*localcluster.Extender
+	port int
 }
 
 // stop ends the replica and returns what Start returned; safe to call
 // more than once.
-func (r *runningExtender) stop() error {
-	r.once.Do(func() {
-		r.cancel()
-		r.err = <-r.done
-	})
-	return r.err
-}
+func (r *runningExtender) stop() error { return r.Stop() }
 
 func (r *runningExtender) url() string { return "http://127.0.0.1:" + strconv.Itoa(r.port) }
 
@@ -144,29 +134,20 @@ func startExtenderWith(t *testing.T, e *env, port int, mod func(*extender.Option
 	o.LeaderElectionNamespace = metav1.NamespaceDefault
 	o.LeaseDuration, o.RenewDeadline, o.RetryPeriod = 4*time.Second, 3*time.Second, 500*time.Millisecond
 	mod(&o)
-	x, err := extender.New(e.cp.UserConfig(t, extenderUser), o)
+	x, err := localcluster.StartExtender(klog.NewContext(context.Background(), klog.Background()), e.cp.UserConfig(t, extenderUser), o)
 	if err != nil {
-		t.Fatalf("new extender: %v", err)
+		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), klog.Background()))
-	r := &runningExtender{Extender: x, cancel: cancel, done: make(chan error, 1), port: port}
-	go func() { r.done <- x.Start(ctx) }()
-	t.Cleanup(func() { _ = r.stop() })
-	return r
+	t.Cleanup(func() { _ = x.Stop() })
+	return &runningExtender{Extender: x, port: port}
 }
 
 func waitReady(t *testing.T, rs ...*runningExtender) {
 	t.Helper()
-	err := wait.PollUntilContextTimeout(harness.Context(t), 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-		for _, r := range rs {
-			if !r.Ready() {
-				return false, nil
-			}
+	for _, r := range rs {
+		if err := r.WaitReady(harness.Context(t), time.Minute); err != nil {
+			t.Fatal(err)
 		}
-		return true, nil
-	})
-	if err != nil {
-		t.Fatalf("extender not ready: %v", err)
 	}
 }
 
@@ -182,9 +163,9 @@ func readyz(r *runningExtender) bool {
 
 // startScheduler runs the real kube-scheduler with the chart's scheduler
 // config, pointed at extenderURL (the path of the file's urlPrefix kept).
-func startScheduler(t *testing.T, e *env, extenderURL string) *harness.Process {
+func startScheduler(t *testing.T, e *env, extenderURL string) *harness.Decider {
 	t.Helper()
-	return e.cp.StartScheduler(t, harness.ChartSchedulerConfig(t, extenderURL))
+	return e.cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModeExtender, ExtenderURL: extenderURL})
 }
 
 // gpuPod is a pod for gputopo-scheduler requesting gpus GPUs.

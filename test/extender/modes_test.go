@@ -14,7 +14,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gputopo/gputopo/internal/localcluster"
-	"github.com/gputopo/gputopo/schedplugin"
 	"github.com/gputopo/gputopo/test/harness"
 )
 
@@ -59,7 +58,7 @@ type extenderSystem struct {
 	port       int
 	n          int
 	x          *extenderProcess
-	sched      *harness.Process
+	sched      *harness.Decider
 }
 
 func startExtenderSystem(t *testing.T, e *env) system {
@@ -70,7 +69,7 @@ func startExtenderSystem(t *testing.T, e *env) system {
 	}
 	s := &extenderSystem{e: e, kubeconfig: e.cp.Kubeconfig(t, extenderUser), port: port}
 	s.restart(t)
-	s.sched = startScheduler(t, e, s.x.url())
+	s.sched = e.cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModeExtender, ExtenderURL: s.x.url()})
 	return s
 }
 
@@ -100,9 +99,8 @@ func (s *extenderSystem) tail() string { return s.sched.Tail(30) }
 // chart's plugin profile, as the scheduler's identity with the extender's
 // ClusterRole, as the chart binds it in plugin mode.
 type pluginSystem struct {
-	e           *env
-	metricsAddr string
-	sched       *harness.Process
+	e     *env
+	sched *harness.Decider
 }
 
 func startPluginSystem(t *testing.T, e *env) system {
@@ -110,51 +108,31 @@ func startPluginSystem(t *testing.T, e *env) system {
 	if err := localcluster.GrantExtenderRole(harness.Context(t), e.cp.Client, harness.SchedulerUser); err != nil {
 		t.Fatal(err)
 	}
-	s := &pluginSystem{e: e}
-	s.restart(t)
+	s := &pluginSystem{e: e, sched: e.cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModePlugin})}
+	harness.WaitCore(t, s.sched, localcluster.TotalGPUs(len(e.nodes)*gpusPerNode))
 	return s
 }
 
 func (s *pluginSystem) gauges(t *testing.T) map[string]float64 {
 	t.Helper()
-	g, err := localcluster.LedgerGPUs("http://" + s.metricsAddr + "/metrics")
+	g, err := s.sched.CoreGauges()
 	if err != nil {
 		t.Fatalf("gputopo-scheduler's ledger: %v", err)
 	}
 	return g
 }
 
-func (s *pluginSystem) kill(t *testing.T) { sigkill(t, s.sched) }
+func (s *pluginSystem) kill(t *testing.T) { sigkill(t, s.sched.Process) }
 
 func (s *pluginSystem) restart(t *testing.T) {
 	t.Helper()
-	var cfg *schedconfigv1.KubeSchedulerConfiguration
-	cfg, s.metricsAddr = harness.PluginSchedulerConfig(t, schedplugin.Args{})
-	s.sched = s.e.cp.StartSchedulerBinary(t, "gputopo-scheduler", cfg)
-	waitPluginLedger(t, s.sched, s.metricsAddr, len(s.e.nodes)*gpusPerNode)
+	if err := s.sched.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitCore(t, s.sched, localcluster.TotalGPUs(len(s.e.nodes)*gpusPerNode))
 }
 
 func (s *pluginSystem) tail() string { return s.sched.Tail(30) }
-
-// waitPluginLedger waits until the core in gputopo-scheduler decides
-// (/readyz: informers synced, ledger rebuilt from the pods) and has read
-// every node's GPUs.
-func waitPluginLedger(t *testing.T, p *harness.Process, metricsAddr string, total int) {
-	t.Helper()
-	poll(t, time.Minute, p.Name+"'s GPU ledger", func() (bool, string) {
-		if exited, err := p.Exited(); exited {
-			t.Fatalf("%s exited (%v):\n%s", p.Name, err, p.Tail(30))
-		}
-		if ok, why := localcluster.CoreReady(metricsAddr); !ok {
-			return false, "not ready: " + why
-		}
-		g, err := localcluster.LedgerGPUs("http://" + metricsAddr + "/metrics")
-		if err != nil {
-			return false, err.Error()
-		}
-		return g["total"] == float64(total), "ledger " + fmtGauges(g)
-	})
-}
 
 func fmtGauges(g map[string]float64) string {
 	return "total=" + strconv.Itoa(int(g["total"])) + " free=" + strconv.Itoa(int(g["free"])) +
@@ -162,19 +140,20 @@ func fmtGauges(g map[string]float64) string {
 }
 
 // pluginReplica is gputopo-scheduler with leader election on, for the
-// failover test.
-func pluginReplica(t *testing.T, e *env, name string) (*harness.Process, string) {
+// failover test, once its core has every node's GPUs.
+func pluginReplica(t *testing.T, e *env, name string) *harness.Decider {
 	t.Helper()
-	cfg, addr := harness.PluginSchedulerConfig(t, schedplugin.Args{})
-	cfg.LeaderElection.LeaderElect = ptr.To(true)
-	cfg.LeaderElection.ResourceNamespace = metav1.NamespaceDefault
-	cfg.LeaderElection.ResourceName = "gputopo-scheduler-test"
-	cfg.LeaderElection.LeaseDuration = metav1.Duration{Duration: 4 * time.Second}
-	cfg.LeaderElection.RenewDeadline = metav1.Duration{Duration: 3 * time.Second}
-	cfg.LeaderElection.RetryPeriod = metav1.Duration{Duration: 500 * time.Millisecond}
-	p := e.cp.StartSchedulerBinary(t, "gputopo-scheduler", cfg)
-	p.Name = name
-	return p, addr
+	d := e.cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModePlugin, Name: name,
+		Configure: func(cfg *schedconfigv1.KubeSchedulerConfiguration) {
+			cfg.LeaderElection.LeaderElect = ptr.To(true)
+			cfg.LeaderElection.ResourceNamespace = metav1.NamespaceDefault
+			cfg.LeaderElection.ResourceName = "gputopo-scheduler-test"
+			cfg.LeaderElection.LeaseDuration = metav1.Duration{Duration: 4 * time.Second}
+			cfg.LeaderElection.RenewDeadline = metav1.Duration{Duration: 3 * time.Second}
+			cfg.LeaderElection.RetryPeriod = metav1.Duration{Duration: 500 * time.Millisecond}
+		}})
+	harness.WaitCore(t, d, localcluster.TotalGPUs(len(e.nodes)*gpusPerNode))
+	return d
 }
 
 // TestPluginLeaderFailover runs two gputopo-scheduler replicas with leader
@@ -206,8 +185,7 @@ func TestPluginLeaderFailover(t *testing.T) {
 	}
 	total := len(e.nodes) * gpusPerNode
 
-	leader, leaderMetrics := pluginReplica(t, e, "gputopo-scheduler-a")
-	waitPluginLedger(t, leader, leaderMetrics, total)
+	leader := pluginReplica(t, e, "gputopo-scheduler-a")
 	var holder string
 	poll(t, time.Minute, "replica a to hold the Lease", func() (bool, string) {
 		l, err := e.cp.Clientset.CoordinationV1().Leases(metav1.NamespaceDefault).Get(ctx, lease, metav1.GetOptions{})
@@ -217,8 +195,7 @@ func TestPluginLeaderFailover(t *testing.T) {
 		holder = ptr.Deref(l.Spec.HolderIdentity, "")
 		return holder != "", "no holder"
 	})
-	standby, standbyMetrics := pluginReplica(t, e, "gputopo-scheduler-b")
-	waitPluginLedger(t, standby, standbyMetrics, total)
+	standby := pluginReplica(t, e, "gputopo-scheduler-b")
 
 	// The storm comes in two waves. The first asks for fewer GPUs than
 	// there are, and the leader is killed as soon as it holds one: binds
@@ -231,7 +208,7 @@ func TestPluginLeaderFailover(t *testing.T) {
 	created := make(chan error, 1)
 	go func() { created <- createAllErr(ctx, e, first) }()
 	pollEvery(t, 2*time.Millisecond, 2*time.Minute, "the storm to start", func() (bool, string) {
-		g, err := localcluster.LedgerGPUs("http://" + leaderMetrics + "/metrics")
+		g, err := leader.CoreGauges()
 		if err != nil {
 			return false, err.Error()
 		}
@@ -259,7 +236,7 @@ func TestPluginLeaderFailover(t *testing.T) {
 	}
 	auditPods(t, listPods(t, e))
 	poll(t, 30*time.Second, "the standby's ledger to match the pods", func() (bool, string) {
-		g, err := localcluster.LedgerGPUs("http://" + standbyMetrics + "/metrics")
+		g, err := standby.CoreGauges()
 		if err != nil {
 			return false, err.Error()
 		}

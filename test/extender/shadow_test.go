@@ -135,8 +135,8 @@ func TestShadowReportsDifferingDecisions(t *testing.T) {
 	ctx := harness.Context(t)
 
 	decided := func(verb string) float64 {
-		return counter(t, shadow.Extender, "gputopo_extender_shadow_decisions_total", "verb", verb, "result", "same") +
-			counter(t, shadow.Extender, "gputopo_extender_shadow_decisions_total", "verb", verb, "result", "different")
+		return counter(t, shadow.Extender.Extender, "gputopo_extender_shadow_decisions_total", "verb", verb, "result", "same") +
+			counter(t, shadow.Extender.Extender, "gputopo_extender_shadow_decisions_total", "verb", verb, "result", "different")
 	}
 	// One pod at a time, each compared before the next is created, so that
 	// the shadow decides each against the cluster the serving extender saw.
@@ -180,17 +180,17 @@ func TestShadowReportsDifferingDecisions(t *testing.T) {
 		verb, result string
 		want         float64
 	}{{"filter", "same", 3}, {"filter", "different", 0}, {"prioritize", "different", 1}, {"prioritize", "same", 0}} {
-		if got := counter(t, shadow.Extender, "gputopo_extender_shadow_decisions_total", "verb", c.verb, "result", c.result); got != c.want {
+		if got := counter(t, shadow.Extender.Extender, "gputopo_extender_shadow_decisions_total", "verb", c.verb, "result", c.result); got != c.want {
 			t.Errorf("shadow decisions{%s,%s} = %v, want %v", c.verb, c.result, got, c.want)
 		}
 	}
-	if got := counter(t, serving.Extender, "gputopo_extender_shadow_mirrored_requests_total", "verb", "filter", "result", "sent"); got != 3 {
+	if got := counter(t, serving.Extender.Extender, "gputopo_extender_shadow_mirrored_requests_total", "verb", "filter", "result", "sent"); got != 3 {
 		t.Errorf("serving extender mirrored %v filter requests, want 3", got)
 	}
 	if p1, err := e.cp.Clientset.CoreV1().Pods("default").Get(ctx, "p1", metav1.GetOptions{}); err != nil || p1.Spec.NodeName != "dgx-0" {
 		t.Errorf("p1 bound to %q (%v): the serving extender's policy must decide, not the shadow's", p1.Spec.NodeName, err)
 	}
-	if slow, total := slowAnswers(t, serving.Extender); total == 0 || slow != 0 {
+	if slow, total := slowAnswers(t, serving.Extender.Extender); total == 0 || slow != 0 {
 		t.Fatalf("with the shadow up: %d of %d answers over 1s", slow, total)
 	}
 
@@ -225,7 +225,7 @@ func TestShadowReportsDifferingDecisions(t *testing.T) {
 		}
 		mu.Unlock()
 	})
-	_, before := slowAnswers(t, serving.Extender)
+	_, before := slowAnswers(t, serving.Extender.Extender)
 	for i := range 4 {
 		name := fmt.Sprintf("q%d", i)
 		createAll(t, e, []*corev1.Pod{gpuPod(name, 1, "")})
@@ -234,10 +234,10 @@ func TestShadowReportsDifferingDecisions(t *testing.T) {
 		}
 	}
 	poll(t, 30*time.Second, "mirror errors to be counted", func() (bool, string) {
-		n := counter(t, serving.Extender, "gputopo_extender_shadow_mirrored_requests_total", "verb", "filter", "result", "error")
+		n := counter(t, serving.Extender.Extender, "gputopo_extender_shadow_mirrored_requests_total", "verb", "filter", "result", "error")
 		return n >= 4, fmt.Sprintf("%v filter mirrors failed", n)
 	})
-	slow, total := slowAnswers(t, serving.Extender)
+	slow, total := slowAnswers(t, serving.Extender.Extender)
 	if total <= before || slow != 0 {
 		t.Errorf("with the shadow down: %d of %d answers over 1s (each mirror hung %s); answers must not wait for the shadow", slow, total-before, 4*time.Second)
 	}

@@ -3,6 +3,7 @@ package harness
 import (
 	"strconv"
 	"testing"
+	"time"
 
 	schedconfigv1 "k8s.io/kube-scheduler/config/v1"
 
@@ -113,3 +114,56 @@ func PluginSchedulerConfig(t testing.TB, args schedplugin.Args) (*schedconfigv1.
 // CAFile is the CA of kube-apiserver's serving certificate when it serves
 // pods (Options.PodReachableIP); empty otherwise.
 func (cp *ControlPlane) CAFile() string { return cp.local.CAFile() }
+
+// Mode and the deciding scheduler: the one way every suite runs gputopo
+// under a real scheduler in either mode (see localcluster.Decider).
+type (
+	Mode           = localcluster.Mode
+	Decider        = localcluster.Decider
+	DeciderOptions = localcluster.DeciderOptions
+)
+
+// The modes.
+const (
+	ModeExtender = localcluster.ModeExtender
+	ModePlugin   = localcluster.ModePlugin
+)
+
+// Modes are both modes, extender first.
+var Modes = localcluster.Modes
+
+// StartDecider starts the deciding scheduler of o.Mode (see
+// localcluster.StartDecider) and stops it at test cleanup. An empty
+// Kubeconfig is the scheduler's own user on this control plane, an empty
+// Dir a test directory. In plugin mode the scheduler's user needs the
+// extender's ClusterRole (localcluster.GrantExtenderRole).
+func (cp *ControlPlane) StartDecider(t testing.TB, o DeciderOptions) *Decider {
+	t.Helper()
+	if o.Kubeconfig == "" {
+		o.Kubeconfig = cp.Kubeconfig(t, SchedulerUser)
+	}
+	if o.Dir == "" {
+		o.Dir = t.TempDir()
+	}
+	d, err := localcluster.StartDecider(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		d.Stop()
+		if t.Failed() {
+			t.Logf("last lines of %s log (%s):\n%s", d.Name, d.LogPath, d.Tail(40))
+		}
+	})
+	return d
+}
+
+// WaitCore waits up to a minute until d's core decides and holds cond's
+// view of its ledger (see localcluster.Decider.WaitCore), failing the
+// test otherwise.
+func WaitCore(t testing.TB, d *Decider, cond func(map[string]float64) bool) {
+	t.Helper()
+	if err := d.WaitCore(Context(t), time.Minute, cond); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -34,7 +34,6 @@ import (
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/internal/localcluster"
-	"github.com/gputopo/gputopo/schedplugin"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/topology"
 	"github.com/gputopo/gputopo/webhook"
@@ -145,8 +144,8 @@ func TestSchedulerThroughput(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	x, stopExtender := startExtender(t, cp)
-	defer stopExtender()
+	x := startExtender(t, cp)
+	defer func() { _ = x.Stop() }()
 	noop := startNoopExtender(t, cp)
 
 	pods := podMix(podCount)
@@ -170,22 +169,26 @@ func TestSchedulerThroughput(t *testing.T) {
 			for i := range modes {
 				mode := modes[(i+rep)%len(modes)]
 				ns := fmt.Sprintf("%s-%d-%d", modeSlug[mode], n, rep)
-				var sched *harness.Process
+				var stop func()
 				schedulerName := v1alpha1.DefaultSchedulerName
 				switch mode {
 				case modePlain:
-					sched = cp.StartScheduler(t, nil)
+					stop = cp.StartScheduler(t, nil).Stop
 					schedulerName = corev1.DefaultSchedulerName
 				case modeNoop:
-					sched = cp.StartScheduler(t, harness.ChartSchedulerConfig(t, noop))
+					stop = cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModeExtender, ExtenderURL: noop}).Stop
 				case modeExtender:
-					sched = startGputopoScheduler(t, cp, x.port)
+					stop = cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModeExtender, ExtenderURL: x.URL()}).Stop
 				case modePlugin:
-					sched = startPluginScheduler(t, cp, n)
+					d := cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModePlugin})
+					if err := d.WaitCore(ctx, 2*time.Minute, localcluster.AllFree(8*n)); err != nil {
+						t.Fatalf("gputopo-scheduler's ledger not settled for %d nodes: %v", n, err)
+					}
+					stop = d.Stop
 				}
 				r := runPhase(t, cp, mode, n, ns, schedulerName, pods)
 				r.rep = rep
-				sched.Stop()
+				stop()
 				waitLedger(t, x.Extender, n)
 				results = append(results, r)
 			}
@@ -232,27 +235,6 @@ func selectedModes(t *testing.T) []string {
 		t.Fatalf("SCHEDBENCH_MODES=%q: want a comma-separated subset of plain,noop,extender,plugin", v)
 	}
 	return out
-}
-
-// startPluginScheduler runs bin/gputopo-scheduler with the chart's plugin
-// profile and waits until its core's ledger has every node's GPUs free.
-func startPluginScheduler(t *testing.T, cp *harness.ControlPlane, nodes int) *harness.Process {
-	t.Helper()
-	cfg, addr := harness.PluginSchedulerConfig(t, schedplugin.Args{})
-	p := cp.StartSchedulerBinary(t, "gputopo-scheduler", cfg)
-	var got map[string]float64
-	var err error
-	err = wait.PollUntilContextTimeout(harness.Context(t), 200*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
-		if ok, _ := localcluster.CoreReady(addr); !ok {
-			return false, nil
-		}
-		got, err = localcluster.LedgerGPUs("http://" + addr + "/metrics")
-		return err == nil && got["free"] == float64(8*nodes), nil
-	})
-	if err != nil {
-		t.Fatalf("gputopo-scheduler's ledger not settled for %d nodes: %v (%v)", nodes, got, err)
-	}
-	return p
 }
 
 // startNoopExtender serves the extender protocol doing nothing: filter
@@ -311,12 +293,7 @@ func startNoopExtender(t *testing.T, cp *harness.ControlPlane) string {
 	return srv.URL
 }
 
-type runningExtender struct {
-	*extender.Extender
-	port int
-}
-
-func startExtender(t *testing.T, cp *harness.ControlPlane) (*runningExtender, func()) {
+func startExtender(t *testing.T, cp *harness.ControlPlane) *harness.Extender {
 	t.Helper()
 	port, err := harness.FreePort()
 	if err != nil {
@@ -325,29 +302,7 @@ func startExtender(t *testing.T, cp *harness.ControlPlane) (*runningExtender, fu
 	o := extender.NewOptions()
 	o.BindAddress, o.Port, o.MetricsBindAddress = "127.0.0.1", port, "127.0.0.1:0"
 	o.LeaderElect = false
-	x, err := extender.New(cp.Config, o)
-	if err != nil {
-		t.Fatalf("new extender: %v", err)
-	}
-	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), klog.Background()))
-	done := make(chan error, 1)
-	go func() { done <- x.Start(ctx) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-				t.Errorf("extender: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-		return x.Ready(), nil
-	}); err != nil {
-		t.Fatalf("extender not ready: %v", err)
-	}
-	return &runningExtender{Extender: x, port: port}, stop
+	return harness.StartExtender(t, klog.NewContext(context.Background(), klog.Background()), cp.Config, o)
 }
 
 // waitLedger waits until the extender's informers have every node's
@@ -362,13 +317,6 @@ func waitLedger(t *testing.T, x *extender.Extender, nodes int) {
 	if err != nil {
 		t.Fatalf("extender ledger not settled for %d nodes: %s", nodes, c)
 	}
-}
-
-// startGputopoScheduler runs kube-scheduler with the chart's profile,
-// pointed at the in-process extender.
-func startGputopoScheduler(t *testing.T, cp *harness.ControlPlane, port int) *harness.Process {
-	t.Helper()
-	return cp.StartScheduler(t, harness.ChartSchedulerConfig(t, "http://127.0.0.1:"+strconv.Itoa(port)))
 }
 
 // createNodes registers nodes [from, to) with 8 GPUs each and their

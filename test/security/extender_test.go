@@ -20,7 +20,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -72,25 +71,8 @@ func startTLSExtender(t *testing.T, cp *harness.ControlPlane) *tlsExtender {
 	o.TLSCertFile = filepath.Join(te.certDir, "tls.crt")
 	o.TLSPrivateKeyFile = filepath.Join(te.certDir, "tls.key")
 	o.ClientCAFile = filepath.Join(te.certDir, "ca.crt")
-	x, err := extender.New(cp.UserConfig(t, extenderUser), o)
-	if err != nil {
-		t.Fatalf("new extender: %v", err)
-	}
-	te.x, te.base = x, "https://127.0.0.1:"+strconv.Itoa(port)
-	xctx, cancel := context.WithCancel(klog.NewContext(context.Background(), klog.Background()))
-	done := make(chan error, 1)
-	go func() { done <- x.Start(xctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Logf("extender stopped: %v", err)
-		}
-	})
-	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-		return x.Ready(), nil
-	}); err != nil {
-		t.Fatalf("extender not ready: %v", err)
-	}
+	te.x = harness.StartExtender(t, klog.NewContext(context.Background(), klog.Background()), cp.UserConfig(t, extenderUser), o).Extender
+	te.base = "https://127.0.0.1:" + strconv.Itoa(port)
 	return te
 }
 
