@@ -145,6 +145,22 @@ func TestBindAmbiguousUnboundKeepsReservationForTheRetry(t *testing.T) {
 		t.Fatalf("bind other: %s", res.Error)
 	}
 	otherGPUs := assignedOf(t, getPod(t, cs, "q"))
+	x.ledger.UpsertPod(getPod(t, cs, "q"))
+	// The node is full (2 reserved, 6 bound). The retry's Filter and
+	// Prioritize see the pod's own reservation as free for it, so
+	// kube-scheduler can send it back to the GPUs it was promised; any
+	// other pod still finds the node full.
+	names := []string{"a"}
+	if res := x.Filter(context.Background(), &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names}); res.Error != "" || res.NodeNames == nil || len(*res.NodeNames) != 1 {
+		t.Fatalf("filter of the pod holding the reservation = %+v, want node a feasible", res)
+	}
+	if res, err := x.Prioritize(context.Background(), &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names}); err != nil || len(res) != 1 || res[0].Score <= 0 {
+		t.Errorf("prioritize of the pod holding the reservation = %+v, %v; want node a scored as feasible", res, err)
+	}
+	third := makePod("r").gpus(2).obj()
+	if res := x.Filter(context.Background(), &extenderv1.ExtenderArgs{Pod: third, NodeNames: &names}); res.NodeNames != nil && len(*res.NodeNames) != 0 {
+		t.Fatalf("filter of another pod = %v, want node a full (its free GPUs are reserved)", *res.NodeNames)
+	}
 	fail = false
 	if res := x.Bind(context.Background(), bindArgs(pod, "a")); res.Error != "" {
 		t.Fatalf("retry: %s", res.Error)

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/spf13/pflag"
+	"k8s.io/client-go/rest"
 )
 
 // TestDefaultsGolden pins every default: a change shows up as a diff of
@@ -291,5 +293,36 @@ func TestOptionsValidate(t *testing.T) {
 				t.Errorf("Validate() = %v, want %q", err, tc.wantErr)
 			}
 		})
+	}
+}
+
+func TestKubeAPIRateLimits(t *testing.T) {
+	o := NewOptions()
+	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+	o.AddFlags(fs)
+	if o.KubeAPIQPS != DefaultKubeAPIQPS || o.KubeAPIBurst != DefaultKubeAPIBurst {
+		t.Fatalf("defaults qps %g burst %d, want %d and %d", o.KubeAPIQPS, o.KubeAPIBurst, DefaultKubeAPIQPS, DefaultKubeAPIBurst)
+	}
+	if err := fs.Parse([]string{"--kube-api-qps=200", "--kube-api-burst=400"}); err != nil {
+		t.Fatal(err)
+	}
+	base := &rest.Config{Host: "https://api", QPS: 5, Burst: 10}
+	got := withRateLimits(base, o)
+	if got.QPS != 200 || got.Burst != 400 {
+		t.Errorf("with flags: qps %g burst %d, want 200 and 400", got.QPS, got.Burst)
+	}
+	if base.QPS != 5 || base.Burst != 10 || got == base {
+		t.Errorf("withRateLimits changed the caller's config: qps %g burst %d", base.QPS, base.Burst)
+	}
+	o.KubeAPIQPS, o.KubeAPIBurst = 0, 0
+	if got := withRateLimits(base, o); got.QPS != 5 || got.Burst != 10 {
+		t.Errorf("0 must keep the config's limits: qps %g burst %d", got.QPS, got.Burst)
+	}
+	for _, bad := range []func(*Options){func(o *Options) { o.KubeAPIQPS = -1 }, func(o *Options) { o.KubeAPIBurst = -1 }} {
+		o := NewOptions()
+		bad(&o)
+		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--kube-api-") {
+			t.Errorf("Validate of a negative limit = %v, want an error naming the flag", err)
+		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
@@ -45,6 +46,8 @@ var reasonNames = [numReasonCodes]string{
 
 // podRequest is a pod's GPU request, parsed once per HTTP request.
 type podRequest struct {
+	// uid is the pod's: nodes are seen as it sees them (ledger.View.NodeFor).
+	uid   types.UID
 	count int
 	req   v1alpha1.Requirement
 	job   string // namespace/job label
@@ -66,7 +69,7 @@ func parsePodRequest(pod *corev1.Pod, resource corev1.ResourceName, now time.Tim
 	if err != nil {
 		return podRequest{}, err
 	}
-	r := podRequest{count: n}
+	r := podRequest{uid: pod.UID, count: n}
 	if j := pod.Labels[v1alpha1.LabelJob]; j != "" {
 		r.job = pod.Namespace + "/" + j
 	}

@@ -91,6 +91,7 @@ func New(restCfg *rest.Config, o Options) (*Extender, error) {
 	} else if errs := cfg.Validate(); len(errs) > 0 {
 		return nil, fmt.Errorf("invalid %s: %w", ConfigKind, errs.ToAggregate())
 	}
+	restCfg = withRateLimits(restCfg, o)
 	cs, err := kubernetes.NewForConfig(restCfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
@@ -113,6 +114,19 @@ func New(restCfg *rest.Config, o Options) (*Extender, error) {
 		x.shadowLog = &decisionLog{rate: o.ShadowLogSampleRate}
 	}
 	return x, nil
+}
+
+// withRateLimits is restCfg with the options' client rate limits, a copy
+// (the caller's config is left alone).
+func withRateLimits(restCfg *rest.Config, o Options) *rest.Config {
+	c := rest.CopyConfig(restCfg)
+	if o.KubeAPIQPS > 0 {
+		c.QPS = o.KubeAPIQPS
+	}
+	if o.KubeAPIBurst > 0 {
+		c.Burst = o.KubeAPIBurst
+	}
+	return c
 }
 
 // newExtender builds the request-serving core without informers or

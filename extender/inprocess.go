@@ -63,7 +63,7 @@ func (c *Cycle) FilterNode(node string) (passed, unresolvable bool, reason strin
 	var v *verdict
 	c.x.ledger.Read(func(lv ledger.View) {
 		c.mu.Lock()
-		v = c.e.check(lv.Node(node))
+		v = c.e.check(lv.NodeFor(node, c.pr.uid))
 		c.mu.Unlock()
 	})
 	if v.ok {

@@ -4,6 +4,7 @@ import (
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gputopo/gputopo/extender/ledger"
 )
@@ -59,9 +60,9 @@ var nodeListPool = sync.Pool{New: func() any { return new(nodeList) }}
 
 // lookup resolves names with v.Lookup into a pooled list; the caller
 // calls release when done, and uses the list only inside v's Read.
-func lookup(v ledger.View, names []string) *nodeList {
+func lookup(v ledger.View, uid types.UID, names []string) *nodeList {
 	nl := nodeListPool.Get().(*nodeList)
-	nl.s = v.Lookup(names, nl.s)
+	nl.s = v.Lookup(uid, names, nl.s)
 	return nl
 }
 

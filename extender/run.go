@@ -75,6 +75,15 @@ type Options struct {
 	// ShadowLogSampleRate is the fraction of pods (by UID) whose differing
 	// decisions are logged, 0..1; metrics count all. Default 0.1.
 	ShadowLogSampleRate float64
+
+	// KubeAPIQPS and KubeAPIBurst bound the client's requests to the API
+	// server (Bindings, pod reads, events, the Lease). Default 50 and 100,
+	// as kube-scheduler's clientConnection: client-go's own 5 and 10 are
+	// too few for a bind per pod in a burst, and a bind that waits on the
+	// client's rate limiter past bindTimeout fails. 0 keeps the rest
+	// config's values (the in-process build uses kube-scheduler's).
+	KubeAPIQPS   float32
+	KubeAPIBurst int
 }
 
 // Option defaults.
@@ -83,11 +92,14 @@ const (
 	DefaultMetricsBindAddress      = ":9090"
 	DefaultLeaderElectionNamespace = "gputopo-system"
 	DefaultLeaderElectionID        = "gputopo-extender"
+	DefaultKubeAPIQPS              = 50
+	DefaultKubeAPIBurst            = 100
 )
 
 // NewOptions returns the defaults.
 func NewOptions() Options {
-	o := Options{Port: DefaultPort, MetricsBindAddress: DefaultMetricsBindAddress, ShadowSampleRate: 1, ShadowLogSampleRate: 0.1}
+	o := Options{Port: DefaultPort, MetricsBindAddress: DefaultMetricsBindAddress, ShadowSampleRate: 1, ShadowLogSampleRate: 0.1,
+		KubeAPIQPS: DefaultKubeAPIQPS, KubeAPIBurst: DefaultKubeAPIBurst}
 	o.setDefaults()
 	return o
 }
@@ -138,6 +150,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.ShadowTimeout, "shadow-timeout", o.ShadowTimeout, "timeout of one mirrored request")
 	fs.StringVar(&o.ShadowCAFile, "shadow-ca-file", o.ShadowCAFile, "CA bundle (PEM) to verify an https --shadow-url; empty uses the system roots")
 	fs.BoolVar(&o.Shadow, "shadow", o.Shadow, "run as a shadow: take mirrored decisions at POST /shadow, compare them with this extender's own, export the differences (metrics, log, GET /shadow/decisions) and never bind")
+	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "queries per second to the API server (Bindings, pod reads, events); 0 keeps the kubeconfig's")
+	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "burst of requests to the API server above --kube-api-qps; 0 keeps the kubeconfig's")
 	fs.Float64Var(&o.ShadowLogSampleRate, "shadow-log-sample-rate", o.ShadowLogSampleRate, "with --shadow: fraction of pods (by UID, 0..1) whose differing decisions are logged; metrics count every one")
 }
 
@@ -157,6 +171,12 @@ func (o *Options) Validate() error {
 	}
 	if o.ShadowLogSampleRate < 0 || o.ShadowLogSampleRate > 1 {
 		return fmt.Errorf("--shadow-log-sample-rate %g: must be between 0 and 1", o.ShadowLogSampleRate)
+	}
+	if o.KubeAPIQPS < 0 {
+		return fmt.Errorf("--kube-api-qps %g: must be 0 (the kubeconfig's) or positive", o.KubeAPIQPS)
+	}
+	if o.KubeAPIBurst < 0 {
+		return fmt.Errorf("--kube-api-burst %d: must be 0 (the kubeconfig's) or positive", o.KubeAPIBurst)
 	}
 	if o.ShadowTimeout < 0 {
 		return fmt.Errorf("--shadow-timeout %s: must be positive", o.ShadowTimeout)

@@ -40,7 +40,7 @@ func (x *Extender) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) *e
 		e := newEvaluator(ctx, x.alloc, x.cfg, pr, x.now())
 		reason := func(v *verdict) string { return filterReason(pr, v) }
 		x.ledger.Read(func(lv ledger.View) {
-			nodes := lookup(lv, names)
+			nodes := lookup(lv, pr.uid, names)
 			defer nodes.release()
 			for i, name := range names {
 				v := e.check(nodes.s[i])
@@ -155,7 +155,7 @@ func (x *Extender) score(e *evaluator, pr podRequest, names []string, track bool
 func (x *Extender) evaluate(e *evaluator, pr podRequest, names []string) (nl *nodeList, best float64) {
 	x.ledger.Read(func(lv ledger.View) {
 		aff := lv.Affinity(pr.job)
-		nl = lookup(lv, names)
+		nl = lookup(lv, pr.uid, names)
 		nl.evalSlices()
 		// Pass one touches each node once: verdict, the terms local to
 		// the node, and what the cross-node terms need. Pass two finishes

@@ -139,6 +139,8 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 func start(ctx context.Context, cfg *rest.Config, args Args, host *extender.HostInformers) (*Plugin, error) {
 	o := extender.NewOptions()
 	o.HostInformers = host
+	// kube-scheduler's clientConnection (qps, burst) rules its client.
+	o.KubeAPIQPS, o.KubeAPIBurst = 0, 0
 	o.ConfigFile = args.ConfigFile
 	if args.MetricsBindAddress != "" {
 		o.MetricsBindAddress = args.MetricsBindAddress

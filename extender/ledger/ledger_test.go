@@ -210,7 +210,7 @@ func TestViewAffinityAndWithout(t *testing.T) {
 	self := pod("w0", "a", "train", 2, topology.FixtureUUID("a", 0), topology.FixtureUUID("a", 1))
 	l.UpsertPod(self)
 	l.Read(func(v ledger.View) {
-		nodes := v.Lookup([]string{"a", "missing", "b"}, nil)
+		nodes := v.Lookup("", []string{"a", "missing", "b"}, nil)
 		if nodes[0].Name() != "a" || nodes[1] != nil || nodes[2].Name() != "b" {
 			t.Fatalf("Lookup: %v", nodes)
 		}
@@ -259,4 +259,47 @@ func TestNodeState(t *testing.T) {
 	if got := l.TopologyStates(now, time.Minute); got[ledger.TopologyFresh] != 1 || got[ledger.TopologyMissing] != 0 {
 		t.Errorf("TopologyStates %v: want a fresh, the Node without GPUs not counted", got)
 	}
+}
+
+func TestNodeForSeesTheGPUsAPodHasReserved(t *testing.T) {
+	l := newLedger(t, "a", "b")
+	if _, err := l.Reserve("uid-p", key("p"), "a", firstFree(2)); err != nil {
+		t.Fatal(err)
+	}
+	l.UpsertPod(pod("q", "a", "", 2, topology.FixtureUUID("a", 2), topology.FixtureUUID("a", 3)))
+	l.Read(func(v ledger.View) {
+		if got := v.NodeFor("a", "uid-p").Free(); got != topology.MaskOf(0, 1, 4, 5, 6, 7) {
+			t.Errorf("NodeFor the reserving pod: free %v, want its own 0,1 and 4-7", got.Indices())
+		}
+		if got := v.NodeFor("a", "uid-other").Free(); got != topology.MaskOf(4, 5, 6, 7) {
+			t.Errorf("NodeFor another pod: free %v, want 4-7", got.Indices())
+		}
+		// A bound holding is not handed back: the pod is not retrying.
+		if got := v.NodeFor("a", "uid-q").Free(); got != topology.MaskOf(4, 5, 6, 7) {
+			t.Errorf("NodeFor a bound pod: free %v, want 4-7", got.Indices())
+		}
+		if got := v.NodeFor("b", "uid-p").Free(); got.Count() != 8 {
+			t.Errorf("NodeFor another node: %d free, want 8", got.Count())
+		}
+		if v.NodeFor("missing", "uid-p") != nil {
+			t.Error("NodeFor an unknown node is not nil")
+		}
+		nodes := v.Lookup("uid-p", []string{"b", "a"}, nil)
+		if nodes[0].Free().Count() != 8 || nodes[1].Free() != topology.MaskOf(0, 1, 4, 5, 6, 7) {
+			t.Errorf("Lookup for the reserving pod: b %v, a %v", nodes[0].Free().Indices(), nodes[1].Free().Indices())
+		}
+		if got := v.Lookup("", []string{"a"}, nil)[0].Free(); got != topology.MaskOf(4, 5, 6, 7) {
+			t.Errorf("Lookup for no pod: free %v, want 4-7", got.Indices())
+		}
+	})
+	if got := free(l, "a"); got != topology.MaskOf(4, 5, 6, 7) {
+		t.Fatalf("NodeFor changed the ledger: free %v", got.Indices())
+	}
+	// Confirmed: the holding is the pod's GPUs, no longer handed back.
+	l.Confirm("uid-p", "a", []string{topology.FixtureUUID("a", 0), topology.FixtureUUID("a", 1)})
+	l.Read(func(v ledger.View) {
+		if got := v.NodeFor("a", "uid-p").Free(); got != topology.MaskOf(4, 5, 6, 7) {
+			t.Errorf("NodeFor after Confirm: free %v, want 4-7", got.Indices())
+		}
+	})
 }

@@ -178,8 +178,9 @@ func (v View) Node(name string) *Node { return v.l.nodes[name] }
 // Lookup resolves names into dst (reused when large enough) in one pass
 // before any node is evaluated: the lookups do not depend on each other,
 // so the CPU overlaps their cache misses, and the evaluation pass then
-// finds the nodes' state warm. Unknown names resolve to nil.
-func (v View) Lookup(names []string, dst []*Node) []*Node {
+// finds the nodes' state warm. Unknown names resolve to nil. The nodes are
+// as pod uid sees them (see NodeFor); uid "" sees them as they are.
+func (v View) Lookup(uid types.UID, names []string, dst []*Node) []*Node {
 	if cap(dst) < len(names) {
 		dst = make([]*Node, len(names))
 	}
@@ -187,7 +188,41 @@ func (v View) Lookup(names []string, dst []*Node) []*Node {
 	for i, name := range names {
 		dst[i] = v.l.nodes[name]
 	}
+	if node, ok := v.reservedNode(uid); ok {
+		for i, name := range names {
+			if name == node && dst[i] != nil {
+				dst[i] = v.Without(dst[i], uid)
+			}
+		}
+	}
 	return dst
+}
+
+// NodeFor is the named node as pod uid sees it: where uid holds a
+// reservation (a bind in flight, or one whose outcome was unknown and is
+// being retried) its own reserved GPUs count as free, since Reserve hands
+// them back to it on that node. Without that, a retry after an unknown
+// outcome would find the node short of exactly the GPUs it was promised,
+// and in a full cluster wait unschedulable until the reservation expired.
+// nil when the ledger knows nothing of the node.
+func (v View) NodeFor(name string, uid types.UID) *Node {
+	n := v.l.nodes[name]
+	if node, ok := v.reservedNode(uid); ok && node == name && n != nil {
+		return v.Without(n, uid)
+	}
+	return n
+}
+
+// reservedNode is the node on which pod uid holds a reservation.
+func (v View) reservedNode(uid types.UID) (string, bool) {
+	if uid == "" || len(v.l.holdings) == 0 {
+		return "", false
+	}
+	h, ok := v.l.holdings[uid]
+	if !ok || !h.reserved {
+		return "", false
+	}
+	return h.node, true
 }
 
 // HolderNode is the node on which pod uid holds or has been promised GPUs.

@@ -302,6 +302,10 @@ func startExtender(t *testing.T, cp *harness.ControlPlane) *harness.Extender {
 	o := extender.NewOptions()
 	o.BindAddress, o.Port, o.MetricsBindAddress = "127.0.0.1", port, "127.0.0.1:0"
 	o.LeaderElect = false
+	// The same client limits as the kube-scheduler under test
+	// (localcluster's clientConnection): the extender's bind is not the
+	// rate-limited party.
+	o.KubeAPIQPS, o.KubeAPIBurst = 0, 0
 	return harness.StartExtender(t, klog.NewContext(context.Background(), klog.Background()), cp.Config, o)
 }
 
