@@ -484,7 +484,8 @@ func checkLeaseRBAC(t *testing.T, r release, _ want, objs []*unstructured.Unstru
 	var dep appsv1.Deployment
 	into(t, find(t, objs, "Deployment", fn+"-extender"), &dep)
 	args := dep.Spec.Template.Spec.Containers[0].Args
-	for _, a := range []string{"--leader-elect=true", "--leader-election-namespace=" + r.namespace, "--leader-election-id=" + fn + "-extender"} {
+	for _, a := range []string{"--leader-elect=true", "--leader-election-namespace=" + r.namespace, "--leader-election-id=" + fn + "-extender",
+		"--kube-api-qps=50", "--kube-api-burst=100"} {
 		if !slices.Contains(args, a) {
 			t.Errorf("extender args %q lack %q", args, a)
 		}
@@ -747,6 +748,8 @@ func TestChartRefusesBadValues(t *testing.T) {
 			`scheduler.mode: "inprocess" is not supported; use extender`},
 		"plugin mode with a shadow": {"scheduler: {mode: plugin}\nshadowExtender: {enabled: true}",
 			"the shadow mirrors the extender's verbs and needs scheduler.mode extender"},
+		"negative API client rate": {"extender: {kubeAPIQPS: -5}",
+			"extender.kubeAPIQPS: -5 must be 0 (the in-cluster client's default) or positive"},
 		"plugin mode without a scheduler": {"scheduler: {mode: plugin, replicas: 0}",
 			"scheduler.replicas: must be at least 1 in plugin mode"},
 	} {

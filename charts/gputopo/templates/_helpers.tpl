@@ -337,6 +337,11 @@ seccompProfile:
 {{- else if lt (int .Values.extender.replicas) 1 }}
 {{- fail "extender.replicas: must be at least 1; GPU pods wait while no extender serves" }}
 {{- end }}
+{{- range $key := list "kubeAPIQPS" "kubeAPIBurst" }}
+{{- if lt (float64 (index $.Values.extender $key | default 0)) 0.0 }}
+{{- fail (printf "extender.%s: %v must be 0 (the in-cluster client's default) or positive" $key (index $.Values.extender $key)) }}
+{{- end }}
+{{- end }}
 {{- include "gputopo.validate.gpuResourceName" . }}
 {{- include "gputopo.validate.kubeVersion" . }}
 {{- $np := include "gputopo.networkPolicy" . | fromJson }}
