@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/nodeagent"
 	"github.com/gputopo/gputopo/nodeagent/nvmlsim"
 	"github.com/gputopo/gputopo/test/harness"
@@ -49,10 +50,9 @@ func setupWithStrategies(t *testing.T, strategies []string) *env {
 	}
 	e := &env{cp: cp, k: k, sim: nvmlsim.New(f, nodeName)}
 	ready := make(chan *nodeagent.Agent, 1)
-	done := make(chan error, 1)
-	agentCtx, cancel := context.WithCancel(klog.NewContext(ctx, testr.NewWithOptions(t, testr.Options{Verbosity: 1})))
-	go func() {
-		done <- nodeagent.Run(agentCtx, cp.UserConfig(t, agentUser), nodeagent.Options{
+	agentCtx := klog.NewContext(ctx, testr.NewWithOptions(t, testr.Options{Verbosity: 1}))
+	run := localcluster.Go(agentCtx, func(ctx context.Context) error {
+		return nodeagent.Run(ctx, cp.UserConfig(t, agentUser), nodeagent.Options{
 			NodeName: nodeName, Simulator: e.sim, ResourceName: v1alpha1.ResourceGPU,
 			DevicePluginDir: kubelet.DevicePluginDir, PodResourcesSocket: k.PodResourcesSocket,
 			TopologyInterval: 5 * time.Minute, TelemetryInterval: 30 * time.Second, ReconcileInterval: 2 * time.Second,
@@ -60,16 +60,16 @@ func setupWithStrategies(t *testing.T, strategies []string) *env {
 			DeviceListStrategies: strategies,
 			Ready:                func(a *nodeagent.Agent) { ready <- a },
 		})
-	}()
+	})
 	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
+		if err := run.Stop(); err != nil {
 			t.Errorf("agent: %v", err)
 		}
 	})
 	select {
 	case e.agent = <-ready:
-	case err := <-done:
+	case <-run.Done():
+		_, err := run.Exited()
 		t.Fatalf("agent stopped before it was ready: %v", err)
 	case <-time.After(60 * time.Second):
 		t.Fatal("agent not ready after 60s")

@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/nodeagent"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/webhook"
@@ -57,12 +58,11 @@ const (
 // whEnv is a control plane with the webhook registered and (until
 // stopped) served in-process.
 type whEnv struct {
-	cp     *harness.ControlPlane
-	cfg    webhook.Config
-	mut    *admissionregistrationv1.MutatingWebhookConfiguration
-	val    *admissionregistrationv1.ValidatingWebhookConfiguration
-	cancel context.CancelFunc
-	done   chan error
+	cp  *harness.ControlPlane
+	cfg webhook.Config
+	mut *admissionregistrationv1.MutatingWebhookConfiguration
+	val *admissionregistrationv1.ValidatingWebhookConfiguration
+	run *localcluster.Running
 }
 
 func startWebhookEnv(t *testing.T) *whEnv {
@@ -125,9 +125,7 @@ func (e *whEnv) serve(t *testing.T) {
 	if err != nil {
 		t.Fatalf("webhook manager: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	e.cancel, e.done = cancel, make(chan error, 1)
-	go func() { e.done <- mgr.Start(ctx) }()
+	e.run = localcluster.Go(context.Background(), mgr.Start)
 	t.Cleanup(func() { e.stop(t) })
 	poll(t, time.Minute, "the webhook to mutate GPU pods in "+whOptedIn, func() (bool, string) {
 		probe := gpuPod(whOptedIn, "probe")
@@ -142,12 +140,12 @@ func (e *whEnv) serve(t *testing.T) {
 // connections; a second call does nothing.
 func (e *whEnv) stop(t *testing.T) {
 	t.Helper()
-	if e.cancel == nil {
+	if e.run == nil {
 		return
 	}
-	e.cancel()
-	e.cancel = nil
-	if err := <-e.done; err != nil {
+	run := e.run
+	e.run = nil
+	if err := run.Stop(); err != nil {
 		t.Errorf("webhook manager: %v", err)
 	}
 	wio := e.cp.Env.WebhookInstallOptions
