@@ -282,6 +282,15 @@ func TestOptionsValidate(t *testing.T) {
 		{"defaults are valid", func(*Options) {}, ""},
 		{"cert without key", func(o *Options) { o.TLSCertFile = "c.pem" }, "must be given together"},
 		{"client CA without TLS", func(o *Options) { o.ClientCAFile = "ca.pem" }, "needs --tls-cert-file"},
+		{"allowed client names without a client CA", func(o *Options) {
+			o.TLSCertFile, o.TLSPrivateKeyFile, o.ClientAllowedNames = "c.pem", "k.pem", []string{"gputopo-scheduler"}
+		}, "--client-allowed-names needs --client-ca-file"},
+		{"an empty allowed client name", func(o *Options) {
+			o.TLSCertFile, o.TLSPrivateKeyFile, o.ClientCAFile, o.ClientAllowedNames = "c.pem", "k.pem", "ca.pem", []string{"gputopo-scheduler", ""}
+		}, "a name is empty"},
+		{"allowed client names with a client CA", func(o *Options) {
+			o.TLSCertFile, o.TLSPrivateKeyFile, o.ClientCAFile, o.ClientAllowedNames = "c.pem", "k.pem", "ca.pem", []string{"gputopo-scheduler"}
+		}, ""},
 		{"renew deadline not below lease", func(o *Options) { o.LeaderElect, o.RenewDeadline = true, 20*time.Second }, "must be shorter"},
 	}
 	for _, tc := range tests {

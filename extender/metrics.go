@@ -71,14 +71,19 @@ const (
 	phaseBind       = "bind"
 	phaseShadow     = "shadow"
 
-	errDecode      = "decode"
-	errTooLarge    = "request_too_large"
-	errBadRequest  = "bad_request"
-	errNotReady    = "not_ready"
-	errInfeasible  = "infeasible"
-	errAPIDefinite = "api_definite"
-	errAPIUnknown  = "api_ambiguous"
-	errConflict    = "conflict"
+	errDecode     = "decode"
+	errTooLarge   = "request_too_large"
+	errBadRequest = "bad_request"
+	// errUnauthorized: a verb call without a client certificate for
+	// client authentication (401); errForbidden: one whose CN
+	// --client-allowed-names does not name (403).
+	errUnauthorized = "unauthorized"
+	errForbidden    = "forbidden"
+	errNotReady     = "not_ready"
+	errInfeasible   = "infeasible"
+	errAPIDefinite  = "api_definite"
+	errAPIUnknown   = "api_ambiguous"
+	errConflict     = "conflict"
 )
 
 // NewMetrics registers the extender's metrics on a fresh registry, with the

@@ -3,6 +3,7 @@ package extender
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -30,8 +31,14 @@ type Options struct {
 	// TLSCertFile and TLSPrivateKeyFile turn on HTTPS for the verbs.
 	TLSCertFile, TLSPrivateKeyFile string
 	// ClientCAFile makes the verbs require a client certificate signed by
-	// this CA (kube-scheduler's extender tlsConfig can present one).
+	// this CA (kube-scheduler's extender tlsConfig can present one) and
+	// issued for client authentication (extended key usage clientAuth).
 	ClientCAFile string
+	// ClientAllowedNames, with ClientCAFile, are the subject common names
+	// a client certificate may carry to call the verbs, as
+	// kube-apiserver's --requestheader-allowed-names: the chart gives the
+	// CN of gputopo-scheduler's certificate. Empty: any CN the CA signed.
+	ClientAllowedNames []string
 
 	// SchedulerNames are the kube-scheduler profiles that call this
 	// extender; bind refuses pods addressed to any other scheduler.
@@ -137,7 +144,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.ConfigFile, "config", o.ConfigFile, "path of an ExtenderConfiguration (gputopo.io/v1alpha1); empty uses the documented defaults")
 	fs.StringVar(&o.TLSCertFile, "tls-cert-file", o.TLSCertFile, "serving certificate (PEM); with --tls-private-key-file turns on HTTPS, reloaded when the file changes")
 	fs.StringVar(&o.TLSPrivateKeyFile, "tls-private-key-file", o.TLSPrivateKeyFile, "serving private key (PEM)")
-	fs.StringVar(&o.ClientCAFile, "client-ca-file", o.ClientCAFile, "CA bundle (PEM); when set the verbs require a client certificate it signed (probes do not)")
+	fs.StringVar(&o.ClientCAFile, "client-ca-file", o.ClientCAFile, "CA bundle (PEM); when set the verbs require a client certificate it signed for client authentication (extended key usage clientAuth; probes need none)")
+	fs.StringSliceVar(&o.ClientAllowedNames, "client-allowed-names", o.ClientAllowedNames, "with --client-ca-file: subject common names (comma-separated) a client certificate may carry to call the verbs; empty allows any the CA signed")
 	fs.StringSliceVar(&o.SchedulerNames, "scheduler-name", o.SchedulerNames, "kube-scheduler profile that calls this extender (repeatable); bind refuses pods whose schedulerName is not one of them")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "run Lease-based leader election; only the leader is Ready and serves")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace, "namespace of the leader election Lease")
@@ -162,6 +170,14 @@ func (o *Options) Validate() error {
 	}
 	if o.ClientCAFile != "" && o.TLSCertFile == "" {
 		return fmt.Errorf("--client-ca-file needs --tls-cert-file and --tls-private-key-file: client certificates only exist over TLS")
+	}
+	if len(o.ClientAllowedNames) > 0 && o.ClientCAFile == "" {
+		return fmt.Errorf("--client-allowed-names needs --client-ca-file: names are read from verified client certificates")
+	}
+	for _, n := range o.ClientAllowedNames {
+		if strings.TrimSpace(n) == "" {
+			return fmt.Errorf("--client-allowed-names %q: a name is empty", strings.Join(o.ClientAllowedNames, ","))
+		}
 	}
 	if o.Port < 0 || o.Port > 65535 {
 		return fmt.Errorf("--port %d: must be 0..65535", o.Port)

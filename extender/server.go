@@ -12,6 +12,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -93,9 +96,9 @@ func (x *Extender) verb(phase string, h func(ctx context.Context, body io.Reader
 		defer func() { x.metrics.latency.WithLabelValues(phase).Observe(time.Since(start).Seconds()) }()
 		var resp any
 		var err error
-		switch {
-		case x.requireClientCert() && (r.TLS == nil || len(r.TLS.VerifiedChains) == 0):
-			err = &httpError{http.StatusUnauthorized, errBadRequest, "a client certificate signed by the configured client CA is required"}
+		switch he := x.authorizeClient(r.TLS); {
+		case he != nil:
+			err = he
 		case x.notReadyReason() != "":
 			err = &httpError{http.StatusServiceUnavailable, errNotReady, x.notReadyReason()}
 		default:
@@ -267,6 +270,46 @@ func filteredNodes(args *extenderv1.ExtenderArgs, passed []string) *corev1.NodeL
 }
 
 func (x *Extender) requireClientCert() bool { return x.opts.ClientCAFile != "" }
+
+// authorizeClient decides whether the client of a verb call may call the
+// verbs, from its connection's TLS state; nil when it may (or when no
+// client CA is configured).
+//
+// The handshake has verified the certificate against the client CA, but
+// Go's verification (x509.Certificate.Verify with KeyUsages clientAuth,
+// as crypto/tls asks) accepts a leaf that lists no extended key usage at
+// all, or "any", as good for every usage: a serving certificate issued
+// without usages by the same CA would be let in. So the leaf must list
+// clientAuth itself (401 otherwise), and, with --client-allowed-names,
+// carry one of those common names (403 otherwise).
+func (x *Extender) authorizeClient(cs *tls.ConnectionState) *httpError {
+	if !x.requireClientCert() {
+		return nil
+	}
+	if cs == nil || len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
+		return &httpError{http.StatusUnauthorized, errUnauthorized, "a client certificate signed by the configured client CA is required"}
+	}
+	leaf := cs.VerifiedChains[0][0]
+	cn := leaf.Subject.CommonName
+	if !slices.Contains(leaf.ExtKeyUsage, x509.ExtKeyUsageClientAuth) {
+		return &httpError{http.StatusUnauthorized, errUnauthorized, fmt.Sprintf(
+			"the client certificate (CN %q) does not list the extended key usage client auth (clientAuth); a certificate without it, or with no extended key usage at all, is not accepted as a client's", cn)}
+	}
+	if allowed := x.opts.ClientAllowedNames; len(allowed) > 0 && !slices.Contains(allowed, cn) {
+		return &httpError{http.StatusForbidden, errForbidden, fmt.Sprintf(
+			"the client certificate's CN %q is not allowed to call the verbs; --client-allowed-names allows %s", cn, quoteAll(allowed))}
+	}
+	return nil
+}
+
+// quoteAll lists names quoted and comma-separated.
+func quoteAll(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = strconv.Quote(n)
+	}
+	return strings.Join(q, ", ")
+}
 
 // tlsConfig serves the certificate (reloaded when the files change, as
 // cert-manager rotates them) and, with a client CA, verifies client

@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"io"
@@ -20,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 )
 
@@ -91,6 +93,36 @@ func (ca *testCA) issue(t *testing.T, cn string, server bool) (certPEM, keyPEM [
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), serial
+}
+
+// issueClient signs a client certificate for cn that lists exactly ekus
+// as its extended key usages (none when empty), as a CA that is careless
+// with usages might.
+func (ca *testCA) issueClient(t *testing.T, cn string, ekus ...x509.ExtKeyUsage) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial++
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(serial),
+		Subject:      pkix.Name{CommonName: cn},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  ekus,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
 }
 
 func writeFile(t *testing.T, path string, data []byte, mtime time.Time) {
@@ -228,6 +260,88 @@ func TestTLSClientCertificates(t *testing.T) {
 		if resp.StatusCode == http.StatusOK {
 			t.Errorf("plain HTTP filter on the TLS port = 200 %s, want refused", b)
 		}
+	}
+}
+
+// TestTLSClientCertificateUsageAndName: a certificate of the client CA
+// calls the verbs only when it is a client certificate (extended key
+// usage clientAuth listed) and, with --client-allowed-names, carries an
+// allowed common name. Go's handshake alone refuses a leaf whose usages
+// exclude client auth, but lets through one with no extended key usage
+// or with "any"; the verbs refuse those with 401. A CN not allowed gets
+// 403 naming the allowed ones. Every refusal is counted.
+func TestTLSClientCertificateUsageAndName(t *testing.T) {
+	dir := t.TempDir()
+	ca := newTestCA(t, "gputopo test CA")
+	srvCert, srvKey, _ := ca.issue(t, "gputopo-extender", true)
+	now := time.Now()
+	for name, data := range map[string][]byte{"tls.crt": srvCert, "tls.key": srvKey, "ca.crt": ca.pem} {
+		writeFile(t, filepath.Join(dir, name), data, now)
+	}
+	body := mustJSON(t, extenderv1.ExtenderArgs{Pod: makePod("p").obj(), NodeNames: &[]string{"a"}})
+	bind := mustJSON(t, extenderv1.ExtenderBindingArgs{PodName: "p", PodNamespace: "default", PodUID: "uid-p", Node: "a"})
+	client := func(ekus ...x509.ExtKeyUsage) func(cn string) *http.Client {
+		return func(cn string) *http.Client {
+			c, k := ca.issueClient(t, cn, ekus...)
+			return tlsClient(t, ca, c, k)
+		}
+	}
+	clientAuth := client(x509.ExtKeyUsageClientAuth)
+	noEKU := client()
+	anyEKU := client(x509.ExtKeyUsageAny)
+	serverOnly := client(x509.ExtKeyUsageServerAuth)
+	both := client(x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth)
+
+	for _, tc := range []struct {
+		name       string
+		allowed    []string
+		client     *http.Client
+		path, body string
+		wantStatus int    // 0: refused in the handshake
+		wantBody   string // substring of the answer
+		wantCount  string // error_type counted, "" none
+	}{
+		{"client auth, no allowed names: filter", nil, clientAuth("anyone"), "/filter", body, 200, `"NodeNames":["a"]`, ""},
+		{"no extended key usage: filter", nil, noEKU("gputopo-scheduler"), "/filter", body, 401, "does not list the extended key usage client auth", "unauthorized"},
+		{"no extended key usage: bind", nil, noEKU("gputopo-scheduler"), "/scheduler/bind", bind, 401, "client auth (clientAuth)", "unauthorized"},
+		{"extended key usage any: filter", nil, anyEKU("gputopo-scheduler"), "/scheduler/filter", body, 401, "client auth", "unauthorized"},
+		{"server auth only: refused by the handshake", nil, serverOnly("gputopo-scheduler"), "/filter", body, 0, "", ""},
+		{"allowed CN: filter", []string{"gputopo-scheduler"}, clientAuth("gputopo-scheduler"), "/scheduler/filter", body, 200, `"NodeNames":["a"]`, ""},
+		{"allowed CN with server auth too: prioritize", []string{"gputopo-scheduler"}, both("gputopo-scheduler"), "/prioritize", body, 200, `"Host":"a"`, ""},
+		{"second allowed CN: filter", []string{"gputopo-scheduler", "other-scheduler"}, clientAuth("other-scheduler"), "/filter", body, 200, `"NodeNames":["a"]`, ""},
+		{"CN not allowed: filter", []string{"gputopo-scheduler"}, clientAuth("kube-scheduler"), "/filter", body, 403, `CN "kube-scheduler" is not allowed to call the verbs; --client-allowed-names allows "gputopo-scheduler"`, "forbidden"},
+		{"CN not allowed: bind", []string{"gputopo-scheduler", "b"}, clientAuth("intruder"), "/scheduler/bind", bind, 403, `allows "gputopo-scheduler", "b"`, "forbidden"},
+		{"allowed CN without client auth: bind", []string{"gputopo-scheduler"}, noEKU("gputopo-scheduler"), "/bind", bind, 401, "client auth", "unauthorized"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			x, _ := newTestExtender(t, nil)
+			x.opts.TLSCertFile, x.opts.TLSPrivateKeyFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+			x.opts.ClientCAFile, x.opts.ClientAllowedNames = filepath.Join(dir, "ca.crt"), tc.allowed
+			base := "https://" + serveTLS(t, x)
+			resp, err := tc.client.Post(base+tc.path, "application/json", strings.NewReader(tc.body))
+			status, got := 0, ""
+			if err != nil {
+				got = err.Error()
+			} else {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				status, got = resp.StatusCode, string(b)
+				var refusal struct{ Error string }
+				if status != http.StatusOK && json.Unmarshal(b, &refusal) == nil {
+					got = refusal.Error
+				}
+			}
+			if status != tc.wantStatus || !strings.Contains(got, tc.wantBody) {
+				t.Fatalf("POST %s = %d %q; want %d containing %q", tc.path, status, got, tc.wantStatus, tc.wantBody)
+			}
+			if tc.wantCount == "" {
+				return
+			}
+			phase := strings.TrimPrefix(strings.TrimPrefix(tc.path, "/scheduler"), "/")
+			if n := testutil.ToFloat64(x.metrics.errors.WithLabelValues(phase, tc.wantCount)); n != 1 {
+				t.Errorf("gpu_extender_errors_total{phase=%q,error_type=%q} = %v, want 1", phase, tc.wantCount, n)
+			}
+		})
 	}
 }
 

@@ -102,6 +102,11 @@ func checkExtenderTLS(t *testing.T, r release, w want, objs []*unstructured.Unst
 	if !slices.Contains(client.Usages, "client auth") || slices.Contains(client.Usages, "server auth") {
 		t.Errorf("scheduler certificate usages %q, want client auth only", client.Usages)
 	}
+	// The extender lets in the scheduler's certificate by its CN, and no
+	// other name the CA might sign.
+	if client.CommonName == "" || !slices.Equal(opts.ClientAllowedNames, []string{client.CommonName}) {
+		t.Errorf("extender --client-allowed-names %q, want exactly the scheduler certificate's commonName %q", opts.ClientAllowedNames, client.CommonName)
+	}
 	wantDNS := serviceDNSNames(fn+"-extender", r.namespace)
 	if w.shadow {
 		wantDNS = append(wantDNS, serviceDNSNames(fn+"-extender-shadow", r.namespace)...)

@@ -42,9 +42,14 @@ type tlsExtender struct {
 	certDir string
 }
 
+// schedulerCN is the common name of gputopo-scheduler's client
+// certificate, the one --client-allowed-names lets in (the chart renders
+// its release's).
+const schedulerCN = "gputopo-scheduler"
+
 // startTLSExtender installs the extender's RBAC (extender.RBACRules), and
-// runs an extender with --tls-cert-file, --tls-private-key-file and
-// --client-ca-file as the chart does.
+// runs an extender with --tls-cert-file, --tls-private-key-file,
+// --client-ca-file and --client-allowed-names as the chart does.
 func startTLSExtender(t *testing.T, cp *harness.ControlPlane) *tlsExtender {
 	t.Helper()
 	ctx := harness.Context(t)
@@ -71,6 +76,7 @@ func startTLSExtender(t *testing.T, cp *harness.ControlPlane) *tlsExtender {
 	o.TLSCertFile = filepath.Join(te.certDir, "tls.crt")
 	o.TLSPrivateKeyFile = filepath.Join(te.certDir, "tls.key")
 	o.ClientCAFile = filepath.Join(te.certDir, "ca.crt")
+	o.ClientAllowedNames = []string{schedulerCN}
 	te.x = harness.StartExtender(t, klog.NewContext(context.Background(), klog.Background()), cp.UserConfig(t, extenderUser), o).Extender
 	te.base = "https://127.0.0.1:" + strconv.Itoa(port)
 	return te
@@ -87,14 +93,21 @@ func (te *tlsExtender) renew(t *testing.T) {
 }
 
 // client returns an HTTPS client that trusts the extender's CA and
-// presents a client certificate signed by signer (nil: none).
+// presents a client certificate signed by signer (nil: none) as the chart
+// issues gputopo-scheduler's: its CN, for client auth.
 func (te *tlsExtender) client(t *testing.T, signer *harness.CA) *http.Client {
+	t.Helper()
+	return te.clientWith(t, signer, harness.LeafSpec{CommonName: schedulerCN, Usages: []string{"client auth"}})
+}
+
+// clientWith is client with a certificate issued from spec.
+func (te *tlsExtender) clientWith(t *testing.T, signer *harness.CA, spec harness.LeafSpec) *http.Client {
 	t.Helper()
 	pool := x509.NewCertPool()
 	pool.AddCert(te.ca.Cert)
 	tc := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	if signer != nil {
-		crt, key := signer.Issue(t, harness.LeafSpec{CommonName: "gputopo-scheduler", Usages: []string{"client auth"}})
+		crt, key := signer.Issue(t, spec)
 		pair, err := tls.X509KeyPair(crt, key)
 		if err != nil {
 			t.Fatal(err)
@@ -189,6 +202,80 @@ func TestExtenderVerbsRefuseClientsWithoutCertificate(t *testing.T) {
 	// about the caller, not a broken server.
 	if status, msg := post(te.client(t, te.ca), te.base+"/scheduler/filter", args); status != http.StatusOK || !strings.Contains(msg, "gpu-a") {
 		t.Fatalf("filter with the scheduler's certificate = %d %q; want 200 passing gpu-a", status, msg)
+	}
+}
+
+// As a holder of another certificate of the extender's own CA (one issued
+// without usages, or to another name): the CA signed it, but it is not
+// gputopo-scheduler's client certificate, so no verb answers it and no
+// pod is bound. The scheduler's certificate still filters and binds.
+func TestExtenderVerbsRefuseCertificatesOfTheCANotIssuedToTheScheduler(t *testing.T) {
+	cp := harness.Start(t, harness.Options{})
+	gpuCluster(t, cp, map[string]map[string]string{"gpu-a": nil})
+	te := startTLSExtender(t, cp)
+	ctx := harness.Context(t)
+	pod := harness.GPUPod(metav1.NamespaceDefault, "victim", 2)
+	pod.Spec.SchedulerName = v1alpha1.DefaultSchedulerName
+	if err := cp.Client.Create(ctx, pod); err != nil {
+		t.Fatalf("create pod: %v", err)
+	}
+	args := extenderv1.ExtenderArgs{Pod: pod, NodeNames: &[]string{"gpu-a"}}
+	bind := extenderv1.ExtenderBindingArgs{PodName: pod.Name, PodNamespace: pod.Namespace, PodUID: pod.UID, Node: "gpu-a"}
+	verbs := map[string]any{"filter": args, "prioritize": args, "bind": bind}
+
+	for _, tc := range []struct {
+		name       string
+		spec       harness.LeafSpec
+		wantStatus int
+		wantMsg    string
+	}{{
+		// Go's verification takes a leaf without extended key usages
+		// as good for any usage; the handshake succeeds.
+		name:       "a certificate of the CA with no extended key usage",
+		spec:       harness.LeafSpec{CommonName: schedulerCN},
+		wantStatus: http.StatusUnauthorized, wantMsg: "does not list the extended key usage client auth",
+	}, {
+		name:       "a client certificate of the CA for another name",
+		spec:       harness.LeafSpec{CommonName: "gputopo-webhook", Usages: []string{"client auth"}},
+		wantStatus: http.StatusForbidden, wantMsg: `CN "gputopo-webhook" is not allowed to call the verbs; --client-allowed-names allows "gputopo-scheduler"`,
+	}} {
+		c := te.clientWith(t, te.ca, tc.spec)
+		for _, prefix := range []string{"", "/scheduler"} {
+			for verb, body := range verbs {
+				url := te.base + prefix + "/" + verb
+				t.Run(tc.name+": "+prefix+"/"+verb, func(t *testing.T) {
+					status, msg := post(c, url, body)
+					var refusal struct{ Error string }
+					_ = json.Unmarshal([]byte(msg), &refusal)
+					if status != tc.wantStatus || !strings.Contains(refusal.Error, tc.wantMsg) {
+						t.Errorf("POST %s = %d %q; want %d with an error containing %q", url, status, msg, tc.wantStatus, tc.wantMsg)
+					}
+				})
+			}
+		}
+	}
+	got := &corev1.Pod{}
+	if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(pod), got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Spec.NodeName != "" {
+		t.Fatalf("pod was bound to %s by a certificate that is not the scheduler's", got.Spec.NodeName)
+	}
+
+	scheduler := te.client(t, te.ca)
+	if status, msg := post(scheduler, te.base+"/scheduler/filter", args); status != http.StatusOK || !strings.Contains(msg, "gpu-a") {
+		t.Fatalf("filter with the scheduler's certificate = %d %q; want 200 passing gpu-a", status, msg)
+	}
+	status, msg := post(scheduler, te.base+"/scheduler/bind", bind)
+	var res extenderv1.ExtenderBindingResult
+	if err := json.Unmarshal([]byte(msg), &res); status != http.StatusOK || err != nil || res.Error != "" {
+		t.Fatalf("bind with the scheduler's certificate = %d %q; want 200 without an error", status, msg)
+	}
+	if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(pod), got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Spec.NodeName != "gpu-a" || got.Annotations[v1alpha1.AnnotationAssignedGPUs] == "" {
+		t.Fatalf("after the scheduler's bind the pod is on %q with GPUs %q; want gpu-a with GPUs", got.Spec.NodeName, got.Annotations[v1alpha1.AnnotationAssignedGPUs])
 	}
 }
 
