@@ -198,7 +198,7 @@ func TestChartLintsAndRendersWhatTheComponentsRead(t *testing.T) {
 			r, w := tc.rel, tc.want
 			for _, check := range []func(*testing.T, release, want, []*unstructured.Unstructured){
 				checkSchedulerConfig, checkExtenderConfig, checkWebhookConfig, checkWebhookRegistration,
-				checkCertificates, checkExtenderTLS, checkNodeAgentRBAC, checkExtenderRBAC, checkLeaseRBAC,
+				checkCertificates, checkExtenderTLS, checkNodeAgentRBAC, checkNodeAgentPolicies, checkExtenderRBAC, checkLeaseRBAC,
 				checkDeploymentArgs, checkNodeAgentDaemonSet, checkExtenderHA, checkMonitoring,
 				checkShadowExtender, checkNetworkPolicies, checkResourceName,
 			} {
@@ -420,6 +420,36 @@ func checkNodeAgentRBAC(t *testing.T, r release, _ want, objs []*unstructured.Un
 		t.Errorf("node agent ClusterRole differs from nodeagent.RBACRules (-code +chart):\n%s", diff)
 	}
 	checkBoundTo(t, r, objs, "ClusterRoleBinding", r.fullname()+"-nodeagent", "ClusterRole", r.fullname()+"-nodeagent")
+}
+
+// The chart's admission policies for the node agent are
+// nodeagent.AdmissionPolicies', field for field, bound to the agent's
+// service account.
+func checkNodeAgentPolicies(t *testing.T, r release, _ want, objs []*unstructured.Unstructured) {
+	name := r.fullname() + "-nodeagent"
+	policies, bindings, err := nodeagent.AdmissionPolicies(nodeagent.PolicyOptions{Name: name, Namespace: r.namespace, ServiceAccount: name})
+	if err != nil {
+		t.Fatalf("nodeagent.AdmissionPolicies: %v", err)
+	}
+	if got, want := len(ofKind(objs, "ValidatingAdmissionPolicy")), len(policies); got != want {
+		t.Errorf("rendered %d ValidatingAdmissionPolicies, want %d", got, want)
+	}
+	for _, want := range policies {
+		var got admissionregistrationv1.ValidatingAdmissionPolicy
+		into(t, find(t, objs, "ValidatingAdmissionPolicy", want.Name), &got)
+		got.Labels = nil
+		if diff := cmp.Diff(want, &got); diff != "" {
+			t.Errorf("ValidatingAdmissionPolicy %s differs from nodeagent.AdmissionPolicies (-code +chart):\n%s", want.Name, diff)
+		}
+	}
+	for _, want := range bindings {
+		var got admissionregistrationv1.ValidatingAdmissionPolicyBinding
+		into(t, find(t, objs, "ValidatingAdmissionPolicyBinding", want.Name), &got)
+		got.Labels = nil
+		if diff := cmp.Diff(want, &got); diff != "" {
+			t.Errorf("ValidatingAdmissionPolicyBinding %s differs from nodeagent.AdmissionPolicies (-code +chart):\n%s", want.Name, diff)
+		}
+	}
 }
 
 // The extender gets exactly what the extender's code says it uses: its
