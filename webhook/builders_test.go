@@ -95,6 +95,18 @@ func (p *PodWrapper) Ephemeral(name string, env ...corev1.EnvVar) *PodWrapper {
 	return p
 }
 
+// EphemeralEnvFrom appends envFrom sources to the named ephemeral
+// container.
+func (p *PodWrapper) EphemeralEnvFrom(name string, src ...corev1.EnvFromSource) *PodWrapper {
+	for i := range p.Spec.EphemeralContainers {
+		if c := &p.Spec.EphemeralContainers[i]; c.Name == name {
+			c.EnvFrom = append(c.EnvFrom, src...)
+			return p
+		}
+	}
+	panic("no ephemeral container " + name)
+}
+
 // Env appends env entries to the named container (app or init).
 func (p *PodWrapper) Env(container string, env ...corev1.EnvVar) *PodWrapper {
 	c := p.container(container)

@@ -94,7 +94,12 @@ type Config struct {
 	// device list does not travel through the environment (node agent
 	// strategy volume-mounts or cdi-cri, and the NVIDIA container toolkit
 	// set to accept-nvidia-visible-devices-envvar-when-unprivileged =
-	// false).
+	// false). Under "Refuse" a container that does not request
+	// ResourceName (an init, sidecar or ephemeral container of a GPU pod,
+	// or any container of a pod in an opted-in namespace) may take such a
+	// source only together with NVIDIA_VISIBLE_DEVICES=void under env,
+	// which beats envFrom; the mutating webhook adds it in opted-in
+	// namespaces.
 	GPUContainerEnvFrom EnvFromPolicy `json:"gpuContainerEnvFrom"`
 
 	// ExcludedNamespaces are never mutated, whatever their labels; the

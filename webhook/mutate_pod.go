@@ -37,8 +37,9 @@ var voidEnvEntry = json.RawMessage(`{"name":"` + v1alpha1.EnvVisibleDevices + `"
 // Config.ResourceName) to the gputopo scheduler, labels them with their
 // job, and hides GPUs from containers that requested none. The
 // registration's match conditions send it only pods that concern GPUs
-// (podMatchExpression), so a pod without GPUs is left alone unless it sets
-// an NVIDIA_ variable.
+// (mutatingPodMatchExpression), so a pod without GPUs is left alone unless
+// it sets an NVIDIA_ variable or takes an envFrom source that could: then
+// its containers get NVIDIA_VISIBLE_DEVICES=void, which beats envFrom.
 // It never denies on content: that is PodValidator's job, which sees the
 // object after every mutating webhook has run. On UPDATE of the
 // ephemeralcontainers subresource it hides GPUs from the new ephemeral

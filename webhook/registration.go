@@ -111,12 +111,27 @@ func celRequests(spec, resource string) string {
 	return fmt.Sprintf("[%[1]s.?containers.orValue([]), %[1]s.?initContainers.orValue([])].exists(l, l.exists(c, %[2]s in c.?resources.?limits.orValue({}) || %[2]s in c.?resources.?requests.orValue({})))", spec, r)
 }
 
-// celSetsNVIDIAEnv is true when any container, init container or ephemeral
-// container of the pod names an env variable that begins with NVIDIA_.
-// envFrom cannot be seen here: its keys live in a ConfigMap or Secret.
-func celSetsNVIDIAEnv() string {
-	return "[object.spec.?containers.orValue([]), object.spec.?initContainers.orValue([]), object.spec.?ephemeralContainers.orValue([])]" +
-		".exists(l, l.exists(c, c.?env.orValue([]).exists(e, e.?name.orValue('').startsWith(" + celString(EnvPrefixNVIDIA) + "))))"
+// allContainers is the CEL list of the pod's container lists: app, init
+// and ephemeral containers.
+const allContainers = "[object.spec.?containers.orValue([]), object.spec.?initContainers.orValue([]), object.spec.?ephemeralContainers.orValue([])]"
+
+// ephemeralContainers is the CEL list holding the pod's ephemeral
+// containers only.
+const ephemeralContainers = "[object.spec.?ephemeralContainers.orValue([])]"
+
+// celSetsNVIDIAEnv is true when a container of lists names an env variable
+// that begins with NVIDIA_.
+func celSetsNVIDIAEnv(lists string) string {
+	return lists + ".exists(l, l.exists(c, c.?env.orValue([]).exists(e, e.?name.orValue('').startsWith(" + celString(EnvPrefixNVIDIA) + "))))"
+}
+
+// celEnvFromCanSetNVIDIA is true when a container of lists takes an envFrom
+// source whose prefix could produce a variable beginning with NVIDIA_
+// (envFromCanSetNVIDIA): the source's keys live in a ConfigMap or Secret
+// that no match condition can read, so the prefix decides.
+func celEnvFromCanSetNVIDIA(lists string) string {
+	p := "f.?prefix.orValue('')"
+	return lists + ".exists(l, l.exists(c, c.?envFrom.orValue([]).exists(f, " + celString(EnvPrefixNVIDIA) + ".startsWith(" + p + ") || " + p + ".startsWith(" + celString(EnvPrefixNVIDIA) + "))))"
 }
 
 // celCarriesSystemAnnotation is true when the new object carries a system
@@ -126,11 +141,39 @@ func celCarriesSystemAnnotation() string {
 	return celSystemKeys() + ".exists(k, k in object.metadata.?annotations.orValue({}) || (oldObject != null && k in oldObject.metadata.?annotations.orValue({})))"
 }
 
-// podMatchExpression is the match condition of the pod webhooks (mutating
-// and validating): the pod requests the GPU resource, sets an NVIDIA_
-// variable, or carries (or carried) a system annotation.
-func podMatchExpression(resource string) string {
-	return celRequests("object.spec", resource) + " || " + celSetsNVIDIAEnv() + " || " + celCarriesSystemAnnotation()
+// celGputopoAnnotationChanged is true on UPDATE when a gputopo.io/
+// annotation (a system one, the requirement or the intent) is set, changed
+// or removed.
+func celGputopoAnnotationChanged() string {
+	return "[object.metadata.?annotations.orValue({}), oldObject.metadata.?annotations.orValue({})].exists(m, m.exists(k, k.startsWith(" +
+		celString(annotationPrefix) + ") && object.metadata.?annotations[?k] != oldObject.metadata.?annotations[?k]))"
+}
+
+// mutatingPodMatchExpression is the match condition of the pod mutator
+// (opted-in namespaces only): the pod requests the GPU resource, sets an
+// NVIDIA_ variable, takes an envFrom source that could set one (the
+// mutator gives the containers without GPUs NVIDIA_VISIBLE_DEVICES=void,
+// which beats envFrom), or carries a system annotation.
+func mutatingPodMatchExpression(resource string) string {
+	return celRequests("object.spec", resource) + " || " + celSetsNVIDIAEnv(allContainers) + " || " +
+		celEnvFromCanSetNVIDIA(allContainers) + " || " + celCarriesSystemAnnotation()
+}
+
+// validatingPodMatchExpression is the match condition of the pod validator
+// (every namespace but the excluded ones). On CREATE: the pod requests the
+// GPU resource, sets an NVIDIA_ variable (after mutation, which includes
+// the void the mutator adds) or carries a system annotation. On UPDATE
+// only what the validator judges on an update: a gputopo.io/ annotation
+// set, changed or removed, and ephemeral containers being added that set an
+// NVIDIA_ variable or take an envFrom that could. Container env and
+// resources are immutable, so a label, finalizer or image change of a GPU
+// pod never waits on the webhook: a webhook outage cannot wedge a Job's
+// pods.
+func validatingPodMatchExpression(resource string) string {
+	return "request.operation == 'CREATE' ? (" +
+		celRequests("object.spec", resource) + " || " + celSetsNVIDIAEnv(allContainers) + " || " + celCarriesSystemAnnotation() +
+		") : (" + celGputopoAnnotationChanged() + " || (request.?subResource.orValue('') == 'ephemeralcontainers' && (" +
+		celSetsNVIDIAEnv(ephemeralContainers) + " || " + celEnvFromCanSetNVIDIA(ephemeralContainers) + ")))"
 }
 
 // jobMatchExpression is the match condition of the Job webhook: the Job
@@ -157,8 +200,10 @@ func systemAnnotationChanged() string {
 // user write assigned-gpus or run a pod with every GPU visible whenever the
 // webhook is down. What an outage blocks is kept to what concerns GPUs:
 // match conditions send the webhooks only pods that request the GPU
-// resource, set an NVIDIA_ variable or carry a system annotation, and only
-// Jobs that state an intent or request GPUs; the excluded namespaces
+// resource, set an NVIDIA_ variable or carry a system annotation (the
+// mutator also pods whose envFrom could set one), only updates that
+// change a gputopo.io/ annotation or add ephemeral containers that could
+// select devices, and only Jobs that state an intent or request GPUs; the excluded namespaces
 // (kube-system, the release namespace, cert-manager's by default) are
 // never sent at all. The mutating webhooks see only opted-in namespaces;
 // the pod validator sees every namespace but the excluded ones, because
@@ -186,7 +231,8 @@ func Registration(o RegistrationOptions) (*admissionregistrationv1.MutatingWebho
 	if resource == "" {
 		resource = v1alpha1.ResourceGPU
 	}
-	podMatch := []admissionregistrationv1.MatchCondition{{Name: MatchPodConcernsGPUs, Expression: podMatchExpression(resource)}}
+	mutatingPodMatch := []admissionregistrationv1.MatchCondition{{Name: MatchPodConcernsGPUs, Expression: mutatingPodMatchExpression(resource)}}
+	validatingPodMatch := []admissionregistrationv1.MatchCondition{{Name: MatchPodConcernsGPUs, Expression: validatingPodMatchExpression(resource)}}
 	excluded := []string{"kube-system"}
 	for _, ns := range append([]string{release}, o.ExcludedNamespaces...) {
 		if ns != "" && !slices.Contains(excluded, ns) {
@@ -245,7 +291,7 @@ func Registration(o RegistrationOptions) (*admissionregistrationv1.MutatingWebho
 			NamespaceSelector:       optedIn,
 			AdmissionReviewVersions: versions,
 			ReinvocationPolicy:      ptr.To(admissionregistrationv1.IfNeededReinvocationPolicy),
-			MatchConditions:         podMatch,
+			MatchConditions:         mutatingPodMatch,
 		}, {
 			Name:                    WebhookMutateJob,
 			ClientConfig:            client(PathMutateJob),
@@ -273,7 +319,7 @@ func Registration(o RegistrationOptions) (*admissionregistrationv1.MutatingWebho
 			FailurePolicy: fail, SideEffects: none, TimeoutSeconds: ptr.To(timeout), MatchPolicy: equivalent,
 			NamespaceSelector:       everywhere,
 			AdmissionReviewVersions: versions,
-			MatchConditions:         podMatch,
+			MatchConditions:         validatingPodMatch,
 		}, {
 			Name:          WebhookValidatePodStat,
 			ClientConfig:  client(PathValidatePod),

@@ -97,12 +97,12 @@ func TestRegistration(t *testing.T) {
 	// The expressions are a contract with the chart, which renders the same
 	// text; test/security proves on a real kube-apiserver what they match.
 	wantExpr := map[string]string{
-		"mpod.gputopo.io": podExprDefault,
+		"mpod.gputopo.io": mutatingPodExprDefault,
 		"mjob.gputopo.io": `'gputopo.io/parallelism' in object.metadata.?annotations.orValue({})` +
 			` || object.spec.?template.?metadata.?annotations.orValue({}).exists(k, k.startsWith('gputopo.io/'))` +
 			` || [object.spec.?template.?spec.?containers.orValue([]), object.spec.?template.?spec.?initContainers.orValue([])].exists(l, l.exists(c,` +
 			` 'nvidia.com/gpu' in c.?resources.?limits.orValue({}) || 'nvidia.com/gpu' in c.?resources.?requests.orValue({})))`,
-		"vpod.gputopo.io":       podExprDefault,
+		"vpod.gputopo.io":       validatingPodExprDefault,
 		"vpodstatus.gputopo.io": `['gputopo.io/assigned-gpus', 'gputopo.io/placement', 'gputopo.io/allocated-gpus'].exists(k, object.metadata.?annotations[?k] != oldObject.metadata.?annotations[?k])`,
 	}
 	if diff := cmp.Diff(wantExpr, expressions(m, v)); diff != "" {
@@ -110,13 +110,23 @@ func TestRegistration(t *testing.T) {
 	}
 }
 
-// podExprDefault is the pod webhooks' match condition for nvidia.com/gpu.
-const podExprDefault = `[object.spec.?containers.orValue([]), object.spec.?initContainers.orValue([])].exists(l, l.exists(c,` +
-	` 'nvidia.com/gpu' in c.?resources.?limits.orValue({}) || 'nvidia.com/gpu' in c.?resources.?requests.orValue({})))` +
-	` || [object.spec.?containers.orValue([]), object.spec.?initContainers.orValue([]), object.spec.?ephemeralContainers.orValue([])]` +
-	`.exists(l, l.exists(c, c.?env.orValue([]).exists(e, e.?name.orValue('').startsWith('NVIDIA_'))))` +
-	` || ['gputopo.io/assigned-gpus', 'gputopo.io/placement', 'gputopo.io/allocated-gpus'].exists(k,` +
-	` k in object.metadata.?annotations.orValue({}) || (oldObject != null && k in oldObject.metadata.?annotations.orValue({})))`
+// The pod webhooks' match conditions for nvidia.com/gpu, clause by clause.
+const (
+	requestsGPUExpr = `[object.spec.?containers.orValue([]), object.spec.?initContainers.orValue([])].exists(l, l.exists(c,` +
+		` 'nvidia.com/gpu' in c.?resources.?limits.orValue({}) || 'nvidia.com/gpu' in c.?resources.?requests.orValue({})))`
+	allContainersExpr = `[object.spec.?containers.orValue([]), object.spec.?initContainers.orValue([]), object.spec.?ephemeralContainers.orValue([])]`
+	ephemeralExpr     = `[object.spec.?ephemeralContainers.orValue([])]`
+	nvidiaEnvExpr     = `.exists(l, l.exists(c, c.?env.orValue([]).exists(e, e.?name.orValue('').startsWith('NVIDIA_'))))`
+	envFromExpr       = `.exists(l, l.exists(c, c.?envFrom.orValue([]).exists(f, 'NVIDIA_'.startsWith(f.?prefix.orValue('')) || f.?prefix.orValue('').startsWith('NVIDIA_'))))`
+	systemAnnExpr     = `['gputopo.io/assigned-gpus', 'gputopo.io/placement', 'gputopo.io/allocated-gpus'].exists(k,` +
+		` k in object.metadata.?annotations.orValue({}) || (oldObject != null && k in oldObject.metadata.?annotations.orValue({})))`
+	annChangedExpr = `[object.metadata.?annotations.orValue({}), oldObject.metadata.?annotations.orValue({})].exists(m, m.exists(k,` +
+		` k.startsWith('gputopo.io/') && object.metadata.?annotations[?k] != oldObject.metadata.?annotations[?k]))`
+
+	mutatingPodExprDefault   = requestsGPUExpr + ` || ` + allContainersExpr + nvidiaEnvExpr + ` || ` + allContainersExpr + envFromExpr + ` || ` + systemAnnExpr
+	validatingPodExprDefault = `request.operation == 'CREATE' ? (` + requestsGPUExpr + ` || ` + allContainersExpr + nvidiaEnvExpr + ` || ` + systemAnnExpr +
+		`) : (` + annChangedExpr + ` || (request.?subResource.orValue('') == 'ephemeralcontainers' && (` + ephemeralExpr + nvidiaEnvExpr + ` || ` + ephemeralExpr + envFromExpr + `)))`
+)
 
 // expressions maps each webhook to its match condition's expression.
 func expressions(m *admissionregistrationv1.MutatingWebhookConfiguration, v *admissionregistrationv1.ValidatingWebhookConfiguration) map[string]string {
@@ -138,13 +148,16 @@ func TestRegistrationResourceNameFromConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := strings.ReplaceAll(podExprDefault, "nvidia.com/gpu", "example.com/gpu")
+	want := map[string]string{
+		WebhookMutatePod:   strings.ReplaceAll(mutatingPodExprDefault, "nvidia.com/gpu", "example.com/gpu"),
+		WebhookValidatePod: strings.ReplaceAll(validatingPodExprDefault, "nvidia.com/gpu", "example.com/gpu"),
+	}
 	for name, expr := range expressions(m, v) {
 		if strings.Contains(expr, "nvidia.com/gpu") {
 			t.Errorf("%s still matches nvidia.com/gpu: %s", name, expr)
 		}
-		if (name == WebhookMutatePod || name == WebhookValidatePod) && expr != want {
-			t.Errorf("%s match condition = %s\nwant %s", name, expr, want)
+		if w, ok := want[name]; ok && expr != w {
+			t.Errorf("%s match condition = %s\nwant %s", name, expr, w)
 		}
 	}
 	if diff := cmp.Diff([]string{"kube-system", "gpu", "cert-manager", "monitoring"}, v.Webhooks[0].NamespaceSelector.MatchExpressions[0].Values); diff != "" {

@@ -36,8 +36,10 @@ import (
 //   - in GPU pods, in every namespace, no container may choose its own
 //     devices (DeviceEnvVars): GPU containers get them from the node agent,
 //     the others may only hide every GPU with NVIDIA_VISIBLE_DEVICES=void;
-//     and GPU containers may not take envFrom sources that could set an
-//     NVIDIA_ variable (GPUContainerEnvFrom);
+//     GPU containers may not take envFrom sources that could set an
+//     NVIDIA_ variable, and other containers (init, sidecar, ephemeral)
+//     only together with NVIDIA_VISIBLE_DEVICES=void under env
+//     (GPUContainerEnvFrom);
 //   - in opted-in namespaces the same holds for pods without GPUs.
 type PodValidator struct {
 	cfg  Config
@@ -239,8 +241,8 @@ func fieldErrors(err error, path *field.Path) field.ErrorList {
 	return out
 }
 
-// envCreate reports every container that chooses its own devices, and GPU
-// containers whose envFrom could.
+// envCreate reports every container that chooses its own devices: by a
+// device variable in env, or by an envFrom source that could set one.
 func (v *PodValidator) envCreate(pod *corev1.Pod) field.ErrorList {
 	var errs field.ErrorList
 	res := v.cfg.gpuResource()
@@ -248,9 +250,7 @@ func (v *PodValidator) envCreate(pod *corev1.Pod) field.ErrorList {
 	check := func(path *field.Path, c *corev1.Container) {
 		gpu := requestsResource(&c.Resources, res)
 		errs = append(errs, deviceEnv(path, c.Name, res, gpu, c.Env)...)
-		if gpu && v.cfg.GPUContainerEnvFrom != EnvFromAllow {
-			errs = append(errs, gpuEnvFrom(path, c.Name, res, c.EnvFrom)...)
-		}
+		errs = append(errs, v.envFrom(path, c.Name, res, gpu, c.Env, c.EnvFrom)...)
 	}
 	for i := range pod.Spec.InitContainers {
 		check(spec.Child("initContainers").Index(i), &pod.Spec.InitContainers[i])
@@ -260,7 +260,9 @@ func (v *PodValidator) envCreate(pod *corev1.Pod) field.ErrorList {
 	}
 	for i := range pod.Spec.EphemeralContainers {
 		c := &pod.Spec.EphemeralContainers[i]
-		errs = append(errs, deviceEnv(spec.Child("ephemeralContainers").Index(i), c.Name, res, false, c.Env)...)
+		path := spec.Child("ephemeralContainers").Index(i)
+		errs = append(errs, deviceEnv(path, c.Name, res, false, c.Env)...)
+		errs = append(errs, v.envFrom(path, c.Name, res, false, c.Env, c.EnvFrom)...)
 	}
 	return errs
 }
@@ -273,14 +275,75 @@ func (v *PodValidator) envEphemeral(pod, old *corev1.Pod) field.ErrorList {
 		existing.Insert(old.Spec.EphemeralContainers[i].Name)
 	}
 	var errs field.ErrorList
+	res := v.cfg.gpuResource()
 	path := field.NewPath("spec", "ephemeralContainers")
 	for i := range pod.Spec.EphemeralContainers {
 		c := &pod.Spec.EphemeralContainers[i]
 		if !existing.Has(c.Name) {
-			errs = append(errs, deviceEnv(path.Index(i), c.Name, v.cfg.gpuResource(), false, c.Env)...)
+			errs = append(errs, deviceEnv(path.Index(i), c.Name, res, false, c.Env)...)
+			errs = append(errs, v.envFrom(path.Index(i), c.Name, res, false, c.Env, c.EnvFrom)...)
 		}
 	}
 	return errs
+}
+
+// envFrom reports the envFrom sources of one container that could set a
+// device variable, unless GPUContainerEnvFrom is Allow. A GPU container may
+// take none (gpuEnvFrom). A container without GPUs may when it also sets
+// NVIDIA_VISIBLE_DEVICES=void under env, which beats every envFrom source
+// and hides every GPU; the mutating webhook adds it in opted-in
+// namespaces.
+func (v *PodValidator) envFrom(path *field.Path, container string, res corev1.ResourceName, gpu bool, env []corev1.EnvVar, sources []corev1.EnvFromSource) field.ErrorList {
+	if v.cfg.GPUContainerEnvFrom == EnvFromAllow {
+		return nil
+	}
+	if gpu {
+		return gpuEnvFrom(path, container, res, sources)
+	}
+	if hidesGPUs(env) {
+		return nil
+	}
+	var errs field.ErrorList
+	for j := range sources {
+		src := &sources[j]
+		if !envFromCanSetNVIDIA(src.Prefix) {
+			continue
+		}
+		errs = append(errs, field.Forbidden(path.Child("envFrom").Index(j), fmt.Sprintf(
+			"container %q requests no %s and takes every key of %s with %s, so it could set %s and see GPUs it was not given; add {name: %s, value: %s} under env (env beats envFrom), give envFrom[%d] a prefix that cannot begin %s (e.g. \"CFG_\"), or request %s",
+			container, res, envFromSourceName(src), envFromPrefixName(src), v1alpha1.EnvVisibleDevices, v1alpha1.EnvVisibleDevices, envVoid, j, EnvPrefixNVIDIA, res)))
+	}
+	return errs
+}
+
+// hidesGPUs reports whether env sets NVIDIA_VISIBLE_DEVICES to void, by
+// value, in its last entry for the variable (the one that wins).
+func hidesGPUs(env []corev1.EnvVar) bool {
+	for j := len(env) - 1; j >= 0; j-- {
+		if env[j].Name == v1alpha1.EnvVisibleDevices {
+			return env[j].Value == envVoid && env[j].ValueFrom == nil
+		}
+	}
+	return false
+}
+
+// envFromSourceName says which object an envFrom source reads.
+func envFromSourceName(src *corev1.EnvFromSource) string {
+	switch {
+	case src.ConfigMapRef != nil:
+		return fmt.Sprintf("ConfigMap %q", src.ConfigMapRef.Name)
+	case src.SecretRef != nil:
+		return fmt.Sprintf("Secret %q", src.SecretRef.Name)
+	}
+	return "this source"
+}
+
+// envFromPrefixName says which prefix an envFrom source gives its keys.
+func envFromPrefixName(src *corev1.EnvFromSource) string {
+	if src.Prefix == "" {
+		return "no prefix"
+	}
+	return fmt.Sprintf("prefix %q", src.Prefix)
 }
 
 // deviceEnv reports the env entries of one container that select devices
@@ -325,20 +388,9 @@ func gpuEnvFrom(path *field.Path, container string, res corev1.ResourceName, sou
 		if !envFromCanSetNVIDIA(src.Prefix) {
 			continue
 		}
-		what := "this source"
-		switch {
-		case src.ConfigMapRef != nil:
-			what = fmt.Sprintf("ConfigMap %q", src.ConfigMapRef.Name)
-		case src.SecretRef != nil:
-			what = fmt.Sprintf("Secret %q", src.SecretRef.Name)
-		}
-		prefix := "no prefix"
-		if src.Prefix != "" {
-			prefix = fmt.Sprintf("prefix %q", src.Prefix)
-		}
 		errs = append(errs, field.Forbidden(path.Child("envFrom").Index(j), fmt.Sprintf(
 			"container %q requests %s and takes every key of %s with %s, so it could set %s and override the devices kubelet allocated; give envFrom[%d] a prefix that cannot begin %s (e.g. \"CFG_\"), or name the variables you need under env",
-			container, res, what, prefix, v1alpha1.EnvVisibleDevices, j, EnvPrefixNVIDIA)))
+			container, res, envFromSourceName(src), envFromPrefixName(src), v1alpha1.EnvVisibleDevices, j, EnvPrefixNVIDIA)))
 	}
 	return errs
 }

@@ -68,6 +68,13 @@ func envFromMsg(path, container, source, prefix string, j int) string {
 		path, container, source, prefix, j)
 }
 
+// noGPUEnvFromMsg is the denial of an envFrom source that could set a
+// device variable in a container without GPUs that does not hide them.
+func noGPUEnvFromMsg(path, container, source, prefix string, j int) string {
+	return fmt.Sprintf(`%s: Forbidden: container %q requests no nvidia.com/gpu and takes every key of %s with %s, so it could set NVIDIA_VISIBLE_DEVICES and see GPUs it was not given; add {name: NVIDIA_VISIBLE_DEVICES, value: void} under env (env beats envFrom), give envFrom[%d] a prefix that cannot begin NVIDIA_ (e.g. "CFG_"), or request nvidia.com/gpu`,
+		path, container, source, prefix, j)
+}
+
 // onNode is the user extra kube-apiserver sets for a service account token
 // bound to a pod on node.
 func onNode(node string) map[string]authenticationv1.ExtraValue {
@@ -367,7 +374,40 @@ func TestPodValidator(t *testing.T) {
 			pod:  MakePod("p", nsOptedIn).GPU(1).EnvFrom("main", configMapEnvFrom("c", "CFG_"), secretEnvFrom("s", "NVI")).Obj(),
 			want: forbidden(envFromMsg("spec.containers[0].envFrom[1]", "main", `Secret "s"`, `prefix "NVI"`, 1)),
 		},
-		"envFrom in a container without GPUs is not judged": {
+		"envFrom in a sidecar without GPUs of a GPU pod is denied unless it hides every GPU": {
+			pod:  MakePod("p", nsPlain).GPU(1).Container("logger", 0).EnvFrom("logger", configMapEnvFrom("c", "")).Obj(),
+			want: forbidden(noGPUEnvFromMsg("spec.containers[1].envFrom[0]", "logger", `ConfigMap "c"`, "no prefix", 0)),
+		},
+		"envFrom in an init container without GPUs of a GPU pod is denied unless it hides every GPU": {
+			pod:  MakePod("p", nsPlain).GPU(1).InitContainer("fetch", 0).EnvFrom("fetch", secretEnvFrom("s", "NVIDIA_")).Obj(),
+			want: forbidden(noGPUEnvFromMsg("spec.initContainers[0].envFrom[0]", "fetch", `Secret "s"`, `prefix "NVIDIA_"`, 0)),
+		},
+		"envFrom in a container without GPUs is allowed next to NVIDIA_VISIBLE_DEVICES=void, which beats it": {
+			pod:  MakePod("p", nsPlain).GPU(1).Container("logger", 0).EnvFrom("logger", configMapEnvFrom("c", "")).Void("logger").Obj(),
+			want: allowed,
+		},
+		"envFrom in a pod without GPUs is denied in an opted-in namespace unless it hides every GPU": {
+			pod:  MakePod("p", nsOptedIn).EnvFrom("main", configMapEnvFrom("web", "")).Obj(),
+			want: forbidden(noGPUEnvFromMsg("spec.containers[0].envFrom[0]", "main", `ConfigMap "web"`, "no prefix", 0)),
+		},
+		"envFrom in a pod without GPUs is the operator's business in a namespace that did not opt in": {
+			pod:  MakePod("p", nsPlain).EnvFrom("main", configMapEnvFrom("web", "")).Obj(),
+			want: allowed,
+		},
+		"a new ephemeral container taking envFrom is denied unless it hides every GPU": {
+			op: admissionv1.Update, subresource: "ephemeralcontainers",
+			old:  MakePod("p", nsPlain).GPU(1).Obj(),
+			pod:  MakePod("p", nsPlain).GPU(1).Ephemeral("debug").EphemeralEnvFrom("debug", configMapEnvFrom("gpus", "")).Obj(),
+			want: forbidden(noGPUEnvFromMsg("spec.ephemeralContainers[0].envFrom[0]", "debug", `ConfigMap "gpus"`, "no prefix", 0)),
+		},
+		"a new ephemeral container taking envFrom next to void is allowed": {
+			op: admissionv1.Update, subresource: "ephemeralcontainers",
+			old:  MakePod("p", nsPlain).GPU(1).Obj(),
+			pod:  MakePod("p", nsPlain).GPU(1).Ephemeral("debug", envVar(v1alpha1.EnvVisibleDevices, envVoid)).EphemeralEnvFrom("debug", configMapEnvFrom("gpus", "")).Obj(),
+			want: allowed,
+		},
+		"envFrom in containers without GPUs is allowed when the device list does not travel through env": {
+			cfg:  func(c *Config) { c.GPUContainerEnvFrom = EnvFromAllow },
 			pod:  MakePod("p", nsOptedIn).GPU(1).Container("logger", 0).EnvFrom("logger", configMapEnvFrom("c", "")).Obj(),
 			want: allowed,
 		},

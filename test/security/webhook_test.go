@@ -276,6 +276,40 @@ func TestWebhook(t *testing.T) {
 				t.Errorf("env of the container without GPUs in %s = %v, want NVIDIA_VISIBLE_DEVICES=void", ns, got)
 			}
 		}
+		// envFrom in containers without GPUs: a sidecar, and every container
+		// of a pod without GPUs in an opted-in namespace, must hide the GPUs
+		// (env beats envFrom); the mutator does that where it serves.
+		sidecar := gpuPod(whPlain, "envfrom-sidecar")
+		sidecar.Spec.Containers = append(sidecar.Spec.Containers, corev1.Container{Name: "logger", Image: "registry.example/logger:1",
+			EnvFrom: []corev1.EnvFromSource{{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "gpus"}}}}})
+		refusedBy(t, "envFrom in a sidecar without GPUs of a GPU pod in "+whPlain, c.Create(ctx, sidecar), webhook.WebhookValidatePod,
+			`spec.containers[1].envFrom[0]: Forbidden: container "logger" requests no nvidia.com/gpu and takes every key of ConfigMap "gpus" with no prefix`,
+			"add {name: NVIDIA_VISIBLE_DEVICES, value: void} under env")
+		for name, p := range map[string]*corev1.Pod{"a sidecar of a GPU pod": sidecar, "a pod without GPUs": cpuPod(whOptedIn, "envfrom-cpu")} {
+			p = p.DeepCopy()
+			p.Namespace, p.Name = whOptedIn, "mutated-"+p.Name
+			last := len(p.Spec.Containers) - 1
+			p.Spec.Containers[last].EnvFrom = []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "gpus"}}}}
+			if err := c.Create(ctx, p); err != nil {
+				t.Errorf("envFrom in %s in %s: %v", name, whOptedIn, err)
+				continue
+			}
+			if got := p.Spec.Containers[last].Env; len(got) != 1 || got[0].Name != v1alpha1.EnvVisibleDevices || got[0].Value != "void" {
+				t.Errorf("envFrom in %s in %s: env %v, want NVIDIA_VISIBLE_DEVICES=void added by the mutating webhook", name, whOptedIn, got)
+			}
+		}
+
+		// An ephemeral container added to a running GPU pod.
+		target := gpuPod(whPlain, "debug-target")
+		if err := c.Create(ctx, target); err != nil {
+			t.Fatal(err)
+		}
+		target.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: corev1.EphemeralContainerCommon{
+			Name: "debug", Image: "registry.example/debug:1",
+			EnvFrom: []corev1.EnvFromSource{{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "gpus"}}}}}}}
+		refusedBy(t, "an ephemeral container taking envFrom", c.SubResource("ephemeralcontainers").Update(ctx, target), webhook.WebhookValidatePod,
+			`spec.ephemeralContainers[0].envFrom[0]: Forbidden: container "debug" requests no nvidia.com/gpu`)
+
 		p := gpuPod(whPlain, "prefixed-config")
 		p.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{Prefix: "CFG_", ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "train"}}}}
 		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "NVIDIA_DRIVER_CAPABILITIES", Value: "compute,utility"}}
@@ -348,6 +382,12 @@ func TestWebhook(t *testing.T) {
 	if err := c.Create(ctx, gpuBefore); err != nil {
 		t.Fatal(err)
 	}
+	// A Job's GPU pod, held by the Job controller's tracking finalizer.
+	gpuTerminating := gpuPod(whOptedIn, "train-job-0")
+	gpuTerminating.Finalizers = []string{batchv1.JobTrackingFinalizer}
+	if err := c.Create(ctx, gpuTerminating); err != nil {
+		t.Fatal(err)
+	}
 
 	t.Run("with the webhook down only what concerns GPUs waits", func(t *testing.T) {
 		e.stop(t)
@@ -366,8 +406,25 @@ func TestWebhook(t *testing.T) {
 		}
 
 		refusedBy(t, "a GPU pod in the opted-in namespace", c.Create(ctx, gpuPod(whOptedIn, "train-during")), webhook.WebhookMutatePod)
+		// A GPU pod's labels, finalizers and status are never the webhook's
+		// business: a Job controller or an operator keeps working.
 		patch := []byte(`{"metadata":{"labels":{"rollout":"2"}}}`)
-		refusedBy(t, "a label patch of a GPU pod", c.Patch(ctx, gpuBefore.DeepCopy(), client.RawPatch(types.MergePatchType, patch)), webhook.WebhookValidatePod)
+		if err := c.Patch(ctx, gpuBefore.DeepCopy(), client.RawPatch(types.MergePatchType, patch)); err != nil {
+			t.Errorf("a label patch of a GPU pod with the webhook down: %v", err)
+		}
+		if err := c.Delete(ctx, gpuTerminating); err != nil {
+			t.Fatalf("delete %s: %v", gpuTerminating.Name, err)
+		}
+		if err := c.Patch(ctx, gpuTerminating.DeepCopy(), client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))); err != nil {
+			t.Errorf("the Job controller removing its tracking finalizer from a terminating GPU pod with the webhook down: %v", err)
+		}
+		poll(t, 30*time.Second, "the terminating GPU pod to go once its finalizer is removed", func() (bool, string) {
+			err := c.Get(ctx, client.ObjectKeyFromObject(gpuTerminating), &corev1.Pod{})
+			return apierrors.IsNotFound(err), errString(err)
+		})
+		// What does concern GPUs still waits: a system annotation.
+		refusedBy(t, "a system annotation patch of a GPU pod", c.Patch(ctx, gpuBefore.DeepCopy(), client.RawPatch(types.MergePatchType,
+			[]byte(`{"metadata":{"annotations":{"`+v1alpha1.AnnotationAssignedGPUs+`":"`+uuidOther+`"}}}`))), webhook.WebhookValidatePod)
 
 		// What each clause of the pod match condition sends to the webhook,
 		// in a namespace that did not opt in (only the validator sees it).
@@ -393,11 +450,16 @@ func TestWebhook(t *testing.T) {
 		} {
 			refusedBy(t, name, c.Create(ctx, p, client.DryRunAll), webhook.WebhookValidatePod)
 		}
-		envFromCPU := cpuPod(whOptedIn, "cpu-envfrom")
+		envFromCPU := cpuPod(whPlain, "cpu-envfrom")
 		envFromCPU.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "web"}}}}
 		if err := c.Create(ctx, envFromCPU, client.DryRunAll); err != nil {
-			t.Errorf("a pod without GPUs taking envFrom (not matched): %v", err)
+			t.Errorf("a pod without GPUs taking envFrom in a namespace that did not opt in (not matched): %v", err)
 		}
+		// Where gputopo serves, such a pod waits: its containers must be
+		// given NVIDIA_VISIBLE_DEVICES=void.
+		envFromCPU = envFromCPU.DeepCopy()
+		envFromCPU.Namespace = whOptedIn
+		refusedBy(t, "a pod without GPUs taking envFrom in the opted-in namespace", c.Create(ctx, envFromCPU, client.DryRunAll), webhook.WebhookMutatePod)
 
 		// Jobs wait only when they state an intent or request GPUs.
 		cpuJob := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Namespace: whOptedIn, Name: "etl"},
@@ -425,21 +487,27 @@ func TestWebhook(t *testing.T) {
 	})
 }
 
+// agentClient is agentClient on the webhook env's control plane.
+func (e *whEnv) agentClient(t *testing.T, ref *authenticationv1.BoundObjectReference) client.Client {
+	t.Helper()
+	return agentClient(t, e.cp, ref)
+}
+
 // agentClient returns a client authenticated as the node agent's service
 // account with a token from the TokenRequest API, bound to ref (a pod) or
 // to nothing when ref is nil: what kubelet mounts into the agent's pod,
 // and what a token copied out of a Secret would be.
-func (e *whEnv) agentClient(t *testing.T, ref *authenticationv1.BoundObjectReference) client.Client {
+func agentClient(t *testing.T, cp *harness.ControlPlane, ref *authenticationv1.BoundObjectReference) client.Client {
 	t.Helper()
-	tr, err := e.cp.Clientset.CoreV1().ServiceAccounts(whRelease).CreateToken(context.Background(), agentSA, &authenticationv1.TokenRequest{
+	tr, err := cp.Clientset.CoreV1().ServiceAccounts(whRelease).CreateToken(context.Background(), agentSA, &authenticationv1.TokenRequest{
 		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](600), BoundObjectRef: ref},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("token request for %s/%s: %v", whRelease, agentSA, err)
 	}
-	cfg := rest.AnonymousClientConfig(e.cp.Config)
+	cfg := rest.AnonymousClientConfig(cp.Config)
 	cfg.BearerToken = tr.Status.Token
-	c, err := client.New(cfg, client.Options{Scheme: e.cp.Scheme})
+	c, err := client.New(cfg, client.Options{Scheme: cp.Scheme})
 	if err != nil {
 		t.Fatal(err)
 	}
