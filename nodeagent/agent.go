@@ -49,6 +49,11 @@ type Options struct {
 	// CDIKind is the CDI kind of the GPUs for cdi-cri; empty means
 	// nvidia.com/gpu.
 	CDIKind string
+	// ToolkitConfig is the NVIDIA container toolkit's config.toml, read
+	// once at start to tell whether a container's environment can select
+	// GPUs (CheckEnvIsolation); empty skips the check. The flag defaults
+	// to DefaultToolkitConfig, the zero value of the field to no check.
+	ToolkitConfig string
 
 	// Simulator, when set, is the simulated node to run (tests and the demo
 	// keep a handle on it to script telemetry and inject faults); it
@@ -76,6 +81,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 			"cdi-cri (CDI devices <cdi-kind>=<UUID>; CDI enabled in containerd or CRI-O). Only volume-mounts and cdi-cri, with the toolkit's "+
 			"accept-nvidia-visible-devices-envvar-when-unprivileged=false, keep a pod from taking GPUs through its environment.")
 	fs.StringVar(&o.CDIKind, "cdi-kind", DefaultCDIKind, "CDI kind (vendor/class) of the GPUs in the node's CDI spec, for --device-list-strategy=cdi-cri.")
+	fs.StringVar(&o.ToolkitConfig, "toolkit-config", DefaultToolkitConfig,
+		"The NVIDIA container toolkit's config.toml as the agent sees it, read at start: with "+ToolkitKeyEnvvarWhenUnprivileged+
+			" not false the agent warns that a container's environment can select GPUs (gputopo_nodeagent_env_isolation). A missing file reports unknown; empty skips the check.")
 }
 
 // Validate reports every bad option at once.
@@ -189,6 +197,11 @@ func Run(ctx context.Context, restCfg *rest.Config, o Options) error {
 	plugin := NewDevicePlugin(DevicePluginOptions{ResourceName: o.ResourceName, PluginDir: o.DevicePluginDir,
 		DeviceListStrategies: strategies, CDIKind: o.CDIKind}, pods, metrics, logger.WithName("deviceplugin"))
 	logger.Info("Device list", "strategies", plugin.opts.DeviceListStrategies, "cdiKind", plugin.opts.CDIKind)
+	// Whether a container's env can select GPUs here: logged and exported,
+	// never fatal (a malformed file is reported and the agent runs on).
+	isolation := CheckEnvIsolation(o.ToolkitConfig, plugin.opts.DeviceListStrategies)
+	isolation.log(logger.WithName("toolkit"), plugin.opts.DeviceListStrategies)
+	metrics.setEnvIsolation(isolation)
 	pub.OnTopology(plugin.SetTopology)
 	rec := NewReconciler(cs, pods, pr, o.ResourceName, recorder, metrics, logger.WithName("reconciler"), o.ReconcileInterval)
 	plugin.OnAllocate(rec.Poke)

@@ -31,6 +31,10 @@ type Metrics struct {
 	// inconsistencies counts, per topology read, each disagreement in
 	// NVML's answers by kind (see inconsistencyKinds).
 	inconsistencies *prometheus.CounterVec
+	// envIsolation is the start-up check of whether a container's
+	// environment can select GPUs (CheckEnvIsolation): one series, the
+	// check's reason.
+	envIsolation *prometheus.GaugeVec
 }
 
 // inconsistencyKinds are the label values of
@@ -74,9 +78,11 @@ func NewMetrics(reg prometheus.Registerer, node string) *Metrics {
 			Help: "Writes to the API server, by kind (topology, telemetry, pod, event) and result."}, []string{"kind", "result"}),
 		inconsistencies: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gputopo_nodeagent_topology_inconsistencies_total",
 			Help: "Disagreements in NVML's topology answers, counted at every topology read, by kind (asymmetric_link, unknown_remote_bus_id, duplicate_bus_id); a lasting one keeps rising."}, []string{"kind"}),
+		envIsolation: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gputopo_nodeagent_env_isolation",
+			Help: "1 when a container's environment (env, envFrom) cannot select GPUs on this node as far as the NVIDIA container toolkit's configuration says, else 0; checked at start. reason: envvar_ignored (1), envvar_accepted, envvar_strategy, unknown (no configuration read), config_error."}, []string{"reason"}),
 	}
 	reg.MustRegister(m.utilization, m.memoryUsed, m.temperature, m.power, m.powerLimit,
-		m.nvmlErrors, m.xids, m.allocations, m.allocateDuration, m.preferred, m.drift, m.apiWrites, m.inconsistencies)
+		m.nvmlErrors, m.xids, m.allocations, m.allocateDuration, m.preferred, m.drift, m.apiWrites, m.inconsistencies, m.envIsolation)
 	return m
 }
 
@@ -157,4 +163,18 @@ func (m *Metrics) inconsistency(reason string) {
 		return
 	}
 	m.inconsistencies.WithLabelValues(inconsistencyKinds[reason]).Inc()
+}
+
+// setEnvIsolation records the environment isolation check: the one series
+// of its reason.
+func (m *Metrics) setEnvIsolation(r EnvIsolation) {
+	if m == nil {
+		return
+	}
+	m.envIsolation.Reset()
+	v := 0.0
+	if r.Isolated {
+		v = 1
+	}
+	m.envIsolation.WithLabelValues(r.Reason).Set(v)
 }
