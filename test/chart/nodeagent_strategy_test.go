@@ -48,7 +48,8 @@ func TestChartRendersDeviceListStrategyForTheNodeAgent(t *testing.T) {
 		// wantKind is the --cdi-kind rendered; empty: none.
 		wantKind string
 	}{
-		{name: "by default envvar and no CDI kind", wantStrategies: []string{"envvar"}},
+		{name: "by default cdi-cri with the CDI kind", wantStrategies: []string{"cdi-cri"}, wantKind: "nvidia.com/gpu"},
+		{name: "envvar by explicit choice, no CDI kind", values: "nodeAgent: {deviceListStrategy: envvar}", wantStrategies: []string{"envvar"}},
 		{
 			name:           "comma-separated names with spaces",
 			values:         `nodeAgent: {deviceListStrategy: "volume-mounts, cdi-cri", cdiKind: example.com/gpu}`,

@@ -426,3 +426,36 @@ version reads kubescheduler.config.k8s.io/v1 (GA since 1.25).
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+The node agent's device list strategies as a JSON list, deduplicated:
+nodeAgent.deviceListStrategy is a name, comma-separated names, or a list.
+*/}}
+{{- define "gputopo.nodeAgent.deviceListStrategies" -}}
+{{- $strategyValue := .Values.nodeAgent.deviceListStrategy }}
+{{- if kindIs "string" $strategyValue }}
+{{- $strategyValue = splitList "," $strategyValue }}
+{{- else if not (kindIs "slice" $strategyValue) }}
+{{- fail (printf "nodeAgent.deviceListStrategy: %v is not a strategy name or a list of them; use envvar, volume-mounts or cdi-cri" $strategyValue) }}
+{{- end }}
+{{- $strategies := list }}
+{{- range $strategyValue }}
+{{- $s := toString . | trim }}
+{{- if not (has $s (list "envvar" "volume-mounts" "cdi-cri")) }}
+{{- fail (printf "nodeAgent.deviceListStrategy: %q is not supported; use envvar, volume-mounts or cdi-cri (several as a list or comma-separated)" $s) }}
+{{- end }}
+{{- $strategies = append $strategies $s | uniq }}
+{{- end }}
+{{- if not $strategies }}
+{{- fail "nodeAgent.deviceListStrategy: empty; name at least one of envvar, volume-mounts or cdi-cri" }}
+{{- end }}
+{{- toJson $strategies }}
+{{- end }}
+
+{{/*
+The decider Lease (extender.DeciderLeaseName): one gputopo scheduler
+decides a GPU resource per cluster.
+*/}}
+{{- define "gputopo.deciderLease.name" -}}
+{{- .Values.deciderLease.name | default (printf "gputopo-decider-%s" (include "gputopo.gpuResourceName" . | lower | replace "/" "-" | replace "_" "-")) }}
+{{- end }}
