@@ -14,7 +14,7 @@ LDFLAGS     := -X github.com/gputopo/gputopo/cmd/gputopo/app.Version=$(VERSION)
 INTEGRATION_FLAGS ?= -tags integration -p 1 -count=1 -timeout 40m
 export KUBEBUILDER_ASSETS := $(BIN)
 
-GENERATED := api/v1alpha1/zz_generated.deepcopy.go charts/gputopo/crds
+GENERATED := api/v1alpha1/zz_generated.deepcopy.go charts/gputopo/crds charts/gputopo/values.schema.json
 
 .PHONY: all build image demo-plugin gputopo-scheduler kubectl-gputopo tools kubectl prometheus generate verify test test-unit test-integration test-security bench bench-scheduler demo clean help
 
@@ -59,9 +59,10 @@ $(BIN)/kubectl: hack/tools/go.mod hack/tools/go.sum
 prometheus: ## Install Debian's prometheus package if missing (the Prometheus telemetry test skips without it)
 	bash hack/tools/prometheus.sh
 
-generate: tools ## Regenerate deepcopy and CRD YAML with controller-gen
+generate: tools ## Regenerate deepcopy and CRD YAML with controller-gen, and the chart's values.schema.json from values.yaml
 	$(BIN)/controller-gen object paths=./api/...
 	$(BIN)/controller-gen crd paths=./api/... output:crd:dir=charts/gputopo/crds
+	$(GO) run ./hack/chartschema
 
 verify: generate ## gofmt, go vet, and generated files up to date
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go') $$(git ls-files --others --exclude-standard '*.go')); \
@@ -92,11 +93,12 @@ test-integration: tools kubectl gputopo-scheduler image ## Integration and e2e t
 # The security suite: attempts as a tenant, a client on the pod network and a
 # compromised node (test/security), plus the tests of the other suites that
 # hold the same line: the chart's mutual TLS with the real kube-scheduler, its
-# RBAC and resource name, device-list strategies under a real kubelet, a
+# RBAC and resource name, its values schema, the envvar warning and the
+# toolkit check's mount, device-list strategies under a real kubelet, a
 # renamed GPU resource end to end, the container processes' environment and
 # CDI devices on containerd, and the installed extender refusing a client on
 # the pod network.
-SECURITY_TESTS_CHART    := TestRenderedSchedulerConfigRunsThroughExtender|TestRenderedPluginModeSchedulesInProcess|TestChartLintsAndRendersWhatTheComponentsRead|TestEveryComponentGetsTheGPUResourceName|TestSchedulerImageFollowsTheCluster
+SECURITY_TESTS_CHART    := TestRenderedSchedulerConfigRunsThroughExtender|TestRenderedPluginModeSchedulesInProcess|TestChartLintsAndRendersWhatTheComponentsRead|TestEveryComponentGetsTheGPUResourceName|TestSchedulerImageFollowsTheCluster|TestChartSchemaRefusesUnknownAndMistypedValues|TestChartNotesWarnOfTheEnvvarStrategy|TestChartRendersTheToolkitConfigMount
 SECURITY_TESTS_NODE     := TestDeviceListStrategyWithRealKubelet
 SECURITY_TESTS_E2E      := TestRenamedGPUResource|TestEndToEndContainerd
 SECURITY_TESTS_INSTALL  := TestHelmInstallExtenderMode
