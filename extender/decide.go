@@ -36,12 +36,14 @@ const (
 	reasonNVLink
 	reasonBandwidth
 	reasonInfeasible
+	reasonUntrustedTopology
 	numReasonCodes
 )
 
 var reasonNames = [numReasonCodes]string{
 	"", "no_topology", "invalid_topology", "stale_topology", "too_few_gpus",
 	"not_enough_free", "memory", "nvlink", "bandwidth", "infeasible",
+	"untrusted_topology",
 }
 
 // podRequest is a pod's GPU request, parsed once per HTTP request.
@@ -223,6 +225,10 @@ func (e *evaluator) checkNode(n *ledger.Node) *verdict {
 		return &verdict{code: reasonStaleTopology, reason: reason + "; check the gputopo node agent and the GPU driver on this node"}
 	case ledger.TopoOld:
 		return e.staleByTime(n)
+	case ledger.TopoUntrusted:
+		// It may heal (kubelet's next status, the agent republishing), so
+		// kube-scheduler may try the node again.
+		return &verdict{code: reasonUntrustedTopology, reason: n.UntrustedReason()}
 	}
 	if size := n.Size(); e.pr.count > size {
 		return &verdict{code: reasonTooFewGPUs, unresolvable: true, reason: fmt.Sprintf("pod requests %d GPUs; node has %d", e.pr.count, size)}

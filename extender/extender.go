@@ -378,6 +378,9 @@ func (x *Extender) startInformers(ctx context.Context) error {
 			return fmt.Errorf("wait for event handlers: %w", context.Cause(ctx))
 		}
 	}
+	// The ledger has every NodeGPUTopology of the initial list; a GPU UUID
+	// listed from now on by a second node is that node's later claim.
+	l.TopologiesListed()
 	return nil
 }
 
@@ -464,7 +467,9 @@ func stripNode(obj any) (any, error) {
 		// Labels and taints: bind checks the pod's node constraints.
 		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: n.Labels},
 		Spec:       corev1.NodeSpec{Taints: n.Spec.Taints},
-		Status:     corev1.NodeStatus{Allocatable: n.Status.Allocatable},
+		// Capacity and allocatable: the GPU counts a topology is checked
+		// against.
+		Status: corev1.NodeStatus{Capacity: n.Status.Capacity, Allocatable: n.Status.Allocatable},
 	}, nil
 }
 

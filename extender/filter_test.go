@@ -138,6 +138,51 @@ func TestFilter(t *testing.T) {
 		pod:   makePod("p").gpus(4).obj(),
 		nodes: []string{"a"},
 		want:  want{failed: map[string]string{"a": "needs 4 GPUs; 2 of 8 are free (6 more are held by pods whose GPUs are not recorded yet)"}},
+	}, {
+		name: "a Node whose kubelet agrees with the topology passes",
+		setup: func(t *testing.T, x *Extender) {
+			x.ledger.UpsertNode(kubeletNode("a", 8, 8))
+		},
+		pod:   makePod("p").gpus(4).req(modelParallel).obj(),
+		nodes: []string{"a"},
+		want:  want{passed: []string{"a"}},
+	}, {
+		name: "a topology listing more GPUs than the Node's capacity is untrusted, resolvable",
+		setup: func(t *testing.T, x *Extender) {
+			x.ledger.UpsertNode(kubeletNode("a", 4, 4))
+		},
+		pod:   makePod("p").gpus(1).obj(),
+		nodes: []string{"a", "b"},
+		want: want{passed: []string{"b"}, failed: map[string]string{"a": "node's NodeGPUTopology lists 8 GPUs but the Node advertises capacity 4 nvidia.com/gpu; " +
+			"the topology is not trusted until they agree; check the gputopo node agent on this node"}},
+	}, {
+		name: "an untrusted topology is refused before the pod is measured against it",
+		setup: func(t *testing.T, x *Extender) {
+			x.ledger.UpsertNode(kubeletNode("a", 4, 4))
+		},
+		pod:   makePod("p").gpus(16).obj(),
+		nodes: []string{"a"},
+		want:  want{failed: map[string]string{"a": "lists 8 GPUs but the Node advertises capacity 4"}},
+	}, {
+		name: "a topology claiming more healthy GPUs than allocatable is untrusted",
+		setup: func(t *testing.T, x *Extender) {
+			x.ledger.UpsertNode(kubeletNode("a", 8, 6))
+		},
+		pod:   makePod("p").gpus(1).obj(),
+		nodes: []string{"a"},
+		want:  want{failed: map[string]string{"a": "lists 8 healthy GPUs but the Node advertises 6 allocatable nvidia.com/gpu"}},
+	}, {
+		name: "a GPU UUID another node listed first makes the later topology untrusted",
+		setup: func(t *testing.T, x *Extender) {
+			x.ledger.TopologiesListed()
+			o := topo(t, "dgx1-v100", "c")
+			o.Status.GPUs[0].UUID = topology.FixtureUUID("a", 6)
+			x.ledger.UpsertTopology(o)
+		},
+		pod:   makePod("p").gpus(1).obj(),
+		nodes: []string{"a", "c"},
+		want: want{passed: []string{"a"}, failed: map[string]string{"c": "lists GPU " + topology.FixtureUUID("a", 6) +
+			", which node a's NodeGPUTopology listed first; the topology is not trusted while both list it"}},
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -96,6 +96,14 @@ func gpuNode(name string, gpus int64) *corev1.Node {
 	}
 }
 
+// kubeletNode is a Node as kubelet reports it: capacity (every device
+// the device plugin registered) and allocatable (the healthy ones).
+func kubeletNode(name string, capacity, allocatable int64) *corev1.Node {
+	n := gpuNode(name, allocatable)
+	n.Status.Capacity = corev1.ResourceList{v1alpha1.ResourceGPU: *resource.NewQuantity(capacity, resource.DecimalSI)}
+	return n
+}
+
 var testNow = time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
 
 // newTestExtender is a Ready extender whose clock is testNow, on a fake

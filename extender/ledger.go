@@ -36,6 +36,7 @@ const (
 	TopologyInvalid    = ledger.TopologyInvalid
 	TopologyAgentStale = ledger.TopologyAgentStale
 	TopologyOld        = ledger.TopologyOld
+	TopologyUntrusted  = ledger.TopologyUntrusted
 )
 
 // GPUCount is the number of devices of resource (the configuration's

@@ -161,7 +161,9 @@ func NewMetrics(l *Ledger) *Metrics {
 			doubleHeld: prometheus.NewDesc("gputopo_extender_ledger_double_held_gpus",
 				"GPUs held by more than one live pod now (each counted once in gputopo_extender_ledger_gpus). 0 in a healthy cluster.", nil, nil)},
 		&topologyStateCollector{l: l, m: m, desc: prometheus.NewDesc("gputopo_extender_topology_nodes",
-			"Nodes by the state of their NodeGPUTopology as filter judges it: fresh, missing (the Node advertises GPUs, no topology), invalid, agent_stale (the node agent marked it stale), old (observedTime missing, older than topologyMaxAge or ahead of the clock). Nodes in any state but fresh are refused.", []string{"state"}, nil)},
+			"Nodes by the state of their NodeGPUTopology as filter judges it: fresh, missing (the Node advertises GPUs, no topology), invalid, agent_stale (the node agent marked it stale), old (observedTime missing, older than topologyMaxAge or ahead of the clock), untrusted (its GPU count disagrees with the Node's capacity or allocatable, or it lists a GPU UUID another node listed first). Nodes in any state but fresh are refused.", []string{"state"}, nil),
+			duplicates: prometheus.NewDesc("gputopo_extender_topology_duplicate_gpus",
+				"GPU UUIDs that more than one node's NodeGPUTopology lists now (one GPU is in one machine); 0 in a healthy cluster. The node that listed one later is refused as untrusted.", nil, nil)},
 		&telemetrySourceCollector{l: l,
 			source: prometheus.NewDesc("gputopo_extender_telemetry_source_nodes",
 				"Nodes by the telemetry source prioritize reads (nodeGPUTopology, prometheus).", []string{"source"}, nil),
@@ -273,14 +275,18 @@ func (c *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
 
 // topologyStateCollector counts nodes by topology state at scrape time.
 type topologyStateCollector struct {
-	l    *Ledger
-	m    *Metrics
-	desc *prometheus.Desc
+	l          *Ledger
+	m          *Metrics
+	desc       *prometheus.Desc
+	duplicates *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*topologyStateCollector)(nil)
 
-func (c *topologyStateCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c *topologyStateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.desc
+	ch <- c.duplicates
+}
 
 func (c *topologyStateCollector) Collect(ch chan<- prometheus.Metric) {
 	now, maxAge := time.Now(), time.Duration(0)
@@ -290,6 +296,7 @@ func (c *topologyStateCollector) Collect(ch chan<- prometheus.Metric) {
 	for state, n := range c.l.TopologyStates(now, maxAge) {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), state)
 	}
+	ch <- prometheus.MustNewConstMetric(c.duplicates, prometheus.GaugeValue, float64(c.l.DuplicateGPUs()))
 }
 
 // telemetrySourceCollector counts nodes by telemetry source at scrape time.

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 )
@@ -29,16 +30,22 @@ func TestTopologyNodesGaugeJudgesAsFilterDoes(t *testing.T) {
 	invalid.Status.GPUs = invalid.Status.GPUs[:0]
 	x.ledger.UpsertTopology(invalid)
 	x.ledger.UpsertNode(gpuNode("missing", 8))
+	x.ledger.UpsertTopology(topo(t, "dgx-a100", "untrusted"))
+	x.ledger.UpsertNode(kubeletNode("untrusted", 4, 4))
 
-	want := map[string]int{TopologyFresh: 1, TopologyOld: 2, TopologyAgentStale: 1, TopologyInvalid: 1, TopologyMissing: 1}
+	want := map[string]int{TopologyFresh: 1, TopologyOld: 2, TopologyAgentStale: 1, TopologyInvalid: 1, TopologyMissing: 1, TopologyUntrusted: 1}
 	if diff := cmp.Diff(want, x.ledger.TopologyStates(testNow, 15*time.Minute)); diff != "" {
 		t.Errorf("states (-want +got):\n%s", diff)
 	}
 	// Every node the gauge does not count as fresh fails filter.
-	for _, n := range []string{"old", "ahead", "stale", "invalid", "missing"} {
+	for _, n := range []string{"old", "ahead", "stale", "invalid", "missing", "untrusted"} {
 		if v := x.Filter(context.Background(), &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(1).obj(), NodeNames: &[]string{n}}); v.NodeNames != nil && len(*v.NodeNames) > 0 {
 			t.Errorf("node %s passes filter, but the gauge counts it as not fresh", n)
 		}
+	}
+	// The refusals are counted by reason; the untrusted one by its own.
+	if got := testutil.ToFloat64(x.metrics.filterResults.WithLabelValues("failed", "untrusted_topology")); got != 1 {
+		t.Errorf(`gpu_extender_filter_results_total{result="failed",reason="untrusted_topology"} = %v, want 1`, got)
 	}
 	fams, err := x.metrics.Registry.Gather()
 	if err != nil {
@@ -52,7 +59,7 @@ func TestTopologyNodesGaugeJudgesAsFilterDoes(t *testing.T) {
 			}
 		}
 	}
-	if diff := cmp.Diff(map[string]float64{TopologyFresh: 1, TopologyOld: 2, TopologyAgentStale: 1, TopologyInvalid: 1, TopologyMissing: 1}, gauge); diff != "" {
+	if diff := cmp.Diff(map[string]float64{TopologyFresh: 1, TopologyOld: 2, TopologyAgentStale: 1, TopologyInvalid: 1, TopologyMissing: 1, TopologyUntrusted: 1}, gauge); diff != "" {
 		t.Errorf("gputopo_extender_topology_nodes (-want +got):\n%s", diff)
 	}
 	// With the age check off, age no longer counts.

@@ -84,24 +84,32 @@ func newCluster(t *testing.T, fixtures ...string) *cluster {
 	x.SetClock(func() time.Time { return now })
 	c := &cluster{x: x, p: NewForCore(x), cs: cs}
 	for i, f := range fixtures {
-		name := f + "-" + string(rune('a'+i))
-		fx, err := topology.FixtureByName(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		st := fx.Graph(name).Status()
-		st.ObservedTime = metav1.NewTime(now)
-		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{
-			Allocatable: corev1.ResourceList{v1alpha1.ResourceGPU: *resource.NewQuantity(int64(len(st.GPUs)), resource.DecimalSI)},
-		}}
-		if _, err := cs.CoreV1().Nodes().Create(context.Background(), node, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		x.Ledger().UpsertNode(node)
-		x.Ledger().UpsertTopology(&v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: st})
-		c.nodes = append(c.nodes, nodeInfo{n: node})
+		c.addNode(t, f, f+"-"+string(rune('a'+i)), -1)
 	}
 	return c
+}
+
+// addNode adds a node of a fixture machine whose kubelet reports gpus in
+// capacity and allocatable (-1: as many as the machine has).
+func (c *cluster) addNode(t *testing.T, fixture, name string, gpus int64) {
+	t.Helper()
+	fx, err := topology.FixtureByName(fixture)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := fx.Graph(name).Status()
+	st.ObservedTime = metav1.NewTime(now)
+	if gpus < 0 {
+		gpus = int64(len(st.GPUs))
+	}
+	res := corev1.ResourceList{v1alpha1.ResourceGPU: *resource.NewQuantity(gpus, resource.DecimalSI)}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{Capacity: res, Allocatable: res.DeepCopy()}}
+	if _, err := c.cs.CoreV1().Nodes().Create(context.Background(), node, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.x.Ledger().UpsertNode(node)
+	c.x.Ledger().UpsertTopology(&v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: st})
+	c.nodes = append(c.nodes, nodeInfo{n: node})
 }
 
 func (c *cluster) names() []string {
@@ -160,6 +168,9 @@ const modelNVLink = `{"requireNVLink":true,"strategy":"highest_bandwidth"}`
 // and nodes.
 func TestFilterAndScoreAreTheExtenders(t *testing.T) {
 	c := newCluster(t, "dgx-a100", "pcie-8x", "dgx1-v100", "pcie-8x-nvlink-pairs")
+	// A node whose topology lists 8 GPUs where kubelet registered 4: the
+	// plugin refuses it as untrusted, as the verbs do.
+	c.addNode(t, "dgx-a100", "untrusted", 4)
 	for _, tc := range []struct {
 		name string
 		gpus int64
@@ -177,6 +188,9 @@ func TestFilterAndScoreAreTheExtenders(t *testing.T) {
 			want := c.x.Filter(context.Background(), &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
 			st := newState()
 			got := c.filter(t, st, pod)
+			if r := want.FailedNodes["untrusted"]; !strings.Contains(r, "the topology is not trusted") {
+				t.Errorf("the extender's filter on the untrusted node: %q, want it refused as untrusted", r)
+			}
 			var feasible []fwk.NodeInfo
 			for _, n := range c.nodes {
 				name := n.Node().Name

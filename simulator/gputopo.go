@@ -73,11 +73,12 @@ func newGputopoPolicy(nodes []Node, ext *extender.Configuration, table webhook.P
 	for i, n := range nodes {
 		p.names = append(p.names, n.Name)
 		p.index[n.Name] = i
+		// As kubelet reports a node whose device plugin registered every
+		// GPU of its topology: the extender checks the topology against it.
+		gpus := corev1.ResourceList{v1alpha1.ResourceGPU: *resource.NewQuantity(int64(n.Graph.Len()), resource.DecimalSI)}
 		node := &corev1.Node{
 			ObjectMeta: metav1.ObjectMeta{Name: n.Name},
-			Status: corev1.NodeStatus{Allocatable: corev1.ResourceList{
-				v1alpha1.ResourceGPU: *resource.NewQuantity(int64(n.Graph.Len()), resource.DecimalSI),
-			}},
+			Status:     corev1.NodeStatus{Capacity: gpus, Allocatable: gpus.DeepCopy()},
 		}
 		// Bind checks the node exists and admits the pod, as in a cluster.
 		if err := cs.Tracker().Add(node); err != nil {

@@ -4,8 +4,10 @@
 // narrow API:
 //
 //   - feeds: UpsertTopology, DeleteTopology, UpsertNode, DeleteNode,
-//     UpsertPod, DeletePod (informer events) and the external telemetry
-//     rounds;
+//     UpsertPod, DeletePod (informer events), TopologiesListed (the
+//     initial list is in) and the external telemetry rounds; a topology
+//     is checked against its Node's GPU counts and the other nodes' GPU
+//     UUIDs on these events (trust.go);
 //   - reads: Read hands a read-only View (nodes, job affinity) to a
 //     function under the ledger's read lock, so that filter and score see
 //     one consistent state without copying it;
@@ -14,7 +16,7 @@
 //     ReleaseReserved free it, SweepReservations expires holds whose bind
 //     outcome stayed unknown;
 //   - reports for audits and metrics: Holdings, DoubleHolds, Counts,
-//     TopologyStates, TelemetrySources.
+//     TopologyStates, DuplicateGPUs, TelemetrySources.
 //
 // Its lock and maps are private: nothing outside the package can change
 // what a node holds except through these calls. It imports topology and
@@ -23,10 +25,10 @@ package ledger
 
 import (
 	"fmt"
+	"hash/maphash"
 	"math"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -76,6 +78,16 @@ type Ledger struct {
 	// is called under the ledger's lock: it must not block or call back
 	// into the ledger.
 	onDoubleHeld func(added, cleared []DoubleHold)
+	// seed keys the topology signatures (signature).
+	seed maphash.Seed
+	// claims lists, per GPU UUID, the nodes whose valid topology lists it
+	// (see trust.go); duplicateGPUs counts the UUIDs with more than one.
+	claims        map[string][]gpuClaim
+	duplicateGPUs int
+	// claimsOrdered is set by TopologiesListed; claimSeq numbers the
+	// claims seen after it.
+	claimsOrdered bool
+	claimSeq      uint64
 }
 
 // New returns an empty ledger counting the extended resource (the
@@ -92,6 +104,8 @@ func New(resource corev1.ResourceName) *Ledger {
 		jobs:     make(map[string]map[string]int),
 		now:      time.Now,
 		resource: resource,
+		seed:     maphash.MakeSeed(),
+		claims:   make(map[string][]gpuClaim),
 	}
 }
 
@@ -160,6 +174,9 @@ type Node struct {
 	// allocatable is the Node's nvidia.com/gpu allocatable, -1 when no Node
 	// object has been seen.
 	allocatable int
+	// capacity is the Node's status.capacity of the resource, -1 when the
+	// Node reports none (or no Node object has been seen).
+	capacity int
 	// utilFree sums the telemetry utilization of healthy GPUs not held.
 	utilFree    int32
 	hasTopology bool
@@ -183,11 +200,19 @@ type Node struct {
 
 	name        string
 	topoErr     string
-	statusHash  string
-	gpuSig      string
 	staleReason string
 	observed    time.Time
 	clique      string
+	// topoSig is the signature of the GPUs and links the graph was built
+	// from (Ledger.signature).
+	topoSig uint64
+	// claimed are the UUIDs of the valid topology's GPUs; dupGPU is one of
+	// them that node dupFirst's topology listed first (see trust.go).
+	claimed          []string
+	dupGPU, dupFirst string
+	// distrust says why the topology is not trusted (trustLocked); ""
+	// when it is.
+	distrust string
 
 	holdings map[types.UID]*holding
 	// used is the union of the known GPUs held on this node.
@@ -304,25 +329,30 @@ func terminal(p *corev1.Pod) bool {
 	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }
 
-// UpsertTopology records a NodeGPUTopology. The graph is rebuilt only when
-// the topology or the GPUs' health changed, not on every telemetry round.
+// UpsertTopology records a NodeGPUTopology. The graph is rebuilt whenever
+// the GPUs or links it is built from changed, whatever topologyHash the
+// object carries (the graph never reads it), and not on a telemetry round
+// that changed neither.
 func (l *Ledger) UpsertTopology(obj *v1alpha1.NodeGPUTopology) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n := l.nodeLocked(obj.Name)
 	st := &obj.Status
+	had := n.hasTopology
 	n.hasTopology = true
-	sig := gpuSignature(st.GPUs)
-	if n.graph == nil || st.TopologyHash == "" || st.TopologyHash != n.statusHash || sig != n.gpuSig {
+	if sig := l.signature(st); !had || sig != n.topoSig {
 		g, err := topology.FromStatus(st)
+		var uuids []string
 		if err != nil {
 			n.graph, n.topo = nil, nil
 			n.topoErr = err.Error()
 		} else {
 			n.graph, n.topoErr = g, ""
 			n.topo = l.topoLocked(g, st)
+			uuids = claimedUUIDs(st.GPUs)
 		}
-		n.statusHash, n.gpuSig = st.TopologyHash, sig
+		n.topoSig = sig
+		l.setClaimsLocked(n, uuids)
 	}
 	n.stale, n.staleReason = st.Stale, st.StaleReason
 	n.observed = st.ObservedTime.Time
@@ -339,21 +369,7 @@ func (l *Ledger) UpsertTopology(obj *v1alpha1.NodeGPUTopology) {
 	}
 	n.statusTel, n.statusTelTime = st.Telemetry, st.TelemetryTime.Time
 	l.applyTelemetryLocked(n)
-}
-
-func gpuSignature(gpus []v1alpha1.GPU) string {
-	b := make([]byte, 0, len(gpus)*64)
-	for i := range gpus {
-		b = strconv.AppendInt(b, int64(gpus[i].Index), 10)
-		b = append(b, ' ')
-		b = append(b, gpus[i].UUID...)
-		b = append(b, ' ')
-		b = append(b, gpus[i].Health...)
-		b = append(b, ' ')
-		b = append(b, gpus[i].FabricClique...)
-		b = append(b, '\n')
-	}
-	return string(b)
+	l.trustLocked(n)
 }
 
 // topoLocked returns the shared entry for g's topology hash.
@@ -390,21 +406,27 @@ func (l *Ledger) DeleteTopology(name string) {
 		return
 	}
 	n.hasTopology, n.graph, n.topo, n.topoErr = false, nil, nil, ""
-	n.statusHash, n.gpuSig = "", ""
+	n.topoSig = 0
 	n.statusTel, n.statusTelTime = nil, time.Time{}
 	l.applyTelemetryLocked(n)
+	l.setClaimsLocked(n, nil)
+	l.trustLocked(n)
 	l.dropIfEmptyLocked(n)
 }
 
-// UpsertNode records a Node's GPU allocatable.
+// UpsertNode records a Node's GPU allocatable and capacity.
 func (l *Ledger) UpsertNode(node *corev1.Node) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n := l.nodeLocked(node.Name)
-	n.allocatable = 0
+	n.allocatable, n.capacity = 0, -1
 	if q, ok := node.Status.Allocatable[l.resource]; ok {
 		n.allocatable = int(min(q.Value(), 1<<16))
 	}
+	if q, ok := node.Status.Capacity[l.resource]; ok {
+		n.capacity = int(min(max(q.Value(), 0), 1<<16))
+	}
+	l.trustLocked(n)
 }
 
 // DeleteNode forgets a Node object (its topology and holdings stay until
@@ -413,7 +435,8 @@ func (l *Ledger) DeleteNode(name string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if n, ok := l.nodes[name]; ok {
-		n.allocatable = -1
+		n.allocatable, n.capacity = -1, -1
+		l.trustLocked(n)
 		l.dropIfEmptyLocked(n)
 	}
 }
@@ -421,7 +444,7 @@ func (l *Ledger) DeleteNode(name string) {
 func (l *Ledger) nodeLocked(name string) *Node {
 	n, ok := l.nodes[name]
 	if !ok {
-		n = &Node{name: name, allocatable: -1, holdings: make(map[types.UID]*holding)}
+		n = &Node{name: name, allocatable: -1, capacity: -1, holdings: make(map[types.UID]*holding)}
 		l.nodes[name] = n
 	}
 	return n
@@ -879,14 +902,16 @@ const (
 	TopologyInvalid    = "invalid"
 	TopologyAgentStale = "agent_stale"
 	TopologyOld        = "old"
+	TopologyUntrusted  = "untrusted"
 )
 
 // TopologyStates counts the nodes the ledger knows by the state of their
 // NodeGPUTopology at now, judged as filter judges it (maxAge 0 or less:
 // no age check): missing (a Node advertising GPUs with none), invalid,
 // agent_stale (the agent marked it stale), old (observedTime missing,
-// older than maxAge, or further ahead than the clock-skew allowance) or
-// fresh.
+// older than maxAge, or further ahead than the clock-skew allowance),
+// untrusted (its GPU count disagrees with the Node's, or it lists a GPU
+// another node listed first) or fresh.
 func (l *Ledger) TopologyStates(now time.Time, maxAge time.Duration) map[string]int {
 	out := make(map[string]int, len(topoStateNames))
 	for _, name := range topoStateNames {

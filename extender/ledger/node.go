@@ -40,6 +40,15 @@ func (n *Node) UnknownHeld() int { return n.unknownHeld }
 // when no Node object has been seen.
 func (n *Node) Allocatable() int { return n.allocatable }
 
+// Capacity is the Node's capacity of the ledger's resource, -1 when the
+// Node reports none or no Node object has been seen.
+func (n *Node) Capacity() int { return n.capacity }
+
+// UntrustedReason says why the node's topology is not trusted (its GPU
+// count disagrees with the Node's, or it lists a GPU another node listed
+// first; see trust.go); "" when it is trusted or there is none.
+func (n *Node) UntrustedReason() string { return n.distrust }
+
 // UtilFree sums the telemetry utilization of the healthy GPUs not held.
 func (n *Node) UtilFree() int32 { return n.utilFree }
 
@@ -135,16 +144,17 @@ const (
 	TopoInvalid
 	TopoAgentStale
 	TopoOld
+	TopoUntrusted
 )
 
-var topoStateNames = [...]string{TopologyFresh, TopologyMissing, TopologyInvalid, TopologyAgentStale, TopologyOld}
+var topoStateNames = [...]string{TopologyFresh, TopologyMissing, TopologyInvalid, TopologyAgentStale, TopologyOld, TopologyUntrusted}
 
 // String is the state's metric label (TopologyFresh, ...).
 func (s TopoState) String() string { return topoStateNames[s] }
 
 // State judges n's topology (n may be nil: missing): missing, invalid,
-// marked stale by the agent, old (observedTime missing or outside w) or
-// fresh.
+// marked stale by the agent, old (observedTime missing or outside w),
+// untrusted (UntrustedReason) or fresh.
 func (n *Node) State(w FreshWindow) TopoState {
 	switch {
 	case n == nil || !n.hasTopology:
@@ -155,6 +165,8 @@ func (n *Node) State(w FreshWindow) TopoState {
 		return TopoAgentStale
 	case n.observedNs == 0 || n.observedNs < w.from || n.observedNs > w.to:
 		return TopoOld
+	case n.distrust != "":
+		return TopoUntrusted
 	}
 	return TopoFresh
 }
