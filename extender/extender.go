@@ -74,6 +74,13 @@ type Extender struct {
 	synced  atomic.Bool // informers synced and the initial ledger built
 	leading atomic.Bool // holds the Lease (or runs without election) and rebuilt
 
+	// decider holds the cluster-wide decider Lease (decider.go) once
+	// started; nil when this core decides nothing (shadow, in-memory use).
+	decider atomic.Pointer[decider]
+	// startCtx is Start's context, for a decider started later
+	// (in-process, on the first GPU pod's cycle).
+	startCtx atomic.Pointer[context.Context]
+
 	addrMu      sync.Mutex
 	apiAddr     string
 	metricsAddr string
@@ -213,6 +220,12 @@ func (x *Extender) start(ctx context.Context, verbs bool) error {
 	defer cancel()
 	x.log = log
 	defer x.startEvents()()
+	mode := "extender"
+	if !verbs {
+		mode = "plugin"
+	}
+	x.startCtx.Store(&ctx)
+	x.decider.Store(newDecider(x, mode))
 
 	var servers []*http.Server
 	var listeners []net.Listener
@@ -285,6 +298,10 @@ func (x *Extender) start(ctx context.Context, verbs bool) error {
 		}
 		x.leading.Store(true)
 		x.announceDoubleHolds()
+		if verbs {
+			// In-process, only the host's scheduling leader asks.
+			x.startDecider(ctx)
+		}
 		log.Info("extender ready")
 	}
 	select {
@@ -552,6 +569,7 @@ func (x *Extender) elector(ctx context.Context, lost chan struct{}) (*leaderelec
 				}
 				x.leading.Store(true)
 				x.announceDoubleHolds()
+				x.startDecider(ctx)
 				log.Info("extender ready", "identity", id)
 			},
 			OnStoppedLeading: func() {

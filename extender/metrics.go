@@ -84,6 +84,9 @@ const (
 	errAPIDefinite  = "api_definite"
 	errAPIUnknown   = "api_ambiguous"
 	errConflict     = "conflict"
+	// errNotDecider: another gputopo scheduler holds the decider Lease
+	// (or it is being acquired); the pod is refused, not decided.
+	errNotDecider = "not_decider"
 )
 
 // NewMetrics registers the extender's metrics on a fresh registry, with the

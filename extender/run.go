@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 
@@ -55,6 +56,14 @@ type Options struct {
 	// LeaseDuration, RenewDeadline and RetryPeriod tune the election
 	// (defaults 15s, 10s, 2s, as kube-scheduler's).
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+
+	// DeciderLeaseNamespace and DeciderLeaseName name the cluster-wide
+	// Lease the deciding replica must hold to decide GPU pods (one gputopo
+	// scheduler per GPU resource per cluster, decider.go). Defaults
+	// kube-system and DeciderLeaseName(resource). Two schedulers on
+	// disjoint GPU nodes may use different names; sharing nodes, they
+	// must not.
+	DeciderLeaseNamespace, DeciderLeaseName string
 
 	// ShadowURL, when set, mirrors every sampled filter and prioritize
 	// request, with this extender's answer, to an extender running with
@@ -133,6 +142,9 @@ func (o *Options) setDefaults() {
 	if o.ShadowTimeout == 0 {
 		o.ShadowTimeout = 2 * time.Second
 	}
+	if o.DeciderLeaseNamespace == "" {
+		o.DeciderLeaseNamespace = DefaultDeciderLeaseNamespace
+	}
 }
 
 // AddFlags registers the options' flags, with the current values as
@@ -153,6 +165,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.LeaseDuration, "leader-elect-lease-duration", o.LeaseDuration, "how long a standby waits before taking an unrenewed Lease")
 	fs.DurationVar(&o.RenewDeadline, "leader-elect-renew-deadline", o.RenewDeadline, "how long the leader retries renewing before it stops serving")
 	fs.DurationVar(&o.RetryPeriod, "leader-elect-retry-period", o.RetryPeriod, "interval between leader election attempts")
+	fs.StringVar(&o.DeciderLeaseNamespace, "decider-lease-namespace", o.DeciderLeaseNamespace, "namespace of the cluster-wide Lease the deciding replica holds: one gputopo scheduler decides a GPU resource per cluster")
+	fs.StringVar(&o.DeciderLeaseName, "decider-lease-name", o.DeciderLeaseName, "name of the decider Lease; empty: gputopo-decider-<resource with / as ->; only schedulers whose GPU nodes are disjoint may use different names")
 	fs.StringVar(&o.ShadowURL, "shadow-url", o.ShadowURL, "base URL of an extender running with --shadow; sampled filter and prioritize requests and their answers are mirrored there in the background, never delaying scheduling")
 	fs.Float64Var(&o.ShadowSampleRate, "shadow-sample-rate", o.ShadowSampleRate, "fraction of pods (by UID, 0..1) whose requests are mirrored to --shadow-url")
 	fs.DurationVar(&o.ShadowTimeout, "shadow-timeout", o.ShadowTimeout, "timeout of one mirrored request")
@@ -178,6 +192,14 @@ func (o *Options) Validate() error {
 		if strings.TrimSpace(n) == "" {
 			return fmt.Errorf("--client-allowed-names %q: a name is empty", strings.Join(o.ClientAllowedNames, ","))
 		}
+	}
+	if o.DeciderLeaseName != "" {
+		if err := validDeciderLease(o.DeciderLeaseName); err != nil {
+			return err
+		}
+	}
+	if msgs := validation.IsDNS1123Label(o.DeciderLeaseNamespace); o.DeciderLeaseNamespace != "" && len(msgs) > 0 {
+		return fmt.Errorf("--decider-lease-namespace %q: %s", o.DeciderLeaseNamespace, strings.Join(msgs, "; "))
 	}
 	if o.Port < 0 || o.Port > 65535 {
 		return fmt.Errorf("--port %d: must be 0..65535", o.Port)

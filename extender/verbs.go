@@ -35,6 +35,10 @@ func (x *Extender) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) *e
 	passed := names
 	res := &extenderv1.ExtenderFilterResult{}
 	if pr.count > 0 {
+		if msg := x.DeciderRefusal(); msg != "" {
+			x.metrics.errors.WithLabelValues(phaseFilter, errNotDecider).Inc()
+			return &extenderv1.ExtenderFilterResult{Error: msg}
+		}
 		passed = make([]string, 0, len(names))
 		var failed [numReasonCodes]int
 		e := newEvaluator(ctx, x.alloc, x.cfg, pr, x.now())
@@ -346,6 +350,11 @@ func definiteFailure(err error) bool {
 // (ledger.Reserve): two binds to one node never get the same GPU, and a
 // pod that already holds a reservation on node gets the same GPUs.
 func (x *Extender) reserve(ctx context.Context, uid types.UID, key types.NamespacedName, node string, pr podRequest) ([]string, v1alpha1.Placement, error) {
+	// Checked right before GPUs are promised: a scheduler that has lost
+	// the decider Lease since filter promises none.
+	if msg := x.DeciderRefusal(); msg != "" {
+		return nil, v1alpha1.Placement{}, bindErr(errNotDecider, "pod %s: %s", key, msg)
+	}
 	c, err := x.ledger.Reserve(uid, key, node, func(lv ledger.View, n *ledger.Node) (ledger.Choice, error) {
 		e := newEvaluator(ctx, x.alloc, x.cfg, pr, x.now())
 		v := e.check(n)

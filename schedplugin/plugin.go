@@ -53,6 +53,12 @@ type Args struct {
 	// SchedulerNames are the profiles that run this plugin; bind refuses
 	// pods addressed to any other. Default [gputopo-scheduler].
 	SchedulerNames []string `json:"schedulerNames,omitempty"`
+	// DeciderLeaseNamespace and DeciderLeaseName name the cluster-wide
+	// Lease this scheduler's leader holds to decide GPU pods (one gputopo
+	// scheduler per GPU resource per cluster). Defaults kube-system and
+	// gputopo-decider-<resource with / as ->.
+	DeciderLeaseNamespace string `json:"deciderLeaseNamespace,omitempty"`
+	DeciderLeaseName      string `json:"deciderLeaseName,omitempty"`
 }
 
 // DecodeArgs reads the plugin's arguments as kube-scheduler hands them to
@@ -67,7 +73,7 @@ func DecodeArgs(obj runtime.Object) (Args, error) {
 	case *runtime.Unknown:
 		raw = o.Raw
 	default:
-		return a, fmt.Errorf("pluginConfig args of %s: got %T, want a JSON object with configFile, metricsBindAddress, schedulerNames", Name, obj)
+		return a, fmt.Errorf("pluginConfig args of %s: got %T, want a JSON object with configFile, metricsBindAddress, schedulerNames, deciderLeaseNamespace, deciderLeaseName", Name, obj)
 	}
 	if len(bytes.TrimSpace(raw)) == 0 {
 		return a, nil
@@ -75,7 +81,7 @@ func DecodeArgs(obj runtime.Object) (Args, error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&a); err != nil {
-		return a, fmt.Errorf("pluginConfig args of %s: %w (known fields: configFile, metricsBindAddress, schedulerNames)", Name, err)
+		return a, fmt.Errorf("pluginConfig args of %s: %w (known fields: configFile, metricsBindAddress, schedulerNames, deciderLeaseNamespace, deciderLeaseName)", Name, err)
 	}
 	return a, nil
 }
@@ -147,6 +153,13 @@ func start(ctx context.Context, cfg *rest.Config, args Args, host *extender.Host
 	}
 	if len(args.SchedulerNames) > 0 {
 		o.SchedulerNames = args.SchedulerNames
+	}
+	if args.DeciderLeaseNamespace != "" {
+		o.DeciderLeaseNamespace = args.DeciderLeaseNamespace
+	}
+	o.DeciderLeaseName = args.DeciderLeaseName
+	if err := o.Validate(); err != nil {
+		return nil, fmt.Errorf("plugin %s: %w", Name, err)
 	}
 	x, err := extender.New(cfg, o)
 	if err != nil {
@@ -245,6 +258,13 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev
 	}
 	if st := p.notReady(); st != nil {
 		return nil, st
+	}
+	// Only the scheduling replica gets here: the first GPU pod starts the
+	// decider Lease election. Not holding it is an error, not a verdict
+	// on nodes, so the pod is retried with backoff and the event names
+	// the scheduler that decides instead.
+	if msg := p.x.DeciderRefusal(); msg != "" {
+		return nil, fwk.AsStatus(errors.New(extender.ReasonPrefix + msg))
 	}
 	state.Write(cycleKey, &cycle{c: c})
 	return nil, nil

@@ -127,6 +127,8 @@ its metrics on extender.metricsPort).
 {{- $_ := set $args "configFile" (printf "%s/config.yaml" (include "gputopo.scheduler.decisionConfigDir" .)) }}
 {{- $_ := set $args "metricsBindAddress" (printf ":%d" (int .Values.extender.metricsPort)) }}
 {{- $_ := set $args "schedulerNames" (list .Values.scheduler.schedulerName) }}
+{{- $_ := set $args "deciderLeaseNamespace" .Values.deciderLease.namespace }}
+{{- $_ := set $args "deciderLeaseName" (include "gputopo.deciderLease.name" .) }}
 {{- toYaml $cfg }}
 {{- end }}
 

@@ -1,0 +1,234 @@
+package extender
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/klog/v2"
+)
+
+// One decider per GPU resource per cluster.
+//
+// Each gputopo scheduler keeps its GPU ledger in memory, fed by watches:
+// two of them deciding the same GPUs (the extender and the plugin build
+// side by side during a migration, two releases, two profiles in two
+// processes) each see the other's binds only after the watch delivers
+// them, and in that window both issue the same GPU. So the one that
+// decides must hold a cluster-wide Lease, named for the GPU resource, in
+// a namespace every release can reach (kube-system by default): a second
+// scheduler refuses every GPU pod with a message naming the holder until
+// the Lease is free, and then takes over after rebuilding its ledger from
+// a fresh list of pods (the GPUs the previous decider bound a moment ago
+// are never issued again). Inside one deployment, only the replica that
+// decides holds it: the extender leader, or the kube-scheduler leader of
+// the plugin build (which asks for it on its first GPU pod, since only the
+// leader schedules).
+
+// DefaultDeciderLeaseNamespace holds the decider Lease.
+const DefaultDeciderLeaseNamespace = "kube-system"
+
+// DeciderLeaseName is the decider Lease's default name for a GPU
+// resource: "gputopo-decider-" and the resource with "/" as "-"
+// (gputopo-decider-nvidia.com-gpu).
+func DeciderLeaseName(resource string) string {
+	return "gputopo-decider-" + strings.NewReplacer("/", "-", "_", "-").Replace(strings.ToLower(resource))
+}
+
+// validDeciderLease checks a Lease name given by flag.
+func validDeciderLease(name string) error {
+	if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
+		return fmt.Errorf("--decider-lease-name %q: %s", name, strings.Join(msgs, "; "))
+	}
+	return nil
+}
+
+// decider runs the election for the decider Lease and answers whether
+// this process may decide GPUs now.
+type decider struct {
+	x         *Extender
+	namespace string
+	name      string
+	identity  string
+
+	startOnce sync.Once
+	holding   atomic.Bool
+	// holder is the identity last seen holding the Lease ("" unknown).
+	holder atomic.Pointer[string]
+	// done is closed when the election has ended (its context ended).
+	done chan struct{}
+	// settled is closed once the first try has an answer: the Lease is
+	// held, by this process or another.
+	settled     chan struct{}
+	settledOnce sync.Once
+}
+
+// newDecider returns the decider of x, or nil when x decides nothing (a
+// shadow, or the decider Lease turned off for in-memory use).
+func newDecider(x *Extender, mode string) *decider {
+	if x.opts.Shadow || x.client == nil {
+		return nil
+	}
+	name := x.opts.DeciderLeaseName
+	if name == "" {
+		name = DeciderLeaseName(string(x.cfg.GPUResource()))
+	}
+	ns := x.opts.DeciderLeaseNamespace
+	if ns == "" {
+		ns = DefaultDeciderLeaseNamespace
+	}
+	base := x.opts.LeaderElectionIdentity
+	if base == "" {
+		host, _ := os.Hostname()
+		b := make([]byte, 4)
+		_, _ = rand.Read(b)
+		base = host + "_" + hex.EncodeToString(b)
+	}
+	return &decider{
+		x:         x,
+		namespace: ns,
+		name:      name,
+		identity:  fmt.Sprintf("%s (%s mode, scheduler %s)", base, mode, strings.Join(x.opts.SchedulerNames, ",")),
+		done:      make(chan struct{}),
+		settled:   make(chan struct{}),
+	}
+}
+
+// lease names the Lease for messages.
+func (d *decider) lease() string { return d.namespace + "/" + d.name }
+
+// start runs the election until ctx ends; later calls do nothing. Winning
+// rebuilds the ledger before deciding; losing stops deciding at once and
+// keeps trying, so a scheduler whose Lease renewal failed once comes back.
+func (d *decider) start(ctx context.Context) {
+	d.startOnce.Do(func() { go d.run(ctx) })
+}
+
+func (d *decider) run(ctx context.Context) {
+	defer close(d.done)
+	log := klog.FromContext(ctx).WithValues("lease", d.lease(), "identity", d.identity)
+	lock, err := resourcelock.New(resourcelock.LeasesResourceLock, d.namespace, d.name,
+		d.x.client.CoreV1(), d.x.client.CoordinationV1(), resourcelock.ResourceLockConfig{Identity: d.identity})
+	if err != nil {
+		log.Error(err, "decider lease lock; this scheduler decides no GPU pod")
+		return
+	}
+	o := d.x.opts
+	for ctx.Err() == nil {
+		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+			Lock:            lock,
+			LeaseDuration:   o.LeaseDuration,
+			RenewDeadline:   o.RenewDeadline,
+			RetryPeriod:     o.RetryPeriod,
+			ReleaseOnCancel: true,
+			Name:            d.name,
+			Callbacks: leaderelection.LeaderCallbacks{
+				OnStartedLeading: func(ctx context.Context) {
+					log.Info("decider lease acquired; rebuilding ledger before deciding GPUs")
+					if err := d.x.rebuild(ctx); err != nil {
+						log.Error(err, "rebuild after acquiring the decider lease failed; not deciding until the next try")
+						return
+					}
+					d.holding.Store(true)
+					d.settle()
+					log.Info("deciding GPUs")
+				},
+				OnStoppedLeading: func() {
+					if d.holding.Swap(false) {
+						log.Info("decider lease lost; no longer deciding GPUs")
+					}
+				},
+				OnNewLeader: func(identity string) {
+					d.holder.Store(&identity)
+					if identity != d.identity {
+						d.settle()
+						log.Info("another gputopo scheduler decides GPUs", "holder", identity)
+					}
+				},
+			},
+		})
+		if err != nil {
+			log.Error(err, "decider lease election; this scheduler decides no GPU pod")
+			return
+		}
+		le.Run(ctx)
+		d.holding.Store(false)
+		select {
+		case <-ctx.Done():
+		case <-time.After(o.RetryPeriod):
+		}
+	}
+}
+
+func (d *decider) settle() { d.settledOnce.Do(func() { close(d.settled) }) }
+
+// firstAnswerWait bounds how long the first GPU pod waits for the first
+// try at the decider Lease: a free Lease is taken in one round trip and a
+// rebuild of the ledger, so the pod is decided, not refused, on its first
+// cycle.
+const firstAnswerWait = 3 * time.Second
+
+// awaitFirstAnswer waits, once and at most firstAnswerWait, until the
+// Lease is known to be held by this process or another; a try that could
+// not be answered in time (the API server unreachable, the Lease not
+// permitted) is not waited for again.
+func (d *decider) awaitFirstAnswer() {
+	t := time.NewTimer(firstAnswerWait)
+	defer t.Stop()
+	select {
+	case <-d.settled:
+	case <-d.done:
+	case <-t.C:
+		d.settle()
+	}
+}
+
+// refusal is why this process may not decide GPUs now, "" when it may.
+func (d *decider) refusal() string {
+	if d == nil || d.holding.Load() {
+		return ""
+	}
+	holder := ""
+	if h := d.holder.Load(); h != nil {
+		holder = *h
+	}
+	res := d.x.cfg.GPUResource()
+	if holder == "" || holder == d.identity {
+		return fmt.Sprintf("not deciding %s yet: acquiring the decider Lease %s (one gputopo scheduler decides a GPU resource per cluster); retrying", res, d.lease())
+	}
+	return fmt.Sprintf("GPUs of %s are decided by another gputopo scheduler, %q, which holds the decider Lease %s; one gputopo scheduler decides a GPU resource per cluster, so this one (%q) waits and takes over when that one stops (docs/scheduler-plugin.md, one decider per cluster)",
+		res, holder, d.lease(), d.identity)
+}
+
+// DeciderRefusal says why this core may not decide GPU pods now (another
+// gputopo scheduler holds the decider Lease, or it is being acquired);
+// empty when it may. In-process front ends call it once per GPU pod's
+// cycle: the first call starts the election, since only the scheduling
+// replica calls it.
+func (x *Extender) DeciderRefusal() string {
+	d := x.decider.Load()
+	if d == nil {
+		return ""
+	}
+	if ctx := x.startCtx.Load(); ctx != nil {
+		d.start(*ctx)
+		d.awaitFirstAnswer()
+	}
+	return d.refusal()
+}
+
+// startDecider starts the decider Lease election, if this core decides.
+func (x *Extender) startDecider(ctx context.Context) {
+	if d := x.decider.Load(); d != nil {
+		d.start(ctx)
+	}
+}

@@ -1,0 +1,111 @@
+package extender
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+)
+
+// deciderPair is two cores on one clientset (one cluster), each with its
+// decider, as two gputopo schedulers side by side.
+func deciderPair(t *testing.T) (a, b *Extender) {
+	t.Helper()
+	cs := fake.NewClientset()
+	mk := func(id, mode string) *Extender {
+		x := newExtender(DefaultConfiguration(), cs)
+		x.opts = NewOptions()
+		x.opts.LeaderElectionIdentity = id
+		x.opts.LeaseDuration, x.opts.RenewDeadline, x.opts.RetryPeriod = time.Second, 500*time.Millisecond, 50*time.Millisecond
+		x.synced.Store(true)
+		x.leading.Store(true)
+		x.decider.Store(newDecider(x, mode))
+		return x
+	}
+	return mk("first", "extender"), mk("second", "plugin")
+}
+
+func TestOneDeciderPerClusterAndTheOtherNamesIt(t *testing.T) {
+	a, b := deciderPair(t)
+	ctxA, stopA := context.WithCancel(context.Background())
+	defer stopA()
+	ctxB, stopB := context.WithCancel(context.Background())
+	defer stopB()
+
+	// Before its election starts, a core decides nothing.
+	if msg := a.decider.Load().refusal(); !strings.Contains(msg, "acquiring the decider Lease kube-system/gputopo-decider-nvidia.com-gpu") {
+		t.Errorf("refusal before the election = %q, want it to say the Lease is being acquired", msg)
+	}
+	a.startDecider(ctxA)
+	waitFor(t, func() bool { return a.decider.Load().refusal() == "" })
+
+	b.startDecider(ctxB)
+	waitFor(t, func() bool {
+		return strings.Contains(b.decider.Load().refusal(), `decided by another gputopo scheduler, "first (extender mode, scheduler gputopo-scheduler)"`)
+	})
+	time.Sleep(3 * b.opts.LeaseDuration)
+	msg := b.decider.Load().refusal()
+	for _, want := range []string{
+		"GPUs of " + string(v1alpha1.ResourceGPU) + ` are decided by another gputopo scheduler, "first (extender mode, scheduler gputopo-scheduler)"`,
+		"holds the decider Lease kube-system/gputopo-decider-nvidia.com-gpu",
+		`this one ("second (plugin mode, scheduler gputopo-scheduler)") waits`,
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("the second core's refusal while the first renews = %q\nwant it to say %q", msg, want)
+		}
+	}
+	if a.decider.Load().refusal() != "" {
+		t.Errorf("the first core stopped deciding while it renews its Lease")
+	}
+
+	// The first stops (released on cancel): the second takes over, and
+	// the first decides nothing any more.
+	stopA()
+	<-a.decider.Load().done
+	waitFor(t, func() bool { return b.decider.Load().refusal() == "" })
+	if a.decider.Load().refusal() == "" {
+		t.Errorf("the stopped core still decides")
+	}
+}
+
+func TestDeciderLeaseNameFollowsTheResource(t *testing.T) {
+	for res, want := range map[string]string{
+		"nvidia.com/gpu":  "gputopo-decider-nvidia.com-gpu",
+		"example.com/GPU": "gputopo-decider-example.com-gpu",
+		"vendor.io/a_b":   "gputopo-decider-vendor.io-a-b",
+	} {
+		got := DeciderLeaseName(res)
+		if got != want {
+			t.Errorf("DeciderLeaseName(%q) = %q, want %q", res, got, want)
+		}
+		if err := validDeciderLease(got); err != nil {
+			t.Errorf("DeciderLeaseName(%q) = %q is no valid Lease name: %v", res, got, err)
+		}
+	}
+}
+
+func TestDeciderFlagsAreValidated(t *testing.T) {
+	o := NewOptions()
+	o.DeciderLeaseName = "Not A Name"
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), `--decider-lease-name "Not A Name"`) {
+		t.Errorf("Validate with a bad lease name = %v, want an error naming the flag and value", err)
+	}
+	o = NewOptions()
+	o.DeciderLeaseNamespace = "kube_system"
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), `--decider-lease-namespace "kube_system"`) {
+		t.Errorf("Validate with a bad namespace = %v, want an error naming the flag and value", err)
+	}
+}
+
+func TestAShadowDecidesNothingAndNeedsNoLease(t *testing.T) {
+	x := newExtender(DefaultConfiguration(), fake.NewClientset())
+	x.opts = NewOptions()
+	x.opts.Shadow = true
+	if d := newDecider(x, "extender"); d != nil {
+		t.Errorf("a shadow extender has a decider %+v; it never binds", d)
+	}
+}
