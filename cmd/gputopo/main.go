@@ -1,6 +1,7 @@
 // Command gputopo is the single binary of gputopo: webhook, extender,
-// nodeagent, simulate, demo and version are its subcommands. The main only
-// wires a signal context, the logger and the command; see package app.
+// nodeagent, simulate, machine, demo and version are its subcommands. The
+// main only wires a signal context, the logger and the command; see package
+// app.
 package main
 
 import (
@@ -16,11 +17,7 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := 0
-	if err := app.NewCommand(ctx).ExecuteContext(ctx); err != nil {
-		klog.ErrorS(err, "command failed")
-		code = 1
-	}
+	code := app.Execute(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	klog.Flush()
 	os.Exit(code)

@@ -42,6 +42,15 @@ func kubeconfigFlag(fs *pflag.FlagSet) func() (*rest.Config, error) {
 func newWebhookCommand() *cobra.Command {
 	opts := webhook.DefaultOptions()
 	return component("webhook", "Serve the mutating and validating admission webhook",
+		`webhook serves gputopo's admission webhooks over TLS (--port, certificates in
+--cert-dir): for GPU pods in namespaces labelled gputopo.io/injection=enabled
+it derives the gputopo.io/gpu-topology-requirement annotation from the
+workload's intent, routes the pod to the gputopo-scheduler profile and labels
+its job; Jobs get their intent copied into the pod template. It refuses GPU
+assignments written by anyone but gputopo's own service accounts, and
+containers that would choose their own devices through NVIDIA_ variables.
+The Helm chart runs it as a Deployment and registers the webhook
+configurations. See docs/webhook.md.`,
 		opts.AddFlags, func() error { return opts.Validate() },
 		func(ctx context.Context, rc *rest.Config) error {
 			cfg := webhook.DefaultConfig()
@@ -56,10 +65,12 @@ func newWebhookCommand() *cobra.Command {
 }
 
 // component builds a subcommand that validates its options, loads the
-// cluster connection and runs one component.
-func component(use, short string, addFlags func(*pflag.FlagSet), validate func() error, run func(context.Context, *rest.Config) error) *cobra.Command {
-	cmd := &cobra.Command{Use: use, Short: short, Args: cobra.NoArgs}
+// cluster connection and runs one component; it logs through klog, and
+// takes klog's flags.
+func component(use, short, long string, addFlags func(*pflag.FlagSet), validate func() error, run func(context.Context, *rest.Config) error) *cobra.Command {
+	cmd := &cobra.Command{Use: use, Short: short, Long: long, Args: cobra.NoArgs, GroupID: groupComponents}
 	addFlags(cmd.Flags())
+	addLogFlags(cmd)
 	restConfig := kubeconfigFlag(cmd.Flags())
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if err := validate(); err != nil {
@@ -77,6 +88,15 @@ func component(use, short string, addFlags func(*pflag.FlagSet), validate func()
 func newExtenderCommand() *cobra.Command {
 	opts := extender.NewOptions()
 	return component("extender", "Serve the kube-scheduler extender (filter, prioritize, bind)",
+		`extender serves the scheduler extender verbs that kube-scheduler's
+gputopo-scheduler profile calls for every GPU pod: filter keeps the nodes
+whose free, healthy GPUs can meet the pod's requirement (with a reason for
+every other node), prioritize scores them, and bind writes the pod's Binding
+with the exact GPUs (gputopo.io/assigned-gpus, gputopo.io/placement) in the
+same write. Its state comes from informers (NodeGPUTopology, Nodes, Pods);
+with --leader-elect only the Lease holder serves and is Ready. --config
+names an ExtenderConfiguration (weights, staleness limits, timeouts).
+See docs/extender.md.`,
 		opts.AddFlags, func() error { return opts.Validate() },
 		func(ctx context.Context, rc *rest.Config) error { return extender.Run(ctx, rc, opts) })
 }
@@ -84,6 +104,13 @@ func newExtenderCommand() *cobra.Command {
 func newNodeAgentCommand() *cobra.Command {
 	var opts nodeagent.Options
 	cmd := component("nodeagent", "Discover GPUs with NVML, publish NodeGPUTopology, and serve the kubelet device plugin",
+		`nodeagent runs on every GPU node (the chart's DaemonSet): it reads the GPUs,
+their links and telemetry through NVML, publishes them in the node's
+NodeGPUTopology, serves kubelet's device plugin API for the GPU resource so
+that a container gets exactly the GPUs kubelet allocated (and the ones the
+extender planned, when kubelet follows its preference), and records what
+each pod really holds in gputopo.io/allocated-gpus. --simulate runs it on a
+simulated machine instead of the NVIDIA driver. See docs/nodeagent.md.`,
 		opts.AddFlags, func() error { return opts.Validate() },
 		func(ctx context.Context, rc *rest.Config) error { return nodeagent.Run(ctx, rc, opts) })
 	cmd.AddCommand(newNodeAgentDumpCommand())

@@ -66,10 +66,10 @@ the line and the cell; nothing is guessed silently.`,
 		RunE: func(cmd *cobra.Command, _ []string) error { return o.run(cmd.InOrStdin(), cmd.OutOrStdout()) },
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.smi, "smi", "", "file with `nvidia-smi topo -m` output (- for stdin); this or --nccl-topo is required")
+	f.StringVar(&o.smi, "smi", "", "file with 'nvidia-smi topo -m' output (- for stdin); this or --nccl-topo is required")
 	f.StringVar(&o.ncclTopo, "nccl-topo", "", "file with NCCL's topology dump (NCCL_TOPO_DUMP_FILE), instead of --smi (- for stdin)")
-	f.StringVar(&o.smiPCI, "smi-pci", "", "file with `nvidia-smi topo -mp` output: PCIe levels of NVLinked pairs (optional)")
-	f.StringVar(&o.smiList, "smi-list", "", "file with `nvidia-smi -L` output: the GPU product, hence NVLink generation and memory (optional)")
+	f.StringVar(&o.smiPCI, "smi-pci", "", "file with 'nvidia-smi topo -mp' output: PCIe levels of NVLinked pairs (optional)")
+	f.StringVar(&o.smiList, "smi-list", "", "file with 'nvidia-smi -L' output: the GPU product, hence NVLink generation and memory (optional)")
 	f.StringVar(&o.gpu, "gpu", "", "GPU product when --smi-list is not given: "+gpuKeys())
 	f.StringVar(&o.name, "name", "", "machine name, a DNS label; nodes are named <name>-<i> (default: the output file's base name)")
 	f.StringVarP(&o.out, "output", "o", "", "machine file to write (default: stdout)")

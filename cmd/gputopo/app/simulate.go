@@ -8,6 +8,11 @@ import (
 
 func init() { subcommands = append(subcommands, newSimulateCommand) }
 
+// SeedsTrace is the trace --seeds replays when --trace is not given: the
+// generator of the default trace, bundled:mixed, which is its seed 1 with
+// the generator's defaults (500 jobs, load 0.9).
+const SeedsTrace = "gen:mixed"
+
 func newSimulateCommand() *cobra.Command {
 	opts := simulator.Options{Trace: "bundled:mixed", MaxWait: simulator.DefaultMaxWait}
 	cmd := &cobra.Command{
@@ -21,12 +26,21 @@ optimum. It prints acceptance, NVLink share of model-parallel jobs, ring
 bandwidth, fragmentation over time and decision time per policy.
 
 Traces: bundled:mixed, bundled:fragment, gen:<mixed|fragment>[:seed=N][:jobs=N][:load=F],
-or a CSV file (` + simulator.TraceHeader + `). See docs/simulator.md.`,
+or a CSV file (` + simulator.TraceHeader + `). --seeds N replays N seeds of a
+generated trace; without --trace it replays gen:mixed, the generator of the
+default trace (bundled:mixed is gen:mixed:seed=1:jobs=500), seeds 1..N.
+See docs/simulator.md.`,
 		Example: `  gputopo simulate --trace bundled:fragment --out _out/sim-fragment
   gputopo simulate --cluster dgx-a100=8,pcie-8x=8 --trace gen:mixed:seed=7:jobs=2000
-  gputopo simulate --trace gen:mixed:load=1.0 --seeds 10 --extender-config my-extender.yaml --webhook-config my-webhook.yaml`,
+  gputopo simulate --trace gen:mixed:load=1.0 --seeds 10 --extender-config my-extender.yaml --webhook-config my-webhook.yaml
+  gputopo simulate --extender-config my-extender.yaml --seeds 10`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if opts.Seeds > 1 && !cmd.Flags().Changed("trace") {
+				// Seeds of the default trace's own generator: seed 1 is
+				// bundled:mixed itself.
+				opts.Trace = SeedsTrace
+			}
 			return simulator.Simulate(cmd.OutOrStdout(), opts)
 		},
 	}
@@ -39,6 +53,6 @@ or a CSV file (` + simulator.TraceHeader + `). See docs/simulator.md.`,
 	f.StringVar(&opts.ExtenderConfig, "extender-config", "", "ExtenderConfiguration file for gputopo's weights and settings (the extender's --config; default: built-in defaults)")
 	f.StringVar(&opts.WebhookConfig, "webhook-config", "", "webhook configuration file whose policyTable turns intents into requirements (the webhook's --config; default: built-in table)")
 	f.BoolVar(&opts.Suite, "suite", false, "run the placement suite (12 traces on 5 cluster mixes) and print gputopo against the optimum and the count-only baselines, with and without fallbackAfter")
-	f.IntVar(&opts.Seeds, "seeds", 0, "with a gen: trace, run this many seeds (the trace's seed, then +1, ...) and report mean, worst and runs won per column")
+	f.IntVar(&opts.Seeds, "seeds", 0, "run this many seeds of a gen: trace (its seed, then +1, ...; without --trace, "+SeedsTrace+") and report mean, worst and runs won per column")
 	return cmd
 }
