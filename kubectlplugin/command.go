@@ -6,11 +6,14 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/internal/picture"
 )
 
@@ -32,8 +35,16 @@ type Options struct {
 	// ExtenderConfig and ExtenderConfigMap say where explain reads the
 	// extender's configuration.
 	ExtenderConfig, ExtenderConfigMap string
-	// load reads the cluster; tests replace it.
-	load func(ctx context.Context, o *Options) (*Snapshot, error)
+	// SchedulerNames are the scheduler profiles that run gputopo (explain):
+	// a pod naming another is never decided by gputopo.
+	SchedulerNames []string
+	// Job, for explain, names a Job to explain instead of a pod.
+	Job string
+	// connect returns the client the plugin reads the cluster with; tests
+	// replace it (default: the kubeconfig's).
+	connect func(ctx context.Context, o *Options) (client.Reader, error)
+	// now is the clock ages are measured with (default time.Now).
+	now func() time.Time
 }
 
 // NewCommand is `kubectl gputopo` (binary kubectl-gputopo).
@@ -52,8 +63,10 @@ objects, Pods) and shows what gputopo's scheduler extender sees:
   kubectl gputopo nodes                every GPU node: machine, free GPUs, largest free NVLink island, staleness
   kubectl gputopo node NAME [--svg F]  one node's GPUs, who holds them, and its link matrix
   kubectl gputopo pods [-A]            GPU pods: intent, requirement, node, GPUs, tier, ring bandwidth
-  kubectl gputopo explain POD          why a pod is Pending (every node's verdict, by the extender's own
-                                       code) or, for a bound pod, requested against achieved placement
+  kubectl gputopo explain POD          what will happen to a pod: the scheduler it asked for, its
+                                       PodScheduled condition and events, then every node's verdict by the
+                                       extender's own code or, for a bound pod, requested against achieved
+  kubectl gputopo explain --job NAME   a Job's refused pods (FailedCreate events) and its pods
 
 Bandwidths are GB/s bidirectional, as NVIDIA quotes them. -o json|yaml for scripts.`,
 		SilenceUsage:  true,
@@ -155,27 +168,85 @@ Bandwidths are GB/s bidirectional, as NVIDIA quotes them. -o json|yaml for scrip
 	pods.Flags().BoolVarP(&o.AllNamespaces, "all-namespaces", "A", false, "GPU pods of every namespace")
 	explain := &cobra.Command{
 		Use:   "explain POD",
-		Short: "Why a pod is Pending: every node's verdict and reason from the extender's decision code, and the GPUs it would choose; for a bound pod, requested against achieved",
-		Args:  cobra.ExactArgs(1),
+		Short: "What will happen to a pod: its scheduler, PodScheduled condition and events, then every node's verdict from the extender's decision code; for a bound pod, requested against achieved",
+		Long: `explain POD says what will happen to a pod, before the per-node verdicts:
+
+  - the scheduler it asked for (spec.schedulerName), and whether that is a
+    gputopo profile (--scheduler-name, default gputopo-scheduler); if not,
+    gputopo never decides the pod and the verdicts are what it would do;
+  - its PodScheduled condition (status, reason, message, age), e.g.
+    SchedulerError when the scheduler cannot reach gputopo's extender;
+  - its recent events (FailedScheduling, GPUsBound, ...).
+
+Then, for a Pending pod, every GPU node's verdict by the extender's own
+filter and scores, fed with what the plugin lists; for a bound pod, its node
+and GPUs (placement annotation), plan against truth.
+
+A pod the webhook refuses never exists: its controller records the refusal
+as a FailedCreate event. explain --job NAME shows a Job's events and its
+pods; explain NAME, when no pod has that name, shows the events of the
+workload of that name (a Job, ReplicaSet, StatefulSet, or a Deployment with
+its ReplicaSets').`,
+		Example: `  kubectl gputopo explain -n ml-team train-0
+  kubectl gputopo explain ml-team/train-0 -o yaml
+  kubectl gputopo explain -n ml-team --job llm-finetune
+  kubectl gputopo explain -n ml-team notebook --scheduler-name gputopo-scheduler,gputopo-batch`,
+		Args: cobra.RangeArgs(0, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			s, err := o.snapshot(cmd.Context())
+			switch {
+			case len(args) == 0 && o.Job == "":
+				return fmt.Errorf("explain: name a pod (explain POD) or a Job (explain --job NAME)")
+			case len(args) == 1 && o.Job != "":
+				return fmt.Errorf("explain: name a pod or a Job (--job), not both")
+			}
+			ctx := cmd.Context()
+			c, err := o.client(ctx)
 			if err != nil {
 				return err
 			}
-			ns, name := o.Namespace, args[0]
-			if a, b, ok := strings.Cut(args[0], "/"); ok {
+			s, err := o.snapshotWith(ctx, c)
+			if err != nil {
+				return err
+			}
+			ns, name := o.Namespace, o.Job
+			if len(args) == 1 {
+				name = args[0]
+			}
+			if a, b, ok := strings.Cut(name, "/"); ok {
 				ns, name = a, b
 			}
-			e, err := s.Explain(ns, name)
+			if o.Job != "" {
+				owner, err := explainJob(ctx, c, s, ns, name)
+				if err != nil {
+					return err
+				}
+				return o.writeOwner(owner)
+			}
+			p := s.pod(ns, name)
+			if p == nil {
+				owner, err := explainOwner(ctx, c, s, ns, name)
+				if err != nil {
+					return err
+				}
+				if owner == nil {
+					return fmt.Errorf("pod %s/%s not found (or finished), and no Job or other workload named %s has events in namespace %s", ns, name, name, ns)
+				}
+				return o.writeOwner(owner)
+			}
+			e, err := s.Explain(ns, name, o.SchedulerNames...)
 			if err != nil {
 				return err
 			}
+			e.Events = podEvents(ctx, c, s.Now, p)
 			if o.data() {
 				return writeData(o.Out, o.Output, e)
 			}
 			return writeExplanation(o.Out, o.painter(), e)
 		},
 	}
+	explain.Flags().StringSliceVar(&o.SchedulerNames, "scheduler-name", []string{v1alpha1.DefaultSchedulerName},
+		"scheduler profiles that run gputopo (repeat or comma-separate); a pod that names another is never decided by gputopo")
+	explain.Flags().StringVar(&o.Job, "job", "", "explain this Job instead of a pod: its FailedCreate events (pods the webhook refused) and its pods")
 	root.AddCommand(nodes, node, pods, explain)
 	return root
 }
@@ -203,8 +274,28 @@ func (o *Options) painter() painter {
 
 // snapshot reads the cluster and settles the namespace.
 func (o *Options) snapshot(ctx context.Context) (*Snapshot, error) {
-	if o.load != nil {
-		return o.load(ctx, o)
+	c, err := o.client(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return o.snapshotWith(ctx, c)
+}
+
+func (o *Options) snapshotWith(ctx context.Context, c client.Reader) (*Snapshot, error) {
+	s, err := LoadWith(ctx, c, ConfigFrom{File: o.ExtenderConfig, ConfigMap: o.ExtenderConfigMap})
+	if err != nil {
+		return nil, err
+	}
+	if o.now != nil {
+		s.Now = o.now()
+	}
+	return s, nil
+}
+
+// client connects with the kubeconfig and settles the namespace.
+func (o *Options) client(ctx context.Context) (client.Reader, error) {
+	if o.connect != nil {
+		return o.connect(ctx, o)
 	}
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = o.Kubeconfig
@@ -222,7 +313,19 @@ func (o *Options) snapshot(ctx context.Context) (*Snapshot, error) {
 	}
 	cfg = rest.CopyConfig(cfg)
 	cfg.UserAgent = "kubectl-gputopo"
-	return Load(ctx, cfg, ConfigFrom{File: o.ExtenderConfig, ConfigMap: o.ExtenderConfigMap})
+	c, err := client.New(cfg, client.Options{Scheme: scheme()})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return c, nil
+}
+
+// writeOwner prints explain for a workload.
+func (o *Options) writeOwner(e *OwnerExplanation) error {
+	if o.data() {
+		return writeData(o.Out, o.Output, e)
+	}
+	return writeOwnerExplanation(o.Out, o.painter(), e)
 }
 
 // writeSVGFile draws the nodes with the demo's picture.

@@ -1,7 +1,10 @@
 // Package kubectlplugin is `kubectl gputopo`: what gputopo sees, shown to
 // operators. It reads the cluster with the user's kubeconfig only (Nodes,
-// NodeGPUTopology objects, Pods, and the extender's ConfigMap when it may)
-// and draws nodes, their GPUs and links, GPU pods, and why a pod is Pending.
+// NodeGPUTopology objects, Pods, and, when it may, the extender's
+// ConfigMap, Events and Jobs: ViewerRules) and draws nodes, their GPUs and
+// links, GPU pods, and what will happen to a pod: the scheduler it asked
+// for, its PodScheduled condition and events, then every node's verdict;
+// for a Job whose pods the webhook refuses, its FailedCreate events.
 //
 // explain runs the extender's own decision code (extender.NewWithClient
 // fed from the listed objects, then Filter and Explain) rather than a

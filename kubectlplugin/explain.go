@@ -3,10 +3,13 @@ package kubectlplugin
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
@@ -30,6 +33,19 @@ type Explanation struct {
 	RequestedTier string `json:"requestedTier"`
 	// ConfigSource is where the extender configuration came from.
 	ConfigSource string `json:"configSource"`
+	// SchedulerName is the pod's spec.schedulerName; GputopoDecides says
+	// whether it is one of gputopo's scheduler profiles. When it is not,
+	// gputopo is never asked about the pod, and Nodes say only what
+	// gputopo would decide were the pod routed to it.
+	SchedulerName  string   `json:"schedulerName"`
+	GputopoDecides bool     `json:"gputopoDecides"`
+	Profiles       []string `json:"gputopoProfiles"`
+	// Scheduled is the pod's PodScheduled condition; nil while no
+	// scheduler has tried the pod.
+	Scheduled *ConditionView `json:"scheduled,omitempty"`
+	// Events are the pod's recent events (FailedScheduling, GPUsBound,
+	// ...), oldest first.
+	Events Events `json:"events"`
 	// Nodes are every GPU node's verdict (Pending pods): passing nodes by
 	// score, best first, then the others by name.
 	Nodes []NodeVerdict `json:"nodes,omitempty"`
@@ -58,6 +74,22 @@ type NodeVerdict struct {
 	// LeftLargestIsland is the largest free NVLink island the node keeps.
 	LeftLargestIsland int `json:"leftLargestIsland,omitempty"`
 }
+
+// ConditionView is a pod condition as explain shows it.
+type ConditionView struct {
+	Status             string       `json:"status"`
+	Reason             string       `json:"reason,omitempty"`
+	Message            string       `json:"message,omitempty"`
+	LastTransitionTime *metav1.Time `json:"lastTransitionTime,omitempty"`
+	// AgeSeconds is how long ago the condition last changed.
+	AgeSeconds int64 `json:"ageSeconds,omitempty"`
+}
+
+// Reasons of the PodScheduled condition that kube-scheduler sets.
+const (
+	ReasonUnschedulable  = "Unschedulable"
+	ReasonSchedulerError = "SchedulerError"
+)
 
 // Verdicts.
 const (
@@ -91,12 +123,18 @@ const (
 	TruthNoPlan      = "no-plan"
 )
 
-// Explain explains one pod: every node's verdict by the extender's own
+// Explain explains one pod: the scheduler it asked for and whether that is
+// one of gputopo's profiles (default DefaultSchedulerName), its
+// PodScheduled condition, and every node's verdict by the extender's own
 // decision code when it is Pending, plan against truth when it is bound.
-func (s *Snapshot) Explain(namespace, name string) (*Explanation, error) {
+// The pod's events are read by the command (podEvents).
+func (s *Snapshot) Explain(namespace, name string, profiles ...string) (*Explanation, error) {
 	p := s.pod(namespace, name)
 	if p == nil {
 		return nil, fmt.Errorf("pod %s/%s not found (or finished)", namespace, name)
+	}
+	if len(profiles) == 0 {
+		profiles = []string{v1alpha1.DefaultSchedulerName}
 	}
 	want, err := v1alpha1.PodGPUDemand(&p.Spec, s.resource())
 	if err != nil {
@@ -109,6 +147,19 @@ func (s *Snapshot) Explain(namespace, name string) (*Explanation, error) {
 		Requirement: p.Annotations[v1alpha1.AnnotationRequirement], ConfigSource: s.ConfigSource}
 	if e.Phase == "" {
 		e.Phase = string(corev1.PodPending)
+	}
+	e.SchedulerName, e.Profiles = p.Spec.SchedulerName, profiles
+	if e.SchedulerName == "" {
+		e.SchedulerName = corev1.DefaultSchedulerName
+	}
+	e.GputopoDecides = slices.Contains(profiles, e.SchedulerName)
+	if c := podScheduled(p); c != nil {
+		v := &ConditionView{Status: string(c.Status), Reason: c.Reason, Message: strings.TrimSpace(c.Message)}
+		if !c.LastTransitionTime.IsZero() {
+			t := c.LastTransitionTime
+			v.LastTransitionTime, v.AgeSeconds = &t, int64(s.Now.Sub(t.Time)/time.Second)
+		}
+		e.Scheduled = v
 	}
 	req := v1alpha1.Requirement{}
 	if e.Requirement != "" {

@@ -21,7 +21,11 @@ import (
 	"github.com/gputopo/gputopo/topology"
 )
 
-var now = time.Now()
+// now is the tests' clock: the views measure ages from it, so the golden
+// files do not change with the clock. (The extender core judges topology
+// freshness by the real clock, a few milliseconds later.) Whole seconds, as
+// the API stores times.
+var now = time.Now().Truncate(time.Second)
 
 func topo(t *testing.T, fixture, node string, observed time.Time) v1alpha1.NodeGPUTopology {
 	t.Helper()
@@ -83,12 +87,12 @@ func TestNodeSummariesCountFreeIslandsDriftAndStaleness(t *testing.T) {
 		got[i].ObservedTime, got[i].AgeSeconds = nil, 0
 	}
 	want := []NodeSummary{
-		{Name: "a100", Machine: "8x NVIDIA A100-SXM4-40GB, NVSwitch", GPUs: 8, Free: 8, LargestFreeNVLinkIsland: 8, Status: StatusStale, StaleReason: "not refreshed for more than 15m0s (topologyMaxAge)"},
-		{Name: "pcie", Machine: "8x NVIDIA L40S, PCIe", GPUs: 8, Free: 8, LargestFreeNVLinkIsland: 1, Status: StatusFresh},
+		{Name: "a100", Machine: "8x NVIDIA A100-SXM4-40GB, NVSwitch", GPUs: 8, Advertised: 8, Free: 8, LargestFreeNVLinkIsland: 8, Status: StatusStale, StaleReason: "not refreshed for more than 15m0s (topologyMaxAge)"},
+		{Name: "pcie", Machine: "8x NVIDIA L40S, PCIe", GPUs: 8, Advertised: 8, Free: 8, LargestFreeNVLinkIsland: 1, Status: StatusFresh},
 		// GPU 4 is held (truth), 5 is free again; {5,6,7} is not a full
 		// NVLink clique on the cube-mesh: 5-6 and 5-7 and 6-7 are links,
 		// so the island is 3.
-		{Name: "v100", Machine: "8x Tesla V100-SXM2-16GB, NVLink", GPUs: 8, Free: 3, LargestFreeNVLinkIsland: 3, Drift: 1, Status: StatusFresh},
+		{Name: "v100", Machine: "8x Tesla V100-SXM2-16GB, NVLink", GPUs: 8, Advertised: 8, Free: 3, LargestFreeNVLinkIsland: 3, Drift: 1, Status: StatusFresh},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("node summaries (-want +got):\n%s", diff)
@@ -244,14 +248,8 @@ func TestTableAlignsColouredCells(t *testing.T) {
 }
 
 func TestCommandOutputsJSONAndRejectsBadFlags(t *testing.T) {
-	s := cluster(t)
-	run := func(args ...string) (string, error) {
-		var out, errOut bytes.Buffer
-		cmd := newCommand(&Options{Out: &out, ErrOut: &errOut, load: func(context.Context, *Options) (*Snapshot, error) { return s, nil }})
-		cmd.SetArgs(args)
-		err := cmd.ExecuteContext(context.Background())
-		return out.String(), err
-	}
+	c := fakeCluster(t, cluster(t))
+	run := func(args ...string) (string, error) { return runPlugin(t, c, args...) }
 	out, err := run("pods", "-A", "-o", "json")
 	if err != nil {
 		t.Fatal(err)
@@ -263,7 +261,8 @@ func TestCommandOutputsJSONAndRejectsBadFlags(t *testing.T) {
 	if len(rows) != 2 || rows[0].Name != "quad" || !rows[1].Drift {
 		t.Errorf("pods: %+v; want quad then the drifted pod", rows)
 	}
-	for _, args := range [][]string{{"nodes", "-o", "wide"}, {"nodes", "--color", "sometimes"}, {"node", "nosuch"}, {"explain", "team/nosuch"}} {
+	for _, args := range [][]string{{"nodes", "-o", "wide"}, {"nodes", "--color", "sometimes"}, {"node", "nosuch"}, {"explain", "team/nosuch"},
+		{"explain"}, {"explain", "quad", "--job", "train"}, {"explain", "--job", "nosuch"}} {
 		if _, err := run(args...); err == nil {
 			t.Errorf("%v: no error", args)
 		}

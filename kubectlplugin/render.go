@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/duration"
 	"sigs.k8s.io/yaml"
 
@@ -114,6 +115,9 @@ func status(p painter, s NodeSummary) string {
 	case StatusStale, StatusInvalid:
 		return p.c(red, s.Status) + " (" + s.StaleReason + ")"
 	}
+	if s.StaleReason != "" {
+		return p.c(yellow, s.Status) + " (" + s.StaleReason + ")"
+	}
 	return p.c(yellow, s.Status)
 }
 
@@ -130,9 +134,22 @@ func writeNodes(w io.Writer, p painter, rows []NodeSummary) error {
 		if r.Drift > 0 {
 			drift = p.c(red, drift)
 		}
-		fmt.Fprintf(t, "%s\t%s\t%d/%d\t%d\t%s\t%s\t%s\t%s\n", r.Name, dash(r.Machine), r.Free, r.GPUs, r.LargestFreeNVLinkIsland, unhealthy, drift, status(p, r), age(r))
+		free, island := fmt.Sprintf("%d/%d", r.Free, r.GPUs), strconv.Itoa(r.LargestFreeNVLinkIsland)
+		if r.Status == StatusNoTopology || r.Status == StatusInvalid {
+			// Nothing is known of the GPUs but what the Node advertises.
+			free, island, unhealthy = "-/"+count(r.Advertised), "-", "-"
+		}
+		fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, dash(r.Machine), free, island, unhealthy, drift, status(p, r), age(r))
 	}
 	return t.Flush()
+}
+
+// count is n, or "-" for none.
+func count(n int) string {
+	if n == 0 {
+		return "-"
+	}
+	return strconv.Itoa(n)
 }
 
 // cell is one matrix entry: the link kind and its bandwidth, as in
@@ -288,12 +305,24 @@ func requirementSummary(v string) string {
 	return strings.Join(parts, ",")
 }
 
-// writeExplanation prints explain.
+// writeExplanation prints explain: what decides the pod and what it has
+// said so far (scheduler, PodScheduled, events), then the bound pod's
+// placement or every node's verdict.
 func writeExplanation(w io.Writer, p painter, e *Explanation) error {
 	fmt.Fprintf(w, "%s  %s, requests %d GPU(s), wants %s, strategy %s\n", p.c(bold, "Pod "+e.Namespace+"/"+e.Name), e.Phase, e.Requested, e.RequestedTier, e.Strategy)
 	if e.Requirement != "" {
-		fmt.Fprintf(w, "requirement: %s\n", e.Requirement)
+		fmt.Fprintf(w, "requirement:  %s\n", e.Requirement)
 	}
+	profiles := strings.Join(e.Profiles, ", ")
+	if e.GputopoDecides {
+		fmt.Fprintf(w, "scheduler:    %s, a gputopo profile: gputopo's filter and scores decide its node and GPUs\n", e.SchedulerName)
+	} else {
+		fmt.Fprintf(w, "scheduler:    %s\n", p.c(yellow, e.SchedulerName+" is not a gputopo profile ("+profiles+"): gputopo never decides this pod"))
+		fmt.Fprintf(w, "              (the webhook routes GPU pods of opted-in namespaces to gputopo; see \"The pod is not gputopo's\" in docs/troubleshooting.md)\n")
+	}
+	writeScheduled(w, p, e)
+	writeEvents(w, p, "events:      ", e.Events, false)
+	fmt.Fprintln(w)
 	if b := e.Bound; b != nil {
 		fmt.Fprintf(w, "bound to node %s\n", b.Node)
 		if pl := b.Placement; pl != nil {
@@ -339,7 +368,14 @@ func writeExplanation(w io.Writer, p painter, e *Explanation) error {
 			fits++
 		}
 	}
-	fmt.Fprintf(w, "gputopo's filter and scores (extender configuration: %s); %d node(s) would take it now\n\n", e.ConfigSource, fits)
+	switch {
+	case !e.GputopoDecides:
+		fmt.Fprintf(w, "What gputopo would do, were the pod routed to it (extender configuration: %s): %d node(s) would pass its filter now; %s decides instead\n\n", e.ConfigSource, fits, e.SchedulerName)
+	case e.Scheduled != nil && e.Scheduled.Reason == ReasonSchedulerError:
+		fmt.Fprintf(w, "gputopo's filter and scores (extender configuration: %s); %d node(s) would take it once the scheduler gets gputopo's answer\n\n", e.ConfigSource, fits)
+	default:
+		fmt.Fprintf(w, "gputopo's filter and scores (extender configuration: %s); %d node(s) would take it now\n\n", e.ConfigSource, fits)
+	}
 	t := newTable(w)
 	fmt.Fprintln(t, "NODE\tVERDICT\tSCORE\tGPUS\tTIER\tRING GB/S\tKUBE-SCHEDULER\tREASON")
 	for _, v := range e.Nodes {
@@ -365,4 +401,116 @@ func writeExplanation(w io.Writer, p painter, e *Explanation) error {
 	fmt.Fprintln(w, "\nfits: the node passes gputopo's filter now; fails: not with its GPUs free now; never: not even with every GPU free and healthy.")
 	fmt.Fprintln(w, "KUBE-SCHEDULER: what kube-scheduler's own filters say before gputopo is asked (node selector, taints, GPU count).")
 	return nil
+}
+
+// writeScheduled prints the PodScheduled condition, with what it means for
+// a pod gputopo decides.
+func writeScheduled(w io.Writer, p painter, e *Explanation) {
+	c := e.Scheduled
+	if c == nil {
+		fmt.Fprintf(w, "PodScheduled: %s\n", p.c(yellow, "not set: no scheduler has tried the pod yet (is a scheduler with the profile "+e.SchedulerName+" running?)"))
+		return
+	}
+	head := c.Status
+	if c.Reason != "" {
+		head += ", " + c.Reason
+	}
+	if c.LastTransitionTime != nil {
+		head += ", " + duration.HumanDuration(time.Duration(c.AgeSeconds)*time.Second) + " ago"
+	}
+	colour := green
+	if c.Status != string(corev1.ConditionTrue) {
+		colour = yellow
+		if c.Reason == ReasonSchedulerError {
+			colour = red
+		}
+	}
+	line := p.c(colour, head)
+	if c.Message != "" {
+		line += ": " + c.Message
+	}
+	fmt.Fprintf(w, "PodScheduled: %s\n", line)
+	switch {
+	case c.Reason == ReasonSchedulerError && e.GputopoDecides:
+		fmt.Fprintln(w, "              the scheduler failed before it could judge the nodes: with a gputopo profile, usually because it")
+		fmt.Fprintln(w, "              cannot reach gputopo's extender (see \"The extender is down or not Ready\" in docs/troubleshooting.md)")
+	case c.Reason == ReasonUnschedulable && e.GputopoDecides:
+		fmt.Fprintln(w, "              no node passed; the verdicts below give each node's reason")
+	}
+}
+
+// writeEvents prints events as kubectl describe does, oldest first, with
+// the object each is about when they are not all about one.
+func writeEvents(w io.Writer, p painter, label string, evs Events, withObject bool) {
+	switch {
+	case evs.Error != "":
+		fmt.Fprintf(w, "%s %s\n", label, p.c(yellow, evs.Error))
+		return
+	case len(evs.Items) == 0:
+		fmt.Fprintf(w, "%s none\n", label)
+		return
+	}
+	more := ""
+	if evs.Omitted > 0 {
+		more = fmt.Sprintf(", %d older not shown", evs.Omitted)
+	}
+	fmt.Fprintf(w, "%s %d, oldest first%s\n", label, len(evs.Items), more)
+	t := newTable(w)
+	head := "  TYPE\tREASON\tAGE\tFROM\tOBJECT\tMESSAGE"
+	if !withObject {
+		head = strings.Replace(head, "\tOBJECT", "", 1)
+	}
+	fmt.Fprintln(t, head)
+	for _, e := range evs.Items {
+		typ := e.Type
+		if typ == corev1.EventTypeWarning {
+			typ = p.c(yellow, typ)
+		}
+		cols := []string{"  " + typ, e.Reason, eventAge(e), dash(e.From)}
+		if withObject {
+			cols = append(cols, e.Object)
+		}
+		cols = append(cols, strings.ReplaceAll(e.Message, "\n", " "))
+		fmt.Fprintln(t, strings.Join(cols, "\t"))
+	}
+	_ = t.Flush()
+}
+
+// eventAge is kubectl describe's: "30s", or "30s (x4 over 5m)".
+func eventAge(e EventView) string {
+	if e.LastSeen == nil {
+		return "-"
+	}
+	last := duration.HumanDuration(time.Duration(e.AgeSeconds) * time.Second)
+	if e.Count <= 1 || e.FirstSeen == nil {
+		return last
+	}
+	over := duration.HumanDuration(e.LastSeen.Sub(e.FirstSeen.Time) + time.Duration(e.AgeSeconds)*time.Second)
+	return fmt.Sprintf("%s (x%d over %s)", last, e.Count, over)
+}
+
+// writeOwnerExplanation prints explain for a workload: its events, the
+// refusals among them, and its live pods.
+func writeOwnerExplanation(w io.Writer, p painter, o *OwnerExplanation) error {
+	kind := o.Kind
+	if kind == "" {
+		kind = "Workload"
+	}
+	fmt.Fprintf(w, "%s  its events and live pods (a pod it could not create has no events of its own)\n", p.c(bold, kind+" "+o.Namespace+"/"+o.Name))
+	if o.Refused > 0 {
+		fmt.Fprintf(w, "refused:      %s\n", p.c(red, fmt.Sprintf("%d pod creation(s) failed (FailedCreate): a pod refused at creation never exists, so no scheduler sees it;", o.Refused)))
+		fmt.Fprintln(w, "              the message says what refused it (an admission webhook: \"admission webhook ... denied the request\")")
+	}
+	writeEvents(w, p, "events:      ", o.Events, true)
+	if len(o.Pods) == 0 {
+		fmt.Fprintln(w, "pods:         none live")
+		return nil
+	}
+	fmt.Fprintf(w, "pods:         %d live (kubectl gputopo explain -n %s POD for each)\n", len(o.Pods), o.Namespace)
+	t := newTable(w)
+	fmt.Fprintln(t, "  POD\tPHASE\tNODE\tPODSCHEDULED")
+	for _, op := range o.Pods {
+		fmt.Fprintf(t, "  %s\t%s\t%s\t%s\n", op.Name, op.Phase, dash(op.Node), dash(op.Scheduled))
+	}
+	return t.Flush()
 }

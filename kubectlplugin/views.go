@@ -19,7 +19,12 @@ type NodeSummary struct {
 	// Machine is "<count>x <GPU model>, <interconnect>" (NVSwitch, NVLink
 	// or PCIe).
 	Machine string `json:"machine,omitempty"`
-	GPUs    int    `json:"gpus"`
+	// GPUs is the count in the NodeGPUTopology (0 without a valid one:
+	// see Status).
+	GPUs int `json:"gpus"`
+	// Advertised is what the Node advertises: its allocatable of the GPU
+	// resource, as kubelet reports it from the device plugin.
+	Advertised int `json:"advertised"`
 	// Free GPUs: healthy and held by no live pod.
 	Free int `json:"free"`
 	// LargestFreeNVLinkIsland is the largest set of free GPUs that are all
@@ -29,7 +34,9 @@ type NodeSummary struct {
 	// Drift counts pods whose allocated-gpus (truth) differ from their
 	// assigned-gpus (plan).
 	Drift int `json:"drift"`
-	// Status is fresh, stale (with StaleReason), invalid or no-topology.
+	// Status is fresh, stale, invalid or no-topology (the Node advertises
+	// the GPU resource but has no NodeGPUTopology: Free, GPUs and the
+	// island are unknown); StaleReason says why for all but fresh.
 	Status       string       `json:"status"`
 	StaleReason  string       `json:"staleReason,omitempty"`
 	ObservedTime *metav1.Time `json:"observedTime,omitempty"`
@@ -174,9 +181,14 @@ func (s *Snapshot) NodeSummaries() []NodeSummary {
 
 func (s *Snapshot) summary(n *nodeState) NodeSummary {
 	sum := NodeSummary{Name: n.name, Drift: n.drift()}
+	if node := s.node(n.name); node != nil {
+		if q, ok := node.Status.Allocatable[s.resource()]; ok {
+			sum.Advertised = int(q.Value())
+		}
+	}
 	switch {
 	case n.topo == nil:
-		sum.Status = StatusNoTopology
+		sum.Status, sum.StaleReason = StatusNoTopology, "the gputopo node agent has not published its GPUs"
 		return sum
 	case n.graph == nil:
 		sum.Status, sum.StaleReason = StatusInvalid, n.topoErr.Error()

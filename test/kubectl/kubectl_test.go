@@ -12,17 +12,21 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/demo"
@@ -88,6 +92,11 @@ func checkPlugin(ctx context.Context, t *testing.T, kubeconfig string) {
 	pending := createUnsatisfiable(ctx, t, cs)
 	event := waitFailedScheduling(ctx, t, cs, pending)
 	elsewhere := createPinnedNowhere(ctx, t, cs)
+	refused := createRefusedJob(ctx, t, cs)
+	// What explain prints of each pod is all there before it runs.
+	waitShown(ctx, t, cs, "notebook-0", corev1.ConditionTrue, "Scheduled", extender.ReasonGPUsBound)
+	waitShown(ctx, t, cs, pending.Name, corev1.ConditionFalse, "FailedScheduling")
+	waitShown(ctx, t, cs, elsewhere.Name, corev1.ConditionFalse, "FailedScheduling")
 
 	goldens := []struct {
 		name string
@@ -108,6 +117,9 @@ func checkPlugin(ctx context.Context, t *testing.T, kubeconfig string) {
 	for _, g := range goldens {
 		t.Run(g.name, func(t *testing.T) {
 			got := plugin(ctx, t, kubeconfig, g.args...)
+			if strings.HasPrefix(g.name, "explain-") {
+				got = normalizeEvents(t, g.name, got)
+			}
 			golden(t, g.name, normalize(got))
 		})
 	}
@@ -138,6 +150,29 @@ func checkPlugin(ctx context.Context, t *testing.T, kubeconfig string) {
 		}
 		if strings.Contains(rest, extender.ReasonPrefix) {
 			t.Errorf("the FailedScheduling event has gputopo reasons explain does not name:\n%s", rest)
+		}
+	})
+
+	t.Run("explain --job shows the webhook's refusal of the Job's pods", func(t *testing.T) {
+		var o kubectlplugin.OwnerExplanation
+		if err := json.Unmarshal([]byte(plugin(ctx, t, kubeconfig, "explain", "-n", ns, "--job", refused.job, "-o", "json")), &o); err != nil {
+			t.Fatal(err)
+		}
+		if o.Kind != "Job" || o.Refused < 1 || len(o.Pods) != 0 {
+			t.Errorf("explain --job %s: %+v; want the Job, its refusals, no pods", refused.job, o)
+		}
+		found := false
+		for _, e := range o.Events.Items {
+			found = found || e.Reason == "FailedCreate" && e.Message == refused.message
+		}
+		if !found {
+			t.Errorf("explain --job %s does not show the FailedCreate event %q: %+v", refused.job, refused.message, o.Events)
+		}
+		text := plugin(ctx, t, kubeconfig, "explain", "-n", ns, refused.job)
+		for _, want := range []string{"Job " + ns + "/" + refused.job, "pod creation(s) failed (FailedCreate)", `admission webhook "vpod.gputopo.io" denied the request`, v1alpha1.EnvVisibleDevices} {
+			if !strings.Contains(text, want) {
+				t.Errorf("explain %s (no such pod) lacks %q:\n%s", refused.job, want, text)
+			}
 		}
 	})
 
@@ -242,6 +277,79 @@ func createPinnedNowhere(ctx context.Context, t *testing.T, cs kubernetes.Interf
 	return p
 }
 
+// waitShown waits until the pod's PodScheduled condition has the status
+// and it has events of each reason.
+func waitShown(ctx context.Context, t *testing.T, cs kubernetes.Interface, name string, status corev1.ConditionStatus, reasons ...string) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		p, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		set := false
+		for _, c := range p.Status.Conditions {
+			set = set || c.Type == corev1.PodScheduled && c.Status == status
+		}
+		if !set {
+			return false, nil
+		}
+		sel := fields.Set{"involvedObject.name": p.Name, "involvedObject.uid": string(p.UID)}.AsSelector().String()
+		evs, err := cs.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: sel})
+		if err != nil {
+			return false, err
+		}
+		for _, r := range reasons {
+			if !slices.ContainsFunc(evs.Items, func(e corev1.Event) bool { return e.Reason == r }) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("pod %s: no PodScheduled=%s with events %v: %v", name, status, reasons, err)
+	}
+}
+
+type refusedJob struct{ job, message string }
+
+// createRefusedJob creates a Job whose GPU container sets
+// NVIDIA_VISIBLE_DEVICES (as NVIDIA's examples do): the Job is admitted,
+// its pods are refused by the webhook, and the job controller records each
+// refusal as a FailedCreate event on the Job. It returns the event's
+// message.
+func createRefusedJob(ctx context.Context, t *testing.T, cs kubernetes.Interface) refusedJob {
+	t.Helper()
+	spec := localcluster.GPUPodSpec(1)
+	spec.Containers[0].Env = []corev1.EnvVar{{Name: v1alpha1.EnvVisibleDevices, Value: "all"}}
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "sets-devices"},
+		Spec:       batchv1.JobSpec{BackoffLimit: ptr.To[int32](0), Template: corev1.PodTemplateSpec{Spec: spec}},
+	}
+	job, err := cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create job %s: %v", job.Name, err)
+	}
+	sel := fields.Set{"involvedObject.kind": "Job", "involvedObject.name": job.Name, "reason": "FailedCreate"}.AsSelector().String()
+	var msg string
+	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		evs, err := cs.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: sel})
+		if err != nil {
+			return false, err
+		}
+		for _, e := range evs.Items {
+			if strings.Contains(e.Message, "denied the request") {
+				msg = e.Message
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("no FailedCreate event with the webhook's denial on job %s: %v", job.Name, err)
+	}
+	return refusedJob{job: job.Name, message: msg}
+}
+
 // waitFailedScheduling returns the message of the pod's FailedScheduling
 // event once kube-scheduler has asked the extender.
 func waitFailedScheduling(ctx context.Context, t *testing.T, cs kubernetes.Interface, p *corev1.Pod) string {
@@ -299,7 +407,72 @@ var normalizers = []struct {
 	// Scores follow telemetry and the scoring weights; the tests of the
 	// extender pin them, these files pin the picture.
 	{regexp.MustCompile(`("score": |score: |score )\d+`), "${1}N"},
+	// explain's PodScheduled age.
+	{regexp.MustCompile(`(?m)^(PodScheduled: [^\n]*?, )\S+ ago`), "${1}AGE ago"},
 }
+
+// normalizeEvents makes explain's events comparable: kube-scheduler's
+// retries add FailedScheduling events (or grow a series) at their own
+// pace, so each distinct event is kept once, without times and counts. The
+// JSON and YAML outputs are decoded and encoded again as the plugin
+// encodes them.
+func normalizeEvents(t *testing.T, name, out string) string {
+	t.Helper()
+	if !strings.HasSuffix(name, ".json") && !strings.HasSuffix(name, ".yaml") {
+		return eventsBlockRE.ReplaceAllStringFunc(out, func(block string) string {
+			lines := strings.Split(strings.TrimSuffix(block, "\n"), "\n")
+			var rows []string
+			for _, l := range lines[2:] {
+				m := eventRowRE.FindStringSubmatch(l)
+				if m == nil {
+					t.Fatalf("event row %q", l)
+				}
+				if r := "  " + m[1] + " " + m[2] + " from " + m[3] + ": " + m[4]; !slices.Contains(rows, r) {
+					rows = append(rows, r)
+				}
+			}
+			return "events:       (distinct)\n" + strings.Join(rows, "\n") + "\n"
+		})
+	}
+	data := []byte(out)
+	if strings.HasSuffix(name, ".yaml") {
+		var err error
+		if data, err = yaml.YAMLToJSON(data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var e kubectlplugin.Explanation
+	if err := json.Unmarshal(data, &e); err != nil {
+		t.Fatal(err)
+	}
+	if c := e.Scheduled; c != nil {
+		c.LastTransitionTime, c.AgeSeconds = nil, 0
+	}
+	var items []kubectlplugin.EventView
+	for _, ev := range e.Events.Items {
+		ev.Count, ev.FirstSeen, ev.LastSeen, ev.AgeSeconds = 0, nil, nil, 0
+		if !slices.Contains(items, ev) {
+			items = append(items, ev)
+		}
+	}
+	e.Events.Items, e.Events.Omitted = items, 0
+	b, err := json.MarshalIndent(e, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.HasSuffix(name, ".yaml") {
+		if b, err = yaml.JSONToYAML(b); err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	return string(b) + "\n"
+}
+
+var (
+	eventsBlockRE = regexp.MustCompile(`(?m)^events: +\d+, oldest first.*\n  TYPE .*\n(?:  (?:Normal|Warning) .*\n)+`)
+	eventRowRE    = regexp.MustCompile(`^  (Normal|Warning) +(\S+) +\S+(?: \(x\d+ over \S+\))? +(\S+) +(.*)$`)
+)
 
 func normalize(s string) string {
 	for _, n := range normalizers {
