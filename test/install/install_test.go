@@ -12,6 +12,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -20,6 +21,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -40,8 +42,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/nodeagent"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/test/kubelet"
+	"github.com/gputopo/gputopo/topology"
 )
 
 const (
@@ -50,6 +54,8 @@ const (
 	nodeName    = "gpu-node-1"
 	machine     = "dgx-a100"
 	teamNS      = "ml-team"
+	// tenantNS is a namespace that did not opt in.
+	tenantNS = "tenant"
 	// trainImage is the workload's image: the pause image under this name.
 	trainImage = "registry.example/train:1"
 )
@@ -62,6 +68,10 @@ var controllers = []string{
 	"deployment-controller", "replicaset-controller", "daemonset-controller",
 	"serviceaccount-controller", "root-ca-certificate-publisher-controller",
 	"endpointslice-controller", "job-controller", "garbage-collector-controller",
+	// The node agent's system-node-critical pods are counted by the
+	// release's ResourceQuota, which admits pods once this controller has
+	// counted its usage.
+	"resourcequota-controller",
 }
 
 // cluster is the one-node cluster the chart is installed on.
@@ -71,6 +81,13 @@ type cluster struct {
 	k          *kubelet.Kubelet
 	kubeconfig string
 	dir        string
+	// cdi is the node's CDI spec for its simulated GPUs, which containerd
+	// applies for the chart's default device list strategy, cdi-cri.
+	cdi *kubelet.CDISpec
+	// toolkitConfig is the NVIDIA container toolkit configuration the node
+	// agent reads through the chart's mount, and isolation the
+	// gputopo_nodeagent_env_isolation series it must report for it.
+	toolkitConfig, isolation string
 }
 
 // TestHelmInstall installs the chart with `helm install` on a one-node
@@ -78,10 +95,13 @@ type cluster struct {
 // from the image `make image` built, imported rather than pulled. The test
 // plays cert-manager: it issues the Secrets the chart's Certificates ask for
 // and injects the webhooks' CA bundle, since cert-manager's controller
-// cannot be built here. Then the demo's model-parallel workload runs through
-// the installed system, every component's container is killed once, the
-// release is upgraded with a changed value and uninstalled, and the test
-// checks what is left.
+// cannot be built here. The node has a CDI spec for its simulated GPUs, as
+// nvidia-ctk cdi generate writes on a real node, for the chart's default
+// device list strategy, cdi-cri. Then the demo's model-parallel workload
+// runs through the installed system and gets exactly its GPUs' CDI devices,
+// CPU pods that ask for every GPU through their environment get none,
+// every component's container is killed once, the release is upgraded with
+// a changed value and uninstalled, and the test checks what is left.
 func TestHelmInstall(t *testing.T) { installAndRun(t, "plugin") }
 
 // TestHelmInstallExtenderMode is TestHelmInstall in the chart's default
@@ -100,10 +120,11 @@ func installAndRun(t *testing.T, mode string) {
 	if out, err := c.helm(t, "install", releaseName, chartDir(), "--namespace", releaseNS, "--create-namespace", "-f", values); err != nil {
 		t.Fatalf("helm install: %v\n%s", err, out)
 	}
-	t.Logf("injected: helm install %s in %s, %s mode, the node agent simulating a %s", releaseName, releaseNS, mode, machine)
+	t.Logf("injected: helm install %s in %s, %s mode, the node agent simulating a %s, the chart's default device list strategy", releaseName, releaseNS, mode, machine)
 	c.actAsCertManager(t)
 	c.waitReleaseReady(t, 4*time.Minute)
-	t.Logf("checked: every pod of the release Running and Ready (%v since start)", time.Since(start).Round(time.Second))
+	t.Logf("checked: every pod of the release Running and Ready (%v since start), the node agent at system-node-critical through the release's ResourceQuota", time.Since(start).Round(time.Second))
+	c.checkToolkitCheck(t)
 	c.waitWebhookServes(t)
 	c.checkLeader(t, "gputopo-scheduler")
 	if mode == "extender" {
@@ -123,6 +144,10 @@ func installAndRun(t *testing.T, mode string) {
 			c.podNetworkClient(t, first)
 		})
 	}
+	t.Run("CPU pods asking for every GPU through env or envFrom get no GPU device, opted in or not", func(t *testing.T) {
+		defer c.dumpIfFailed(t)
+		c.envSelectsNoGPU(t)
+	})
 	t.Run("each component's container killed once: kubelet restarts it, probes gate readiness, no GPU issued twice", func(t *testing.T) {
 		defer c.dumpIfFailed(t)
 		c.killEachComponent(t)
@@ -182,6 +207,19 @@ func startCluster(t *testing.T, mode string) *cluster {
 	}
 	kubelet.StartProxy(t, cp, nodeName)
 	c := &cluster{mode: mode, cp: cp, k: k, dir: t.TempDir(), kubeconfig: cp.Kubeconfig(t, "gputopo-test-helm", "system:masters")}
+	// The node's CDI spec, as nvidia-ctk cdi generate (or the GPU
+	// operator) writes it on a real node, for the GPUs the node agent
+	// simulates (their UUIDs follow from the node's name).
+	f, err := topology.FixtureByName(machine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uuids := make([]string, f.GPUs)
+	for i := range uuids {
+		uuids[i] = topology.FixtureUUID(nodeName, i)
+	}
+	c.cdi = kubelet.WriteCDISpec(t, k.Containerd, nodeagent.DefaultCDIKind, uuids)
+	t.Logf("injected: CDI spec %s with %d devices %s=<UUID>, each a fake /dev/nvidiaN and %sN=<UUID>", c.cdi.Path, len(uuids), c.cdi.Kind, kubelet.CDIEnvPrefix)
 	t.Cleanup(func() {
 		if t.Failed() {
 			c.dump(t)
@@ -216,7 +254,9 @@ func hostIP(t *testing.T) string {
 // values is the release's values file: the image built here (never
 // pulled), the mode, two webhook, scheduler (and extender) replicas
 // (leader election picks one of each), the node agent simulating machine
-// on this kubelet.
+// on this kubelet and reading the toolkit configuration written here.
+// Everything else, the device list strategy (cdi-cri) and the agent's
+// priority class (system-node-critical) among it, is the chart's default.
 func (c *cluster) values(t *testing.T) string {
 	t.Helper()
 	gputopoImage, _ := kubelet.Archives()
@@ -225,6 +265,23 @@ func (c *cluster) values(t *testing.T) string {
 		t.Fatal(err)
 	}
 	repo, tag := ref[:strings.LastIndex(ref, ":")], ref[strings.LastIndex(ref, ":")+1:]
+	// The toolkit's configuration the node agent checks at start, through
+	// the chart's read-only mount of its directory: hardened in extender
+	// mode; in plugin mode with a malformed value, which the agent must
+	// report and run on.
+	toolkitDir := filepath.Join(c.dir, "nvidia-container-runtime")
+	c.toolkitConfig = filepath.Join(toolkitDir, "config.toml")
+	content, isolation := "accept-nvidia-visible-devices-envvar-when-unprivileged = false\n", `{reason="envvar_ignored"} 1`
+	if c.mode == "plugin" {
+		content, isolation = "accept-nvidia-visible-devices-envvar-when-unprivileged = no\n", `{reason="config_error"} 0`
+	}
+	c.isolation = isolation
+	if err := os.MkdirAll(toolkitDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(c.toolkitConfig, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	v := fmt.Sprintf(`image:
   repository: %s
   tag: %q
@@ -239,7 +296,8 @@ nodeAgent:
   kubeletRootDir: %s
   runtimeClassName: ""
   reconcileInterval: 2s
-`, repo, tag, c.mode, machine, c.k.RootDir)
+  toolkitConfigDir: %s
+`, repo, tag, c.mode, machine, c.k.RootDir, toolkitDir)
 	if c.mode == "extender" {
 		sref, err := kubelet.ImageRef(schedulerArchive())
 		if err != nil {
@@ -289,9 +347,15 @@ func (c *cluster) actAsCertManager(t *testing.T) {
 		secret, _, _ := unstructured.NestedString(crt.Object, "spec", "secretName")
 		isCA, _, _ := unstructured.NestedBool(crt.Object, "spec", "isCA")
 		dns, _, _ := unstructured.NestedStringSlice(crt.Object, "spec", "dnsNames")
+		// cert-manager's subject CN is spec.commonName when set (the
+		// extender lets in the scheduler's certificate by it).
+		cn, _, _ := unstructured.NestedString(crt.Object, "spec", "commonName")
+		if cn == "" {
+			cn = crt.GetName()
+		}
 		key, cert := caKey, caCert
 		if !isCA {
-			key, cert = newCert(t, crt.GetName(), dns, caKey, caCert)
+			key, cert = newCert(t, cn, dns, caKey, caCert)
 		}
 		keyDER, err := x509.MarshalECPrivateKey(key)
 		if err != nil {
@@ -311,7 +375,7 @@ func (c *cluster) actAsCertManager(t *testing.T) {
 			t.Fatalf("create Secret %s for Certificate %s: %v", secret, crt.GetName(), err)
 		}
 		caOf[releaseNS+"/"+crt.GetName()] = caPEM
-		t.Logf("injected: Secret %s for Certificate %s (isCA %v, dnsNames %v)", secret, crt.GetName(), isCA, dns)
+		t.Logf("injected: Secret %s for Certificate %s (isCA %v, CN %s, dnsNames %v)", secret, crt.GetName(), isCA, cn, dns)
 	}
 	if len(certs.Items) == 0 {
 		t.Fatal("the release created no cert-manager Certificate")
@@ -553,8 +617,10 @@ func (c *cluster) waitWebhookServes(t *testing.T) {
 // runJob runs a model-parallel Job of one pod with gpus GPUs in the opted-in
 // namespace and checks the installed system placed it: mutated by the
 // webhook, bound by gputopo-scheduler to an NVLinked set, assigned-gpus
-// equal to allocated-gpus, none of them in avoid, and the container
-// process's NVIDIA_VISIBLE_DEVICES exactly those GPUs.
+// equal to allocated-gpus, none of them in avoid, and, with the chart's
+// default cdi-cri, the CDI devices kubelet passed containerd, the devices
+// of the OCI spec containerd made and the process's /dev and CDI variables
+// exactly those GPUs, with no NVIDIA_VISIBLE_DEVICES.
 func (c *cluster) runJob(t *testing.T, name string, gpus int64, avoid []string) *corev1.Pod {
 	t.Helper()
 	ctx := context.Background()
@@ -613,20 +679,202 @@ func (c *cluster) runJob(t *testing.T, name string, gpus int64, avoid []string) 
 	if pl.Tier != v1alpha1.TierNVSwitch || pl.Node != nodeName {
 		t.Errorf("placement %s; want an NVSwitch set on %s", pl, nodeName)
 	}
-	pid, err := c.k.Containerd.PID(ctx, pod.Namespace, pod.Name, string(pod.UID), "main")
+	in, err := c.k.Containerd.Inspect(ctx, pod.Namespace, pod.Name, string(pod.UID), "main")
 	if err != nil {
 		t.Fatal(err)
 	}
-	env, err := kubelet.Environ(pid)
+	var cdi []string
+	for _, d := range in.Config.GetCDIDevices() {
+		cdi = append(cdi, d.GetName())
+	}
+	sort.Strings(cdi)
+	if want := c.cdi.DeviceNames(assigned); !slices.Equal(cdi, want) {
+		t.Errorf("CDI devices kubelet asked containerd for: %v, want exactly assigned-gpus' %v", cdi, want)
+	}
+	wantDev := c.cdi.DeviceNodes(assigned)
+	if got := gpuPaths(in.Spec.DevicePaths()); !slices.Equal(got, wantDev) {
+		t.Errorf("GPU devices in the OCI spec containerd gave runc: %v, want %v", got, wantDev)
+	}
+	env, err := kubelet.Environ(in.PID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	vis := kubelet.Lookup(env, v1alpha1.EnvVisibleDevices)
-	if len(vis) != 1 || !slices.Equal(kubelet.EnvList(vis[0]), assigned) {
-		t.Errorf("%s in /proc/%d/environ = %q, want exactly assigned-gpus %v", v1alpha1.EnvVisibleDevices, pid, vis, assigned)
+	if got := kubelet.CDIEnvUUIDs(env); !slices.Equal(got, assigned) {
+		t.Errorf("the CDI spec's variables in /proc/%d/environ name %v, want exactly assigned-gpus %v", in.PID, got, assigned)
 	}
-	t.Logf("checked: %s mutated by the installed webhook, bound by gputopo-scheduler with placement %s, allocated-gpus = assigned-gpus = %v = the process's %s", pod.Name, pl, assigned, v1alpha1.EnvVisibleDevices)
+	if vis := kubelet.Lookup(env, v1alpha1.EnvVisibleDevices); len(vis) != 0 {
+		t.Errorf("%s=%q in /proc/%d/environ; with cdi-cri the device plugin sets none", v1alpha1.EnvVisibleDevices, vis, in.PID)
+	}
+	dev, err := kubelet.GPUDeviceNodes(in.PID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(dev, wantDev) {
+		t.Errorf("GPU device nodes in the process's /dev: %v, want %v", dev, wantDev)
+	}
+	t.Logf("checked: %s mutated by the installed webhook, bound by gputopo-scheduler with placement %s, allocated-gpus = assigned-gpus = %v = the CDI devices kubelet passed, the process's /dev %v and its CDI variables, no %s", pod.Name, pl, assigned, dev, v1alpha1.EnvVisibleDevices)
 	return pod
+}
+
+// gpuPaths are the /dev/nvidia* entries of paths.
+func gpuPaths(paths []string) []string {
+	var out []string
+	for _, p := range paths {
+		if strings.HasPrefix(p, "/dev/nvidia") {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// checkToolkitCheck checks what the node agent made of the toolkit
+// configuration it read at start through the chart's mount: the
+// gputopo_nodeagent_env_isolation series on its metrics port, and its log
+// line (in plugin mode the malformed value, named with its file and key,
+// and the agent running on).
+func (c *cluster) checkToolkitCheck(t *testing.T) {
+	t.Helper()
+	var agent *corev1.Pod
+	for _, p := range c.releasePods(t) {
+		if p.Labels[componentLabel] == "nodeagent" {
+			agent = &p
+		}
+	}
+	if agent == nil || agent.Status.PodIP == "" {
+		t.Fatalf("no running node agent pod with an IP (%v)", agent)
+	}
+	url := fmt.Sprintf("http://%s/metrics", net.JoinHostPort(agent.Status.PodIP, "9400"))
+	var series string
+	c.poll(t, time.Minute, "the node agent's env isolation series at "+url, func() (bool, string) {
+		resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(url)
+		if err != nil {
+			return false, err.Error()
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "gputopo_nodeagent_env_isolation{") {
+				series = l
+			}
+		}
+		return series != "", "no gputopo_nodeagent_env_isolation series"
+	})
+	if series != "gputopo_nodeagent_env_isolation"+c.isolation {
+		t.Errorf("%s; want gputopo_nodeagent_env_isolation%s for %s", series, c.isolation, c.toolkitConfig)
+	}
+	want := "Container environments cannot select GPUs"
+	if c.mode == "plugin" {
+		want = c.toolkitConfig + ":1: accept-nvidia-visible-devices-envvar-when-unprivileged = no: not a boolean"
+	}
+	logs, _ := filepath.Glob(filepath.Join(c.k.Dir, "logs", releaseNS+"_"+agent.Name+"_*", "nodeagent", "*.log"))
+	var text string
+	for _, l := range logs {
+		b, _ := os.ReadFile(l)
+		text += string(b)
+	}
+	if !strings.Contains(text, want) {
+		t.Errorf("the node agent's log (%v) does not say %q", logs, want)
+	}
+	t.Logf("checked: the node agent read %s through the chart's read-only mount: %s, logged %q, and runs", c.toolkitConfig, series, want)
+}
+
+// envSelectsNoGPU runs, with the chart's defaults, CPU-only pods (no GPU
+// request) that set NVIDIA_VISIBLE_DEVICES=all through env and through
+// envFrom of a ConfigMap, in a namespace that did not opt in and in the
+// opted-in one, on the real kubelet and containerd, and checks that none
+// is given a GPU device: no CDI device in the ContainerConfig kubelet sent
+// containerd, no CDI annotation, GPU device or device-list mount in the
+// OCI spec containerd made for runc, and no GPU device node in the
+// process's /dev. Admission may refuse such a pod (the webhook refuses a
+// literal NVIDIA_VISIBLE_DEVICES in opted-in namespaces) or rewrite it;
+// a refusal must name the variable, and counts as no device given.
+func (c *cluster) envSelectsNoGPU(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	if err := c.cp.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tenantNS}}); client.IgnoreAlreadyExists(err) != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range []string{tenantNS, teamNS} {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "all-gpus"}, Data: map[string]string{v1alpha1.EnvVisibleDevices: "all"}}
+		if err := c.cp.Client.Create(ctx, cm); client.IgnoreAlreadyExists(err) != nil {
+			t.Fatal(err)
+		}
+		for _, how := range []string{"env", "envFrom"} {
+			ctr := corev1.Container{Name: "main", Image: trainImage, ImagePullPolicy: corev1.PullIfNotPresent}
+			if how == "env" {
+				ctr.Env = []corev1.EnvVar{{Name: v1alpha1.EnvVisibleDevices, Value: "all"}}
+			} else {
+				ctr.EnvFrom = []corev1.EnvFromSource{{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: cm.Name}}}}
+			}
+			p := &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "all-gpus-by-" + strings.ToLower(how)},
+				Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, TerminationGracePeriodSeconds: ptr.To[int64](0),
+					AutomountServiceAccountToken: ptr.To(false), Containers: []corev1.Container{ctr}},
+			}
+			what := fmt.Sprintf("%s/%s (%s=all by %s, no GPU request, namespace %s)", ns, p.Name, v1alpha1.EnvVisibleDevices, how,
+				map[bool]string{true: "opted in", false: "not opted in"}[ns == teamNS])
+			if err := c.cp.Client.Create(ctx, p); err != nil {
+				if !strings.Contains(err.Error(), v1alpha1.EnvVisibleDevices) {
+					t.Errorf("%s refused for another reason than its %s: %v", what, v1alpha1.EnvVisibleDevices, err)
+					continue
+				}
+				t.Logf("checked: %s refused at admission, so given no device: %v", what, err)
+				continue
+			}
+			c.poll(t, 2*time.Minute, what+" to run", func() (bool, string) {
+				got := c.pod(t, p)
+				return got.Status.Phase == corev1.PodRunning && len(got.Status.ContainerStatuses) > 0 && got.Status.ContainerStatuses[0].State.Running != nil,
+					string(got.Status.Phase) + " " + containerStates(got)
+			})
+			p = c.pod(t, p)
+			in, err := c.k.Containerd.Inspect(ctx, p.Namespace, p.Name, string(p.UID), "main")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := in.Config.GetCDIDevices(); len(d) != 0 {
+				t.Errorf("%s: kubelet asked containerd for CDI devices %v", what, d)
+			}
+			for k := range in.Spec.Annotations {
+				if strings.HasPrefix(k, "cdi.k8s.io/") {
+					t.Errorf("%s: CDI annotation %s=%q in the OCI spec", what, k, in.Spec.Annotations[k])
+				}
+			}
+			if d := gpuPaths(in.Spec.DevicePaths()); len(d) != 0 {
+				t.Errorf("%s: GPU devices %v in the OCI spec containerd gave runc", what, d)
+			}
+			for _, m := range in.Spec.Mounts {
+				if m.Destination == nodeagent.DeviceListMountRoot || strings.HasPrefix(m.Destination, nodeagent.DeviceListMountRoot+"/") {
+					t.Errorf("%s: device-list mount %s (from %s) in the OCI spec", what, m.Destination, m.Source)
+				}
+			}
+			dev, err := kubelet.GPUDeviceNodes(in.PID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(dev) != 0 {
+				t.Errorf("%s: GPU device nodes %v in the process's /dev", what, dev)
+			}
+			if a := p.Annotations[v1alpha1.AnnotationAllocatedGPUs]; a != "" {
+				t.Errorf("%s: allocated-gpus %q", what, a)
+			}
+			env, err := kubelet.Environ(in.PID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			vis := kubelet.Lookup(env, v1alpha1.EnvVisibleDevices)
+			t.Logf("checked: %s ran with %s=%q in its environment and no GPU device: no CDI device from kubelet, none in the OCI spec, no device-list mount, no /dev/nvidia* in the process", what, v1alpha1.EnvVisibleDevices, vis)
+			if err := c.cp.Client.Delete(ctx, p, client.GracePeriodSeconds(0)); client.IgnoreNotFound(err) != nil {
+				t.Fatal(err)
+			}
+			c.poll(t, time.Minute, "pod "+p.Name+" gone", func() (bool, string) {
+				err := c.cp.Client.Get(ctx, client.ObjectKeyFromObject(p), &corev1.Pod{})
+				return client.IgnoreNotFound(err) == nil && err != nil, fmt.Sprint(err)
+			})
+		}
+	}
 }
 
 func (c *cluster) pod(t *testing.T, p *corev1.Pod) *corev1.Pod {
@@ -882,11 +1130,12 @@ func (c *cluster) uninstall(t *testing.T) {
 	check(&corev1.ServiceList{}, client.InNamespace(releaseNS))
 	check(&corev1.ConfigMapList{}, client.InNamespace(releaseNS))
 	check(&coordinationv1.LeaseList{}, client.InNamespace(releaseNS))
+	check(&corev1.ResourceQuotaList{}, client.InNamespace(releaseNS))
 	check(&corev1.PodList{}, client.InNamespace(releaseNS))
 	if len(left) > 0 {
 		t.Errorf("left after helm uninstall: %s", strings.Join(left, "; "))
 	}
-	t.Logf("checked: no webhook configuration, workload, Service, ConfigMap, Lease or pod of the release left")
+	t.Logf("checked: no webhook configuration, workload, Service, ConfigMap, Lease, ResourceQuota or pod of the release left")
 }
 
 func (c *cluster) poll(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {

@@ -249,6 +249,61 @@ func (c *Containerd) ctr(args ...string) ([]byte, error) {
 // namespace/podName (of the pod with UID podUID unless empty; the newest
 // container if several), from containerd's verbose CRI status.
 func (c *Containerd) PID(ctx context.Context, namespace, podName, podUID, name string) (int, error) {
+	in, err := c.Inspect(ctx, namespace, podName, podUID, name)
+	if err != nil {
+		return 0, err
+	}
+	return in.PID, nil
+}
+
+// ContainerInspection is what containerd holds for a running container:
+// its process, the CRI ContainerConfig kubelet sent, and the OCI runtime
+// spec containerd made of it (CDI devices applied) for runc.
+type ContainerInspection struct {
+	ID  string
+	PID int
+	// Config is the ContainerConfig of kubelet's CreateContainer request.
+	Config *runtimeapi.ContainerConfig
+	// Spec is the part of the OCI runtime spec the tests read.
+	Spec OCISpec
+}
+
+// OCISpec is the part of an OCI runtime spec (config.json) that says which
+// devices a container gets.
+type OCISpec struct {
+	Annotations map[string]string `json:"annotations"`
+	Process     *struct {
+		Env []string `json:"env"`
+	} `json:"process"`
+	Mounts []struct {
+		Destination string `json:"destination"`
+		Source      string `json:"source"`
+	} `json:"mounts"`
+	Linux *struct {
+		Devices []struct {
+			Path  string `json:"path"`
+			Major int64  `json:"major"`
+			Minor int64  `json:"minor"`
+		} `json:"devices"`
+	} `json:"linux"`
+}
+
+// DevicePaths are the container paths of the spec's linux.devices.
+func (s OCISpec) DevicePaths() []string {
+	var out []string
+	if s.Linux != nil {
+		for _, d := range s.Linux.Devices {
+			out = append(out, d.Path)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Inspect is containerd's view of the running container name of pod
+// namespace/podName (of the pod with UID podUID unless empty; the newest
+// container if several), from its verbose CRI status.
+func (c *Containerd) Inspect(ctx context.Context, namespace, podName, podUID, name string) (*ContainerInspection, error) {
 	labels := map[string]string{
 		"io.kubernetes.pod.namespace":  namespace,
 		"io.kubernetes.pod.name":       podName,
@@ -262,24 +317,30 @@ func (c *Containerd) PID(ctx context.Context, namespace, podName, podUID, name s
 		LabelSelector: labels,
 	}})
 	if err != nil {
-		return 0, fmt.Errorf("list containers of %s/%s: %w", namespace, podName, err)
+		return nil, fmt.Errorf("list containers of %s/%s: %w", namespace, podName, err)
 	}
 	cs := resp.GetContainers()
 	if len(cs) == 0 {
-		return 0, fmt.Errorf("no running container %s in pod %s/%s", name, namespace, podName)
+		return nil, fmt.Errorf("no running container %s in pod %s/%s", name, namespace, podName)
 	}
 	sort.Slice(cs, func(i, j int) bool { return cs[i].CreatedAt > cs[j].CreatedAt })
 	st, err := c.rs.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: cs[0].Id, Verbose: true})
 	if err != nil {
-		return 0, fmt.Errorf("status of container %s: %w", cs[0].Id, err)
+		return nil, fmt.Errorf("status of container %s: %w", cs[0].Id, err)
 	}
+	// containerd's CRI ContainerInfo (internal/cri/server/container_status.go).
 	var info struct {
-		PID int `json:"pid"`
+		PID         int                         `json:"pid"`
+		Config      *runtimeapi.ContainerConfig `json:"config"`
+		RuntimeSpec *OCISpec                    `json:"runtimeSpec"`
 	}
 	if err := json.Unmarshal([]byte(st.GetInfo()["info"]), &info); err != nil || info.PID <= 0 {
-		return 0, fmt.Errorf("container %s: no pid in the verbose status (%v)", cs[0].Id, err)
+		return nil, fmt.Errorf("container %s: no pid in the verbose status (%v)", cs[0].Id, err)
 	}
-	return info.PID, nil
+	if info.Config == nil || info.RuntimeSpec == nil {
+		return nil, fmt.Errorf("container %s: the verbose status has no config or runtime spec", cs[0].Id)
+	}
+	return &ContainerInspection{ID: cs[0].Id, PID: info.PID, Config: info.Config, Spec: *info.RuntimeSpec}, nil
 }
 
 // Environ is the environment of process pid as the kernel holds it

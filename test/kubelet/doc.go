@@ -8,7 +8,11 @@
 // containerd from bin/ (`make tools`) with Debian's runc and CNI plugins,
 // images imported from the OCI archives `make image` writes (nothing is
 // pulled), and a test reads what a container's process really received
-// from /proc/<pid>/environ (Containerd.PID, Environ). Teardown removes
+// from /proc/<pid>/environ and its /dev (Containerd.PID, Environ,
+// GPUDeviceNodes), and what kubelet asked containerd for and containerd
+// made of it (Containerd.Inspect: the CRI ContainerConfig and the OCI
+// runtime spec). WriteCDISpec gives containerd a CDI spec for simulated
+// GPUs, as nvidia-ctk cdi generate would on a real node. Teardown removes
 // every pod and fails the test if a shim, mount, cgroup or the CNI bridge
 // is left behind.
 //
