@@ -285,3 +285,31 @@ func TestExplainShowsAFallBack(t *testing.T) {
 		t.Errorf("explain does not show the fall-back:\n%s", out.String())
 	}
 }
+
+// A topology that its Node's GPU counts contradict is shown untrusted,
+// with the extender's reason, as filter refuses it.
+func TestNodeSummaryShowsATopologyItsNodeContradicts(t *testing.T) {
+	s := cluster(t)
+	for i := range s.Nodes {
+		n := &s.Nodes[i]
+		capacity := int64(8)
+		if n.Name == "pcie" {
+			capacity = 4
+			n.Status.Allocatable[v1alpha1.ResourceGPU] = *resource.NewQuantity(4, resource.DecimalSI)
+		}
+		n.Status.Capacity = corev1.ResourceList{v1alpha1.ResourceGPU: *resource.NewQuantity(capacity, resource.DecimalSI)}
+	}
+	for _, r := range s.NodeSummaries() {
+		switch r.Name {
+		case "pcie":
+			want := "node's NodeGPUTopology lists 8 GPUs but the Node advertises capacity 4 nvidia.com/gpu; the topology is not trusted until they agree"
+			if r.Status != StatusUntrusted || !strings.HasPrefix(r.StaleReason, want) {
+				t.Errorf("pcie: status %q reason %q; want %q with %q", r.Status, r.StaleReason, StatusUntrusted, want)
+			}
+		case "v100":
+			if r.Status != StatusFresh {
+				t.Errorf("v100, whose counts agree: status %q (%s), want fresh", r.Status, r.StaleReason)
+			}
+		}
+	}
+}

@@ -112,7 +112,7 @@ func status(p painter, s NodeSummary) string {
 	switch s.Status {
 	case StatusFresh:
 		return p.c(green, s.Status)
-	case StatusStale, StatusInvalid:
+	case StatusStale, StatusInvalid, StatusUntrusted:
 		return p.c(red, s.Status) + " (" + s.StaleReason + ")"
 	}
 	if s.StaleReason != "" {

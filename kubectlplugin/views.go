@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/extender/ledger"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -34,7 +35,8 @@ type NodeSummary struct {
 	// Drift counts pods whose allocated-gpus (truth) differ from their
 	// assigned-gpus (plan).
 	Drift int `json:"drift"`
-	// Status is fresh, stale, invalid or no-topology (the Node advertises
+	// Status is fresh, stale, invalid, untrusted (its GPU counts disagree
+	// with its Node's) or no-topology (the Node advertises
 	// the GPU resource but has no NodeGPUTopology: Free, GPUs and the
 	// island are unknown); StaleReason says why for all but fresh.
 	Status       string       `json:"status"`
@@ -50,6 +52,9 @@ const (
 	StatusStale      = "stale"
 	StatusInvalid    = "invalid"
 	StatusNoTopology = "no-topology"
+	// StatusUntrusted: the topology disagrees with its Node's GPU counts
+	// (capacity, allocatable), so the extender places no pod there.
+	StatusUntrusted = "untrusted"
 )
 
 // holder is one pod's GPUs on a node.
@@ -181,9 +186,14 @@ func (s *Snapshot) NodeSummaries() []NodeSummary {
 
 func (s *Snapshot) summary(n *nodeState) NodeSummary {
 	sum := NodeSummary{Name: n.name, Drift: n.drift()}
+	capacity, allocatable := -1, -1
 	if node := s.node(n.name); node != nil {
 		if q, ok := node.Status.Allocatable[s.resource()]; ok {
 			sum.Advertised = int(q.Value())
+			allocatable = sum.Advertised
+		}
+		if q, ok := node.Status.Capacity[s.resource()]; ok {
+			capacity = int(q.Value())
 		}
 	}
 	switch {
@@ -215,6 +225,12 @@ func (s *Snapshot) summary(n *nodeState) NodeSummary {
 		sum.Status, sum.StaleReason = StatusStale, "no observedTime: the node agent has not published a topology read"
 	case maxAge > 0 && s.Now.Sub(st.ObservedTime.Time) > maxAge:
 		sum.Status, sum.StaleReason = StatusStale, fmt.Sprintf("not refreshed for more than %s (topologyMaxAge)", maxAge)
+	default:
+		// The extender's own rule: a topology its Node's GPU counts
+		// contradict is not trusted.
+		if why := ledger.CountDistrust(n.graph, capacity, allocatable, s.resource()); why != "" {
+			sum.Status, sum.StaleReason = StatusUntrusted, why
+		}
 	}
 	return sum
 }

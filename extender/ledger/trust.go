@@ -6,7 +6,10 @@ import (
 	"hash/maphash"
 	"slices"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/topology"
 )
 
 // How far the ledger trusts a node's NodeGPUTopology. The node agent that
@@ -204,19 +207,32 @@ func (l *Ledger) trustLocked(n *Node) {
 	if n.graph == nil {
 		return // missing or invalid: State says so
 	}
-	res := l.resource
-	size, healthy := n.graph.Len(), n.graph.Healthy().Count()
+	if n.distrust = CountDistrust(n.graph, n.capacity, n.allocatable, l.resource); n.distrust != "" {
+		return
+	}
 	switch {
-	case n.capacity >= 0 && size != n.capacity:
-		n.distrust = fmt.Sprintf("node's NodeGPUTopology lists %d GPUs but the Node advertises capacity %d %s; the topology is not trusted until they agree; check the gputopo node agent on this node (kubelet's capacity counts the devices it registered)",
-			size, n.capacity, res)
-	case n.capacity >= 0 && healthy > max(n.allocatable, 0):
-		n.distrust = fmt.Sprintf("node's NodeGPUTopology lists %d healthy GPUs but the Node advertises %d allocatable %s; the topology is not trusted until they agree (kubelet reports a recovered GPU at its next node status update); if it lasts, check the gputopo node agent on this node",
-			healthy, max(n.allocatable, 0), res)
 	case n.dupGPU != "":
 		n.distrust = fmt.Sprintf("node's NodeGPUTopology lists GPU %s, which node %s's NodeGPUTopology listed first; the topology is not trusted while both list it; check the gputopo node agent on this node (a GPU moved from %s stays in that node's NodeGPUTopology until its agent republishes or the object is deleted)",
 			n.dupGPU, n.dupFirst, n.dupFirst)
 	}
+}
+
+// CountDistrust is why a topology g is not trusted given its Node's
+// capacity and allocatable of res (-1: the Node does not report it, not
+// checked), "" when the counts agree: the count must equal capacity (every
+// device kubelet registered), and no more GPUs may be healthy than
+// allocatable. `kubectl gputopo nodes` shows the same.
+func CountDistrust(g *topology.Graph, capacity, allocatable int, res corev1.ResourceName) string {
+	size, healthy := g.Len(), g.Healthy().Count()
+	switch {
+	case capacity >= 0 && size != capacity:
+		return fmt.Sprintf("node's NodeGPUTopology lists %d GPUs but the Node advertises capacity %d %s; the topology is not trusted until they agree; check the gputopo node agent on this node (kubelet's capacity counts the devices it registered)",
+			size, capacity, res)
+	case capacity >= 0 && healthy > max(allocatable, 0):
+		return fmt.Sprintf("node's NodeGPUTopology lists %d healthy GPUs but the Node advertises %d allocatable %s; the topology is not trusted until they agree (kubelet reports a recovered GPU at its next node status update); if it lasts, check the gputopo node agent on this node",
+			healthy, max(allocatable, 0), res)
+	}
+	return ""
 }
 
 // claimedUUIDs are the UUIDs of a valid topology's GPUs, in index order.
