@@ -86,13 +86,7 @@ func newDecider(x *Extender, mode string) *decider {
 	if ns == "" {
 		ns = DefaultDeciderLeaseNamespace
 	}
-	base := x.opts.LeaderElectionIdentity
-	if base == "" {
-		host, _ := os.Hostname()
-		b := make([]byte, 4)
-		_, _ = rand.Read(b)
-		base = host + "_" + hex.EncodeToString(b)
-	}
+	base := x.identity()
 	return &decider{
 		x:         x,
 		namespace: ns,
@@ -101,6 +95,18 @@ func newDecider(x *Extender, mode string) *decider {
 		done:      make(chan struct{}),
 		settled:   make(chan struct{}),
 	}
+}
+
+// identity is --leader-election-identity, else hostname_random: unique
+// per process, so that two replicas on one host never share a Lease.
+func (x *Extender) identity() string {
+	if id := x.opts.LeaderElectionIdentity; id != "" {
+		return id
+	}
+	host, _ := os.Hostname()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return host + "_" + hex.EncodeToString(b)
 }
 
 // lease names the Lease for messages.

@@ -2,13 +2,10 @@ package extender
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -538,13 +535,7 @@ func (x *Extender) sweep(ctx context.Context) {
 // rebuilds its ledger and only then reports Ready; on losing, it stops
 // serving at once and closes lost.
 func (x *Extender) elector(ctx context.Context, lost chan struct{}) (*leaderelection.LeaderElector, error) {
-	id := x.opts.LeaderElectionIdentity
-	if id == "" {
-		host, _ := os.Hostname()
-		b := make([]byte, 4)
-		_, _ = rand.Read(b)
-		id = host + "_" + hex.EncodeToString(b)
-	}
+	id := x.identity()
 	lock, err := resourcelock.New(resourcelock.LeasesResourceLock, x.opts.LeaderElectionNamespace, x.opts.LeaderElectionID,
 		x.client.CoreV1(), x.client.CoordinationV1(), resourcelock.ResourceLockConfig{Identity: id})
 	if err != nil {

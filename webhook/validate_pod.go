@@ -303,15 +303,21 @@ func (v *PodValidator) envFrom(path *field.Path, container string, res corev1.Re
 	if hidesGPUs(env) {
 		return nil
 	}
+	return riskyEnvFrom(path, sources, func(src *corev1.EnvFromSource, j int) string {
+		return fmt.Sprintf(
+			"container %q requests no %s and takes every key of %s with %s, so it could set %s and see GPUs it was not given; add {name: %s, value: %s} under env (env beats envFrom), give envFrom[%d] a prefix that cannot begin %s (e.g. \"CFG_\"), or request %s",
+			container, res, envFromSourceName(src), envFromPrefixName(src), v1alpha1.EnvVisibleDevices, v1alpha1.EnvVisibleDevices, envVoid, j, EnvPrefixNVIDIA, res)
+	})
+}
+
+// riskyEnvFrom reports, with msg, each envFrom source whose keys could
+// begin NVIDIA_ (envFromCanSetNVIDIA).
+func riskyEnvFrom(path *field.Path, sources []corev1.EnvFromSource, msg func(src *corev1.EnvFromSource, j int) string) field.ErrorList {
 	var errs field.ErrorList
 	for j := range sources {
-		src := &sources[j]
-		if !envFromCanSetNVIDIA(src.Prefix) {
-			continue
+		if src := &sources[j]; envFromCanSetNVIDIA(src.Prefix) {
+			errs = append(errs, field.Forbidden(path.Child("envFrom").Index(j), msg(src, j)))
 		}
-		errs = append(errs, field.Forbidden(path.Child("envFrom").Index(j), fmt.Sprintf(
-			"container %q requests no %s and takes every key of %s with %s, so it could set %s and see GPUs it was not given; add {name: %s, value: %s} under env (env beats envFrom), give envFrom[%d] a prefix that cannot begin %s (e.g. \"CFG_\"), or request %s",
-			container, res, envFromSourceName(src), envFromPrefixName(src), v1alpha1.EnvVisibleDevices, v1alpha1.EnvVisibleDevices, envVoid, j, EnvPrefixNVIDIA, res)))
 	}
 	return errs
 }
@@ -382,17 +388,11 @@ func deviceEnv(path *field.Path, container string, res corev1.ResourceName, gpu 
 // from envFrom overrides the device plugin's: kubelet hands the runtime the
 // plugin's variables first and the container's own after them.
 func gpuEnvFrom(path *field.Path, container string, res corev1.ResourceName, sources []corev1.EnvFromSource) field.ErrorList {
-	var errs field.ErrorList
-	for j := range sources {
-		src := &sources[j]
-		if !envFromCanSetNVIDIA(src.Prefix) {
-			continue
-		}
-		errs = append(errs, field.Forbidden(path.Child("envFrom").Index(j), fmt.Sprintf(
+	return riskyEnvFrom(path, sources, func(src *corev1.EnvFromSource, j int) string {
+		return fmt.Sprintf(
 			"container %q requests %s and takes every key of %s with %s, so it could set %s and override the devices kubelet allocated; give envFrom[%d] a prefix that cannot begin %s (e.g. \"CFG_\"), or name the variables you need under env",
-			container, res, envFromSourceName(src), envFromPrefixName(src), v1alpha1.EnvVisibleDevices, j, EnvPrefixNVIDIA)))
-	}
-	return errs
+			container, res, envFromSourceName(src), envFromPrefixName(src), v1alpha1.EnvVisibleDevices, j, EnvPrefixNVIDIA)
+	})
 }
 
 // deny turns field errors into a denial: 403 Forbidden when any error is a
