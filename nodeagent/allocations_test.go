@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -248,6 +250,14 @@ type agentUnderTest struct {
 
 func startAgentUnderTest(t *testing.T, cs *fake.Clientset, k *kubeletModel) *agentUnderTest {
 	t.Helper()
+	return startAgentUnderTestWith(t, cs, k, true)
+}
+
+// startAgentUnderTestWith is startAgentUnderTest whose device plugin, with
+// podResources false, cannot read kubelet's PodResources (the reconciler
+// still can).
+func startAgentUnderTestWith(t *testing.T, cs *fake.Clientset, k *kubeletModel, podResources bool) *agentUnderTest {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	pods := NewPodCache(cs, testNode)
@@ -258,6 +268,9 @@ func startAgentUnderTest(t *testing.T, cs *fake.Clientset, k *kubeletModel) *age
 	plugin.SetTopology(fixture(t, "dgx-a100").Graph(testNode).Status())
 	events := record.NewFakeRecorder(100)
 	rec := NewReconciler(cs, pods, k, v1alpha1.ResourceGPU, events, NewMetrics(prometheus.NewRegistry(), testNode), logr.Discard(), 0)
+	if !podResources {
+		plugin.Allocations().UsePodResources(failingPodResources{})
+	}
 	rec.UseAllocations(plugin.Allocations())
 	k.plugin = plugin
 	return &agentUnderTest{plugin: plugin, rec: rec, pods: pods, events: events, stop: cancel}
@@ -569,5 +582,290 @@ func TestReconcilerTrustsPodResourcesOverTheLog(t *testing.T) {
 	}
 	if events := drainEvents(rec); len(events) > 0 {
 		t.Errorf("both pods hold their plans, yet events %q", events)
+	}
+}
+
+// mixes are pods of mixed GPU shapes that fill an 8-GPU node together,
+// each with a plan of its demand (GPU indices), putting same-size
+// containers of different pods side by side.
+var mixes = []struct {
+	name string
+	pods []struct {
+		name string
+		s    shape
+		plan []int
+	}
+}{
+	{"init 2 + sidecar 1 + app 2, plain 2, app 1 + app 2", []struct {
+		name string
+		s    shape
+		plan []int
+	}{
+		{"mixed", shape{init: []ctr{{gpus: 2}, {gpus: 1, sidecar: true}}, app: []int{2}}, []int{5, 0, 3}},
+		{"plain", shape{app: []int{2}}, []int{7, 1}},
+		{"multi", shape{app: []int{1, 2}}, []int{6, 2, 4}},
+	}},
+	{"sidecar 1 + init 2 + app 2, plain 2, app 2 + app 1", []struct {
+		name string
+		s    shape
+		plan []int
+	}{
+		{"sidecar-first", shape{init: []ctr{{gpus: 1, sidecar: true}, {gpus: 2}}, app: []int{2}}, []int{2, 4, 6}},
+		{"plain", shape{app: []int{2}}, []int{0, 7}},
+		{"multi", shape{app: []int{2, 1}}, []int{1, 3, 5}},
+	}},
+	{"init 4 + app 2, two plain 2", []struct {
+		name string
+		s    shape
+		plan []int
+	}{
+		{"init4", shape{init: []ctr{{gpus: 4}}, app: []int{2}}, []int{7, 0, 5, 2}},
+		{"plain-a", shape{app: []int{2}}, []int{1, 6}},
+		{"plain-b", shape{app: []int{2}}, []int{3, 4}},
+	}},
+	{"four plain 2", []struct {
+		name string
+		s    shape
+		plan []int
+	}{
+		{"plain-a", shape{app: []int{2}}, []int{6, 1}},
+		{"plain-b", shape{app: []int{2}}, []int{0, 5}},
+		{"plain-c", shape{app: []int{2}}, []int{3, 7}},
+		{"plain-d", shape{app: []int{2}}, []int{2, 4}},
+	}},
+	{"init-only 2, init 1 + init 2 + app 1, init 2 + sidecar 1 + app 2, single 1", []struct {
+		name string
+		s    shape
+		plan []int
+	}{
+		{"init-only", shape{init: []ctr{{gpus: 2}}, app: []int{0}}, []int{3, 6}},
+		{"two-inits", shape{init: []ctr{{gpus: 1}, {gpus: 2}}, app: []int{1}}, []int{0, 4}},
+		{"mixed", shape{init: []ctr{{gpus: 2}, {gpus: 1, sidecar: true}}, app: []int{2}}, []int{7, 2, 5}},
+		{"single", shape{app: []int{1}}, []int{1}},
+	}},
+	{"app 2 + app 2, init 2 + app 2 (reuses both), plain 2", []struct {
+		name string
+		s    shape
+		plan []int
+	}{
+		{"app2-app2", shape{app: []int{2, 2}}, []int{0, 3, 4, 7}},
+		{"init2-app2", shape{init: []ctr{{gpus: 2}}, app: []int{2}}, []int{1, 6}},
+		{"plain", shape{app: []int{2}}, []int{2, 5}},
+	}},
+}
+
+// permutations of 0..n-1, in lexicographic order.
+func permutations(n int) [][]int {
+	if n == 0 {
+		return [][]int{nil}
+	}
+	var out [][]int
+	for _, p := range permutations(n - 1) {
+		for i := 0; i <= len(p); i++ {
+			q := append(append(append([]int(nil), p[:i]...), n-1), p[i:]...)
+			out = append(out, q)
+		}
+	}
+	slices.SortFunc(out, slices.Compare)
+	return out
+}
+
+// failingPodResources is a PodResources API that cannot be read.
+type failingPodResources struct{}
+
+func (failingPodResources) List(context.Context) ([]*podresourcesapi.PodResources, error) {
+	return nil, fmt.Errorf("connection refused")
+}
+
+// TestConcurrentAdmissionEveryInterleaving creates the pods of each mix at
+// once (one creation and bind second, so the admission order cannot be
+// inferred from them), then has kubelet's device manager admit them in
+// every order, and checks that every container is served from its own
+// pod's plan: each pod holds exactly its plan, the log attributes to each
+// pod exactly what kubelet holds for it (one-shot init containers
+// included), and the reconciler records allocated-gpus = assigned-gpus
+// with no drift. Without kubelet's PodResources the matcher has only the
+// shapes and the inferred order; it is exact when kubelet follows that
+// order (checked), and may swap same-size pods otherwise
+// (docs/nodeagent.md).
+func TestConcurrentAdmissionEveryInterleaving(t *testing.T) {
+	gpus := make([]string, 8)
+	for i := range gpus {
+		gpus[i] = topology.FixtureUUID(testNode, i)
+	}
+	base := time.Now().Add(-time.Hour).Truncate(time.Second)
+	for _, mix := range mixes {
+		for _, withView := range []bool{true, false} {
+			orders := permutations(len(mix.pods))
+			if !withView {
+				// Name order: the one the matcher infers from pods
+				// created and bound in one second.
+				byName := make([]int, len(mix.pods))
+				for i := range byName {
+					byName[i] = i
+				}
+				slices.SortFunc(byName, func(a, b int) int { return strings.Compare(mix.pods[a].name, mix.pods[b].name) })
+				orders = [][]int{byName}
+			}
+			for _, order := range orders {
+				name := fmt.Sprintf("%s/order %v", mix.name, order)
+				if !withView {
+					name += "/without PodResources"
+				}
+				t.Run(name, func(t *testing.T) {
+					cs := fake.NewClientset()
+					var objs []*corev1.Pod
+					plans := map[string][]string{}
+					for _, m := range mix.pods {
+						plans[m.name] = pick(gpus, m.plan...)
+						p := shapedPod(m.name, m.s, plans[m.name], base)
+						if d, _ := v1alpha1.PodGPUDemand(&p.Spec, v1alpha1.ResourceGPU); int(d) != len(m.plan) {
+							t.Fatalf("pod %s: plan of %d for a demand of %d", m.name, len(m.plan), d)
+						}
+						if _, err := cs.CoreV1().Pods("ns").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+							t.Fatal(err)
+						}
+						objs = append(objs, p)
+					}
+					k := &kubeletModel{t: t, all: gpus, inUse: map[string]bool{}}
+					agent := startAgentUnderTestWith(t, cs, k, withView)
+					waitCache(t, cs, agent.pods)
+					truth := map[string]string{}
+					for _, i := range order {
+						truth[objs[i].Name] = v1alpha1.FormatGPUList(k.admit(objs[i]))
+					}
+					for _, p := range objs {
+						want := v1alpha1.FormatGPUList(v1alpha1.SortedGPUList(plans[p.Name]))
+						if truth[p.Name] != want {
+							t.Errorf("pod %s: kubelet holds %s, its plan is %s", p.Name, truth[p.Name], want)
+						}
+						if got := v1alpha1.FormatGPUList(agent.plugin.Allocations().Devices(p.UID)); got != truth[p.Name] {
+							t.Errorf("pod %s: the log attributes %s, kubelet holds %s", p.Name, got, truth[p.Name])
+						}
+						setPhase(t, cs, p.Name, corev1.PodRunning)
+					}
+					agent.reconcileSynced(t, cs)
+					for _, p := range objs {
+						if got := allocatedOf(t, cs, p.Name); got != truth[p.Name] {
+							t.Errorf("pod %s: allocated-gpus %q, kubelet holds %q", p.Name, got, truth[p.Name])
+						}
+					}
+					if events := drainEvents(agent.events); len(events) > 0 {
+						t.Errorf("every pod followed its plan, yet events %q", events)
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestMatcherRules checks each rule of fits and choose on one call.
+func TestMatcherRules(t *testing.T) {
+	// pod builds a candidate: its GPU containers ("init2" one-shot,
+	// "sidecar1", "app2"), how many kubelet allocated, its reusable and
+	// held devices, its plan.
+	pod := func(name string, containers []string, done int, reuse, held, plan []string) *candidate {
+		c := &candidate{PendingPod: PendingPod{Plan: Plan{Pod: "ns/" + name, UID: types.UID(name), GPUs: plan}}, done: done,
+			reuse: setOf(reuse), held: setOf(held)}
+		for _, s := range containers {
+			kind := strings.TrimRight(s, "0123456789")
+			n, err := strconv.Atoi(strings.TrimPrefix(s, kind))
+			if err != nil {
+				t.Fatalf("container %q: %v", s, err)
+			}
+			c.Containers = append(c.Containers, ContainerGPUs{Name: s, GPUs: n, OneShot: kind == "init"})
+		}
+		return c
+	}
+	gpa := func(size int, available, must []string) kubeletCall {
+		return kubeletCall{preferred: true, size: size, available: available, mustInclude: must}
+	}
+	alloc := func(devices ...string) kubeletCall { return kubeletCall{size: len(devices), devices: devices} }
+	free := []string{"g0", "g1", "g2", "g3", "g4", "g5", "g6", "g7"}
+	for _, tc := range []struct {
+		name  string
+		pods  []*candidate // in admission order
+		call  kubeletCall
+		view  kubeletView
+		want  string // pod name; "" for none
+		wantH string
+	}{
+		{
+			name: "size tells a 1-GPU sidecar from a 2-GPU pod",
+			pods: []*candidate{pod("plain", []string{"app2"}, 0, nil, nil, nil), pod("mixed", []string{"sidecar1", "init2", "app2"}, 0, nil, nil, nil)},
+			call: gpa(1, free, nil), want: "mixed", wantH: "only fit",
+		},
+		{
+			name: "a one-shot init container of 2 and a plain pod of 2: kubelet lists only the one it admits",
+			pods: []*candidate{pod("plain", []string{"app2"}, 0, nil, nil, []string{"g0", "g1"}), pod("mixed", []string{"init2", "sidecar1", "app2"}, 0, nil, nil, []string{"g2", "g3", "g4"})},
+			call: gpa(2, free, nil), view: kubeletView{"ns/mixed": {}}, want: "mixed", wantH: "only fit kubelet lists",
+		},
+		{
+			name: "a pod kubelet shows devices for that the log did not see was admitted before",
+			pods: []*candidate{pod("old", []string{"app2"}, 0, nil, nil, nil), pod("new", []string{"app2"}, 0, nil, nil, nil)},
+			call: gpa(2, free, nil), view: kubeletView{"ns/old": {"g6", "g7"}, "ns/new": {}}, want: "new", wantH: "only fit kubelet lists",
+		},
+		{
+			name: "kubelet lists none of the pods that fit: no pod",
+			pods: []*candidate{pod("a", []string{"app2"}, 0, nil, nil, nil)},
+			call: gpa(2, free, nil), view: kubeletView{"ns/other": {}}, want: "",
+		},
+		{
+			name: "the sidecar's Allocate from its init container's devices fits only that pod",
+			pods: []*candidate{pod("mixed", []string{"init2", "sidecar1", "app2"}, 1, []string{"g2", "g3"}, []string{"g2", "g3"}, nil), pod("single", []string{"app1"}, 0, nil, nil, nil)},
+			call: alloc("g3"), want: "mixed", wantH: "reuse",
+		},
+		{
+			name: "must-include devices are the pod's reusable ones",
+			pods: []*candidate{pod("plain", []string{"app2"}, 0, nil, nil, nil), pod("mixed", []string{"init2", "sidecar1", "app2"}, 2, []string{"g2"}, []string{"g2", "g3"}, nil)},
+			call: gpa(2, free, []string{"g2"}), want: "mixed", wantH: "reuse",
+		},
+		{
+			name: "reuse covering the container: kubelet asks no preference, so a preference is not that pod's",
+			pods: []*candidate{pod("init4", []string{"init4", "app2"}, 1, []string{"g0", "g1", "g2", "g3"}, []string{"g0", "g1", "g2", "g3"}, nil), pod("plain", []string{"app2"}, 0, nil, nil, nil)},
+			call: gpa(2, free, nil), view: kubeletView{"ns/init4": {}, "ns/plain": {}}, want: "plain", wantH: "only fit kubelet lists",
+		},
+		{
+			name: "an Allocate of fresh devices is not a container that must reuse",
+			pods: []*candidate{pod("init4", []string{"init4", "app2"}, 1, []string{"g0", "g1", "g2", "g3"}, []string{"g0", "g1", "g2", "g3"}, nil), pod("plain", []string{"app2"}, 0, nil, nil, nil)},
+			call: alloc("g6", "g7"), want: "plain", wantH: "only fit",
+		},
+		{
+			name: "without the view: the pod kubelet is in the middle of",
+			pods: []*candidate{pod("plain", []string{"app2"}, 0, nil, nil, nil), pod("multi", []string{"app1", "app2"}, 1, nil, []string{"g5"}, nil)},
+			call: gpa(2, free, nil), want: "multi", wantH: "in progress",
+		},
+		{
+			name: "without the view: a pod whose plan is free beats one whose plan is taken",
+			pods: []*candidate{pod("a", []string{"app2"}, 0, nil, nil, []string{"g6", "g7"}), pod("b", []string{"app2"}, 0, nil, nil, []string{"g2", "g3"})},
+			call: gpa(2, free[:6], nil), want: "b", wantH: "plan fits",
+		},
+		{
+			name: "without the view and nothing else to tell: the first in admission order",
+			pods: []*candidate{pod("a", []string{"app2"}, 0, nil, nil, []string{"g6", "g7"}), pod("b", []string{"app2"}, 0, nil, nil, []string{"g2", "g3"})},
+			call: gpa(2, free, nil), want: "a", wantH: "admission order",
+		},
+		{
+			name: "with the view and two pods listed: the one kubelet took in last",
+			pods: []*candidate{pod("a", []string{"app2"}, 0, nil, nil, []string{"g6", "g7"}), pod("b", []string{"app2"}, 0, nil, nil, []string{"g2", "g3"})},
+			call: gpa(2, free, nil), view: kubeletView{"ns/a": {}, "ns/b": {}}, want: "b", wantH: "latest kubelet lists",
+		},
+		{
+			name: "a pod whose containers are all allocated fits nothing",
+			pods: []*candidate{pod("done", []string{"app2"}, 1, nil, []string{"g0", "g1"}, nil)},
+			call: gpa(2, free, nil), want: "",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fit := filter(tc.pods, func(c *candidate) bool { return c.fits(tc.call) })
+			c, how := choose(fit, tc.call, tc.view)
+			got := ""
+			if c != nil {
+				got = strings.TrimPrefix(c.Pod, "ns/")
+			}
+			if got != tc.want || tc.want != "" && how != tc.wantH {
+				t.Errorf("chose %q by %q; want %q by %q", got, how, tc.want, tc.wantH)
+			}
+		})
 	}
 }

@@ -39,14 +39,14 @@ func BenchmarkGetPreferredAllocation(b *testing.B) {
 		AvailableDeviceIDs: ids[3:], AllocationSize: 4,
 	}}}
 	for _, tc := range []struct {
-		name  string
-		plans []Plan
+		name string
+		pods []PendingPod
 	}{
-		{"plan", []Plan{{Pod: "ns/a", GPUs: ids[12:16]}}},
+		{"plan", []PendingPod{planned("a", 4, ids[12:16], 0)}},
 		{"topology", nil},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			p := NewDevicePlugin(DevicePluginOptions{PluginDir: b.TempDir()}, &fakePlans{cached: tc.plans, live: tc.plans}, nil, logr.Discard())
+			p := NewDevicePlugin(DevicePluginOptions{PluginDir: b.TempDir()}, &fakePods{cached: tc.pods, live: tc.pods}, nil, logr.Discard())
 			p.SetTopology(st)
 			for b.Loop() {
 				if _, err := p.GetPreferredAllocation(context.Background(), req); err != nil {

@@ -37,14 +37,6 @@ type Plan struct {
 	BoundAt, Created time.Time
 }
 
-// PlanSource lists the plans of pods bound to this node and not yet
-// running, in any order. live asks for a read that does not trust a cache
-// (used when the cache has nothing that fits: a pod kubelet already sees may
-// not have reached the cache yet).
-type PlanSource interface {
-	Plans(ctx context.Context, live bool) ([]Plan, error)
-}
-
 // SortPlans puts plans in kubelet's admission order, given when the
 // current kubelet started. Pods bound before that reach kubelet in its
 // first batch, which kubelet admits in creation order (HandlePodAdditions
@@ -52,20 +44,22 @@ type PlanSource interface {
 // are bound, so they come after the batch, in bind order. Remaining ties
 // go by creation time, then name.
 func SortPlans(plans []Plan, kubeletStart time.Time) {
+	sort.SliceStable(plans, func(i, j int) bool { return admittedBefore(plans[i], plans[j], kubeletStart) })
+}
+
+// admittedBefore is SortPlans' order: whether kubelet admits a before b.
+func admittedBefore(a, b Plan, kubeletStart time.Time) bool {
 	batchEnd := kubeletStart.Truncate(time.Second) // BoundAt has second precision
 	inBatch := func(p Plan) bool { return !p.BoundAt.After(batchEnd) }
-	sort.SliceStable(plans, func(i, j int) bool {
-		a, b := plans[i], plans[j]
-		if ba, bb := inBatch(a), inBatch(b); ba != bb {
-			return ba
-		} else if !ba && !a.BoundAt.Equal(b.BoundAt) {
-			return a.BoundAt.Before(b.BoundAt)
-		}
-		if !a.Created.Equal(b.Created) {
-			return a.Created.Before(b.Created)
-		}
-		return a.Pod < b.Pod
-	})
+	if ba, bb := inBatch(a), inBatch(b); ba != bb {
+		return ba
+	} else if !ba && !a.BoundAt.Equal(b.BoundAt) {
+		return a.BoundAt.Before(b.BoundAt)
+	}
+	if !a.Created.Equal(b.Created) {
+		return a.Created.Before(b.Created)
+	}
+	return a.Pod < b.Pod
 }
 
 // DevicePluginOptions configure the device plugin.
@@ -115,13 +109,17 @@ type DevicePlugin struct {
 	pluginapi.UnimplementedDevicePluginServer
 
 	opts    DevicePluginOptions
-	plans   PlanSource
+	pods    PodSource
 	metrics *Metrics
 	logger  klog.Logger
 	alloc   *topology.Allocator
 	// allocs records which pod each Allocate was for (PodResources does
-	// not report one-shot init containers' devices).
+	// not report one-shot init containers' devices) and how far kubelet
+	// got through each pod's GPU containers.
 	allocs *AllocationLog
+	// matchMu serialises matching kubelet's calls to pods: each call
+	// reads and moves the log's progress.
+	matchMu sync.Mutex
 
 	// devList builds Allocate's answers; devListErr, when set, is why the
 	// options name no usable device list strategy, and Allocate then
@@ -145,11 +143,12 @@ type DevicePlugin struct {
 
 var _ pluginapi.DevicePluginServer = (*DevicePlugin)(nil)
 
-// NewDevicePlugin builds the plugin; metrics may be nil.
-func NewDevicePlugin(opts DevicePluginOptions, plans PlanSource, metrics *Metrics, logger klog.Logger) *DevicePlugin {
+// NewDevicePlugin builds the plugin over the pods bound to the node;
+// metrics may be nil.
+func NewDevicePlugin(opts DevicePluginOptions, pods PodSource, metrics *Metrics, logger klog.Logger) *DevicePlugin {
 	opts.defaults()
 	devList, devListErr := opts.deviceList()
-	return &DevicePlugin{opts: opts, devList: devList, devListErr: devListErr, plans: plans, metrics: metrics, logger: logger,
+	return &DevicePlugin{opts: opts, devList: devList, devListErr: devListErr, pods: pods, metrics: metrics, logger: logger,
 		alloc: topology.NewAllocator(64), changed: make(chan struct{}), allocs: newAllocationLog(logger)}
 }
 
@@ -240,80 +239,83 @@ func (p *DevicePlugin) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStream
 	}
 }
 
-// GetPreferredAllocation implements pluginapi.DevicePluginServer.
+// GetPreferredAllocation implements pluginapi.DevicePluginServer. Each
+// container's request is matched to the pending pod kubelet is allocating
+// and that pod's next GPU container (resolve); the answer is that pod's
+// plan, else the topology-best set.
 func (p *DevicePlugin) GetPreferredAllocation(ctx context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
+	p.matchMu.Lock()
+	defer p.matchMu.Unlock()
 	resp := &pluginapi.PreferredAllocationResponse{}
 	for _, cr := range req.ContainerRequests {
-		ids, source, chosen := p.prefer(ctx, cr)
-		p.notePreference(cr, chosen)
+		ids, source, chosen, how := p.prefer(ctx, cr)
+		p.notePreference(cr, chosen, how)
 		p.metrics.preferredFrom(source)
+		pod := ""
+		if chosen != nil {
+			pod = chosen.Pod
+		}
 		p.logger.V(2).Info("Preferred allocation", "available", cr.AvailableDeviceIDs, "mustInclude", cr.MustIncludeDeviceIDs,
-			"size", cr.AllocationSize, "preferred", ids, "source", source)
+			"size", cr.AllocationSize, "preferred", ids, "source", source, "pod", pod, "matchedBy", how)
 		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerPreferredAllocationResponse{DeviceIDs: ids})
 	}
 	return resp, nil
 }
 
-// prefer picks the devices for one container: the first plan in admission
-// order that kubelet can still satisfy, else (no plan fits, even after a
-// live read) the topology-best local set. The plan that answered, if any,
-// is returned too.
-func (p *DevicePlugin) prefer(ctx context.Context, cr *pluginapi.ContainerPreferredAllocationRequest) ([]string, string, *Plan) {
+// prefer picks the devices for one container: the must-include devices,
+// then the plan of the pod the request is for, in plan order; when that
+// pod has no plan, or its plan no longer has enough GPUs free, the rest is
+// the topology-best set of the free GPUs, leaving out those planned for
+// the other pending pods while enough remain. The pod the request was
+// matched to (nil: none) and how are returned too.
+func (p *DevicePlugin) prefer(ctx context.Context, cr *pluginapi.ContainerPreferredAllocationRequest) ([]string, string, *candidate, string) {
 	size := int(cr.AllocationSize)
-	for _, live := range []bool{false, true} {
-		plans, err := p.plans.Plans(ctx, live)
-		if err != nil {
-			p.logger.Error(err, "Listing assignment plans failed", "live", live)
-			continue
-		}
-		p.mu.Lock()
-		start := p.kubeletStart
-		p.mu.Unlock()
-		SortPlans(plans, start)
-		if ids := pickPlan(plans, cr.AvailableDeviceIDs, cr.MustIncludeDeviceIDs, size); ids != nil {
-			return ids, "plan", planHolding(plans, ids)
+	c, how, others := p.resolve(ctx, kubeletCall{preferred: true, size: size, available: cr.AvailableDeviceIDs, mustInclude: cr.MustIncludeDeviceIDs})
+	planned := map[string]bool{}
+	for _, o := range others {
+		for _, g := range o.GPUs {
+			planned[g] = true
 		}
 	}
-	if ids := p.localBest(cr.AvailableDeviceIDs, cr.MustIncludeDeviceIDs, size); ids != nil {
-		return ids, "topology", nil
+	free := make([]string, 0, len(cr.AvailableDeviceIDs))
+	for _, id := range cr.AvailableDeviceIDs {
+		if !planned[id] || slices.Contains(cr.MustIncludeDeviceIDs, id) {
+			free = append(free, id)
+		}
 	}
-	return nil, "none", nil
+	if len(free) < size {
+		free = cr.AvailableDeviceIDs
+	}
+	if c != nil && len(c.GPUs) > 0 {
+		ids := fromPlan(c.GPUs, cr.AvailableDeviceIDs, cr.MustIncludeDeviceIDs, size)
+		if len(ids) == size {
+			return ids, "plan", c, how
+		}
+		if ids := p.localBest(free, ids, size); ids != nil {
+			return ids, "topology", c, how
+		}
+	}
+	if ids := p.localBest(free, cr.MustIncludeDeviceIDs, size); ids != nil {
+		return ids, "topology", c, how
+	}
+	return nil, "none", c, how
 }
 
-// pickPlan returns size devices of the first plan (in the given order) that
-// holds every must-include device and has at least size of its GPUs still
-// available; nil when none does.
-func pickPlan(plans []Plan, available, mustInclude []string, size int) []string {
-	avail := map[string]bool{}
-	for _, id := range available {
-		avail[id] = true
-	}
-	for _, pl := range plans {
-		in := map[string]bool{}
-		for _, g := range pl.GPUs {
-			in[g] = true
+// fromPlan is the must-include devices, then the plan's GPUs that are
+// available, in plan order, up to size; fewer when the plan has not
+// enough left.
+func fromPlan(plan, available, mustInclude []string, size int) []string {
+	avail := setOf(available)
+	out := slices.Clone(mustInclude)
+	for _, g := range plan {
+		if len(out) >= size {
+			break
 		}
-		ok := true
-		for _, m := range mustInclude {
-			ok = ok && in[m]
-		}
-		if !ok {
-			continue
-		}
-		out := slices.Clone(mustInclude)
-		for _, g := range pl.GPUs {
-			if len(out) >= size {
-				break
-			}
-			if avail[g] && !slices.Contains(out, g) {
-				out = append(out, g)
-			}
-		}
-		if len(out) == size {
-			return out
+		if avail[g] && !slices.Contains(out, g) {
+			out = append(out, g)
 		}
 	}
-	return nil
+	return out
 }
 
 // localBest asks the allocator for the best set among the available GPUs
@@ -379,9 +381,11 @@ func (p *DevicePlugin) Allocate(ctx context.Context, req *pluginapi.AllocateRequ
 		p.metrics.allocation(true)
 		p.logger.V(1).Info("Allocated", "devices", cr.DevicesIds)
 	}
+	p.matchMu.Lock()
 	for _, cr := range req.ContainerRequests {
-		p.noteAllocation(cr.DevicesIds)
+		p.noteAllocation(ctx, cr.DevicesIds)
 	}
+	p.matchMu.Unlock()
 	for _, fn := range hooks {
 		fn()
 	}

@@ -44,7 +44,7 @@ func strategyPlugin(t *testing.T, opts DevicePluginOptions) (*DevicePlugin, []st
 	t.Helper()
 	f := fixture(t, "hgx-h100")
 	opts.PluginDir = t.TempDir()
-	p := NewDevicePlugin(opts, &fakePlans{}, nil, logr.Discard())
+	p := NewDevicePlugin(opts, &fakePods{}, nil, logr.Discard())
 	p.SetTopology(f.Graph(testNode).Status())
 	ids := make([]string, f.GPUs)
 	for i := range ids {

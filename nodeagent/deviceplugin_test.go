@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -14,30 +15,43 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology"
 )
 
-// fakePlans is a PlanSource with separate cached and live answers.
-type fakePlans struct {
-	cached, live []Plan
+// fakePods is a PodSource with separate cached and live answers.
+type fakePods struct {
+	cached, live []PendingPod
 	liveCalls    int
 }
 
-func (f *fakePlans) Plans(_ context.Context, live bool) ([]Plan, error) {
+func (f *fakePods) PendingPods(_ context.Context, _ corev1.ResourceName, live bool) ([]PendingPod, error) {
 	if live {
 		f.liveCalls++
-		return append([]Plan(nil), f.live...), nil
+		return append([]PendingPod(nil), f.live...), nil
 	}
-	return append([]Plan(nil), f.cached...), nil
+	return append([]PendingPod(nil), f.cached...), nil
 }
 
-func newPlugin(t *testing.T, fixtureName string, plans PlanSource) (*DevicePlugin, []string) {
+// planned is a pending pod with one app container of n GPUs and plan gpus
+// (nil: none), created at the given second.
+func planned(name string, n int, gpus []string, created int) PendingPod {
+	at := time.Date(2026, 1, 1, 12, 0, created, 0, time.UTC)
+	return PendingPod{
+		Plan:       Plan{Pod: "ns/" + name, UID: types.UID("uid-" + name), GPUs: gpus, Created: at, BoundAt: at},
+		Demand:     n,
+		Containers: []ContainerGPUs{{Name: "app", GPUs: n}},
+	}
+}
+
+func newPlugin(t *testing.T, fixtureName string, pods PodSource) (*DevicePlugin, []string) {
 	t.Helper()
 	f := fixture(t, fixtureName)
-	p := NewDevicePlugin(DevicePluginOptions{PluginDir: t.TempDir()}, plans, nil, logr.Discard())
+	p := NewDevicePlugin(DevicePluginOptions{PluginDir: t.TempDir()}, pods, nil, logr.Discard())
 	p.SetTopology(f.Graph(testNode).Status())
 	ids := make([]string, f.GPUs)
 	for i := range ids {
@@ -77,54 +91,71 @@ func TestSortPlansFollowsKubeletAdmissionOrder(t *testing.T) {
 	}
 }
 
+// TestGetPreferredAllocation: the answer is the plan of the pod the
+// request is matched to (without kubelet's PodResources here: the
+// matcher's rules with a view are TestChoose's), else the topology-best
+// set, leaving out the GPUs planned for other pending pods.
 func TestGetPreferredAllocation(t *testing.T) {
-	_, ids := newPlugin(t, "dgx1-v100", &fakePlans{})
+	_, ids := newPlugin(t, "dgx1-v100", &fakePods{})
 	tests := []struct {
 		name        string
-		cached      []Plan
-		live        []Plan
+		cached      []PendingPod
+		live        []PendingPod
 		available   []int
 		mustInclude []int
 		size        int32
 		want        []int
-		wantLive    int
+		// notIn: the answer must have size GPUs, none of these (the
+		// topology's choice otherwise).
+		notIn    []int
+		wantLive int
 	}{
 		{
-			name:      "the oldest fitting plan wins",
-			cached:    []Plan{{Pod: "ns/a", GPUs: pick(ids, 6, 7)}, {Pod: "ns/b", GPUs: pick(ids, 2, 3)}},
-			available: []int{0, 1, 2, 3, 4, 5, 6, 7}, size: 2, want: []int{6, 7},
-		},
-		{
-			name:      "a plan whose GPUs are taken is skipped",
-			cached:    []Plan{{Pod: "ns/a", GPUs: pick(ids, 6, 7)}, {Pod: "ns/b", GPUs: pick(ids, 2, 3)}},
-			available: []int{0, 1, 2, 3, 4, 5}, size: 2, want: []int{2, 3},
-		},
-		{
-			name:      "a plan of another size is skipped",
-			cached:    []Plan{{Pod: "ns/a", GPUs: pick(ids, 0)}, {Pod: "ns/b", GPUs: pick(ids, 4, 5, 6, 7)}},
+			name:      "the pod whose next container has the size: its plan",
+			cached:    []PendingPod{planned("a", 1, pick(ids, 0), 0), planned("b", 4, pick(ids, 4, 5, 6, 7), 1)},
 			available: []int{0, 1, 2, 3, 4, 5, 6, 7}, size: 4, want: []int{4, 5, 6, 7},
 		},
 		{
-			name:      "must-include devices come first and must be in the plan",
-			cached:    []Plan{{Pod: "ns/a", GPUs: pick(ids, 0, 1)}, {Pod: "ns/b", GPUs: pick(ids, 4, 5)}},
+			name:      "two pods of one size and nothing else to tell: the first in admission order",
+			cached:    []PendingPod{planned("b", 2, pick(ids, 2, 3), 1), planned("a", 2, pick(ids, 6, 7), 0)},
+			available: []int{0, 1, 2, 3, 4, 5, 6, 7}, size: 2, want: []int{6, 7},
+		},
+		{
+			name:      "a pod whose plan is no longer free gives way to one whose plan is",
+			cached:    []PendingPod{planned("a", 2, pick(ids, 6, 7), 0), planned("b", 2, pick(ids, 2, 3), 1)},
+			available: []int{0, 1, 2, 3, 4, 5}, size: 2, want: []int{2, 3},
+		},
+		{
+			name:      "must-include devices come first, then the plan",
+			cached:    []PendingPod{planned("b", 2, pick(ids, 4, 5), 0)},
 			available: []int{0, 1, 2, 3, 4, 5, 6, 7}, mustInclude: []int{5}, size: 2, want: []int{5, 4},
 		},
 		{
 			name:      "a cache miss is retried live",
-			live:      []Plan{{Pod: "ns/new", GPUs: pick(ids, 1, 2)}},
+			live:      []PendingPod{planned("new", 2, pick(ids, 1, 2), 0)},
 			available: []int{0, 1, 2, 3, 4, 5, 6, 7}, size: 2, want: []int{1, 2}, wantLive: 1,
 		},
 		{
-			// No plan at all: the allocator's best NVLink quad on the
+			name:      "a plan with a GPU taken is topped up from the free GPUs not planned for others",
+			cached:    []PendingPod{planned("a", 2, pick(ids, 6, 7), 0), planned("b", 4, pick(ids, 0, 1, 2, 3), 1)},
+			available: []int{0, 1, 2, 3, 4, 5, 6}, size: 2, notIn: []int{0, 1, 2, 3, 7},
+		},
+		{
+			name:      "a pod without a plan does not take the GPUs planned for others",
+			cached:    []PendingPod{planned("a", 2, nil, 0), planned("b", 4, pick(ids, 0, 1, 2, 3), 1)},
+			available: []int{0, 1, 2, 3, 4, 5, 6, 7}, size: 2, notIn: []int{0, 1, 2, 3},
+		},
+		{
+			// No pod at all: the allocator's best NVLink quad on the
 			// hybrid cube-mesh among the free GPUs.
-			name:      "without a plan the topology-best local set",
+			name:      "without a pod the topology-best local set",
 			available: []int{0, 1, 2, 3, 4, 5}, size: 4, want: []int{0, 1, 2, 3}, wantLive: 1,
 		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			plans := &fakePlans{cached: tc.cached, live: tc.live}
-			p, ids := newPlugin(t, "dgx1-v100", plans)
+			pods := &fakePods{cached: tc.cached, live: tc.live}
+			p, ids := newPlugin(t, "dgx1-v100", pods)
 			resp, err := p.GetPreferredAllocation(context.Background(), &pluginapi.PreferredAllocationRequest{
 				ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
 					AvailableDeviceIDs: pick(ids, tc.available...), MustIncludeDeviceIDs: pick(ids, tc.mustInclude...), AllocationSize: tc.size,
@@ -134,22 +165,33 @@ func TestGetPreferredAllocation(t *testing.T) {
 				t.Fatal(err)
 			}
 			got := resp.ContainerResponses[0].DeviceIDs
-			want := pick(ids, tc.want...)
-			if strings.Contains(tc.name, "topology-best") {
-				got, want = v1alpha1.SortedGPUList(got), v1alpha1.SortedGPUList(want)
+			if tc.want == nil {
+				if len(got) != int(tc.size) {
+					t.Errorf("preferred %v; want %d GPUs", got, tc.size)
+				}
+				for _, id := range pick(ids, tc.notIn...) {
+					if slices.Contains(got, id) {
+						t.Errorf("preferred %v includes %s, planned for another pod or taken", got, id)
+					}
+				}
+			} else {
+				want := pick(ids, tc.want...)
+				if strings.Contains(tc.name, "topology-best") {
+					got, want = v1alpha1.SortedGPUList(got), v1alpha1.SortedGPUList(want)
+				}
+				if diff := cmp.Diff(want, got); diff != "" {
+					t.Errorf("preferred devices (-want +got):\n%s", diff)
+				}
 			}
-			if diff := cmp.Diff(want, got); diff != "" {
-				t.Errorf("preferred devices (-want +got):\n%s", diff)
-			}
-			if plans.liveCalls != tc.wantLive {
-				t.Errorf("live plan reads: got %d, want %d", plans.liveCalls, tc.wantLive)
+			if pods.liveCalls != tc.wantLive {
+				t.Errorf("live pod reads: got %d, want %d", pods.liveCalls, tc.wantLive)
 			}
 		})
 	}
 }
 
 func TestAllocateAnswersExactlyKubeletsDevices(t *testing.T) {
-	p, ids := newPlugin(t, "hgx-h100", &fakePlans{})
+	p, ids := newPlugin(t, "hgx-h100", &fakePods{})
 	allocated := 0
 	p.OnAllocate(func() { allocated++ })
 	req := &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{
@@ -222,7 +264,7 @@ func startFakeKubelet(t *testing.T, dir string) *fakeKubelet {
 func TestPluginRegistersAndReregistersAfterKubeletRestart(t *testing.T) {
 	dir := t.TempDir()
 	first := startFakeKubelet(t, dir)
-	p := NewDevicePlugin(DevicePluginOptions{PluginDir: dir, ResourceName: "example.com/gpu", WatchInterval: time.Hour}, &fakePlans{}, nil, logr.Discard())
+	p := NewDevicePlugin(DevicePluginOptions{PluginDir: dir, ResourceName: "example.com/gpu", WatchInterval: time.Hour}, &fakePods{}, nil, logr.Discard())
 	f := fixture(t, "dgx-a100")
 	p.SetTopology(f.Graph(testNode).Status())
 	ctx, cancel := context.WithCancel(context.Background())

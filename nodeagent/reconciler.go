@@ -35,7 +35,7 @@ type PodCache struct {
 	lister   corelisters.PodLister
 }
 
-var _ PlanSource = (*PodCache)(nil)
+var _ PodSource = (*PodCache)(nil)
 
 // NewPodCache watches the pods with spec.nodeName=node.
 func NewPodCache(cs kubernetes.Interface, node string) *PodCache {
@@ -61,9 +61,10 @@ func (c *PodCache) Get(namespace, name string) (*corev1.Pod, bool) {
 	return p, err == nil
 }
 
-// Plans implements PlanSource: pods bound here, still Pending, not being
-// deleted, with an assignment and no allocation recorded yet.
-func (c *PodCache) Plans(ctx context.Context, live bool) ([]Plan, error) {
+// PendingPods implements PodSource: pods bound here, Pending, not being
+// deleted, needing the resource, from the cache or, with live, from the
+// API.
+func (c *PodCache) PendingPods(ctx context.Context, resource corev1.ResourceName, live bool) ([]PendingPod, error) {
 	var pods []*corev1.Pod
 	if live {
 		list, err := c.cs.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
@@ -81,26 +82,31 @@ func (c *PodCache) Plans(ctx context.Context, live bool) ([]Plan, error) {
 			return nil, fmt.Errorf("list cached pods: %w", err)
 		}
 	}
-	return PlansFromPods(pods), nil
+	return PendingFromPods(pods, resource), nil
 }
 
-// PlansFromPods extracts the pending plans from pods.
-// A malformed assigned-gpus annotation is skipped (the webhook keeps such
-// values out; this is the last line).
-func PlansFromPods(pods []*corev1.Pod) []Plan {
-	var out []Plan
+// PendingFromPods extracts the pods kubelet may be admitting: Pending, not
+// being deleted, with a demand for resource, each with its plan (empty
+// when it has none or a malformed one: the webhook keeps such values out,
+// and the plan only steers kubelet), its allocated-gpus and its GPU
+// containers in kubelet's order.
+func PendingFromPods(pods []*corev1.Pod, resource corev1.ResourceName) []PendingPod {
+	var out []PendingPod
 	for _, p := range pods {
 		if p.Status.Phase != corev1.PodPending && p.Status.Phase != "" || p.DeletionTimestamp != nil {
 			continue
 		}
-		if p.Annotations[v1alpha1.AnnotationAllocatedGPUs] != "" {
+		demand, err := v1alpha1.PodGPUDemand(&p.Spec, resource)
+		if err != nil || demand <= 0 {
 			continue
 		}
-		gpus, err := v1alpha1.ParseGPUList(v1alpha1.AnnotationAssignedGPUs, p.Annotations[v1alpha1.AnnotationAssignedGPUs])
-		if err != nil || len(gpus) == 0 {
+		containers, err := PodContainerGPUs(&p.Spec, resource)
+		if err != nil {
 			continue
 		}
-		out = append(out, planOf(p, gpus))
+		gpus, _ := v1alpha1.ParseGPUList(v1alpha1.AnnotationAssignedGPUs, p.Annotations[v1alpha1.AnnotationAssignedGPUs])
+		recorded, _ := v1alpha1.ParseGPUList(v1alpha1.AnnotationAllocatedGPUs, p.Annotations[v1alpha1.AnnotationAllocatedGPUs])
+		out = append(out, PendingPod{Plan: planOf(p, gpus), Demand: int(demand), Recorded: recorded, Containers: containers})
 	}
 	return out
 }
@@ -167,10 +173,13 @@ func NewReconciler(cs kubernetes.Interface, pods *PodCache, pr PodResourcesListe
 
 // UseAllocations makes the reconciler read the device plugin's record of
 // Allocate calls (DevicePlugin.Allocations); without it one-shot init
-// containers' devices are known only from allocated-gpus.
+// containers' devices are known only from allocated-gpus. The log reads
+// kubelet's PodResources through the reconciler's client, to tell which
+// pending pod kubelet is admitting.
 func (r *Reconciler) UseAllocations(l *AllocationLog) {
 	if l != nil {
 		r.allocs = l
+		l.UsePodResources(r.pr)
 	}
 }
 

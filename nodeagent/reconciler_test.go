@@ -7,6 +7,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/record"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
@@ -100,21 +102,38 @@ func TestReconcilerRecordsTruthAndDrift(t *testing.T) {
 	}
 }
 
-func TestPlansFromPodsKeepsOnlyPendingUnallocatedPlans(t *testing.T) {
+func TestPendingFromPodsKeepsPendingGPUPods(t *testing.T) {
 	now := metav1.Now()
-	pending := plannedPod("pending", "GPU-a,GPU-b")
-	running := plannedPod("running", "GPU-c")
-	running.Status.Phase = corev1.PodRunning
-	deleting := plannedPod("deleting", "GPU-d")
-	deleting.DeletionTimestamp = &now
-	allocated := plannedPod("allocated", "GPU-e")
-	allocated.Annotations[v1alpha1.AnnotationAllocatedGPUs] = "GPU-e"
-	malformed := plannedPod("malformed", "GPU-a,,GPU-b")
+	withGPUs := func(p *corev1.Pod) *corev1.Pod {
+		p.Spec.InitContainers = []corev1.Container{
+			{Name: "init", Resources: gpuLimits(1)},
+			{Name: "sidecar", Resources: gpuLimits(1), RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways)},
+			{Name: "no-gpu"},
+		}
+		p.Spec.Containers = []corev1.Container{{Name: "app", Resources: gpuLimits(2)}}
+		return p
+	}
+	pending := withGPUs(plannedPod("pending", "GPU-a,GPU-b,GPU-c"))
 	pending.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now}}
-	got := PlansFromPods([]*corev1.Pod{pending, running, deleting, allocated, malformed, plannedPod("no-plan", "")})
-	want := []Plan{{Pod: "ns/pending", UID: "uid-pending", GPUs: []string{"GPU-a", "GPU-b"}, BoundAt: now.Time}}
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("plans (-want +got):\n%s", diff)
+	running := withGPUs(plannedPod("running", "GPU-c"))
+	running.Status.Phase = corev1.PodRunning
+	deleting := withGPUs(plannedPod("deleting", "GPU-d"))
+	deleting.DeletionTimestamp = &now
+	allocated := withGPUs(plannedPod("allocated", "GPU-e"))
+	allocated.Annotations[v1alpha1.AnnotationAllocatedGPUs] = "GPU-e"
+	malformed := withGPUs(plannedPod("malformed", "GPU-a,,GPU-b"))
+	noPlan := withGPUs(plannedPod("no-plan", ""))
+	noGPU := plannedPod("no-gpu", "GPU-f")
+	got := PendingFromPods([]*corev1.Pod{pending, running, deleting, allocated, malformed, noPlan, noGPU}, v1alpha1.ResourceGPU)
+	containers := []ContainerGPUs{{Name: "init", GPUs: 1, OneShot: true}, {Name: "sidecar", GPUs: 1}, {Name: "app", GPUs: 2}}
+	want := []PendingPod{
+		{Plan: Plan{Pod: "ns/pending", UID: "uid-pending", GPUs: []string{"GPU-a", "GPU-b", "GPU-c"}, BoundAt: now.Time}, Demand: 3, Containers: containers},
+		{Plan: Plan{Pod: "ns/allocated", UID: "uid-allocated", GPUs: []string{"GPU-e"}}, Demand: 3, Recorded: []string{"GPU-e"}, Containers: containers},
+		{Plan: Plan{Pod: "ns/malformed", UID: "uid-malformed"}, Demand: 3, Containers: containers},
+		{Plan: Plan{Pod: "ns/no-plan", UID: "uid-no-plan"}, Demand: 3, Containers: containers},
+	}
+	if diff := cmp.Diff(want, got, cmpopts.EquateEmpty()); diff != "" {
+		t.Errorf("pending pods (-want +got):\n%s", diff)
 	}
 }
 
