@@ -133,6 +133,10 @@ func TestAccounting(t *testing.T) {
 				e.waitPod(t, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: nsTeam, Name: name}}, 2*time.Minute, name+" to run", isRunning)
 			}
 			e.checkAccounting(t, names)
+			// The drift audit every scenario of the suites ends with
+			// judges these shapes too: every GPU container's devices, the
+			// init containers' included.
+			e.audit(t)
 			if sc.restartAgent {
 				e.stopAgent(t)
 				e.startAgent(t)
@@ -141,6 +145,7 @@ func TestAccounting(t *testing.T) {
 				time.Sleep(5 * time.Second)
 				t.Logf("injected: node agent restarted with the pods running")
 				e.checkAccounting(t, names)
+				e.audit(t)
 			}
 		})
 	}
