@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -61,7 +63,10 @@ type decider struct {
 	identity  string
 
 	startOnce sync.Once
-	holding   atomic.Bool
+	// mu orders a term's start (takeOver) against its end
+	// (OnStoppedLeading), so that holding is never set after its term.
+	mu      sync.Mutex
+	holding atomic.Bool
 	// holder is the identity last seen holding the Lease ("" unknown).
 	holder atomic.Pointer[string]
 	// done is closed when the election has ended (its context ended).
@@ -130,6 +135,14 @@ func (d *decider) run(ctx context.Context) {
 	}
 	o := d.x.opts
 	for ctx.Err() == nil {
+		// Each term has its own context: a term that cannot decide (its
+		// rebuild failed) ends itself, and ReleaseOnCancel frees the Lease
+		// for the next try here or for another scheduler.
+		term, endTerm := context.WithCancel(ctx)
+		// A Lease that does not exist yet had no decider before this one,
+		// so there are no Bindings of another to wait out.
+		_, getErr := d.x.client.CoordinationV1().Leases(d.namespace).Get(term, d.name, metav1.GetOptions{})
+		first := apierrors.IsNotFound(getErr)
 		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 			Lock:            lock,
 			LeaseDuration:   o.LeaseDuration,
@@ -139,17 +152,18 @@ func (d *decider) run(ctx context.Context) {
 			Name:            d.name,
 			Callbacks: leaderelection.LeaderCallbacks{
 				OnStartedLeading: func(ctx context.Context) {
-					log.Info("decider lease acquired; rebuilding ledger before deciding GPUs")
-					if err := d.x.rebuild(ctx); err != nil {
-						log.Error(err, "rebuild after acquiring the decider lease failed; not deciding until the next try")
+					if err := d.takeOver(ctx, first); err != nil {
+						log.Error(err, "taking over as decider failed; releasing the decider lease and trying again")
+						endTerm()
 						return
 					}
-					d.holding.Store(true)
-					d.settle()
 					log.Info("deciding GPUs")
 				},
 				OnStoppedLeading: func() {
-					if d.holding.Swap(false) {
+					d.mu.Lock()
+					was := d.holding.Swap(false)
+					d.mu.Unlock()
+					if was {
 						log.Info("decider lease lost; no longer deciding GPUs")
 					}
 				},
@@ -163,10 +177,12 @@ func (d *decider) run(ctx context.Context) {
 			},
 		})
 		if err != nil {
+			endTerm()
 			log.Error(err, "decider lease election; this scheduler decides no GPU pod")
 			return
 		}
-		le.Run(ctx)
+		le.Run(term)
+		endTerm()
 		d.holding.Store(false)
 		select {
 		case <-ctx.Done():
@@ -188,6 +204,11 @@ const firstAnswerWait = 3 * time.Second
 // not be answered in time (the API server unreachable, the Lease not
 // permitted) is not waited for again.
 func (d *decider) awaitFirstAnswer() {
+	select {
+	case <-d.settled:
+		return
+	default:
+	}
 	t := time.NewTimer(firstAnswerWait)
 	defer t.Stop()
 	select {
@@ -196,6 +217,40 @@ func (d *decider) awaitFirstAnswer() {
 	case <-t.C:
 		d.settle()
 	}
+}
+
+// takeOver makes this process the decider once it holds the Lease. It
+// first waits out the previous decider's Bindings: one that checked the
+// Lease before losing it may still be in flight for up to bindTimeout
+// (its process released the Lease on shutdown, or stopped renewing it
+// renewDeadline before it expired), and only then lists every pod, so
+// the GPUs those Bindings carry are in the ledger before this process
+// promises any. The first decider of a cluster (the Lease did not exist)
+// has nothing to wait for. It decides only if the term is still on: a term that
+// ended meanwhile (OnStoppedLeading ran) must not be revived.
+func (d *decider) takeOver(ctx context.Context, first bool) error {
+	log := klog.FromContext(ctx)
+	wait := d.x.cfg.BindTimeout.Duration
+	if first {
+		wait = 0
+	}
+	log.Info("decider lease acquired; waiting for the previous decider's Bindings, then rebuilding the ledger", "wait", wait)
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(wait):
+	}
+	if err := d.x.rebuild(ctx); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	d.holding.Store(true)
+	d.settle()
+	return nil
 }
 
 // refusal is why this process may not decide GPUs now, "" when it may.

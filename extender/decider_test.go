@@ -2,11 +2,15 @@ package extender
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
@@ -17,7 +21,9 @@ func deciderPair(t *testing.T) (a, b *Extender) {
 	t.Helper()
 	cs := fake.NewClientset()
 	mk := func(id, mode string) *Extender {
-		x := newExtender(DefaultConfiguration(), cs)
+		cfg := DefaultConfiguration()
+		cfg.BindTimeout.Duration = 200 * time.Millisecond
+		x := newExtender(cfg, cs)
 		x.opts = NewOptions()
 		x.opts.LeaderElectionIdentity = id
 		x.opts.LeaseDuration, x.opts.RenewDeadline, x.opts.RetryPeriod = time.Second, 500*time.Millisecond, 50*time.Millisecond
@@ -107,5 +113,34 @@ func TestAShadowDecidesNothingAndNeedsNoLease(t *testing.T) {
 	x.opts.Shadow = true
 	if d := newDecider(x, "extender"); d != nil {
 		t.Errorf("a shadow extender has a decider %+v; it never binds", d)
+	}
+}
+
+// A core that wins the Lease but cannot rebuild its ledger must not keep
+// it: it releases the Lease, so another scheduler takes over instead of
+// every GPU pod waiting on a holder that decides nothing.
+func TestADeciderThatCannotRebuildReleasesTheLease(t *testing.T) {
+	a, b := deciderPair(t)
+	// a lists pods through a client that fails; the Lease is shared.
+	shared := b.client.(*fake.Clientset)
+	broken := &fake.Clientset{}
+	broken.AddReactor("list", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("etcdserver: request timed out")
+	})
+	broken.AddReactor("*", "*", k8stesting.ObjectReaction(shared.Tracker()))
+	a.client = broken
+	a.decider.Store(newDecider(a, "extender"))
+
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	a.startDecider(ctx)
+	waitFor(t, func() bool {
+		l, err := shared.CoordinationV1().Leases(DefaultDeciderLeaseNamespace).Get(ctx, DeciderLeaseName("nvidia.com/gpu"), metav1.GetOptions{})
+		return err == nil && l.Spec.HolderIdentity != nil
+	})
+	b.startDecider(ctx)
+	waitFor(t, func() bool { return b.decider.Load().refusal() == "" })
+	if msg := a.decider.Load().refusal(); msg == "" {
+		t.Errorf("the core whose rebuild fails decides")
 	}
 }

@@ -293,12 +293,14 @@ func (x *Extender) start(ctx context.Context, verbs bool) error {
 		if err := x.rebuild(ctx); err != nil {
 			return err
 		}
-		x.leading.Store(true)
-		x.announceDoubleHolds()
 		if verbs {
-			// In-process, only the host's scheduling leader asks.
+			// In-process, only the host's scheduling leader asks. Started
+			// before the verbs serve, so that no verb starts it first with
+			// another context.
 			x.startDecider(ctx)
 		}
+		x.leading.Store(true)
+		x.announceDoubleHolds()
 		log.Info("extender ready")
 	}
 	select {
@@ -558,9 +560,9 @@ func (x *Extender) elector(ctx context.Context, lost chan struct{}) (*leaderelec
 					once.Do(func() { close(lost) })
 					return
 				}
+				x.startDecider(ctx)
 				x.leading.Store(true)
 				x.announceDoubleHolds()
-				x.startDecider(ctx)
 				log.Info("extender ready", "identity", id)
 			},
 			OnStoppedLeading: func() {

@@ -7,9 +7,11 @@ import rbacv1 "k8s.io/api/rbac/v1"
 // compares them; the integration tests run the agent with nothing more).
 //
 // Pods: the agent must patch the pods on its own node (allocated-gpus).
-// RBAC cannot narrow a verb to pods of one node; the admission webhook
-// does, by the node name kube-apiserver records in the agent's pod-bound
-// service account token (authentication.kubernetes.io/node-name).
+// RBAC cannot narrow a verb to pods of one node; the agent's admission
+// policies (AdmissionPolicies) do inside kube-apiserver, by the node name
+// it records in the agent's pod-bound service account token
+// (authentication.kubernetes.io/node-name), and so does the webhook for
+// the system annotations.
 func RBACRules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
 		// Publisher: read-or-create the node's object, write its status.

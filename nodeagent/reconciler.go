@@ -61,13 +61,20 @@ func (c *PodCache) Get(namespace, name string) (*corev1.Pod, bool) {
 	return p, err == nil
 }
 
+// livePodListTimeout bounds PendingPods' live read of the node's pods.
+const livePodListTimeout = 2 * time.Second
+
 // PendingPods implements PodSource: pods bound here, Pending, not being
 // deleted, needing the resource, from the cache or, with live, from the
 // API.
 func (c *PodCache) PendingPods(ctx context.Context, resource corev1.ResourceName, live bool) ([]PendingPod, error) {
 	var pods []*corev1.Pod
 	if live {
-		list, err := c.cs.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+		// kubelet's device manager waits on this answer for every pod it
+		// admits; kubelet's own call carries no deadline.
+		lctx, cancel := context.WithTimeout(ctx, livePodListTimeout)
+		defer cancel()
+		list, err := c.cs.CoreV1().Pods(metav1.NamespaceAll).List(lctx, metav1.ListOptions{
 			FieldSelector: fields.OneTermEqualSelector("spec.nodeName", c.node).String(),
 		})
 		if err != nil {

@@ -80,6 +80,10 @@ type Ledger struct {
 	onDoubleHeld func(added, cleared []DoubleHold)
 	// seed keys the topology signatures (signature).
 	seed maphash.Seed
+	// gone remembers, for goneTTL, the UIDs of pods that were deleted or
+	// finished: a UID never comes back, so a stale copy of such a pod (a
+	// rebuild's list taken before the delete arrived) is not counted again.
+	gone map[types.UID]time.Time
 	// claims lists, per GPU UUID, the nodes whose valid topology lists it
 	// (see trust.go); duplicateGPUs counts the UUIDs with more than one.
 	claims        map[string][]gpuClaim
@@ -106,8 +110,13 @@ func New(resource corev1.ResourceName) *Ledger {
 		resource: resource,
 		seed:     maphash.MakeSeed(),
 		claims:   make(map[string][]gpuClaim),
+		gone:     make(map[types.UID]time.Time),
 	}
 }
+
+// goneTTL is how long a deleted or finished pod's UID is remembered: far
+// longer than a rebuild's list can be in flight.
+const goneTTL = 10 * time.Minute
 
 // SetClock replaces the ledger's clock (reservation ages and TTLs, external
 // telemetry ages), for a simulation that runs in simulated time.
@@ -634,7 +643,11 @@ func (l *Ledger) DoubleHolds() []DoubleHold {
 func (l *Ledger) UpsertPod(p *corev1.Pod) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if _, ok := l.gone[p.UID]; ok {
+		return // a stale copy of a pod already deleted or finished
+	}
 	if terminal(p) {
+		l.gone[p.UID] = l.now()
 		l.forgetPodLocked(p.UID, types.NamespacedName{Namespace: p.Namespace, Name: p.Name})
 		return
 	}
@@ -695,6 +708,9 @@ func (l *Ledger) DeletePod(obj any) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if p.UID != "" {
+		l.gone[p.UID] = l.now()
+	}
 	l.forgetPodLocked(p.UID, types.NamespacedName{Namespace: p.Namespace, Name: p.Name})
 }
 
@@ -826,16 +842,23 @@ func (l *Ledger) Reserve(uid types.UID, pod types.NamespacedName, node string, c
 }
 
 // SweepReservations frees reservations older than ttl (binds whose outcome
-// stayed unknown and were never retried) and returns how many it freed.
+// stayed unknown and were never retried) and returns how many it freed; it
+// also forgets the UIDs of pods gone longer than goneTTL.
 func (l *Ledger) SweepReservations(ttl time.Duration) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	cutoff := l.now().Add(-ttl)
+	now := l.now()
+	cutoff := now.Add(-ttl)
 	var freed int
 	for uid, h := range l.holdings {
 		if h.reserved && h.since.Before(cutoff) {
 			l.releaseLocked(uid)
 			freed++
+		}
+	}
+	for uid, at := range l.gone {
+		if now.Sub(at) > goneTTL {
+			delete(l.gone, uid)
 		}
 	}
 	return freed

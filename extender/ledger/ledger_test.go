@@ -303,3 +303,36 @@ func TestNodeForSeesTheGPUsAPodHasReserved(t *testing.T) {
 		}
 	})
 }
+
+// A rebuild lists pods while the watch keeps delivering: a pod deleted
+// after the list was taken, and before its stale copy reaches the ledger,
+// must not hold its GPUs again.
+func TestAStaleCopyOfADeletedPodDoesNotHoldGPUsAgain(t *testing.T) {
+	l := ledger.New(v1alpha1.ResourceGPU)
+	f, _ := topology.FixtureByName("dgx-a100")
+	l.UpsertTopology(&v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: "n"}, Status: f.Graph("n").Status()})
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "uid-p",
+			Annotations: map[string]string{v1alpha1.AnnotationAssignedGPUs: topology.FixtureUUID("n", 0)}},
+		Spec: corev1.PodSpec{NodeName: "n", Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{
+			Limits: corev1.ResourceList{v1alpha1.ResourceGPU: resource.MustParse("1")}}}}},
+	}
+	stale := p.DeepCopy()
+	l.UpsertPod(p)
+	l.DeletePod(p)
+	l.UpsertPod(stale) // the rebuild's copy, listed before the delete
+	if h := l.Holdings(); len(h) != 0 {
+		t.Errorf("holdings after a stale copy of a deleted pod = %+v, want none", h)
+	}
+	finished := p.DeepCopy()
+	finished.UID = "uid-q"
+	l.UpsertPod(finished)
+	finished.Status.Phase = corev1.PodSucceeded
+	l.UpsertPod(finished)
+	running := finished.DeepCopy()
+	running.Status.Phase = corev1.PodRunning
+	l.UpsertPod(running) // a stale copy from before it finished
+	if h := l.Holdings(); len(h) != 0 {
+		t.Errorf("holdings after a stale copy of a finished pod = %+v, want none", h)
+	}
+}

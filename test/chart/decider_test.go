@@ -39,7 +39,8 @@ deciderLease:
 			objs := tc.rel.render(t)
 			fn := tc.rel.fullname()
 			var role rbacv1.Role
-			into(t, find(t, objs, "Role", fn+"-decider"), &role)
+			roleName := tc.rel.namespace + "-" + fn + "-decider"
+			into(t, find(t, objs, "Role", roleName), &role)
 			if role.Namespace != tc.namespace {
 				t.Errorf("decider Role in namespace %q, want %q", role.Namespace, tc.namespace)
 			}
@@ -47,7 +48,7 @@ deciderLease:
 				t.Errorf("decider Role differs from extender.LeaderElectionRBACRules(%s) (-code +chart):\n%s", tc.lease, diff)
 			}
 			var b rbacv1.RoleBinding
-			into(t, find(t, objs, "RoleBinding", fn+"-decider"), &b)
+			into(t, find(t, objs, "RoleBinding", roleName), &b)
 			want := []rbacv1.Subject{{Kind: "ServiceAccount", Name: fn + tc.decider, Namespace: tc.rel.namespace}}
 			if b.Namespace != tc.namespace || b.RoleRef.Name != role.Name || !cmp.Equal(want, b.Subjects) {
 				t.Errorf("decider RoleBinding %s/%s binds %s to %v; want %s/%s binding %s to %v", b.Namespace, b.Name, b.RoleRef.Name, b.Subjects, tc.namespace, role.Name, role.Name, want)
