@@ -33,7 +33,22 @@ import (
 // preferenceTTL bounds how long a GetPreferredAllocation answer names the
 // pod of the Allocate that follows it. kubelet calls the two back to back
 // for one container, under its admission loop.
-const preferenceTTL = 30 * time.Second
+const preferenceTTL = 5 * time.Second
+
+// forgetPreference drops the last GetPreferredAllocation's answer: the
+// Allocate it was for failed, so no later Allocate may be read as its.
+func (l *AllocationLog) forgetPreference() {
+	l.mu.Lock()
+	l.pref = nil
+	l.mu.Unlock()
+}
+
+// inProgressWindow is how long after its last allocation a pod still
+// counts as the one kubelet is admitting: kubelet allocates a pod's GPU
+// containers back to back, so a pod it stopped at (admission refused
+// after some containers, a container kubelet does not ask for) must not
+// keep winning the next pod's calls.
+const inProgressWindow = 10 * time.Second
 
 // kubeletViewTimeout bounds the PodResources read made while kubelet
 // waits for a GetPreferredAllocation or Allocate answer.
@@ -269,7 +284,13 @@ type candidate struct {
 	done  int
 	reuse map[string]bool
 	held  map[string]bool
+	// recent: the pod's last allocation is within inProgressWindow.
+	recent bool
 }
+
+// inProgress reports whether kubelet is in the middle of this pod's GPU
+// containers: some are allocated, the last one lately.
+func (c *candidate) inProgress() bool { return c.done > 0 && c.recent }
 
 // next is the pod's next GPU container kubelet will allocate.
 func (c *candidate) next() (ContainerGPUs, bool) {
@@ -349,6 +370,7 @@ func (l *AllocationLog) candidates(pending []PendingPod, kubeletStart time.Time)
 		c := &candidate{PendingPod: pp, reuse: map[string]bool{}, held: map[string]bool{}}
 		if a := l.pods[pp.UID]; a != nil {
 			c.done = a.done
+			c.recent = l.now().Sub(a.at) < inProgressWindow
 			for id := range a.reuse {
 				c.reuse[id] = true
 			}
@@ -413,7 +435,7 @@ func choose(fit []*candidate, call kubeletCall, view kubeletView) (*candidate, s
 	case 1:
 		return fit[0], how
 	}
-	if f := filter(fit, func(c *candidate) bool { return c.done > 0 }); len(f) > 0 {
+	if f := filter(fit, func(c *candidate) bool { return c.inProgress() }); len(f) > 0 {
 		fit, how = f, "in progress"
 		if len(fit) == 1 {
 			return fit[0], how
@@ -467,7 +489,7 @@ func (p *DevicePlugin) resolve(ctx context.Context, call kubeletCall) (*candidat
 		if f := filter(fit, func(c *candidate) bool { return c.reuses(call) }); len(f) == 1 {
 			return f[0], "reuse", without(cands, f[0])
 		}
-		if len(fit) == 1 && fit[0].done > 0 {
+		if len(fit) == 1 && fit[0].inProgress() {
 			return fit[0], "in progress", without(cands, fit[0])
 		}
 		if len(fit) == 0 {

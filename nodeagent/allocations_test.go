@@ -766,7 +766,7 @@ func TestMatcherRules(t *testing.T) {
 	// held devices, its plan.
 	pod := func(name string, containers []string, done int, reuse, held, plan []string) *candidate {
 		c := &candidate{PendingPod: PendingPod{Plan: Plan{Pod: "ns/" + name, UID: types.UID(name), GPUs: plan}}, done: done,
-			reuse: setOf(reuse), held: setOf(held)}
+			reuse: setOf(reuse), held: setOf(held), recent: done > 0}
 		for _, s := range containers {
 			kind := strings.TrimRight(s, "0123456789")
 			n, err := strconv.Atoi(strings.TrimPrefix(s, kind))
@@ -834,6 +834,15 @@ func TestMatcherRules(t *testing.T) {
 			name: "without the view: the pod kubelet is in the middle of",
 			pods: []*candidate{pod("plain", []string{"app2"}, 0, nil, nil, nil), pod("multi", []string{"app1", "app2"}, 1, nil, []string{"g5"}, nil)},
 			call: gpa(2, free, nil), want: "multi", wantH: "in progress",
+		},
+		{
+			name: "without the view: a pod kubelet stopped at long ago is not in progress",
+			pods: []*candidate{pod("plain", []string{"app2"}, 0, nil, nil, nil), func() *candidate {
+				c := pod("refused", []string{"app1", "app2"}, 1, nil, []string{"g5"}, nil)
+				c.recent = false
+				return c
+			}()},
+			call: gpa(2, free, nil), want: "plain", wantH: "admission order",
 		},
 		{
 			name: "without the view: a pod whose plan is free beats one whose plan is taken",

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -37,17 +36,12 @@ type Plan struct {
 	BoundAt, Created time.Time
 }
 
-// SortPlans puts plans in kubelet's admission order, given when the
-// current kubelet started. Pods bound before that reach kubelet in its
-// first batch, which kubelet admits in creation order (HandlePodAdditions
-// sorts by creation time); pods bound after reach it one by one as they
-// are bound, so they come after the batch, in bind order. Remaining ties
-// go by creation time, then name.
-func SortPlans(plans []Plan, kubeletStart time.Time) {
-	sort.SliceStable(plans, func(i, j int) bool { return admittedBefore(plans[i], plans[j], kubeletStart) })
-}
-
-// admittedBefore is SortPlans' order: whether kubelet admits a before b.
+// admittedBefore is kubelet's admission order, given when the current
+// kubelet started: whether kubelet admits a before b. Pods bound before
+// that reach kubelet in its first batch, which kubelet admits in creation
+// order (HandlePodAdditions sorts by creation time); pods bound after
+// reach it one by one as they are bound, so they come after the batch,
+// in bind order. Remaining ties go by creation time, then name.
 func admittedBefore(a, b Plan, kubeletStart time.Time) bool {
 	batchEnd := kubeletStart.Truncate(time.Second) // BoundAt has second precision
 	inBatch := func(p Plan) bool { return !p.BoundAt.After(batchEnd) }
@@ -360,6 +354,7 @@ func (p *DevicePlugin) Allocate(ctx context.Context, req *pluginapi.AllocateRequ
 	defer p.metrics.allocateTimer()()
 	if p.devListErr != nil {
 		p.metrics.allocation(false)
+		p.allocs.forgetPreference()
 		return nil, fmt.Errorf("allocate: %w", p.devListErr)
 	}
 	p.mu.Lock()
@@ -374,6 +369,7 @@ func (p *DevicePlugin) Allocate(ctx context.Context, req *pluginapi.AllocateRequ
 		for _, id := range cr.DevicesIds {
 			if !known[id] {
 				p.metrics.allocation(false)
+				p.allocs.forgetPreference()
 				return nil, fmt.Errorf("allocate: device %q is not a GPU of this node; known devices are the GPU UUIDs in ListAndWatch", id)
 			}
 		}

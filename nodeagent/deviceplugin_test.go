@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -68,7 +69,7 @@ func pick(ids []string, idx ...int) []string {
 	return out
 }
 
-func TestSortPlansFollowsKubeletAdmissionOrder(t *testing.T) {
+func TestAdmissionOrderFollowsKubelet(t *testing.T) {
 	start := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 	at := func(s int) time.Time { return start.Add(time.Duration(s) * time.Second) }
 	plans := []Plan{
@@ -78,7 +79,7 @@ func TestSortPlansFollowsKubeletAdmissionOrder(t *testing.T) {
 		{Pod: "ns/batch-old", BoundAt: at(-1), Created: at(-60)},
 		{Pod: "ns/batch-old-b", BoundAt: at(-2), Created: at(-60)},
 	}
-	SortPlans(plans, start.Add(300*time.Millisecond))
+	sort.SliceStable(plans, func(i, j int) bool { return admittedBefore(plans[i], plans[j], start.Add(300*time.Millisecond)) })
 	var got []string
 	for _, p := range plans {
 		got = append(got, p.Pod)
