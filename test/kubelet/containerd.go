@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -422,7 +423,10 @@ func (c *Containerd) Stop() error {
 	}
 	var left []string
 	for d := range cgroupDirs() {
-		if c.cgroups[d] {
+		// Only what containerd made for pods counts: every pod's cgroups
+		// are below a parent named for its namespace. Other processes on
+		// the machine come and go with cgroups of their own.
+		if c.cgroups[d] || !slices.Contains(strings.Split(d, string(filepath.Separator)), CRINamespace) {
 			continue
 		}
 		// containerd puts each pod's cgroups below a parent named for its
