@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -11,8 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -67,6 +66,8 @@ type decider struct {
 	// (OnStoppedLeading), so that holding is never set after its term.
 	mu      sync.Mutex
 	holding atomic.Bool
+	// draining: the scheduler is stopping; no term may start deciding.
+	draining bool
 	// holder is the identity last seen holding the Lease ("" unknown).
 	holder atomic.Pointer[string]
 	// done is closed when the election has ended (its context ended).
@@ -137,12 +138,19 @@ func (d *decider) run(ctx context.Context) {
 	for ctx.Err() == nil {
 		// Each term has its own context: a term that cannot decide (its
 		// rebuild failed) ends itself, and ReleaseOnCancel frees the Lease
-		// for the next try here or for another scheduler.
-		term, endTerm := context.WithCancel(ctx)
-		// A Lease that does not exist yet had no decider before this one,
-		// so there are no Bindings of another to wait out.
-		_, getErr := d.x.client.CoordinationV1().Leases(d.namespace).Get(term, d.name, metav1.GetOptions{})
-		first := apierrors.IsNotFound(getErr)
+		// for the next try here or for another scheduler. It is not ctx's
+		// child: when ctx ends, the term stops deciding at once but keeps
+		// the Lease until its Bindings in flight are done (drain), so a
+		// scheduler that takes a released Lease has none to wait for.
+		term, endTerm := context.WithCancel(context.WithoutCancel(ctx))
+		go func() {
+			select {
+			case <-ctx.Done():
+				d.drain(log)
+				endTerm()
+			case <-term.Done():
+			}
+		}()
 		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 			Lock:            lock,
 			LeaseDuration:   o.LeaseDuration,
@@ -152,7 +160,7 @@ func (d *decider) run(ctx context.Context) {
 			Name:            d.name,
 			Callbacks: leaderelection.LeaderCallbacks{
 				OnStartedLeading: func(ctx context.Context) {
-					if err := d.takeOver(ctx, first); err != nil {
+					if err := d.takeOver(ctx); err != nil {
 						log.Error(err, "taking over as decider failed; releasing the decider lease and trying again")
 						endTerm()
 						return
@@ -193,6 +201,23 @@ func (d *decider) run(ctx context.Context) {
 
 func (d *decider) settle() { d.settledOnce.Do(func() { close(d.settled) }) }
 
+// drain stops deciding and waits, at most bindTimeout and a second, until
+// no Binding this process started is in flight, before the Lease is
+// released.
+func (d *decider) drain(log klog.Logger) {
+	d.mu.Lock()
+	d.draining = true
+	d.holding.Store(false)
+	d.mu.Unlock()
+	deadline := time.Now().Add(d.x.cfg.BindTimeout.Duration + time.Second)
+	for d.x.binding.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := d.x.binding.Load(); n > 0 {
+		log.Info("releasing the decider lease with Bindings still in flight", "bindings", n)
+	}
+}
+
 // firstAnswerWait bounds how long the first GPU pod waits for the first
 // try at the decider Lease: a free Lease is taken in one round trip and a
 // rebuild of the ledger, so the pod is decided, not refused, on its first
@@ -219,22 +244,21 @@ func (d *decider) awaitFirstAnswer() {
 	}
 }
 
-// takeOver makes this process the decider once it holds the Lease. It
-// first waits out the previous decider's Bindings: one that checked the
-// Lease before losing it may still be in flight for up to bindTimeout
-// (its process released the Lease on shutdown, or stopped renewing it
-// renewDeadline before it expired), and only then lists every pod, so
-// the GPUs those Bindings carry are in the ledger before this process
-// promises any. The first decider of a cluster (the Lease did not exist)
-// has nothing to wait for. It decides only if the term is still on: a term that
-// ended meanwhile (OnStoppedLeading ran) must not be revived.
-func (d *decider) takeOver(ctx context.Context, first bool) error {
+// takeOver makes this process the decider once it holds the Lease. The
+// previous decider's Bindings are done by then: one that released the
+// Lease drained them first (drain), and one whose Lease expired stopped
+// deciding renewDeadline before it did, so its last Bindings ended
+// bindTimeout after that; only a bindTimeout longer than the difference
+// (leaseDuration − renewDeadline, 5 s by default) leaves some to wait
+// for. Then it lists every pod, so the GPUs those Bindings carry are in
+// the ledger before this process promises any. It decides only if the
+// term is still on: a term that ended meanwhile (OnStoppedLeading ran)
+// must not be revived.
+func (d *decider) takeOver(ctx context.Context) error {
 	log := klog.FromContext(ctx)
-	wait := d.x.cfg.BindTimeout.Duration
-	if first {
-		wait = 0
-	}
-	log.Info("decider lease acquired; waiting for the previous decider's Bindings, then rebuilding the ledger", "wait", wait)
+	o := d.x.opts
+	wait := max(d.x.cfg.BindTimeout.Duration-(o.LeaseDuration-o.RenewDeadline), 0)
+	log.Info("decider lease acquired; rebuilding the ledger before deciding GPUs", "wait", wait)
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
@@ -247,6 +271,9 @@ func (d *decider) takeOver(ctx context.Context, first bool) error {
 	defer d.mu.Unlock()
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if d.draining {
+		return errors.New("the scheduler is stopping")
 	}
 	d.holding.Store(true)
 	d.settle()

@@ -74,6 +74,10 @@ type Extender struct {
 	// decider holds the cluster-wide decider Lease (decider.go) once
 	// started; nil when this core decides nothing (shadow, in-memory use).
 	decider atomic.Pointer[decider]
+	// binding counts binds between their decider check and their
+	// Binding's outcome: the decider Lease is released only once none is
+	// in flight (decider.drain).
+	binding atomic.Int64
 	// startCtx is Start's context, for a decider started later
 	// (in-process, on the first GPU pod's cycle).
 	startCtx atomic.Pointer[context.Context]

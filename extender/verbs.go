@@ -212,6 +212,10 @@ func bindErr(kind string, format string, a ...any) error {
 }
 
 func (x *Extender) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs) error {
+	// Counted before the decider check in reserve, so that a decider
+	// stopping after the check waits for this Binding (decider.drain).
+	x.binding.Add(1)
+	defer x.binding.Add(-1)
 	key := types.NamespacedName{Namespace: args.PodNamespace, Name: args.PodName}
 	// The informer cache when it holds this very pod, else the API server:
 	// besides settling, the only read bind makes.
