@@ -314,9 +314,12 @@ func (x *Extender) DeciderRefusal() string {
 	return d.refusal()
 }
 
-// startDecider starts the decider Lease election, if this core decides.
+// startDecider starts the decider Lease election, if this core decides,
+// and waits for its first answer (at most firstAnswerWait), so that the
+// verbs, served once the caller reports Ready, never wait for it.
 func (x *Extender) startDecider(ctx context.Context) {
 	if d := x.decider.Load(); d != nil {
 		d.start(ctx)
+		d.awaitFirstAnswer()
 	}
 }
