@@ -10,7 +10,6 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -40,14 +39,8 @@ func TestNodeAgentTokenIsHeldToItsNode(t *testing.T) {
 	}
 	objs := []client.Object{
 		namespace(whRelease, false), namespace(whPlain, false),
-		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: whRelease, Name: agentSA}},
-		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: agentSA}, Rules: nodeagent.RBACRules()},
-		&rbacv1.ClusterRoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Name: agentSA},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: agentSA},
-			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: whRelease, Name: agentSA}},
-		},
 	}
+	objs = append(objs, agentAccount()...)
 	for _, p := range policies {
 		objs = append(objs, p)
 	}

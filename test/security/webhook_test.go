@@ -84,14 +84,8 @@ func startWebhookEnv(t *testing.T) *whEnv {
 	objs := []client.Object{
 		namespace(whOptedIn, true), namespace(whPlain, false), namespace(webhook.DefaultCertManagerNamespace, false),
 		namespace(whMonitoring, false), namespace(whRelease, false),
-		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: whRelease, Name: agentSA}},
-		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: agentSA}, Rules: nodeagent.RBACRules()},
-		&rbacv1.ClusterRoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Name: agentSA},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: agentSA},
-			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: whRelease, Name: agentSA}},
-		},
 	}
+	objs = append(objs, agentAccount()...)
 	// No service account controller runs: pods need the account.
 	for _, ns := range []string{whOptedIn, whPlain, webhook.DefaultCertManagerNamespace, whMonitoring, whRelease} {
 		objs = append(objs, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"}})
@@ -103,6 +97,20 @@ func startWebhookEnv(t *testing.T) *whEnv {
 	}
 	e.serve(t)
 	return e
+}
+
+// agentAccount is the node agent's service account and its ClusterRole
+// (nodeagent.RBACRules), bound as the chart binds them.
+func agentAccount() []client.Object {
+	return []client.Object{
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: whRelease, Name: agentSA}},
+		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: agentSA}, Rules: nodeagent.RBACRules()},
+		&rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: agentSA},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: agentSA},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: whRelease, Name: agentSA}},
+		},
+	}
 }
 
 func namespace(name string, optedIn bool) *corev1.Namespace {
