@@ -2,12 +2,10 @@ package webhook
 
 import (
 	"context"
-	"net/http"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/klog/v2"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -19,17 +17,7 @@ import (
 // without a Job lookup. It also denies, at the Job rather than at each of
 // its pods, what PodValidator would refuse in the template: an unknown
 // intent, a malformed requirement, or a system annotation.
-type JobMutator struct {
-	cfg  Config
-	meta metadataReader
-}
-
-var _ admission.Handler = (*JobMutator)(nil)
-
-// NewJobMutator returns a JobMutator reading Namespaces through reader.
-func NewJobMutator(cfg Config, reader client.Reader) *JobMutator {
-	return &JobMutator{cfg: cfg, meta: metadataReader{reader: reader}}
-}
+type JobMutator struct{ handler }
 
 var templateAnnotationsPath = field.NewPath("spec", "template", "metadata", "annotations")
 
@@ -38,11 +26,7 @@ func (m *JobMutator) Handle(ctx context.Context, req admission.Request) admissio
 	if req.Operation != admissionv1.Create || req.SubResource != "" {
 		return admission.Allowed("")
 	}
-	job, shape, err := decodeJob(req.Object)
-	if err != nil {
-		return admission.Errored(http.StatusBadRequest, err)
-	}
-	_, resp := m.meta.mutatedNamespace(ctx, m.cfg, req.Namespace, job.Namespace)
+	job, shape, _, resp := mutated(ctx, m.handler, req, decodeJob)
 	if resp != nil {
 		return *resp
 	}

@@ -11,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/klog/v2"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -44,19 +43,7 @@ var voidEnvEntry = json.RawMessage(`{"name":"` + v1alpha1.EnvVisibleDevices + `"
 // object after every mutating webhook has run. On UPDATE of the
 // ephemeralcontainers subresource it hides GPUs from the new ephemeral
 // containers.
-type PodMutator struct {
-	cfg  Config
-	meta metadataReader
-}
-
-var _ admission.Handler = (*PodMutator)(nil)
-
-// NewPodMutator returns a PodMutator that reads Namespaces and Jobs through
-// reader (a cache in the server; the reader is asked for
-// PartialObjectMetadata only).
-func NewPodMutator(cfg Config, reader client.Reader) *PodMutator {
-	return &PodMutator{cfg: cfg, meta: metadataReader{reader: reader}}
-}
+type PodMutator struct{ handler }
 
 // Handle implements admission.Handler.
 func (m *PodMutator) Handle(ctx context.Context, req admission.Request) admission.Response {
@@ -64,11 +51,7 @@ func (m *PodMutator) Handle(ctx context.Context, req admission.Request) admissio
 	if !(req.Operation == admissionv1.Create && req.SubResource == "") && !ephemeral {
 		return admission.Allowed("")
 	}
-	pod, shape, err := decodePod(req.Object)
-	if err != nil {
-		return admission.Errored(http.StatusBadRequest, err)
-	}
-	info, resp := m.meta.mutatedNamespace(ctx, m.cfg, req.Namespace, pod.Namespace)
+	pod, shape, info, resp := mutated(ctx, m.handler, req, decodePod)
 	if resp != nil {
 		return *resp
 	}

@@ -215,124 +215,140 @@ func Registration(o RegistrationOptions) (*admissionregistrationv1.MutatingWebho
 	if errs := o.validate(); len(errs) > 0 {
 		return nil, nil, fmt.Errorf("webhook registration: %w", errs.ToAggregate())
 	}
-	name := o.Name
-	if name == "" {
-		name = "gputopo-webhook"
+	o = o.withDefaults()
+	optedIn, everywhere := o.namespaceSelectors()
+	res := o.ResourceName
+	const (
+		create = admissionregistrationv1.Create
+		update = admissionregistrationv1.Update
+	)
+	mutating := &admissionregistrationv1.MutatingWebhookConfiguration{
+		TypeMeta:   metav1.TypeMeta{APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "MutatingWebhookConfiguration"},
+		ObjectMeta: metav1.ObjectMeta{Name: o.Name},
 	}
-	timeout := o.TimeoutSeconds
-	if timeout == 0 {
-		timeout = MaxTimeoutSeconds
+	validating := &admissionregistrationv1.ValidatingWebhookConfiguration{
+		TypeMeta:   metav1.TypeMeta{APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "ValidatingWebhookConfiguration"},
+		ObjectMeta: metav1.ObjectMeta{Name: o.Name},
 	}
-	release := o.ReleaseNamespace
-	if release == "" {
-		release = o.ServiceNamespace
+	for _, h := range []hook{
+		{mutating: true, name: WebhookMutatePod, path: PathMutatePod, namespaces: optedIn, match: MatchPodConcernsGPUs, expression: mutatingPodMatchExpression(res), rules: rules(rule("", "pods", create), rule("", "pods/ephemeralcontainers", update))},
+		{mutating: true, name: WebhookMutateJob, path: PathMutateJob, namespaces: optedIn, match: MatchJobConcernsGPUs, expression: jobMatchExpression(res), rules: rules(rule(batchv1.GroupName, "jobs", create))},
+		{name: WebhookValidatePod, path: PathValidatePod, namespaces: everywhere, match: MatchPodConcernsGPUs, expression: validatingPodMatchExpression(res), rules: rules(rule("", "pods", create, update), rule("", "pods/ephemeralcontainers", update))},
+		{name: WebhookValidatePodStat, path: PathValidatePod, namespaces: everywhere, match: MatchSystemAnnotationChanged, expression: systemAnnotationChanged(), rules: rules(rule("", "pods/status", update))},
+	} {
+		w := o.webhook(h)
+		if h.mutating {
+			mutating.Webhooks = append(mutating.Webhooks, mutatingWebhook(w))
+		} else {
+			validating.Webhooks = append(validating.Webhooks, w)
+		}
 	}
-	resource := o.ResourceName
-	if resource == "" {
-		resource = v1alpha1.ResourceGPU
+	return mutating, validating, nil
+}
+
+// withDefaults returns o with the defaults in place of unset fields.
+func (o RegistrationOptions) withDefaults() RegistrationOptions {
+	if o.Name == "" {
+		o.Name = "gputopo-webhook"
 	}
-	mutatingPodMatch := []admissionregistrationv1.MatchCondition{{Name: MatchPodConcernsGPUs, Expression: mutatingPodMatchExpression(resource)}}
-	validatingPodMatch := []admissionregistrationv1.MatchCondition{{Name: MatchPodConcernsGPUs, Expression: validatingPodMatchExpression(resource)}}
+	if o.TimeoutSeconds == 0 {
+		o.TimeoutSeconds = MaxTimeoutSeconds
+	}
+	if o.ReleaseNamespace == "" {
+		o.ReleaseNamespace = o.ServiceNamespace
+	}
+	if o.ResourceName == "" {
+		o.ResourceName = v1alpha1.ResourceGPU
+	}
+	if o.ServicePort == 0 {
+		o.ServicePort = 443
+	}
+	return o
+}
+
+// namespaceSelectors returns the selectors of the opted-in namespaces and
+// of every namespace but the excluded ones: kube-system, the release
+// namespace and ExcludedNamespaces.
+func (o RegistrationOptions) namespaceSelectors() (optedIn, everywhere *metav1.LabelSelector) {
 	excluded := []string{"kube-system"}
-	for _, ns := range append([]string{release}, o.ExcludedNamespaces...) {
+	for _, ns := range append([]string{o.ReleaseNamespace}, o.ExcludedNamespaces...) {
 		if ns != "" && !slices.Contains(excluded, ns) {
 			excluded = append(excluded, ns)
 		}
 	}
 	notExcluded := metav1.LabelSelectorRequirement{Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: excluded}
-	optedIn := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+	optedIn = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
 		notExcluded,
 		{Key: v1alpha1.LabelInjection, Operator: metav1.LabelSelectorOpIn, Values: []string{v1alpha1.InjectionEnabled}},
 	}}
-	everywhere := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{notExcluded}}
+	everywhere = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{notExcluded}}
+	return optedIn, everywhere
+}
 
-	client := func(path string) admissionregistrationv1.WebhookClientConfig {
-		cc := admissionregistrationv1.WebhookClientConfig{CABundle: o.CABundle}
-		if o.URL != "" {
-			cc.URL = ptr.To(strings.TrimRight(o.URL, "/") + path)
-			return cc
-		}
-		port := o.ServicePort
-		if port == 0 {
-			port = 443
-		}
-		cc.Service = &admissionregistrationv1.ServiceReference{Name: o.ServiceName, Namespace: o.ServiceNamespace, Port: ptr.To(port), Path: ptr.To(path)}
+// clientConfig says how the apiserver reaches the handler served at path:
+// by URL when o has one, else through the Service.
+func (o RegistrationOptions) clientConfig(path string) admissionregistrationv1.WebhookClientConfig {
+	cc := admissionregistrationv1.WebhookClientConfig{CABundle: o.CABundle}
+	if o.URL != "" {
+		cc.URL = ptr.To(strings.TrimRight(o.URL, "/") + path)
 		return cc
 	}
-	rule := func(group, version string, resources []string, ops ...admissionregistrationv1.OperationType) admissionregistrationv1.RuleWithOperations {
-		return admissionregistrationv1.RuleWithOperations{
-			Operations: ops,
-			Rule: admissionregistrationv1.Rule{
-				APIGroups: []string{group}, APIVersions: []string{version}, Resources: resources,
-				Scope: ptr.To(admissionregistrationv1.NamespacedScope),
-			},
-		}
-	}
-	const (
-		create = admissionregistrationv1.Create
-		update = admissionregistrationv1.Update
-	)
-	fail := ptr.To(admissionregistrationv1.Fail)
-	none := ptr.To(admissionregistrationv1.SideEffectClassNone)
-	equivalent := ptr.To(admissionregistrationv1.Equivalent)
-	versions := []string{"v1"}
+	cc.Service = &admissionregistrationv1.ServiceReference{Name: o.ServiceName, Namespace: o.ServiceNamespace, Port: ptr.To(o.ServicePort), Path: ptr.To(path)}
+	return cc
+}
 
-	mutating := &admissionregistrationv1.MutatingWebhookConfiguration{
-		TypeMeta:   metav1.TypeMeta{APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "MutatingWebhookConfiguration"},
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Webhooks: []admissionregistrationv1.MutatingWebhook{{
-			Name:         WebhookMutatePod,
-			ClientConfig: client(PathMutatePod),
-			Rules: []admissionregistrationv1.RuleWithOperations{
-				rule("", "v1", []string{"pods"}, create),
-				rule("", "v1", []string{"pods/ephemeralcontainers"}, update),
-			},
-			FailurePolicy: fail, SideEffects: none, TimeoutSeconds: ptr.To(timeout), MatchPolicy: equivalent,
-			NamespaceSelector:       optedIn,
-			AdmissionReviewVersions: versions,
-			ReinvocationPolicy:      ptr.To(admissionregistrationv1.IfNeededReinvocationPolicy),
-			MatchConditions:         mutatingPodMatch,
-		}, {
-			Name:                    WebhookMutateJob,
-			ClientConfig:            client(PathMutateJob),
-			Rules:                   []admissionregistrationv1.RuleWithOperations{rule(batchv1.GroupName, "v1", []string{"jobs"}, create)},
-			FailurePolicy:           fail,
-			SideEffects:             none,
-			TimeoutSeconds:          ptr.To(timeout),
-			MatchPolicy:             equivalent,
-			NamespaceSelector:       optedIn,
-			AdmissionReviewVersions: versions,
-			ReinvocationPolicy:      ptr.To(admissionregistrationv1.IfNeededReinvocationPolicy),
-			MatchConditions:         []admissionregistrationv1.MatchCondition{{Name: MatchJobConcernsGPUs, Expression: jobMatchExpression(resource)}},
-		}},
+// hook is what sets one webhook apart; every webhook shares the failure,
+// side-effect, timeout and match policies.
+type hook struct {
+	mutating          bool
+	name, path        string
+	namespaces        *metav1.LabelSelector
+	match, expression string
+	rules             []admissionregistrationv1.RuleWithOperations
+}
+
+// rules lists r.
+func rules(r ...admissionregistrationv1.RuleWithOperations) []admissionregistrationv1.RuleWithOperations {
+	return r
+}
+
+// rule matches ops on the namespaced resource of group, version v1.
+func rule(group, resource string, ops ...admissionregistrationv1.OperationType) admissionregistrationv1.RuleWithOperations {
+	return admissionregistrationv1.RuleWithOperations{
+		Operations: ops,
+		Rule: admissionregistrationv1.Rule{
+			APIGroups: []string{group}, APIVersions: []string{"v1"}, Resources: []string{resource},
+			Scope: ptr.To(admissionregistrationv1.NamespacedScope),
+		},
 	}
-	validating := &admissionregistrationv1.ValidatingWebhookConfiguration{
-		TypeMeta:   metav1.TypeMeta{APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "ValidatingWebhookConfiguration"},
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
-			Name:         WebhookValidatePod,
-			ClientConfig: client(PathValidatePod),
-			Rules: []admissionregistrationv1.RuleWithOperations{
-				rule("", "v1", []string{"pods"}, create, update),
-				rule("", "v1", []string{"pods/ephemeralcontainers"}, update),
-			},
-			FailurePolicy: fail, SideEffects: none, TimeoutSeconds: ptr.To(timeout), MatchPolicy: equivalent,
-			NamespaceSelector:       everywhere,
-			AdmissionReviewVersions: versions,
-			MatchConditions:         validatingPodMatch,
-		}, {
-			Name:          WebhookValidatePodStat,
-			ClientConfig:  client(PathValidatePod),
-			Rules:         []admissionregistrationv1.RuleWithOperations{rule("", "v1", []string{"pods/status"}, update)},
-			FailurePolicy: fail, SideEffects: none, TimeoutSeconds: ptr.To(timeout), MatchPolicy: equivalent,
-			NamespaceSelector:       everywhere,
-			AdmissionReviewVersions: versions,
-			MatchConditions: []admissionregistrationv1.MatchCondition{{
-				Name: MatchSystemAnnotationChanged, Expression: systemAnnotationChanged(),
-			}},
-		}},
+}
+
+// webhook is h with the policies every webhook shares, as a validating
+// webhook.
+func (o RegistrationOptions) webhook(h hook) admissionregistrationv1.ValidatingWebhook {
+	return admissionregistrationv1.ValidatingWebhook{
+		Name:                    h.name,
+		ClientConfig:            o.clientConfig(h.path),
+		Rules:                   h.rules,
+		FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
+		SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
+		TimeoutSeconds:          ptr.To(o.TimeoutSeconds),
+		MatchPolicy:             ptr.To(admissionregistrationv1.Equivalent),
+		NamespaceSelector:       h.namespaces,
+		AdmissionReviewVersions: []string{"v1"},
+		MatchConditions:         []admissionregistrationv1.MatchCondition{{Name: h.match, Expression: h.expression}},
 	}
-	return mutating, validating, nil
+}
+
+// mutatingWebhook is w as a mutating webhook, called again when a later
+// mutating webhook changes the object.
+func mutatingWebhook(w admissionregistrationv1.ValidatingWebhook) admissionregistrationv1.MutatingWebhook {
+	return admissionregistrationv1.MutatingWebhook{
+		Name: w.Name, ClientConfig: w.ClientConfig, Rules: w.Rules,
+		FailurePolicy: w.FailurePolicy, SideEffects: w.SideEffects, TimeoutSeconds: w.TimeoutSeconds, MatchPolicy: w.MatchPolicy,
+		NamespaceSelector: w.NamespaceSelector, AdmissionReviewVersions: w.AdmissionReviewVersions, MatchConditions: w.MatchConditions,
+		ReinvocationPolicy: ptr.To(admissionregistrationv1.IfNeededReinvocationPolicy),
+	}
 }
 
 func (o RegistrationOptions) validate() field.ErrorList {

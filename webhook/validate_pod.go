@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 	"k8s.io/klog/v2"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -41,17 +40,7 @@ import (
 //     only together with NVIDIA_VISIBLE_DEVICES=void under env
 //     (GPUContainerEnvFrom);
 //   - in opted-in namespaces the same holds for pods without GPUs.
-type PodValidator struct {
-	cfg  Config
-	meta metadataReader
-}
-
-var _ admission.Handler = (*PodValidator)(nil)
-
-// NewPodValidator returns a PodValidator reading Namespaces through reader.
-func NewPodValidator(cfg Config, reader client.Reader) *PodValidator {
-	return &PodValidator{cfg: cfg, meta: metadataReader{reader: reader}}
-}
+type PodValidator struct{ handler }
 
 // Handle implements admission.Handler.
 func (v *PodValidator) Handle(ctx context.Context, req admission.Request) admission.Response {
