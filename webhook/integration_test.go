@@ -22,6 +22,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -84,14 +85,16 @@ func startEnv(t *testing.T) *testEnv {
 		}
 	})
 	addr := net.JoinHostPort(wio.LocalServingHost, strconv.Itoa(wio.LocalServingPort))
-	waitFor(t, "the webhook server to serve TLS", func() bool {
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
 		conn, err := tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", addr, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // readiness probe only
 		if err != nil {
-			return false
+			return false, nil
 		}
 		_ = conn.Close()
-		return true
-	})
+		return true, nil
+	}); err != nil {
+		t.Fatalf("waiting for the webhook server to serve TLS: %v", err)
+	}
 	if !mgr.GetCache().WaitForCacheSync(ctx) {
 		t.Fatal("webhook caches did not sync")
 	}
@@ -107,22 +110,13 @@ func startEnv(t *testing.T) *testEnv {
 	// The webhook reads namespaces from its cache: wait until it has seen
 	// the opt-in label.
 	reader := metadataReader{reader: mgr.GetCache()}
-	waitFor(t, "the webhook cache to see the opted-in namespace", func() bool {
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		info, err := reader.namespace(ctx, nsOptedIn, v1alpha1.AnnotationParallelism)
-		return err == nil && info.optedIn
-	})
-	return e
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return err == nil && info.optedIn, nil
+	}); err != nil {
+		t.Fatalf("waiting for the webhook cache to see the opted-in namespace: %v", err)
 	}
+	return e
 }
 
 func (e *testEnv) create(t *testing.T, obj client.Object) {
@@ -198,14 +192,16 @@ func TestIntegration(t *testing.T) {
 	t.Run("a Job pod without the copied intent gets it from the Job through the cache", func(t *testing.T) {
 		pod := podFromTemplate(job)
 		delete(pod.Annotations, v1alpha1.AnnotationParallelism)
-		waitFor(t, "the Job in the webhook cache", func() bool {
+		if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 			probe := pod.DeepCopy()
 			probe.GenerateName = "probe-"
 			if err := e.client.Create(ctx, probe, client.DryRunAll); err != nil {
-				t.Fatal(err)
+				return false, err
 			}
-			return probe.Annotations[v1alpha1.AnnotationRequirement] == reqModelNVLink
-		})
+			return probe.Annotations[v1alpha1.AnnotationRequirement] == reqModelNVLink, nil
+		}); err != nil {
+			t.Fatalf("waiting for the Job in the webhook cache: %v", err)
+		}
 		e.create(t, pod)
 		if got := pod.Annotations[v1alpha1.AnnotationRequirement]; got != reqModelNVLink {
 			t.Errorf("requirement = %q, want %q", got, reqModelNVLink)
@@ -290,9 +286,11 @@ func TestIntegration(t *testing.T) {
 			t.Fatal(err)
 		}
 		body := []byte(`{"metadata":{"annotations":{"` + v1alpha1.AnnotationAllocatedGPUs + `":"` + uuidA + `"}}}`)
-		waitFor(t, "RBAC for the node agent", func() bool {
-			return agent.Patch(ctx, pod, client.RawPatch(types.MergePatchType, body)) == nil
-		})
+		if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			return agent.Patch(ctx, pod, client.RawPatch(types.MergePatchType, body)) == nil, nil
+		}); err != nil {
+			t.Fatalf("waiting for RBAC for the node agent: %v", err)
+		}
 		if got := pod.Annotations[v1alpha1.AnnotationAllocatedGPUs]; got != uuidA {
 			t.Errorf("allocated-gpus = %q, want %q", got, uuidA)
 		}
