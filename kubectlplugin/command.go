@@ -92,80 +92,80 @@ Bandwidths are GB/s bidirectional, as NVIDIA quotes them. -o json|yaml for scrip
 		}
 		return fmt.Errorf("--color %q: must be auto, always or never", o.Color)
 	}
+	nodes, node := o.nodeCommands()
+	root.AddCommand(nodes, node, o.podsCommand(), o.explainCommand())
+	return root
+}
 
-	var svgFile string
-	nodes := &cobra.Command{
+// withSnapshot runs show on a snapshot of the cluster.
+func (o *Options) withSnapshot(show func(s *Snapshot, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		s, err := o.snapshot(cmd.Context())
+		if err != nil {
+			return err
+		}
+		return show(s, args)
+	}
+}
+
+// nodeCommands are nodes and node; with --svg they also draw the nodes
+// they show.
+func (o *Options) nodeCommands() (nodes, node *cobra.Command) {
+	var nodesSVG, nodeSVG string
+	nodes = &cobra.Command{
 		Use:   "nodes",
 		Short: "Every GPU node: machine, free/total GPUs, largest free NVLink island, unhealthy GPUs, drift, topology staleness and age",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := o.snapshot(cmd.Context())
-			if err != nil {
+		RunE: o.withSnapshot(func(s *Snapshot, _ []string) error {
+			rows := s.NodeSummaries()
+			if err := writeSVGFile(nodesSVG, s, s.gpuNodeNames()); err != nil {
 				return err
 			}
-			rows := s.NodeSummaries()
-			if svgFile != "" {
-				if err := writeSVGFile(svgFile, s, s.gpuNodeNames()); err != nil {
-					return err
-				}
-			}
-			if o.data() {
-				return writeData(o.Out, o.Output, rows)
-			}
-			return writeNodes(o.Out, o.painter(), rows)
-		},
+			return write(o, rows, writeNodes)
+		}),
 	}
-	nodes.Flags().StringVar(&svgFile, "svg", "", "also draw every node's GPUs and links, coloured by pod, into this SVG file")
-	node := &cobra.Command{
+	node = &cobra.Command{
 		Use:   "node NAME",
 		Short: "One node: its GPUs (NUMA node, PCIe group, health, holder) and the link matrix with tiers and bandwidths",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			s, err := o.snapshot(cmd.Context())
-			if err != nil {
-				return err
-			}
+		RunE: o.withSnapshot(func(s *Snapshot, args []string) error {
 			d, err := s.NodeDetail(args[0])
 			if err != nil {
 				return err
 			}
-			if svgFile != "" {
-				if err := writeSVGFile(svgFile, s, []string{args[0]}); err != nil {
-					return err
-				}
+			if err := writeSVGFile(nodeSVG, s, args[:1]); err != nil {
+				return err
 			}
-			if o.data() {
-				return writeData(o.Out, o.Output, d)
-			}
-			return writeNode(o.Out, o.painter(), d)
-		},
+			return write(o, d, writeNode)
+		}),
 	}
-	node.Flags().StringVar(&svgFile, "svg", "", "also draw the node's GPUs and links, coloured by pod (the demo's picture), into this SVG file")
+	nodes.Flags().StringVar(&nodesSVG, "svg", "", "also draw every node's GPUs and links, coloured by pod, into this SVG file")
+	node.Flags().StringVar(&nodeSVG, "svg", "", "also draw the node's GPUs and links, coloured by pod (the demo's picture), into this SVG file")
+	return nodes, node
+}
+
+func (o *Options) podsCommand() *cobra.Command {
 	pods := &cobra.Command{
 		Use:   "pods",
 		Short: "GPU pods: intent, requirement, node, GPUs, tier, ring bandwidth, plan against truth",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := o.snapshot(cmd.Context())
-			if err != nil {
-				return err
-			}
-			var rows []PodRow
+		RunE: o.withSnapshot(func(s *Snapshot, _ []string) error {
+			rows := []PodRow{}
 			for _, r := range s.PodRows() {
 				if o.AllNamespaces || r.Namespace == o.Namespace {
 					rows = append(rows, r)
 				}
 			}
-			if o.data() {
-				if rows == nil {
-					rows = []PodRow{}
-				}
-				return writeData(o.Out, o.Output, rows)
-			}
-			return writePods(o.Out, o.painter(), rows, true)
-		},
+			return write(o, rows, func(w io.Writer, p painter, rows []PodRow) error {
+				return writePods(w, p, rows, true)
+			})
+		}),
 	}
 	pods.Flags().BoolVarP(&o.AllNamespaces, "all-namespaces", "A", false, "GPU pods of every namespace")
+	return pods
+}
+
+func (o *Options) explainCommand() *cobra.Command {
 	explain := &cobra.Command{
 		Use:   "explain POD",
 		Short: "What will happen to a pod: its scheduler, PodScheduled condition and events, then every node's verdict from the extender's decision code; for a bound pod, requested against achieved",
@@ -199,56 +199,66 @@ its ReplicaSets').`,
 			case len(args) == 1 && o.Job != "":
 				return fmt.Errorf("explain: name a pod or a Job (--job), not both")
 			}
-			ctx := cmd.Context()
-			c, err := o.client(ctx)
-			if err != nil {
-				return err
-			}
-			s, err := o.snapshotWith(ctx, c)
-			if err != nil {
-				return err
-			}
-			ns, name := o.Namespace, o.Job
+			name := o.Job
 			if len(args) == 1 {
 				name = args[0]
 			}
-			if a, b, ok := strings.Cut(name, "/"); ok {
-				ns, name = a, b
-			}
-			if o.Job != "" {
-				owner, err := explainJob(ctx, c, s, ns, name)
-				if err != nil {
-					return err
-				}
-				return o.writeOwner(owner)
-			}
-			p := s.pod(ns, name)
-			if p == nil {
-				owner, err := explainOwner(ctx, c, s, ns, name)
-				if err != nil {
-					return err
-				}
-				if owner == nil {
-					return fmt.Errorf("pod %s/%s not found (or finished), and no Job or other workload named %s has events in namespace %s", ns, name, name, ns)
-				}
-				return o.writeOwner(owner)
-			}
-			e, err := s.Explain(ns, name, o.SchedulerNames...)
-			if err != nil {
-				return err
-			}
-			e.Events = podEvents(ctx, c, s.Now, p)
-			if o.data() {
-				return writeData(o.Out, o.Output, e)
-			}
-			return writeExplanation(o.Out, o.painter(), e)
+			return o.explain(cmd.Context(), name)
 		},
 	}
 	explain.Flags().StringSliceVar(&o.SchedulerNames, "scheduler-name", []string{v1alpha1.DefaultSchedulerName},
 		"scheduler profiles that run gputopo (repeat or comma-separate); a pod that names another is never decided by gputopo")
 	explain.Flags().StringVar(&o.Job, "job", "", "explain this Job instead of a pod: its FailedCreate events (pods the webhook refused) and its pods")
-	root.AddCommand(nodes, node, pods, explain)
-	return root
+	return explain
+}
+
+// explain prints explain for name ([NAMESPACE/]NAME): the Job of that name
+// with --job, else the pod, else the workload of that name.
+func (o *Options) explain(ctx context.Context, name string) error {
+	c, err := o.client(ctx)
+	if err != nil {
+		return err
+	}
+	s, err := o.snapshotWith(ctx, c)
+	if err != nil {
+		return err
+	}
+	ns := o.Namespace
+	if a, b, ok := strings.Cut(name, "/"); ok {
+		ns, name = a, b
+	}
+	if o.Job != "" {
+		owner, err := explainJob(ctx, c, s, ns, name)
+		if err != nil {
+			return err
+		}
+		return write(o, owner, writeOwnerExplanation)
+	}
+	p := s.pod(ns, name)
+	if p == nil {
+		owner, err := explainOwner(ctx, c, s, ns, name)
+		if err != nil {
+			return err
+		}
+		if owner == nil {
+			return fmt.Errorf("pod %s/%s not found (or finished), and no Job or other workload named %s has events in namespace %s", ns, name, name, ns)
+		}
+		return write(o, owner, writeOwnerExplanation)
+	}
+	e, err := s.Explain(ns, name, o.SchedulerNames...)
+	if err != nil {
+		return err
+	}
+	e.Events = podEvents(ctx, c, s.Now, p)
+	return write(o, e, writeExplanation)
+}
+
+// write prints v: as data with -o json or yaml, else with table.
+func write[T any](o *Options, v T, table func(io.Writer, painter, T) error) error {
+	if o.data() {
+		return writeData(o.Out, o.Output, v)
+	}
+	return table(o.Out, o.painter(), v)
 }
 
 func (o *Options) data() bool { return o.Output == OutputJSON || o.Output == OutputYAML }
@@ -320,16 +330,12 @@ func (o *Options) client(ctx context.Context) (client.Reader, error) {
 	return c, nil
 }
 
-// writeOwner prints explain for a workload.
-func (o *Options) writeOwner(e *OwnerExplanation) error {
-	if o.data() {
-		return writeData(o.Out, o.Output, e)
-	}
-	return writeOwnerExplanation(o.Out, o.painter(), e)
-}
-
-// writeSVGFile draws the nodes with the demo's picture.
+// writeSVGFile draws the nodes with the demo's picture into path; it does
+// nothing when path is empty (no --svg).
 func writeSVGFile(path string, s *Snapshot, names []string) error {
+	if path == "" {
+		return nil
+	}
 	var nodes []picture.NodeView
 	var pods []picture.PodView
 	for _, name := range names {

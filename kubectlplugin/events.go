@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -45,6 +46,27 @@ type Events struct {
 	Error   string      `json:"error,omitempty"`
 }
 
+// listEvents lists the namespace's core/v1 Events that match every field
+// of sel (exact values), with a field selector, so that the API server
+// sends only those.
+func listEvents(ctx context.Context, c client.Reader, namespace string, sel fields.Set) ([]corev1.Event, error) {
+	var list corev1.EventList
+	if err := c.List(ctx, &list, client.InNamespace(namespace), client.MatchingFieldsSelector{Selector: fields.SelectorFromSet(sel)}); err != nil {
+		return nil, err
+	}
+	out := list.Items[:0]
+	for _, e := range list.Items {
+		ok := true
+		for f, v := range sel {
+			ok = ok && eventField(&e, f) == v
+		}
+		if ok {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
 // eventFields are the Event fields explain selects on, as kube-apiserver
 // names them for field selectors.
 const (
@@ -68,27 +90,6 @@ func eventField(e *corev1.Event, field string) string {
 		return e.Reason
 	}
 	return ""
-}
-
-// listEvents lists the namespace's core/v1 Events that match every field
-// of sel (exact values), with a field selector, so that the API server
-// sends only those.
-func listEvents(ctx context.Context, c client.Reader, namespace string, sel fields.Set) ([]corev1.Event, error) {
-	var list corev1.EventList
-	if err := c.List(ctx, &list, client.InNamespace(namespace), client.MatchingFieldsSelector{Selector: fields.SelectorFromSet(sel)}); err != nil {
-		return nil, err
-	}
-	out := list.Items[:0]
-	for _, e := range list.Items {
-		ok := true
-		for f, v := range sel {
-			ok = ok && eventField(&e, f) == v
-		}
-		if ok {
-			out = append(out, e)
-		}
-	}
-	return out, nil
 }
 
 // eventsError words a failed event read for the output.
@@ -169,13 +170,18 @@ func eventViews(now time.Time, evs []corev1.Event) Events {
 // podEvents reads the pod's events: by the pod's UID and name, so that an
 // earlier pod of the same name does not show.
 func podEvents(ctx context.Context, c client.Reader, now time.Time, p *corev1.Pod) Events {
-	sel := fields.Set{fieldObjectName: p.Name}
-	if p.UID != "" {
-		sel[fieldObjectUID] = string(p.UID)
+	return objectEvents(ctx, c, now, p.Namespace, fields.Set{fieldObjectName: p.Name}, p.UID)
+}
+
+// objectEvents reads the events that match sel and, when uid is known,
+// the object's UID.
+func objectEvents(ctx context.Context, c client.Reader, now time.Time, namespace string, sel fields.Set, uid types.UID) Events {
+	if uid != "" {
+		sel[fieldObjectUID] = string(uid)
 	}
-	evs, err := listEvents(ctx, c, p.Namespace, sel)
+	evs, err := listEvents(ctx, c, namespace, sel)
 	if err != nil {
-		return Events{Error: eventsError(p.Namespace, err)}
+		return Events{Error: eventsError(namespace, err)}
 	}
 	return eventViews(now, evs)
 }
@@ -220,17 +226,8 @@ func explainJob(ctx context.Context, c client.Reader, s *Snapshot, namespace, na
 	case err != nil && !apierrors.IsForbidden(err):
 		return nil, fmt.Errorf("get job %s/%s: %w", namespace, name, err)
 	}
-	sel := fields.Set{fieldObjectKind: "Job", fieldObjectName: name}
-	if job.UID != "" {
-		sel[fieldObjectUID] = string(job.UID)
-	}
-	o := &OwnerExplanation{Namespace: namespace, Kind: "Job", Name: name}
-	evs, lerr := listEvents(ctx, c, namespace, sel)
-	if lerr != nil {
-		o.Events = Events{Error: eventsError(namespace, lerr)}
-	} else {
-		o.Events = eventViews(s.Now, evs)
-	}
+	o := &OwnerExplanation{Namespace: namespace, Kind: "Job", Name: name,
+		Events: objectEvents(ctx, c, s.Now, namespace, fields.Set{fieldObjectKind: "Job", fieldObjectName: name}, job.UID)}
 	o.finish(s)
 	return o, nil
 }

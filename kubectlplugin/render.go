@@ -164,22 +164,21 @@ func cell(l LinkView) string {
 	case l.NVLinks > 0:
 		kind = "NV" + strconv.Itoa(l.NVLinks)
 	default:
-		switch v1alpha1.PCIeLevel(l.PCIe) {
-		case v1alpha1.PCIeInternal:
-			kind = "INT"
-		case v1alpha1.PCIeSameSwitch:
-			kind = "PIX"
-		case v1alpha1.PCIeMultipleSwitches:
-			kind = "PXB"
-		case v1alpha1.PCIeHostBridge:
-			kind = "PHB"
-		case v1alpha1.PCIeSameNUMA:
-			kind = "NODE"
-		case v1alpha1.PCIeCrossSocket:
-			kind = "SYS"
+		if k, ok := pcieKinds[v1alpha1.PCIeLevel(l.PCIe)]; ok {
+			kind = k
 		}
 	}
 	return kind + " " + strconv.Itoa(l.BandwidthGBps)
+}
+
+// pcieKinds are nvidia-smi's names of the PCIe paths.
+var pcieKinds = map[v1alpha1.PCIeLevel]string{
+	v1alpha1.PCIeInternal:         "INT",
+	v1alpha1.PCIeSameSwitch:       "PIX",
+	v1alpha1.PCIeMultipleSwitches: "PXB",
+	v1alpha1.PCIeHostBridge:       "PHB",
+	v1alpha1.PCIeSameNUMA:         "NODE",
+	v1alpha1.PCIeCrossSocket:      "SYS",
 }
 
 // writeNode draws one node: a header, the GPUs with their NUMA node, PCIe

@@ -46,17 +46,6 @@ type NodeSummary struct {
 	AgeSeconds int64 `json:"ageSeconds,omitempty"`
 }
 
-// Node statuses.
-const (
-	StatusFresh      = "fresh"
-	StatusStale      = "stale"
-	StatusInvalid    = "invalid"
-	StatusNoTopology = "no-topology"
-	// StatusUntrusted: the topology disagrees with its Node's GPU counts
-	// (capacity, allocatable), so the extender places no pod there.
-	StatusUntrusted = "untrusted"
-)
-
 // holder is one pod's GPUs on a node.
 type holder struct {
 	pod  *corev1.Pod
@@ -183,6 +172,17 @@ func (s *Snapshot) NodeSummaries() []NodeSummary {
 	}
 	return out
 }
+
+// Node statuses, as summary sets them.
+const (
+	StatusFresh      = "fresh"
+	StatusStale      = "stale"
+	StatusInvalid    = "invalid"
+	StatusNoTopology = "no-topology"
+	// StatusUntrusted: the topology disagrees with its Node's GPU counts
+	// (capacity, allocatable), so the extender places no pod there.
+	StatusUntrusted = "untrusted"
+)
 
 func (s *Snapshot) summary(n *nodeState) NodeSummary {
 	sum := NodeSummary{Name: n.name, Drift: n.drift()}
