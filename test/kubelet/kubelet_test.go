@@ -132,16 +132,10 @@ func TestKubeletRunsPodOnContainerd(t *testing.T) {
 	if err := cp.Client.Delete(ctx, pod); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); os.IsNotExist(err) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pid %d still runs 60s after its pod was deleted", pid)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	harness.Poll(t, 60*time.Second, "the pod's process to exit once the pod is deleted", func() (bool, string) {
+		_, err := os.Stat(fmt.Sprintf("/proc/%d", pid))
+		return os.IsNotExist(err), fmt.Sprintf("pid %d still runs", pid)
+	})
 }
 
 func mustRef(t *testing.T, archive string) string {

@@ -74,7 +74,7 @@ func TestNodeAgentTokenIsHeldToItsNode(t *testing.T) {
 	record := `{"metadata":{"annotations":{"` + v1alpha1.AnnotationAllocatedGPUs + `":"` + uuidOwn + `"}}}`
 
 	// The policies take effect once kube-apiserver has loaded them.
-	poll(t, 30*time.Second, "the node agent policies to be enforced", func() (bool, string) {
+	harness.Poll(t, 30*time.Second, "the node agent policies to be enforced", func() (bool, string) {
 		err := patch(agent, onB, `{"metadata":{"labels":{"probe":"1"}}}`)
 		return err != nil && strings.Contains(err.Error(), agentSA+nodeagent.PolicyPodsSuffix), errString(err)
 	})

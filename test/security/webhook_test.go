@@ -135,7 +135,7 @@ func (e *whEnv) serve(t *testing.T) {
 	}
 	e.run = localcluster.Go(context.Background(), mgr.Start)
 	t.Cleanup(func() { e.stop(t) })
-	poll(t, time.Minute, "the webhook to mutate GPU pods in "+whOptedIn, func() (bool, string) {
+	harness.Poll(t, time.Minute, "the webhook to mutate GPU pods in "+whOptedIn, func() (bool, string) {
 		probe := gpuPod(whOptedIn, "probe")
 		if err := e.cp.Client.Create(context.Background(), probe, client.DryRunAll); err != nil {
 			return false, err.Error()
@@ -158,7 +158,7 @@ func (e *whEnv) stop(t *testing.T) {
 	}
 	wio := e.cp.Env.WebhookInstallOptions
 	addr := net.JoinHostPort(wio.LocalServingHost, strconv.Itoa(wio.LocalServingPort))
-	poll(t, 30*time.Second, "the webhook port to close", func() (bool, string) {
+	harness.Poll(t, 30*time.Second, "the webhook port to close", func() (bool, string) {
 		conn, err := tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", addr, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // probes the port only
 		if err != nil {
 			return true, ""
@@ -166,21 +166,6 @@ func (e *whEnv) stop(t *testing.T) {
 		_ = conn.Close()
 		return false, "still serving TLS on " + addr
 	})
-}
-
-func poll(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, last := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s; last: %s", timeout, what, last)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 func gpuPod(ns, name string) *corev1.Pod {
@@ -426,7 +411,7 @@ func TestWebhook(t *testing.T) {
 		if err := c.Patch(ctx, gpuTerminating.DeepCopy(), client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))); err != nil {
 			t.Errorf("the Job controller removing its tracking finalizer from a terminating GPU pod with the webhook down: %v", err)
 		}
-		poll(t, 30*time.Second, "the terminating GPU pod to go once its finalizer is removed", func() (bool, string) {
+		harness.Poll(t, 30*time.Second, "the terminating GPU pod to go once its finalizer is removed", func() (bool, string) {
 			err := c.Get(ctx, client.ObjectKeyFromObject(gpuTerminating), &corev1.Pod{})
 			return apierrors.IsNotFound(err), errString(err)
 		})
