@@ -83,68 +83,54 @@ func AdmissionPolicies(o PolicyOptions) ([]*admissionregistrationv1.ValidatingAd
 			},
 		}}
 	}
+	policy := func(suffix string, r admissionregistrationv1.NamedRuleWithOperations, vars []admissionregistrationv1.Variable, validations ...admissionregistrationv1.Validation) *admissionregistrationv1.ValidatingAdmissionPolicy {
+		return &admissionregistrationv1.ValidatingAdmissionPolicy{
+			TypeMeta:   metav1.TypeMeta{APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "ValidatingAdmissionPolicy"},
+			ObjectMeta: metav1.ObjectMeta{Name: o.Name + suffix},
+			Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+				FailurePolicy:    ptr.To(admissionregistrationv1.Fail),
+				MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{r}},
+				MatchConditions:  isAgent,
+				Variables:        vars,
+				Validations:      validations,
+			},
+		}
+	}
+	// namesNode refuses a credential that names no node.
+	namesNode := func() admissionregistrationv1.Validation {
+		return admissionregistrationv1.Validation{Expression: celHasNode, Message: nodeMessage, Reason: ptr.To(metav1.StatusReasonForbidden)}
+	}
 	allocated := "'" + v1alpha1.AnnotationAllocatedGPUs + "'"
-	pods := &admissionregistrationv1.ValidatingAdmissionPolicy{
-		TypeMeta:   metav1.TypeMeta{APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "ValidatingAdmissionPolicy"},
-		ObjectMeta: metav1.ObjectMeta{Name: o.Name + PolicyPodsSuffix},
-		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
-			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
-			MatchConstraints: &admissionregistrationv1.MatchResources{
-				ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{rule("", "pods", "pods/*")},
-			},
-			MatchConditions: isAgent,
-			Variables:       vars,
-			Validations: []admissionregistrationv1.Validation{{
-				Expression:        "request.operation == 'UPDATE' && request.?subResource.orValue('') == ''",
-				MessageExpression: "'the gputopo node agent may only update pods, to record ' + " + allocated + " + '; it may not ' + request.operation + (request.?subResource.orValue('') == '' ? ' pods' : ' pods/' + request.?subResource.orValue(''))",
-				Reason:            ptr.To(metav1.StatusReasonForbidden),
-			}, {
-				Expression: celHasNode,
-				Message:    nodeMessage,
-				Reason:     ptr.To(metav1.StatusReasonForbidden),
-			}, {
-				Expression: "request.operation != 'UPDATE' || !(" + celHasNode + ") || oldObject.spec.?nodeName.orValue('') == variables.node[0]",
-				MessageExpression: "'the gputopo node agent on node \"' + variables.node[0] + '\" may change only pods bound to its own node; pod ' + oldObject.metadata.namespace + '/' + oldObject.metadata.name + " +
-					"(oldObject.spec.?nodeName.orValue('') == '' ? ' is bound to no node' : ' is bound to node \"' + oldObject.spec.nodeName + '\"')",
-				Reason: ptr.To(metav1.StatusReasonForbidden),
-			}, {
-				Expression: "request.operation != 'UPDATE' || (object.spec == oldObject.spec" +
-					" && object.metadata.?labels.orValue({}) == oldObject.metadata.?labels.orValue({})" +
-					" && object.metadata.?finalizers.orValue([]) == oldObject.metadata.?finalizers.orValue([])" +
-					" && object.metadata.?ownerReferences.orValue([]) == oldObject.metadata.?ownerReferences.orValue([]))",
-				Message: "the gputopo node agent may change only the annotation " + v1alpha1.AnnotationAllocatedGPUs + " of a pod; its spec, labels, finalizers and owner references are not the agent's to change",
-				Reason:  ptr.To(metav1.StatusReasonForbidden),
-			}, {
-				Expression: "request.operation != 'UPDATE' || [object.metadata.?annotations.orValue({}), oldObject.metadata.?annotations.orValue({})]" +
-					".all(m, m.all(k, k == " + allocated + " || object.metadata.?annotations[?k] == oldObject.metadata.?annotations[?k]))",
-				Message: "the gputopo node agent may change only the annotation " + v1alpha1.AnnotationAllocatedGPUs + " of a pod; every other annotation is not the agent's to set, change or remove",
-				Reason:  ptr.To(metav1.StatusReasonForbidden),
-			}},
-		},
+	pods := policy(PolicyPodsSuffix, rule("", "pods", "pods/*"), vars, admissionregistrationv1.Validation{
+		Expression:        "request.operation == 'UPDATE' && request.?subResource.orValue('') == ''",
+		MessageExpression: "'the gputopo node agent may only update pods, to record ' + " + allocated + " + '; it may not ' + request.operation + (request.?subResource.orValue('') == '' ? ' pods' : ' pods/' + request.?subResource.orValue(''))",
+		Reason:            ptr.To(metav1.StatusReasonForbidden),
+	}, namesNode(), admissionregistrationv1.Validation{
+		Expression: "request.operation != 'UPDATE' || !(" + celHasNode + ") || oldObject.spec.?nodeName.orValue('') == variables.node[0]",
+		MessageExpression: "'the gputopo node agent on node \"' + variables.node[0] + '\" may change only pods bound to its own node; pod ' + oldObject.metadata.namespace + '/' + oldObject.metadata.name + " +
+			"(oldObject.spec.?nodeName.orValue('') == '' ? ' is bound to no node' : ' is bound to node \"' + oldObject.spec.nodeName + '\"')",
+		Reason: ptr.To(metav1.StatusReasonForbidden),
+	}, admissionregistrationv1.Validation{
+		Expression: "request.operation != 'UPDATE' || (object.spec == oldObject.spec" +
+			" && object.metadata.?labels.orValue({}) == oldObject.metadata.?labels.orValue({})" +
+			" && object.metadata.?finalizers.orValue([]) == oldObject.metadata.?finalizers.orValue([])" +
+			" && object.metadata.?ownerReferences.orValue([]) == oldObject.metadata.?ownerReferences.orValue([]))",
+		Message: "the gputopo node agent may change only the annotation " + v1alpha1.AnnotationAllocatedGPUs + " of a pod; its spec, labels, finalizers and owner references are not the agent's to change",
+		Reason:  ptr.To(metav1.StatusReasonForbidden),
+	}, admissionregistrationv1.Validation{
+		Expression: "request.operation != 'UPDATE' || [object.metadata.?annotations.orValue({}), oldObject.metadata.?annotations.orValue({})]" +
+			".all(m, m.all(k, k == " + allocated + " || object.metadata.?annotations[?k] == oldObject.metadata.?annotations[?k]))",
+		Message: "the gputopo node agent may change only the annotation " + v1alpha1.AnnotationAllocatedGPUs + " of a pod; every other annotation is not the agent's to set, change or remove",
+		Reason:  ptr.To(metav1.StatusReasonForbidden),
+	})
+	target := admissionregistrationv1.Variable{
+		Name: "target", Expression: "request.operation == 'DELETE' ? oldObject.metadata.name : object.metadata.name",
 	}
-	topologies := &admissionregistrationv1.ValidatingAdmissionPolicy{
-		TypeMeta:   metav1.TypeMeta{APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "ValidatingAdmissionPolicy"},
-		ObjectMeta: metav1.ObjectMeta{Name: o.Name + PolicyTopologiesSuffix},
-		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
-			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
-			MatchConstraints: &admissionregistrationv1.MatchResources{
-				ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{rule(v1alpha1.GroupVersion.Group, "nodegputopologies", "nodegputopologies/*")},
-			},
-			MatchConditions: isAgent,
-			Variables: append(vars, admissionregistrationv1.Variable{
-				Name: "target", Expression: "request.operation == 'DELETE' ? oldObject.metadata.name : object.metadata.name",
-			}),
-			Validations: []admissionregistrationv1.Validation{{
-				Expression: celHasNode,
-				Message:    nodeMessage,
-				Reason:     ptr.To(metav1.StatusReasonForbidden),
-			}, {
-				Expression:        "!(" + celHasNode + ") || variables.target == variables.node[0]",
-				MessageExpression: "'the gputopo node agent on node \"' + variables.node[0] + '\" may write only the NodeGPUTopology named \"' + variables.node[0] + '\", not \"' + variables.target + '\"'",
-				Reason:            ptr.To(metav1.StatusReasonForbidden),
-			}},
-		},
-	}
+	topologies := policy(PolicyTopologiesSuffix, rule(v1alpha1.GroupVersion.Group, "nodegputopologies", "nodegputopologies/*"), append(vars, target), namesNode(), admissionregistrationv1.Validation{
+		Expression:        "!(" + celHasNode + ") || variables.target == variables.node[0]",
+		MessageExpression: "'the gputopo node agent on node \"' + variables.node[0] + '\" may write only the NodeGPUTopology named \"' + variables.node[0] + '\", not \"' + variables.target + '\"'",
+		Reason:            ptr.To(metav1.StatusReasonForbidden),
+	})
 	policies := []*admissionregistrationv1.ValidatingAdmissionPolicy{pods, topologies}
 	bindings := make([]*admissionregistrationv1.ValidatingAdmissionPolicyBinding, len(policies))
 	for i, p := range policies {
