@@ -3,6 +3,7 @@ package nodeagent
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -61,34 +62,65 @@ func DumpMachine(lib nvml.Interface, logger klog.Logger, o DumpOptions) (topolog
 			notes = append(notes, "NVML answers disagreed; the conservative value of each pair is dumped: "+c.Message)
 		}
 	}
-	f.MemoryMiB = st.GPUs[0].MemoryMiB
-	f.FabricClique = st.GPUs[0].FabricClique
-	f.NUMANodes = make([]int, n)
-	f.PCIBusIDs = make([]string, n)
-	for i, g := range st.GPUs {
+	gpuNotes, err := dumpGPUs(&f, st.GPUs)
+	if err != nil {
+		return topology.Fixture{}, err
+	}
+	linkNotes, err := dumpLinks(&f, st.Links)
+	if err != nil {
+		return topology.Fixture{}, err
+	}
+	if err := dumpGenerations(&f, lib); err != nil {
+		return topology.Fixture{}, err
+	}
+	f.Description = fmt.Sprintf("%d× %s dumped from NVML", n, f.Model)
+	notes = slices.Concat(notes, gpuNotes, linkNotes,
+		[]string{"NICs are not visible to NVML; import `nvidia-smi topo -m` (gputopo machine import) to describe them"},
+		pairNotes(f, st.Links))
+	f.Notes = notes
+	if err := f.Validate(); err != nil {
+		return topology.Fixture{}, fmt.Errorf("dump: %w", err)
+	}
+	return f, nil
+}
+
+// dumpGPUs fills in what the machine says of its GPUs: memory, fabric
+// clique, NUMA nodes and PCI bus IDs. A machine file describes one GPU
+// model in one clique; a memory size that differs is noted.
+func dumpGPUs(f *topology.Fixture, gpus []v1alpha1.GPU) (notes []string, err error) {
+	f.MemoryMiB = gpus[0].MemoryMiB
+	f.FabricClique = gpus[0].FabricClique
+	f.NUMANodes = make([]int, len(gpus))
+	f.PCIBusIDs = make([]string, len(gpus))
+	for i, g := range gpus {
 		if g.Model != f.Model {
-			return topology.Fixture{}, fmt.Errorf("dump: GPU %d is %q but GPU 0 is %q; a machine file describes one GPU model", i, g.Model, f.Model)
+			return nil, fmt.Errorf("dump: GPU %d is %q but GPU 0 is %q; a machine file describes one GPU model", i, g.Model, f.Model)
 		}
 		if g.MemoryMiB != f.MemoryMiB {
 			notes = append(notes, fmt.Sprintf("GPU %d reports %d MiB, GPU 0 %d MiB; the file keeps GPU 0's", i, g.MemoryMiB, f.MemoryMiB))
 		}
 		if g.FabricClique != f.FabricClique {
-			return topology.Fixture{}, fmt.Errorf("dump: GPU %d is in NVLink fabric clique %q but GPU 0 in %q; a machine file has one clique", i, g.FabricClique, f.FabricClique)
+			return nil, fmt.Errorf("dump: GPU %d is in NVLink fabric clique %q but GPU 0 in %q; a machine file has one clique", i, g.FabricClique, f.FabricClique)
 		}
 		f.NUMANodes[i] = g.NUMANode
 		f.PCIBusIDs[i] = g.PCIBusID
 		if g.PCIBusID == "" {
-			return topology.Fixture{}, fmt.Errorf("dump: GPU %d reports no PCI bus ID", i)
+			return nil, fmt.Errorf("dump: GPU %d reports no PCI bus ID", i)
 		}
 	}
+	return notes, nil
+}
 
-	// Links: one PCIe matrix, and either one NVSwitch fabric or direct pairs.
-	f.PCIeLevels = make([][]v1alpha1.PCIeLevel, n)
+// dumpLinks fills in the links: one PCIe matrix, and either one NVSwitch
+// fabric or direct pairs, at the slowest NVLink speed read (noted when
+// they differ).
+func dumpLinks(f *topology.Fixture, links []v1alpha1.Link) (notes []string, err error) {
+	f.PCIeLevels = make([][]v1alpha1.PCIeLevel, f.GPUs)
 	for i := range f.PCIeLevels {
-		f.PCIeLevels[i] = make([]v1alpha1.PCIeLevel, n)
+		f.PCIeLevels[i] = make([]v1alpha1.PCIeLevel, f.GPUs)
 	}
 	switchLinks, direct, linkGBps := -1, 0, 0
-	for _, l := range st.Links {
+	for _, l := range links {
 		f.PCIeLevels[l.A][l.B], f.PCIeLevels[l.B][l.A] = l.PCIe, l.PCIe
 		if l.NVLinks == 0 {
 			continue
@@ -102,7 +134,7 @@ func DumpMachine(lib nvml.Interface, logger klog.Logger, o DumpOptions) (topolog
 		}
 		if l.NVSwitch {
 			if switchLinks >= 0 && switchLinks != l.NVLinks {
-				return topology.Fixture{}, fmt.Errorf("dump: GPU %d-GPU %d has %d NVLinks into the NVSwitch, other pairs %d; a machine file has one NVSwitch link count", l.A, l.B, l.NVLinks, switchLinks)
+				return nil, fmt.Errorf("dump: GPU %d-GPU %d has %d NVLinks into the NVSwitch, other pairs %d; a machine file has one NVSwitch link count", l.A, l.B, l.NVLinks, switchLinks)
 			}
 			switchLinks = l.NVLinks
 			continue
@@ -111,57 +143,60 @@ func DumpMachine(lib nvml.Interface, logger klog.Logger, o DumpOptions) (topolog
 		f.NVLinks = append(f.NVLinks, topology.NVLinkPair{A: l.A, B: l.B, Links: l.NVLinks})
 	}
 	if switchLinks > 0 {
-		if direct > 0 || countNVSwitch(st.Links) != len(st.Links) {
-			return topology.Fixture{}, errors.New("dump: some pairs go through an NVSwitch and others do not (a GPU off the fabric?); a machine file describes one or the other")
+		if direct > 0 || countNVSwitch(links) != len(links) {
+			return nil, errors.New("dump: some pairs go through an NVSwitch and others do not (a GPU off the fabric?); a machine file describes one or the other")
 		}
 		f.NVSwitchLinks, f.NVLinks = switchLinks, nil
 	}
 	f.NVLinkGBps = linkGBps
+	return notes, nil
+}
 
-	// Generations: NVML asked directly (the status keeps bandwidths, not
-	// generations); the model's known generation when NVML will not say.
+// dumpGenerations fills in the PCIe and NVLink generations: NVML asked
+// directly (the status keeps bandwidths, not generations); the model's
+// known generation when NVML will not say.
+func dumpGenerations(f *topology.Fixture, lib nvml.Interface) error {
+	nvlinked := f.NVLinkGBps > 0
 	dev, ret := lib.DeviceGetHandleByIndex(0)
 	if ret == nvml.SUCCESS {
 		if gen, ret := dev.GetMaxPcieLinkGeneration(); ret == nvml.SUCCESS {
 			f.PCIeGen = gen
 		}
-		if linkGBps > 0 {
+		if nvlinked {
 			if v, ret := dev.GetNvLinkVersion(0); ret == nvml.SUCCESS {
 				f.NVLinkGen = nvlinkGen[v]
 			}
 		}
 	}
-	if linkGBps > 0 && f.NVLinkGen == 0 {
+	if nvlinked && f.NVLinkGen == 0 {
 		if k, ok := topology.GPUKindOfName(f.Model); ok {
 			f.NVLinkGen = k.NVLinkGen
 		}
 		if f.NVLinkGen == 0 {
-			return topology.Fixture{}, fmt.Errorf("dump: NVML does not report the NVLink version and %q is not a GPU the importer knows; the machine file needs the NVLink generation", f.Model)
+			return fmt.Errorf("dump: NVML does not report the NVLink version and %q is not a GPU the importer knows; the machine file needs the NVLink generation", f.Model)
 		}
 	}
-	if linkGBps == 0 {
+	if !nvlinked {
 		f.NVLinkGen = 0
 	}
-	f.Description = fmt.Sprintf("%d× %s dumped from NVML", n, f.Model)
-	notes = append(notes, "NICs are not visible to NVML; import `nvidia-smi topo -m` (gputopo machine import) to describe them")
+	return nil
+}
 
-	// What the format models differently from what NVML said (P2P, the
-	// bandwidth of a PCIe pair) is named pair by pair.
+// pairNotes names, pair by pair, what the format models differently from
+// what NVML said: P2P, the bandwidth of a PCIe pair.
+func pairNotes(f topology.Fixture, got []v1alpha1.Link) []string {
+	var notes []string
 	_, links := f.Parts("dump")
 	for i, l := range links {
-		got := st.Links[i]
-		if l.P2P != got.P2P {
-			notes = append(notes, fmt.Sprintf("GPU %d-GPU %d: NVML reports P2P %t; a machine file gives %t to %s pairs", got.A, got.B, got.P2P, l.P2P, l.PCIe))
+		g := got[i]
+		if l.P2P != g.P2P {
+			notes = append(notes, fmt.Sprintf("GPU %d-GPU %d: NVML reports P2P %t; a machine file gives %t to %s pairs", g.A, g.B, g.P2P, l.P2P, l.PCIe))
 		}
-		if l.BandwidthGBps != got.BandwidthGBps {
-			notes = append(notes, fmt.Sprintf("GPU %d-GPU %d: NVML's links give %d GB/s; the machine file models %d GB/s", got.A, got.B, got.BandwidthGBps, l.BandwidthGBps))
+		if l.BandwidthGBps != g.BandwidthGBps {
+			notes = append(notes, fmt.Sprintf("GPU %d-GPU %d: NVML's links give %d GB/s; the machine file models %d GB/s", g.A, g.B, g.BandwidthGBps, l.BandwidthGBps))
 		}
 	}
-	f.Notes = notes
-	if err := f.Validate(); err != nil {
-		return topology.Fixture{}, fmt.Errorf("dump: %w", err)
-	}
-	return f, nil
+	return notes
 }
 
 func countNVSwitch(links []v1alpha1.Link) int {
