@@ -176,159 +176,196 @@ func (h *runHeap) Pop() any {
 	return x
 }
 
+// engine is one policy's run: the cluster's free GPUs, the jobs waiting
+// and running, and what the run has measured so far.
+type engine struct {
+	cfg       Config
+	p         Policy
+	free      []topology.Mask
+	maxIsland []int // each node's largest free NVLink island when idle
+	island    []int // each node's largest free NVLink island now
+	res       Result
+
+	queue     []Job
+	run       runHeap
+	seq       int
+	next      int // the next job to arrive
+	used      int
+	decisions []time.Duration
+	ringSum   float64
+	modelRing float64
+	waitSum   time.Duration
+}
+
 func runPolicy(cfg Config, p Policy) (Result, error) {
-	nodes := cfg.Nodes
-	free := make([]topology.Mask, len(nodes))
-	maxIsland := make([]int, len(nodes))
-	for i, n := range nodes {
-		free[i] = n.Graph.All().Intersect(n.Graph.Healthy())
-		maxIsland[i] = n.Graph.Metrics(topology.Mask{}, free[i]).LeftLargestIsland
-	}
-	island := make([]int, len(nodes))
-	for i := range nodes {
-		island[i] = maxIsland[i]
-	}
-	res := Result{Policy: p.Name(), Jobs: len(cfg.Jobs), RingWorstGBps: -1}
-	var (
-		queue     []Job
-		run       runHeap
-		seq       int
-		next      int
-		used      int
-		decisions []time.Duration
-		ringSum   float64
-		modelRing float64
-		waitSum   time.Duration
-	)
-	for _, j := range cfg.Jobs {
-		if j.Model() {
-			res.ModelJobs++
-		}
-	}
-	sample := func(t time.Duration) {
-		num, den := 0, 0
-		for i := range nodes {
-			num += island[i]
-			den += min(free[i].Count(), maxIsland[i])
-		}
-		s := Sample{T: t, UsedGPUs: used, IslandShare: 1}
-		if den > 0 {
-			s.IslandShare = float64(num) / float64(den)
-		}
-		if k := len(res.Series); k > 0 && res.Series[k-1].T == t {
-			res.Series[k-1] = s
-		} else {
-			res.Series = append(res.Series, s)
-		}
-	}
-	sample(0)
-	for next < len(cfg.Jobs) || run.Len() > 0 || len(queue) > 0 {
+	e := newEngine(cfg, p)
+	e.sample(0)
+	for e.next < len(cfg.Jobs) || e.run.Len() > 0 || len(e.queue) > 0 {
 		var t time.Duration
 		switch {
-		case next < len(cfg.Jobs) && (run.Len() == 0 || cfg.Jobs[next].Arrival <= run[0].end):
-			t = cfg.Jobs[next].Arrival
-		case run.Len() > 0:
-			t = run[0].end
+		case e.next < len(cfg.Jobs) && (e.run.Len() == 0 || cfg.Jobs[e.next].Arrival <= e.run[0].end):
+			t = cfg.Jobs[e.next].Arrival
+		case e.run.Len() > 0:
+			t = e.run[0].end
 		default:
 			// Nothing runs and nothing arrives: the cluster is empty and
 			// the waiting jobs did not fit it; they never will.
-			for _, j := range queue {
+			for _, j := range e.queue {
 				if err := p.Drop(j); err != nil {
-					return res, err
+					return e.res, err
 				}
 			}
-			queue = nil
+			e.queue = nil
 			continue
 		}
-		for run.Len() > 0 && run[0].end <= t {
-			r := heap.Pop(&run).(running)
-			if err := p.Release(r.job, r.pl); err != nil {
-				return res, err
-			}
-			free[r.pl.Node] = free[r.pl.Node].Union(r.pl.GPUs)
-			used -= r.job.GPUs
-			island[r.pl.Node] = nodes[r.pl.Node].Graph.Metrics(topology.Mask{}, free[r.pl.Node]).LeftLargestIsland
+		if err := e.step(t); err != nil {
+			return e.res, err
 		}
-		for next < len(cfg.Jobs) && cfg.Jobs[next].Arrival <= t {
-			queue = append(queue, cfg.Jobs[next])
-			next++
-		}
-		if c, ok := p.(clocked); ok {
-			c.SetTime(t)
-		}
-		waiting := queue[:0]
-		for _, j := range queue {
-			if t-j.Arrival > cfg.MaxWait {
-				if err := p.Drop(j); err != nil {
-					return res, err
-				}
-				continue
-			}
-			start := time.Now()
-			pl, ok, err := p.Place(j, free)
-			decisions = append(decisions, time.Since(start))
-			if err != nil {
-				return res, err
-			}
-			if !ok {
-				waiting = append(waiting, j)
-				continue
-			}
-			if err := check(nodes, free, j, pl); err != nil {
-				return res, fmt.Errorf("job %s: %w", j.ID, err)
-			}
-			g := nodes[pl.Node].Graph
-			m := g.Metrics(pl.GPUs, free[pl.Node])
-			free[pl.Node] = free[pl.Node].Minus(pl.GPUs)
-			island[pl.Node] = m.LeftLargestIsland
-			used += j.GPUs
-			res.Accepted++
-			waitSum += t - j.Arrival
-			if j.GPUs > 1 {
-				res.MultiGPU++
-				ringSum += float64(m.RingGBps)
-				if res.RingWorstGBps < 0 || float64(m.RingGBps) < res.RingWorstGBps {
-					res.RingWorstGBps = float64(m.RingGBps)
-				}
-			}
-			if j.Model() {
-				res.ModelAccepted++
-				modelRing += float64(m.RingGBps)
-				if m.Tier == v1alpha1.TierNVLink || m.Tier == v1alpha1.TierNVSwitch {
-					res.ModelNVLink++
-				}
-			}
-			res.Placed = append(res.Placed, Placed{Job: j, Start: t, Node: nodes[pl.Node].Name, Fixture: nodes[pl.Node].Fixture,
-				GPUs: pl.GPUs.Indices(), Tier: m.Tier, RingGBps: m.RingGBps})
-			seq++
-			heap.Push(&run, running{end: t + j.Duration, seq: seq, job: j, pl: pl})
-		}
-		queue = waiting
-		sample(t)
 	}
+	e.finish()
+	return e.res, nil
+}
+
+func newEngine(cfg Config, p Policy) *engine {
+	nodes := cfg.Nodes
+	e := &engine{cfg: cfg, p: p, free: make([]topology.Mask, len(nodes)), maxIsland: make([]int, len(nodes)),
+		res: Result{Policy: p.Name(), Jobs: len(cfg.Jobs), RingWorstGBps: -1}}
+	for i, n := range nodes {
+		e.free[i] = n.Graph.All().Intersect(n.Graph.Healthy())
+		e.maxIsland[i] = n.Graph.Metrics(topology.Mask{}, e.free[i]).LeftLargestIsland
+	}
+	e.island = slices.Clone(e.maxIsland)
+	for _, j := range cfg.Jobs {
+		if j.Model() {
+			e.res.ModelJobs++
+		}
+	}
+	return e
+}
+
+// sample records the cluster at t in the series (replacing a sample
+// already taken at t).
+func (e *engine) sample(t time.Duration) {
+	num, den := 0, 0
+	for i := range e.cfg.Nodes {
+		num += e.island[i]
+		den += min(e.free[i].Count(), e.maxIsland[i])
+	}
+	s := Sample{T: t, UsedGPUs: e.used, IslandShare: 1}
+	if den > 0 {
+		s.IslandShare = float64(num) / float64(den)
+	}
+	if k := len(e.res.Series); k > 0 && e.res.Series[k-1].T == t {
+		e.res.Series[k-1] = s
+	} else {
+		e.res.Series = append(e.res.Series, s)
+	}
+}
+
+// step advances the run to t: the jobs that end by t release their GPUs,
+// those that arrive by t join the queue, and the queue is offered to the
+// policy in order.
+func (e *engine) step(t time.Duration) error {
+	nodes := e.cfg.Nodes
+	for e.run.Len() > 0 && e.run[0].end <= t {
+		r := heap.Pop(&e.run).(running)
+		if err := e.p.Release(r.job, r.pl); err != nil {
+			return err
+		}
+		e.free[r.pl.Node] = e.free[r.pl.Node].Union(r.pl.GPUs)
+		e.used -= r.job.GPUs
+		e.island[r.pl.Node] = nodes[r.pl.Node].Graph.Metrics(topology.Mask{}, e.free[r.pl.Node]).LeftLargestIsland
+	}
+	for e.next < len(e.cfg.Jobs) && e.cfg.Jobs[e.next].Arrival <= t {
+		e.queue = append(e.queue, e.cfg.Jobs[e.next])
+		e.next++
+	}
+	if c, ok := e.p.(clocked); ok {
+		c.SetTime(t)
+	}
+	waiting := e.queue[:0]
+	for _, j := range e.queue {
+		if t-j.Arrival > e.cfg.MaxWait {
+			if err := e.p.Drop(j); err != nil {
+				return err
+			}
+			continue
+		}
+		start := time.Now()
+		pl, ok, err := e.p.Place(j, e.free)
+		e.decisions = append(e.decisions, time.Since(start))
+		if err != nil {
+			return err
+		}
+		if !ok {
+			waiting = append(waiting, j)
+			continue
+		}
+		if err := check(nodes, e.free, j, pl); err != nil {
+			return fmt.Errorf("job %s: %w", j.ID, err)
+		}
+		e.start(t, j, pl)
+	}
+	e.queue = waiting
+	e.sample(t)
+	return nil
+}
+
+// start runs job j at t on pl and measures what it got.
+func (e *engine) start(t time.Duration, j Job, pl Placement) {
+	n := e.cfg.Nodes[pl.Node]
+	m := n.Graph.Metrics(pl.GPUs, e.free[pl.Node])
+	e.free[pl.Node] = e.free[pl.Node].Minus(pl.GPUs)
+	e.island[pl.Node] = m.LeftLargestIsland
+	e.used += j.GPUs
+	res := &e.res
+	res.Accepted++
+	e.waitSum += t - j.Arrival
+	if j.GPUs > 1 {
+		res.MultiGPU++
+		e.ringSum += float64(m.RingGBps)
+		if res.RingWorstGBps < 0 || float64(m.RingGBps) < res.RingWorstGBps {
+			res.RingWorstGBps = float64(m.RingGBps)
+		}
+	}
+	if j.Model() {
+		res.ModelAccepted++
+		e.modelRing += float64(m.RingGBps)
+		if m.Tier == v1alpha1.TierNVLink || m.Tier == v1alpha1.TierNVSwitch {
+			res.ModelNVLink++
+		}
+	}
+	res.Placed = append(res.Placed, Placed{Job: j, Start: t, Node: n.Name, Fixture: n.Fixture,
+		GPUs: pl.GPUs.Indices(), Tier: m.Tier, RingGBps: m.RingGBps})
+	e.seq++
+	heap.Push(&e.run, running{end: t + j.Duration, seq: e.seq, job: j, pl: pl})
+}
+
+// finish turns the run's sums into the result's means and percentiles.
+func (e *engine) finish() {
+	res := &e.res
 	if res.MultiGPU > 0 {
-		res.RingMeanGBps = ringSum / float64(res.MultiGPU)
+		res.RingMeanGBps = e.ringSum / float64(res.MultiGPU)
 	} else {
 		res.RingWorstGBps = 0
 	}
 	if res.ModelAccepted > 0 {
-		res.ModelRingMeanGBps = modelRing / float64(res.ModelAccepted)
+		res.ModelRingMeanGBps = e.modelRing / float64(res.ModelAccepted)
 	}
 	if res.Accepted > 0 {
-		res.MeanWait = waitSum / time.Duration(res.Accepted)
+		res.MeanWait = e.waitSum / time.Duration(res.Accepted)
 	}
 	res.IslandShare = timeWeighted(res.Series)
-	res.Decisions = len(decisions)
-	if len(decisions) > 0 {
+	res.Decisions = len(e.decisions)
+	if len(e.decisions) > 0 {
 		var sum time.Duration
-		for _, d := range decisions {
+		for _, d := range e.decisions {
 			sum += d
 		}
-		res.DecisionMean = sum / time.Duration(len(decisions))
-		slices.Sort(decisions)
-		res.DecisionP99 = decisions[(len(decisions)*99+99)/100-1]
+		res.DecisionMean = sum / time.Duration(len(e.decisions))
+		slices.Sort(e.decisions)
+		res.DecisionP99 = e.decisions[(len(e.decisions)*99+99)/100-1]
 	}
-	return res, nil
 }
 
 // check enforces what every policy owes: the right number of GPUs, all

@@ -81,7 +81,7 @@ func newPolicy(name string, nodes []Node, ext *extender.Configuration, table *we
 // only: the first node (in cluster order) with enough free GPUs, and the
 // lowest free indices on it, as kubelet's device manager hands them out
 // when the plugin states no preference.
-type firstFit struct{}
+type firstFit struct{ stateless }
 
 var _ Policy = (*firstFit)(nil)
 
@@ -96,8 +96,12 @@ func (*firstFit) Place(job Job, free []topology.Mask) (Placement, bool, error) {
 	return Placement{}, false, nil
 }
 
-func (*firstFit) Release(Job, Placement) error { return nil }
-func (*firstFit) Drop(Job) error               { return nil }
+// stateless is the Release and Drop of a policy that keeps nothing
+// between decisions: the baselines read only the free GPUs.
+type stateless struct{}
+
+func (stateless) Release(Job, Placement) error { return nil }
+func (stateless) Drop(Job) error               { return nil }
 
 func lowestK(m topology.Mask, k int) topology.Mask {
 	var out topology.Mask
@@ -105,6 +109,16 @@ func lowestK(m topology.Mask, k int) topology.Mask {
 		out = out.Union(topology.MaskOf(i))
 	}
 	return out
+}
+
+// onBestFit places job on the node bestFitNode picks, on the GPUs pick
+// chooses among its free ones; ok is false when no node fits.
+func onBestFit(nodes []Node, job Job, free []topology.Mask, pick func(g *topology.Graph, free topology.Mask, k int) topology.Mask) (Placement, bool, error) {
+	n := bestFitNode(free, job.GPUs)
+	if n < 0 {
+		return Placement{}, false, nil
+	}
+	return Placement{Node: n, GPUs: pick(nodes[n].Graph, free[n], job.GPUs)}, true, nil
 }
 
 // bestFitNode is the node with the fewest free GPUs that still fit k
@@ -136,29 +150,30 @@ func pairSumOf(g *topology.Graph, set topology.Mask) int {
 // GPUs with the highest sum of pair bandwidths, lowest indices among equals.
 // It knows links but not requirements: it never refuses a job that fits by
 // count.
-type pairSum struct{ nodes []Node }
+type pairSum struct {
+	stateless
+	nodes []Node
+}
 
 var _ Policy = (*pairSum)(nil)
 
 func (*pairSum) Name() string { return PolicyPairSum }
 
 func (p *pairSum) Place(job Job, free []topology.Mask) (Placement, bool, error) {
-	n := bestFitNode(free, job.GPUs)
-	if n < 0 {
-		return Placement{}, false, nil
-	}
-	g := p.nodes[n].Graph
+	return onBestFit(p.nodes, job, free, bestPairSum)
+}
+
+// bestPairSum is the k-subset of free with the highest pairSumOf, the
+// first in lexicographic order among equals.
+func bestPairSum(g *topology.Graph, free topology.Mask, k int) topology.Mask {
 	best, bestSum := topology.Mask{}, -1
-	forEachSubset(free[n].Indices(), job.GPUs, func(set topology.Mask) {
+	forEachSubset(free.Indices(), k, func(set topology.Mask) {
 		if s := pairSumOf(g, set); s > bestSum {
 			best, bestSum = set, s
 		}
 	})
-	return Placement{Node: n, GPUs: best}, true, nil
+	return best
 }
-
-func (*pairSum) Release(Job, Placement) error { return nil }
-func (*pairSum) Drop(Job) error               { return nil }
 
 // forEachSubset calls f with every k-subset of idx in lexicographic order.
 func forEachSubset(idx []int, k int, f func(topology.Mask)) {
@@ -196,6 +211,7 @@ func forEachSubset(idx []int, k int, f func(topology.Mask)) {
 // group's score is its pair-bandwidth sum), and return that split's best
 // group. At most PartitionLimit splits are scored per decision.
 type partition struct {
+	stateless
 	nodes []Node
 	// truncated counts decisions that hit PartitionLimit.
 	truncated int
@@ -206,19 +222,14 @@ var _ Policy = (*partition)(nil)
 func (*partition) Name() string { return PolicyPartition }
 
 func (p *partition) Place(job Job, free []topology.Mask) (Placement, bool, error) {
-	n := bestFitNode(free, job.GPUs)
-	if n < 0 {
-		return Placement{}, false, nil
-	}
-	set, truncated := bestPartitionGroup(p.nodes[n].Graph, free[n], job.GPUs, PartitionLimit)
-	if truncated {
-		p.truncated++
-	}
-	return Placement{Node: n, GPUs: set}, true, nil
+	return onBestFit(p.nodes, job, free, func(g *topology.Graph, free topology.Mask, k int) topology.Mask {
+		set, truncated := bestPartitionGroup(g, free, k, PartitionLimit)
+		if truncated {
+			p.truncated++
+		}
+		return set
+	})
 }
-
-func (*partition) Release(Job, Placement) error { return nil }
-func (*partition) Drop(Job) error               { return nil }
 
 // bestPartitionGroup enumerates splits of free into groups of k (up to
 // limit splits) and returns the best group of the best split, and whether
