@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -32,189 +31,6 @@ import (
 	"github.com/gputopo/gputopo/topology"
 	"github.com/gputopo/gputopo/webhook"
 )
-
-// NodeSpec is one simulated node of the demo cluster.
-type NodeSpec struct {
-	Name string
-	// Fixture is the node's machine: a built-in fixture name or the path
-	// of a machine file (topology.LoadMachine).
-	Fixture string
-}
-
-// DefaultCluster is the built-in mixed cluster: NVSwitch, hybrid cube-mesh
-// and PCIe-only machines side by side.
-var DefaultCluster = []NodeSpec{
-	{Name: "dgx-a100-1", Fixture: "dgx-a100"},
-	{Name: "dgx-a100-2", Fixture: "dgx-a100"},
-	{Name: "dgx1-v100-1", Fixture: "dgx1-v100"},
-	{Name: "dgx1-v100-2", Fixture: "dgx1-v100"},
-	{Name: "pcie-l40s-1", Fixture: "pcie-8x"},
-	{Name: "pcie-l40s-2", Fixture: "pcie-8x"},
-}
-
-// Workload is one step of the demo: a Job (Pods > 0 pods of GPUs each) or,
-// with Bare, that many standalone pods.
-type Workload struct {
-	Name   string
-	Intent v1alpha1.Parallelism // "" for none
-	Pods   int
-	GPUs   int
-	Bare   bool
-	// Machine, when set, pins the pods to nodes of that machine (its name),
-	// as a team pins work to its own pool of machines.
-	Machine string
-}
-
-// labelMachine is the node label the demo sets to the node's machine name.
-const labelMachine = "demo.gputopo.io/machine"
-
-// ParseMachines reads --machines: "machine=count,..." where a machine is a
-// built-in fixture name or a machine file, e.g. "mybox.yaml=2,dgx-a100=2".
-// Nodes are named "<machine name>-<i>" from 1, as in DefaultCluster.
-func ParseMachines(spec string) ([]NodeSpec, error) {
-	spec = strings.TrimSpace(spec)
-	if spec == "" {
-		return nil, fmt.Errorf("--machines: empty; give machine=count pairs, e.g. mybox.yaml=2,dgx-a100=2")
-	}
-	var out []NodeSpec
-	seen := map[string]string{}
-	for _, part := range strings.Split(spec, ",") {
-		machine, count, ok := strings.Cut(strings.TrimSpace(part), "=")
-		if !ok {
-			return nil, fmt.Errorf("--machines: entry %q: want machine=count, e.g. mybox.yaml=2 or dgx-a100=2", part)
-		}
-		n, err := strconv.Atoi(count)
-		if err != nil || n < 1 || n > 50 {
-			return nil, fmt.Errorf("--machines: entry %q: count must be an integer 1..50 (every node runs its own agent)", part)
-		}
-		f, err := topology.LoadMachine(machine)
-		if err != nil {
-			return nil, fmt.Errorf("--machines: entry %q: %w", part, err)
-		}
-		if prev, dup := seen[f.Name]; dup {
-			return nil, fmt.Errorf("--machines: entries %q and %q are both machine %q; node names would clash (sum the counts, or rename one machine file)", prev, machine, f.Name)
-		}
-		seen[f.Name] = machine
-		for i := 1; i <= n; i++ {
-			out = append(out, NodeSpec{Name: fmt.Sprintf("%s-%d", f.Name, i), Fixture: machine})
-		}
-	}
-	return out, nil
-}
-
-// WorkloadsFor adapts DefaultWorkloads to a cluster. On DefaultCluster it
-// returns them as they are. On any other cluster it plans them the way the
-// system will place them, in the order they are then submitted:
-// model-parallel jobs first (their NVLink needs are the constraint, and
-// every node is still empty when they come), then the rest; each workload
-// is pinned to the machine (by name) where the most of its pods fit with
-// the webhook's default requirement for their intent and the allocator's
-// own choice of GPUs among those still free. A job too large for every
-// machine halves its GPUs per pod; a workload with no room left is
-// dropped. Pinning keeps the scheduler from spending a machine the plan
-// saved for a later job.
-func WorkloadsFor(cluster []NodeSpec) ([]Workload, error) {
-	if slices.Equal(cluster, DefaultCluster) {
-		return DefaultWorkloads, nil
-	}
-	type planNode struct {
-		machine string
-		g       *topology.Graph
-		free    topology.Mask
-	}
-	var nodes []*planNode
-	var machines []string
-	largest := 0
-	for _, s := range cluster {
-		f, err := topology.LoadMachine(s.Fixture)
-		if err != nil {
-			return nil, fmt.Errorf("node %s: %w", s.Name, err)
-		}
-		g := f.Graph(s.Name)
-		nodes = append(nodes, &planNode{machine: f.Name, g: g, free: g.All()})
-		if !slices.Contains(machines, f.Name) {
-			machines = append(machines, f.Name)
-		}
-		largest = max(largest, f.GPUs)
-	}
-	policy := webhook.DefaultConfig().PolicyTable
-	alloc := topology.NewAllocator(0)
-	// fit places up to pods pods of gpus GPUs on nodes of machine, first
-	// fit, and returns how many fit and the GPUs they took per node.
-	fit := func(machine string, intent v1alpha1.Parallelism, pods, gpus int) (int, map[*planNode]topology.Mask) {
-		taken := map[*planNode]topology.Mask{}
-		req := topology.Request{Count: gpus, Requirement: policy.For(intent).Requirement(int64(gpus))}
-		placed := 0
-		for placed < pods {
-			ok := false
-			for _, n := range nodes {
-				if n.machine != machine {
-					continue
-				}
-				res, err := alloc.Allocate(n.g, n.free.Minus(taken[n]), req)
-				if err != nil {
-					continue
-				}
-				taken[n] = taken[n].Union(topology.MaskOf(res.GPUs...))
-				placed, ok = placed+1, true
-				break
-			}
-			if !ok {
-				break
-			}
-		}
-		return placed, taken
-	}
-	planned := make([]*Workload, len(DefaultWorkloads))
-	order := make([]int, 0, len(DefaultWorkloads))
-	for i, w := range DefaultWorkloads {
-		if w.Intent == v1alpha1.ParallelismModel {
-			order = append(order, i)
-		}
-	}
-	for i, w := range DefaultWorkloads {
-		if w.Intent != v1alpha1.ParallelismModel {
-			order = append(order, i)
-		}
-	}
-	for _, i := range order {
-		w := DefaultWorkloads[i]
-		for gpus := min(w.GPUs, largest); gpus >= 1 && planned[i] == nil; gpus /= 2 {
-			best, bestPods := "", 0
-			var bestTaken map[*planNode]topology.Mask
-			for _, m := range machines {
-				if pods, taken := fit(m, w.Intent, w.Pods, gpus); pods > bestPods {
-					best, bestPods, bestTaken = m, pods, taken
-				}
-			}
-			if bestPods == 0 {
-				continue
-			}
-			for n, m := range bestTaken {
-				n.free = n.free.Minus(m)
-			}
-			w.Machine, w.Pods, w.GPUs = best, bestPods, gpus
-			planned[i] = &w
-		}
-	}
-	var out []Workload
-	for _, i := range order {
-		if planned[i] != nil {
-			out = append(out, *planned[i])
-		}
-	}
-	return out, nil
-}
-
-// DefaultWorkloads fill most of the cluster: model-parallel jobs that need
-// NVLink, data-parallel jobs, and single-GPU notebooks that must not break
-// up NVLink islands.
-var DefaultWorkloads = []Workload{
-	{Name: "llm-pretrain", Intent: v1alpha1.ParallelismModel, Pods: 1, GPUs: 8},
-	{Name: "notebook", Pods: 2, GPUs: 1, Bare: true, Machine: "dgx1-v100"},
-	{Name: "resnet", Intent: v1alpha1.ParallelismData, Pods: 2, GPUs: 2, Machine: "pcie-8x"},
-	{Name: "llm-finetune", Intent: v1alpha1.ParallelismModel, Pods: 3, GPUs: 4},
-}
 
 // Options configure Run.
 type Options struct {
@@ -247,37 +63,10 @@ const demoNamespace = "ml-team"
 // Everything it started is stopped before it returns, also on ctx
 // cancellation (Ctrl-C).
 func Run(ctx context.Context, o Options) (err error) {
-	if len(o.Cluster) == 0 {
-		o.Cluster = DefaultCluster
-	}
-	if len(o.Workloads) == 0 {
-		w, err := WorkloadsFor(o.Cluster)
-		if err != nil {
-			return err
-		}
-		o.Workloads = w
-	}
-	if o.Out == nil {
-		o.Out = os.Stdout
-	}
-	mode, err := localcluster.ParseMode(o.Mode)
+	mode, err := o.complete()
 	if err != nil {
 		return err
 	}
-	if mode == localcluster.ModePlugin {
-		if _, err := localcluster.Binary("gputopo-scheduler"); err != nil {
-			return fmt.Errorf("mode plugin needs bin/gputopo-scheduler: run `make gputopo-scheduler` (about 8 minutes cold): %w", err)
-		}
-	}
-	if err := os.MkdirAll(o.OutDir, 0o755); err != nil {
-		return fmt.Errorf("output dir %s: %w", o.OutDir, err)
-	}
-	// The control-plane binaries run in working directories of their own.
-	outDir, err := filepath.Abs(o.OutDir)
-	if err != nil {
-		return fmt.Errorf("output dir %s: %w", o.OutDir, err)
-	}
-	o.OutDir = outDir
 	say := func(format string, a ...any) { fmt.Fprintf(o.Out, "==> "+format+"\n", a...) }
 	// The components log as they would in a cluster; keep that out of the
 	// demo's story, in a file beside the picture.
@@ -301,125 +90,25 @@ func Run(ctx context.Context, o Options) (err error) {
 		}
 	}()
 
-	say("starting etcd and kube-apiserver")
-	mut, val, err := webhook.Registration(webhook.RegistrationOptions{ServiceName: "gputopo-webhook", ServiceNamespace: "gputopo-system"})
+	cp, c, err := startControlPlane(ctx, say, &stops)
 	if err != nil {
 		return err
 	}
-	cp, err := localcluster.StartControlPlane(localcluster.Options{WebhookInstallOptions: &envtest.WebhookInstallOptions{
-		MutatingWebhooks:   []*admissionregistrationv1.MutatingWebhookConfiguration{mut},
-		ValidatingWebhooks: []*admissionregistrationv1.ValidatingWebhookConfiguration{val},
-	}})
-	if err != nil {
+	if err := startScheduling(ctx, cp, c, mode, o.OutDir, say, &stops); err != nil {
 		return err
 	}
-	stops = append(stops, func() { _ = cp.Stop() })
-	c, err := client.New(cp.Config, client.Options{Scheme: cp.Scheme})
-	if err != nil {
-		return fmt.Errorf("client: %w", err)
-	}
-
-	say("starting the webhook")
-	if err := startWebhook(ctx, cp, &stops); err != nil {
-		return err
-	}
-
-	schedKubeconfig, err := cp.Kubeconfig(localcluster.SchedulerUser)
-	if err != nil {
-		return err
-	}
-	do := localcluster.DeciderOptions{Mode: mode, Kubeconfig: schedKubeconfig, Dir: o.OutDir}
-	if mode == localcluster.ModePlugin {
-		say("starting gputopo-scheduler (kube-scheduler with the GPUTopology plugin, profile %s) and kube-controller-manager (job controller)", v1alpha1.DefaultSchedulerName)
-		// As the chart binds it in plugin mode: the scheduler's identity
-		// gets the extender's ClusterRole.
-		if err := localcluster.GrantExtenderRole(ctx, c, localcluster.SchedulerUser); err != nil {
-			return err
-		}
-	} else {
-		say("starting the extender")
-		x, err := localcluster.StartExtender(ctx, cp.Config, extender.Options{Port: 0, BindAddress: "127.0.0.1", MetricsBindAddress: "0"})
-		if err != nil {
-			return err
-		}
-		stops = append(stops, func() { _ = x.Stop() })
-		if err := x.WaitReady(ctx, time.Minute); err != nil {
-			return err
-		}
-		say("starting kube-scheduler (profile %s, extender at %s) and kube-controller-manager (job controller)", v1alpha1.DefaultSchedulerName, x.APIAddr())
-		do.ExtenderURL = x.URL()
-	}
-	sched, err := localcluster.StartDecider(do)
-	if err != nil {
-		return err
-	}
-	stops = append(stops, sched.Stop)
-	// In plugin mode its core decides once its informers synced and its
-	// ledger is rebuilt (/readyz on the core's metrics port).
-	if err := sched.WaitCore(ctx, time.Minute, nil); err != nil {
-		return err
-	}
-	kcmKubeconfig, err := cp.Kubeconfig("gputopo-demo-controller-manager", "system:masters")
-	if err != nil {
-		return err
-	}
-	kcm, err := localcluster.StartControllerManager(kcmKubeconfig, o.OutDir, "job-controller")
-	if err != nil {
-		return err
-	}
-	stops = append(stops, kcm.Stop)
-
 	say("creating %d simulated GPU nodes, each with a node agent on simulated NVML", len(o.Cluster))
 	nodes, err := startNodes(ctx, c, o.Cluster, &stops)
 	if err != nil {
 		return err
 	}
-
-	say("labelling namespace %s %s=%s", demoNamespace, v1alpha1.LabelInjection, v1alpha1.InjectionEnabled)
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: demoNamespace, Labels: map[string]string{v1alpha1.LabelInjection: v1alpha1.InjectionEnabled}}}); err != nil {
-		return fmt.Errorf("create namespace: %w", err)
-	}
-	order := 0
-	var placed []PodView
-	for _, w := range o.Workloads {
-		say("submitting %s", describe(w))
-		if err := submit(ctx, c, w); err != nil {
-			return err
-		}
-		pods, err := waitPlaced(ctx, c, w, nodes)
-		if err != nil {
-			return err
-		}
-		for i := range pods {
-			order++
-			pods[i].Order = order
-		}
-		placed = append(placed, pods...)
-	}
-
-	rows, err := Rows(nodes, placed)
+	placed, err := place(ctx, c, o.Workloads, nodes, say)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(o.Out)
-	if err := WriteTable(o.Out, rows); err != nil {
+	if err := report(o.Out, o.OutDir, nodes, placed); err != nil {
 		return err
 	}
-	fmt.Fprintln(o.Out)
-	fmt.Fprintln(o.Out, Summary(rows))
-	svgPath := filepath.Join(o.OutDir, "placement.svg")
-	f, err := os.Create(svgPath)
-	if err != nil {
-		return fmt.Errorf("create %s: %w", svgPath, err)
-	}
-	if err := WriteSVG(f, nodes, placed); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", svgPath, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", svgPath, err)
-	}
-	fmt.Fprintf(o.Out, "picture of every node's GPUs and links, coloured by pod: %s\n", svgPath)
 	kubeconfig, err := cp.Kubeconfig("gputopo-demo-admin", "system:masters")
 	if err != nil {
 		return err
@@ -434,6 +123,178 @@ func Run(ctx context.Context, o Options) (err error) {
 		say("the cluster keeps running; press Ctrl-C to tear it down")
 		<-ctx.Done()
 	}
+	return nil
+}
+
+// complete fills in o's defaults, checks the mode and makes OutDir an
+// absolute path that exists.
+func (o *Options) complete() (localcluster.Mode, error) {
+	if len(o.Cluster) == 0 {
+		o.Cluster = DefaultCluster
+	}
+	if len(o.Workloads) == 0 {
+		w, err := WorkloadsFor(o.Cluster)
+		if err != nil {
+			return "", err
+		}
+		o.Workloads = w
+	}
+	if o.Out == nil {
+		o.Out = os.Stdout
+	}
+	mode, err := localcluster.ParseMode(o.Mode)
+	if err != nil {
+		return "", err
+	}
+	if mode == localcluster.ModePlugin {
+		if _, err := localcluster.Binary("gputopo-scheduler"); err != nil {
+			return "", fmt.Errorf("mode plugin needs bin/gputopo-scheduler: run `make gputopo-scheduler` (about 8 minutes cold): %w", err)
+		}
+	}
+	if err := os.MkdirAll(o.OutDir, 0o755); err != nil {
+		return "", fmt.Errorf("output dir %s: %w", o.OutDir, err)
+	}
+	// The control-plane binaries run in working directories of their own.
+	outDir, err := filepath.Abs(o.OutDir)
+	if err != nil {
+		return "", fmt.Errorf("output dir %s: %w", o.OutDir, err)
+	}
+	o.OutDir = outDir
+	return mode, nil
+}
+
+// startControlPlane starts etcd and kube-apiserver with the webhook
+// registered, and the webhook.
+func startControlPlane(ctx context.Context, say func(string, ...any), stops *[]func()) (*localcluster.ControlPlane, client.Client, error) {
+	say("starting etcd and kube-apiserver")
+	mut, val, err := webhook.Registration(webhook.RegistrationOptions{ServiceName: "gputopo-webhook", ServiceNamespace: "gputopo-system"})
+	if err != nil {
+		return nil, nil, err
+	}
+	cp, err := localcluster.StartControlPlane(localcluster.Options{WebhookInstallOptions: &envtest.WebhookInstallOptions{
+		MutatingWebhooks:   []*admissionregistrationv1.MutatingWebhookConfiguration{mut},
+		ValidatingWebhooks: []*admissionregistrationv1.ValidatingWebhookConfiguration{val},
+	}})
+	if err != nil {
+		return nil, nil, err
+	}
+	*stops = append(*stops, func() { _ = cp.Stop() })
+	c, err := client.New(cp.Config, client.Options{Scheme: cp.Scheme})
+	if err != nil {
+		return nil, nil, fmt.Errorf("client: %w", err)
+	}
+
+	say("starting the webhook")
+	if err := startWebhook(ctx, cp, stops); err != nil {
+		return nil, nil, err
+	}
+	return cp, c, nil
+}
+
+// startScheduling starts what decides and creates the pods: in extender
+// mode the extender and kube-scheduler, in plugin mode gputopo-scheduler;
+// then kube-controller-manager's job controller.
+func startScheduling(ctx context.Context, cp *localcluster.ControlPlane, c client.Client, mode localcluster.Mode, dir string, say func(string, ...any), stops *[]func()) error {
+	schedKubeconfig, err := cp.Kubeconfig(localcluster.SchedulerUser)
+	if err != nil {
+		return err
+	}
+	do := localcluster.DeciderOptions{Mode: mode, Kubeconfig: schedKubeconfig, Dir: dir}
+	if mode == localcluster.ModePlugin {
+		say("starting gputopo-scheduler (kube-scheduler with the GPUTopology plugin, profile %s) and kube-controller-manager (job controller)", v1alpha1.DefaultSchedulerName)
+		// As the chart binds it in plugin mode: the scheduler's identity
+		// gets the extender's ClusterRole.
+		if err := localcluster.GrantExtenderRole(ctx, c, localcluster.SchedulerUser); err != nil {
+			return err
+		}
+	} else {
+		say("starting the extender")
+		x, err := localcluster.StartExtender(ctx, cp.Config, extender.Options{Port: 0, BindAddress: "127.0.0.1", MetricsBindAddress: "0"})
+		if err != nil {
+			return err
+		}
+		*stops = append(*stops, func() { _ = x.Stop() })
+		if err := x.WaitReady(ctx, time.Minute); err != nil {
+			return err
+		}
+		say("starting kube-scheduler (profile %s, extender at %s) and kube-controller-manager (job controller)", v1alpha1.DefaultSchedulerName, x.APIAddr())
+		do.ExtenderURL = x.URL()
+	}
+	sched, err := localcluster.StartDecider(do)
+	if err != nil {
+		return err
+	}
+	*stops = append(*stops, sched.Stop)
+	// In plugin mode its core decides once its informers synced and its
+	// ledger is rebuilt (/readyz on the core's metrics port).
+	if err := sched.WaitCore(ctx, time.Minute, nil); err != nil {
+		return err
+	}
+	kcmKubeconfig, err := cp.Kubeconfig("gputopo-demo-controller-manager", "system:masters")
+	if err != nil {
+		return err
+	}
+	kcm, err := localcluster.StartControllerManager(kcmKubeconfig, dir, "job-controller")
+	if err != nil {
+		return err
+	}
+	*stops = append(*stops, kcm.Stop)
+	return nil
+}
+
+// place labels the demo namespace, then submits each workload and waits
+// for its pods to be placed, numbering them in placement order.
+func place(ctx context.Context, c client.Client, ws []Workload, nodes []NodeView, say func(string, ...any)) ([]PodView, error) {
+	say("labelling namespace %s %s=%s", demoNamespace, v1alpha1.LabelInjection, v1alpha1.InjectionEnabled)
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: demoNamespace, Labels: map[string]string{v1alpha1.LabelInjection: v1alpha1.InjectionEnabled}}}); err != nil {
+		return nil, fmt.Errorf("create namespace: %w", err)
+	}
+	order := 0
+	var placed []PodView
+	for _, w := range ws {
+		say("submitting %s", describe(w))
+		if err := submit(ctx, c, w); err != nil {
+			return nil, err
+		}
+		pods, err := waitPlaced(ctx, c, w, nodes)
+		if err != nil {
+			return nil, err
+		}
+		for i := range pods {
+			order++
+			pods[i].Order = order
+		}
+		placed = append(placed, pods...)
+	}
+	return placed, nil
+}
+
+// report prints the placement table and its summary to out and draws the
+// picture into dir.
+func report(out io.Writer, dir string, nodes []NodeView, placed []PodView) error {
+	rows, err := Rows(nodes, placed)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(out)
+	if err := WriteTable(out, rows); err != nil {
+		return err
+	}
+	fmt.Fprintln(out)
+	fmt.Fprintln(out, Summary(rows))
+	svgPath := filepath.Join(dir, "placement.svg")
+	f, err := os.Create(svgPath)
+	if err != nil {
+		return fmt.Errorf("create %s: %w", svgPath, err)
+	}
+	if err := WriteSVG(f, nodes, placed); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", svgPath, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", svgPath, err)
+	}
+	fmt.Fprintf(out, "picture of every node's GPUs and links, coloured by pod: %s\n", svgPath)
 	return nil
 }
 
