@@ -65,29 +65,33 @@ func StartProcess(name, logPath, bin string, args ...string) (*Process, error) {
 // Stop sends SIGTERM to the process group, then SIGKILL after 10 seconds.
 // It is safe to call more than once.
 func (p *Process) Stop() {
-	select {
-	case <-p.done:
+	if !p.signal(syscall.SIGTERM) {
 		return
-	default:
 	}
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
 	select {
 	case <-p.done:
 	case <-time.After(10 * time.Second):
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		<-p.done
+		p.Kill()
 	}
 }
 
 // Kill stops the process at once with SIGKILL, as a crash would.
 func (p *Process) Kill() {
+	if p.signal(syscall.SIGKILL) {
+		<-p.done
+	}
+}
+
+// signal sends sig to the process group unless the process has ended,
+// and reports whether it did.
+func (p *Process) signal(sig syscall.Signal) bool {
 	select {
 	case <-p.done:
-		return
+		return false
 	default:
 	}
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-	<-p.done
+	_ = syscall.Kill(-p.cmd.Process.Pid, sig)
+	return true
 }
 
 // Exited reports whether the process has ended, and how.

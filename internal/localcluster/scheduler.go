@@ -154,11 +154,7 @@ func WaitHealthy(p *Process, url string, timeout time.Duration) error {
 // Service. Leader election is off: one local scheduler, and no
 // gputopo-system namespace for its Lease.
 func ChartSchedulerConfig(extenderURL string) (*schedconfigv1.KubeSchedulerConfiguration, error) {
-	doc, err := os.ReadFile(filepath.Join(RepoRoot(), "charts", "gputopo", "files", "scheduler-config.yaml"))
-	if err != nil {
-		return nil, fmt.Errorf("read the chart's scheduler config: %w", err)
-	}
-	cfg, err := ParseSchedulerConfig(doc)
+	cfg, err := readChartSchedulerConfig("scheduler-config.yaml", "scheduler config")
 	if err != nil {
 		return nil, err
 	}
@@ -179,16 +175,22 @@ func ChartSchedulerConfig(extenderURL string) (*schedconfigv1.KubeSchedulerConfi
 	return cfg, nil
 }
 
+// readChartSchedulerConfig reads the chart's KubeSchedulerConfiguration
+// file (under charts/gputopo/files), what it is for the error.
+func readChartSchedulerConfig(file, what string) (*schedconfigv1.KubeSchedulerConfiguration, error) {
+	doc, err := os.ReadFile(filepath.Join(RepoRoot(), "charts", "gputopo", "files", file))
+	if err != nil {
+		return nil, fmt.Errorf("read the chart's %s: %w", what, err)
+	}
+	return ParseSchedulerConfig(doc)
+}
+
 // PluginSchedulerConfig is the Helm chart's plugin-mode
 // KubeSchedulerConfiguration (charts/gputopo/files/scheduler-config-plugin.yaml),
 // the one `scheduler.mode: plugin` runs in gputopo-scheduler, with the
 // GPUTopology plugin's args replaced by args and leader election off.
 func PluginSchedulerConfig(args schedplugin.Args) (*schedconfigv1.KubeSchedulerConfiguration, error) {
-	doc, err := os.ReadFile(filepath.Join(RepoRoot(), "charts", "gputopo", "files", "scheduler-config-plugin.yaml"))
-	if err != nil {
-		return nil, fmt.Errorf("read the chart's plugin scheduler config: %w", err)
-	}
-	cfg, err := ParseSchedulerConfig(doc)
+	cfg, err := readChartSchedulerConfig("scheduler-config-plugin.yaml", "plugin scheduler config")
 	if err != nil {
 		return nil, err
 	}
