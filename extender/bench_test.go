@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/gputopo/gputopo/placement"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 )
 
@@ -157,39 +158,43 @@ func BenchmarkBaselineDecodeEncode(b *testing.B) {
 }
 
 // BenchmarkCycleFilterNode is the plugin build's filter for one pod: a
-// cycle, then FilterNode on every node from 16 goroutines as the
-// framework's filter does, then Score over the passed nodes. Compare with
-// BenchmarkFilterPrioritize, the same decisions in one pass.
+// cycle, then FilterNode on every node from 1 or 16 goroutines (the
+// framework's filter parallelism), then Score over the passed nodes.
+// Compare with BenchmarkFilterPrioritize, the same decisions in one pass;
+// with more goroutines than cores, 16 shows whether filter scales.
 func BenchmarkCycleFilterNode(b *testing.B) {
 	for _, n := range benchSizes {
-		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
-			x, names := benchCluster(b, n)
-			args := benchArgs(names)
-			ctx := context.Background()
-			b.ReportAllocs()
-			for b.Loop() {
-				c, err := x.NewCycle(ctx, args.Pod)
-				if err != nil {
-					b.Fatal(err)
-				}
-				passed := make([]bool, len(names))
-				var wg sync.WaitGroup
-				for w := range 16 {
-					wg.Go(func() {
-						for i := w; i < len(names); i += 16 {
-							passed[i], _, _ = c.FilterNode(names[i])
-						}
-					})
-				}
-				wg.Wait()
-				feasible := make([]string, 0, len(names))
-				for i, ok := range passed {
-					if ok {
-						feasible = append(feasible, names[i])
+		for _, workers := range []int{1, 16} {
+			b.Run(fmt.Sprintf("nodes=%d/goroutines=%d", n, workers), func(b *testing.B) {
+				x, names := benchCluster(b, n)
+				args := benchArgs(names)
+				ctx := context.Background()
+				b.ReportAllocs()
+				for b.Loop() {
+					pr, err := placement.ParseRequest(args.Pod, x.cfg.GPUResource(), x.core.Now())
+					if err != nil {
+						b.Fatal(err)
 					}
+					c := x.core.NewCycle(ctx, pr)
+					passed := make([]bool, len(names))
+					var wg sync.WaitGroup
+					for w := range workers {
+						wg.Go(func() {
+							for i := w; i < len(names); i += workers {
+								passed[i], _, _ = c.FilterNode(names[i])
+							}
+						})
+					}
+					wg.Wait()
+					feasible := make([]string, 0, len(names))
+					for i, ok := range passed {
+						if ok {
+							feasible = append(feasible, names[i])
+						}
+					}
+					c.Score(feasible)
 				}
-				c.Score(feasible)
-			}
-		})
+			})
+		}
 	}
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/internal/fakeapi"
+	"github.com/gputopo/gputopo/placement/ledger"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -78,7 +79,7 @@ func TestBindWritesAssignmentAndPlacementInTheBinding(t *testing.T) {
 	}
 	// The informer delivers the bound pod: nothing changes.
 	x.ledger.UpsertPod(got)
-	if diff := cmp.Diff([]Holding{{PodUID: pod.UID, Pod: keyOf(pod), Node: "a", GPUs: uuids}}, x.ledger.Holdings()); diff != "" {
+	if diff := cmp.Diff([]ledger.Holding{{PodUID: pod.UID, Pod: keyOf(pod), Node: "a", GPUs: uuids}}, x.ledger.Holdings()); diff != "" {
 		t.Errorf("holdings (-want +got):\n%s", diff)
 	}
 }
@@ -306,7 +307,7 @@ func TestConcurrentBindsToOneNodeNeverShareAGPU(t *testing.T) {
 			continue
 		}
 		uuids := assignedOf(t, got)
-		if want, _ := GPUCount(p, v1alpha1.ResourceGPU); len(uuids) != want {
+		if want, _ := ledger.GPUCount(p, v1alpha1.ResourceGPU); len(uuids) != want {
 			t.Errorf("pod %s got %d GPUs, want %d", p.Name, len(uuids), want)
 		}
 		for _, u := range uuids {

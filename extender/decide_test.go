@@ -3,14 +3,16 @@ package extender
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
-	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 
-	"github.com/gputopo/gputopo/extender/ledger"
+	"github.com/google/go-cmp/cmp"
+	"github.com/gputopo/gputopo/placement"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 )
 
 // TestSharedAnswersMatchPerNode: a request over many nodes shares answers
@@ -22,7 +24,7 @@ import (
 func TestSharedAnswersMatchPerNode(t *testing.T) {
 	// The cross-node terms compare a node with the others on purpose;
 	// with them off, a node's score must not depend on its company.
-	cfg := DefaultConfiguration()
+	cfg := configv1alpha1.DefaultExtenderConfiguration()
 	cfg.Weights.BandwidthFit, cfg.Weights.CapabilityConservation = ptr[int32](0), ptr[int32](0)
 	x, _ := newTestExtender(t, cfg)
 	fixtures := []string{"dgx1-v100", "dgx-a100", "hgx-h100"}
@@ -92,25 +94,21 @@ func TestSharedAnswersMatchPerNode(t *testing.T) {
 				}
 				// Each node's merit from an evaluator of its own: no answer
 				// shared with another node.
-				pr, err := parsePodRequest(pod, x.cfg.GPUResource(), x.now())
+				pr, err := placement.ParseRequest(pod, x.cfg.GPUResource(), x.core.Now())
 				if err != nil {
 					t.Fatal(err)
 				}
-				e := newEvaluator(context.Background(), x.alloc, x.cfg, pr, x.now())
 				merit := -1.0
-				x.ledger.Read(func(lv ledger.View) {
-					st := lv.Node(n)
-					if v := e.check(st); v.ok {
-						merit, _ = e.merit(st, v, lv.Affinity(pr.job), soloCohort(st, v))
-					}
-				})
+				if ex := x.core.Explain(context.Background(), pr, []string{n}); ex[0].Passed {
+					merit = ex[0].Merit
+				}
 				merits = append(merits, merit)
 			}
 			best := slices.Max(merits)
 			for i, n := range names {
 				hp := extenderv1.HostPriority{Host: n}
 				if merits[i] >= 0 {
-					hp.Score = relativeScore(merits[i], best)
+					hp.Score = min(max(10-int64(math.Round((best-merits[i])/placement.PrioritizeStep)), 0), 10)
 				}
 				wantScores = append(wantScores, hp)
 			}

@@ -1,11 +1,11 @@
 package extender
 
 import (
+	"context"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/gputopo/gputopo/topology"
@@ -43,7 +43,7 @@ func TestDoubleHeldGPUReportedOnBothPods(t *testing.T) {
 	x, _ := newTestExtender(t, nil)
 	rec := record.NewFakeRecorder(16)
 	rec.IncludeObject = true
-	x.recorder = rec
+	x.core.SetRecorder(rec)
 	x.ledger.UpsertTopology(topo(t, "dgx1-v100", "a"))
 	x.ledger.UpsertPod(makePod("p1").gpus(2).node("a").assigned(uuidsOn("a", 0, 1)...).obj())
 	x.ledger.UpsertPod(drifted("p2", []int{2, 3}, []int{1, 2}))
@@ -60,7 +60,7 @@ func TestDoubleHeldGPUReportedOnBothPods(t *testing.T) {
 			}
 		}
 	}
-	if got := testutil.ToFloat64(x.metrics.doubleHeldDetections); got != 1 {
+	if got := metricValue(t, x, "gputopo_extender_ledger_double_held_detections_total"); got != 1 {
 		t.Errorf("detections = %v, want 1", got)
 	}
 	if got := doubleHeldGauge(t, x); got != 1 {
@@ -77,7 +77,7 @@ func TestDoubleHeldGPUReportedOnBothPods(t *testing.T) {
 	if got := doubleHeldGauge(t, x); got != 0 {
 		t.Errorf("double-held gauge after p2 ended = %v, want 0", got)
 	}
-	if got := testutil.ToFloat64(x.metrics.doubleHeldDetections); got != 1 {
+	if got := metricValue(t, x, "gputopo_extender_ledger_double_held_detections_total"); got != 1 {
 		t.Errorf("detections after the conflict cleared = %v, want still 1 (a counter)", got)
 	}
 }
@@ -85,20 +85,21 @@ func TestDoubleHeldGPUReportedOnBothPods(t *testing.T) {
 func TestDoubleHeldEventsOnlyFromTheLeader(t *testing.T) {
 	x, _ := newTestExtender(t, nil)
 	rec := record.NewFakeRecorder(16)
-	x.recorder = rec
-	x.leading.Store(false) // a standby, or a leader still rebuilding
+	x.core.SetRecorder(rec)
+	x.core.StopLeading() // a standby, or a leader still rebuilding
 	x.ledger.UpsertTopology(topo(t, "dgx1-v100", "a"))
 	x.ledger.UpsertPod(makePod("p1").gpus(1).node("a").assigned(uuidsOn("a", 5)...).obj())
 	x.ledger.UpsertPod(drifted("p2", []int{6}, []int{5}))
 	if ev := drainEvents(rec); len(ev) > 0 {
 		t.Errorf("a replica that does not serve recorded %q", ev)
 	}
-	if got := testutil.ToFloat64(x.metrics.doubleHeldDetections); got != 1 {
+	if got := metricValue(t, x, "gputopo_extender_ledger_double_held_detections_total"); got != 1 {
 		t.Errorf("detections = %v, want 1: every replica counts", got)
 	}
 	// On becoming the leader it reports what it found meanwhile.
-	x.leading.Store(true)
-	x.announceDoubleHolds()
+	if err := x.core.Lead(context.Background(), false); err != nil {
+		t.Fatal(err)
+	}
 	var reasons []string
 	for _, e := range drainEvents(rec) {
 		reasons = append(reasons, strings.Join(strings.Fields(e)[:2], " "))

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gputopo/gputopo/placement"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/record"
 )
@@ -26,8 +27,10 @@ func TestBindRecordsGPUsBoundEventOnLeaderOnly(t *testing.T) {
 			pod := makePod("mp").gpus(4).req(modelParallel).obj()
 			x, cs := newTestExtender(t, nil, pod)
 			rec := record.NewFakeRecorder(4)
-			x.recorder = rec
-			x.leading.Store(tc.leading)
+			x.core.SetRecorder(rec)
+			if !tc.leading {
+				x.core.StopLeading()
+			}
 			x.ledger.UpsertTopology(topo(t, "dgx1-v100", "a"))
 			x.ledger.UpsertPod(pod)
 			if res := x.Bind(context.Background(), bindArgs(pod, "a")); res.Error != "" {
@@ -46,7 +49,7 @@ func TestBindRecordsGPUsBoundEventOnLeaderOnly(t *testing.T) {
 			}
 			got := getPod(t, cs, "mp")
 			e := events[0]
-			for _, want := range []string{"Normal " + ReasonGPUsBound, "node a:", "tier nvlink", "ring ", "GB/s", "strategy highest_bandwidth"} {
+			for _, want := range []string{"Normal " + placement.ReasonGPUsBound, "node a:", "tier nvlink", "ring ", "GB/s", "strategy highest_bandwidth"} {
 				if !strings.Contains(e, want) {
 					t.Errorf("event %q does not contain %q", e, want)
 				}
@@ -67,7 +70,7 @@ func TestBindAfterFallbackRecordsPlacementFellBack(t *testing.T) {
 	pod.CreationTimestamp = metav1.NewTime(testNow.Add(-time.Hour))
 	x, _ := newTestExtender(t, nil, pod)
 	rec := record.NewFakeRecorder(4)
-	x.recorder = rec
+	x.core.SetRecorder(rec)
 	x.ledger.UpsertTopology(topo(t, "pcie-8x", "pcie"))
 	x.ledger.UpsertPod(pod)
 	if res := x.Bind(context.Background(), bindArgs(pod, "pcie")); res.Error != "" {
@@ -78,8 +81,8 @@ func TestBindAfterFallbackRecordsPlacementFellBack(t *testing.T) {
 	for e := range rec.Events {
 		events = append(events, e)
 	}
-	if len(events) != 2 || !strings.HasPrefix(events[0], "Normal "+ReasonGPUsBound) ||
-		!strings.HasPrefix(events[1], "Warning "+ReasonPlacementFellBack) || !strings.Contains(events[1], "fallbackAfter 30m0s") {
+	if len(events) != 2 || !strings.HasPrefix(events[0], "Normal "+placement.ReasonGPUsBound) ||
+		!strings.HasPrefix(events[1], "Warning "+placement.ReasonPlacementFellBack) || !strings.Contains(events[1], "fallbackAfter 30m0s") {
 		t.Errorf("events %q; want GPUsBound, then PlacementFellBack naming fallbackAfter", events)
 	}
 }

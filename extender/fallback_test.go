@@ -37,7 +37,7 @@ func TestFallbackAfterRelaxesNVLinkOncePendingLongEnough(t *testing.T) {
 	}
 
 	later := testNow.Add(11 * time.Minute)
-	x.SetClock(func() time.Time { return later })
+	x.core.SetClock(func() time.Time { return later })
 	if fr := x.Filter(context.Background(), args); fr.NodeNames == nil || len(*fr.NodeNames) != 1 {
 		t.Fatalf("filter after fallbackAfter: passed %v, failed %v %v; want the node", fr.NodeNames, fr.FailedNodes, fr.FailedAndUnresolvableNodes)
 	}

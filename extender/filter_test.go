@@ -12,6 +12,7 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/placement"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -220,8 +221,8 @@ func checkReasons(t *testing.T, what string, want map[string]string, got extende
 		t.Errorf("%s = %v, want nodes %v", what, got, want)
 	}
 	for node, sub := range want {
-		if !strings.HasPrefix(got[node], ReasonPrefix) || !strings.Contains(got[node], sub) {
-			t.Errorf("%s[%s] = %q, want %q prefix and %q", what, node, got[node], ReasonPrefix, sub)
+		if !strings.HasPrefix(got[node], placement.ReasonPrefix) || !strings.Contains(got[node], sub) {
+			t.Errorf("%s[%s] = %q, want %q prefix and %q", what, node, got[node], placement.ReasonPrefix, sub)
 		}
 	}
 }

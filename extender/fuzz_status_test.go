@@ -13,6 +13,8 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/placement"
+	"github.com/gputopo/gputopo/placement/ledger"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -91,9 +93,9 @@ func FuzzStatus(f *testing.F) {
 		timed("UpsertTopology", func() { x.ledger.UpsertTopology(obj) })
 
 		_, graphErr := topology.FromStatus(&st)
-		ahead, maxAge := st.ObservedTime.Time.Sub(testNow), x.cfg.topologyMaxAge()
+		ahead, maxAge := st.ObservedTime.Time.Sub(testNow), x.cfg.EffectiveTopologyMaxAge()
 		trusted := graphErr == nil && !st.Stale && !st.ObservedTime.IsZero() &&
-			(maxAge <= 0 || ahead <= topologyClockSkew && -ahead <= maxAge)
+			(maxAge <= 0 || ahead <= ledger.ClockSkew && -ahead <= maxAge)
 
 		strategy := v1alpha1.Strategies[int(variant)%len(v1alpha1.Strategies)]
 		for i, req := range []v1alpha1.Requirement{
@@ -125,8 +127,8 @@ func FuzzStatus(f *testing.F) {
 				t.Fatalf("node passed with a topology that must be refused (graph error %v, stale %v, observed %v)", graphErr, st.Stale, st.ObservedTime)
 			case !passed && failed == "" && unresolvable == "":
 				t.Fatalf("node neither passed nor failed: %+v", res)
-			case !passed && !strings.HasPrefix(failed+unresolvable, ReasonPrefix):
-				t.Fatalf("refusal %q lacks the %q prefix", failed+unresolvable, ReasonPrefix)
+			case !passed && !strings.HasPrefix(failed+unresolvable, placement.ReasonPrefix):
+				t.Fatalf("refusal %q lacks the %q prefix", failed+unresolvable, placement.ReasonPrefix)
 			}
 			var list extenderv1.HostPriorityList
 			timed(fmt.Sprintf("prioritize of a %d-GPU pod %s", gpus, raw), func() { list, err = x.Prioritize(context.Background(), args) })

@@ -4,6 +4,10 @@ import (
 	"testing"
 	"time"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
+	"github.com/gputopo/gputopo/placement"
+	"k8s.io/client-go/kubernetes"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -108,10 +112,10 @@ var testNow = time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
 
 // newTestExtender is a Ready extender whose clock is testNow, on a fake
 // clientset that binds like kube-apiserver does.
-func newTestExtender(t testing.TB, cfg *Configuration, objs ...runtime.Object) (*Extender, *fake.Clientset) {
+func newTestExtender(t testing.TB, cfg *configv1alpha1.ExtenderConfiguration, objs ...runtime.Object) (*Extender, *fake.Clientset) {
 	t.Helper()
 	if cfg == nil {
-		cfg = DefaultConfiguration()
+		cfg = configv1alpha1.DefaultExtenderConfiguration()
 	}
 	cs := fake.NewClientset(objs...)
 	cs.PrependReactor("create", "pods", fakeapi.BindingReactor(cs))
@@ -125,11 +129,8 @@ func newTestExtender(t testing.TB, cfg *Configuration, objs ...runtime.Object) (
 		}
 		return true, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, nil
 	})
-	x := newExtender(cfg, cs)
-	x.now = func() time.Time { return testNow }
-	x.ledger.SetClock(x.now)
-	x.synced.Store(true)
-	x.leading.Store(true)
+	x := newExtender(t, cfg, cs)
+	x.core.SetClock(func() time.Time { return testNow })
 	return x, cs
 }
 
@@ -153,4 +154,50 @@ func ptr[T any](v T) *T { return &v }
 
 func keyOf(p *corev1.Pod) types.NamespacedName {
 	return types.NamespacedName{Namespace: p.Namespace, Name: p.Name}
+}
+
+// newExtender is a Ready extender over a core on cs, without informers or
+// servers: tests drive its ledger directly.
+func newExtender(t testing.TB, cfg *configv1alpha1.ExtenderConfiguration, cs kubernetes.Interface) *Extender {
+	t.Helper()
+	x, err := build(cfg, NewOptions(), func(o placement.Options) (*placement.Core, error) { return placement.NewWithClient(cs, o) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	x.client = cs
+	return x
+}
+
+// metricValue is the value of the gathered metric name (its first series).
+func metricValue(t testing.TB, x *Extender, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := x.metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				found := false
+				for _, l := range m.GetLabel() {
+					found = found || l.GetName() == labels[i] && l.GetValue() == labels[i+1]
+				}
+				if !found {
+					continue series
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				return m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				return m.GetGauge().GetValue()
+			}
+		}
+		return 0
+	}
+	return 0
 }

@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
+	"github.com/gputopo/gputopo/placement"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
@@ -71,14 +74,14 @@ func filterOne(t *testing.T, x *Extender, pb *podBuilder, node string) (passed b
 // the future, with a reason a person can act on; the age check's own
 // switch (topologyMaxAge) is honoured.
 func TestFilterDistrustsObservedTime(t *testing.T) {
-	ageOff := func() *Configuration {
-		cfg := DefaultConfiguration()
+	ageOff := func() *configv1alpha1.ExtenderConfiguration {
+		cfg := configv1alpha1.DefaultExtenderConfiguration()
 		cfg.TopologyMaxAge = &metav1.Duration{Duration: -1}
 		return cfg
 	}
 	tests := []struct {
 		name     string
-		cfg      func() *Configuration
+		cfg      func() *configv1alpha1.ExtenderConfiguration
 		observed func(o *v1alpha1.NodeGPUTopology)
 		// reason is a fragment of the refusal; "" means the node passes.
 		reason string
@@ -110,7 +113,7 @@ func TestFilterDistrustsObservedTime(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			var cfg *Configuration
+			var cfg *configv1alpha1.ExtenderConfiguration
 			if tc.cfg != nil {
 				cfg = tc.cfg()
 			}
@@ -124,7 +127,7 @@ func TestFilterDistrustsObservedTime(t *testing.T) {
 				t.Errorf("node refused: %q", reason)
 			case tc.reason != "" && passed:
 				t.Errorf("node passed; want refused with %q", tc.reason)
-			case tc.reason != "" && (unresolvable || !strings.HasPrefix(reason, ReasonPrefix) || !strings.Contains(reason, tc.reason)):
+			case tc.reason != "" && (unresolvable || !strings.HasPrefix(reason, placement.ReasonPrefix) || !strings.Contains(reason, tc.reason)):
 				t.Errorf("reason %q (unresolvable %v); want a resolvable %q", reason, unresolvable, tc.reason)
 			}
 		})
@@ -288,8 +291,8 @@ func TestHostileTopologyThroughFilter(t *testing.T) {
 			x, _ := newTestExtender(t, nil)
 			x.ledger.UpsertTopology(tc.topo(t))
 			passed, reason, unresolvable := filterOne(t, x, tc.pod, "n")
-			if !passed && !strings.HasPrefix(reason, ReasonPrefix) {
-				t.Errorf("reason %q lacks the %q prefix", reason, ReasonPrefix)
+			if !passed && !strings.HasPrefix(reason, placement.ReasonPrefix) {
+				t.Errorf("reason %q lacks the %q prefix", reason, placement.ReasonPrefix)
 			}
 			if unresolvable && strings.Contains(reason, "invalid") {
 				t.Errorf("invalid topology is unresolvable (%q); the agent may fix it", reason)

@@ -13,7 +13,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/extender/ledger"
+	"github.com/gputopo/gputopo/placement"
+	"github.com/gputopo/gputopo/placement/ledger"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -28,81 +29,81 @@ func uuidsOn(node string, idx ...int) []string {
 func TestLedgerHoldings(t *testing.T) {
 	tests := []struct {
 		name   string
-		events func(l *Ledger)
-		want   []Holding
-		counts Counts
+		events func(l *ledger.Ledger)
+		want   []ledger.Holding
+		counts ledger.Counts
 	}{{
 		name: "bound pod holds its assigned GPUs",
-		events: func(l *Ledger) {
+		events: func(l *ledger.Ledger) {
 			l.UpsertPod(makePod("p").gpus(2).node("a").assigned(uuidsOn("a", 0, 1)...).obj())
 		},
-		want:   []Holding{{PodUID: "uid-p", Pod: types.NamespacedName{Namespace: "default", Name: "p"}, Node: "a", GPUs: uuidsOn("a", 0, 1)}},
-		counts: Counts{Total: 8, Free: 6, Held: 2},
+		want:   []ledger.Holding{{PodUID: "uid-p", Pod: types.NamespacedName{Namespace: "default", Name: "p"}, Node: "a", GPUs: uuidsOn("a", 0, 1)}},
+		counts: ledger.Counts{Total: 8, Free: 6, Held: 2},
 	}, {
 		name: "allocated-gpus (what kubelet gave) wins over assigned-gpus (the plan)",
-		events: func(l *Ledger) {
+		events: func(l *ledger.Ledger) {
 			l.UpsertPod(makePod("p").gpus(2).node("a").assigned(uuidsOn("a", 0, 1)...).
 				annotate(v1alpha1.AnnotationAllocatedGPUs, v1alpha1.FormatGPUList(uuidsOn("a", 4, 5))).obj())
 		},
-		want:   []Holding{{PodUID: "uid-p", Pod: types.NamespacedName{Namespace: "default", Name: "p"}, Node: "a", GPUs: uuidsOn("a", 4, 5)}},
-		counts: Counts{Total: 8, Free: 6, Held: 2},
+		want:   []ledger.Holding{{PodUID: "uid-p", Pod: types.NamespacedName{Namespace: "default", Name: "p"}, Node: "a", GPUs: uuidsOn("a", 4, 5)}},
+		counts: ledger.Counts{Total: 8, Free: 6, Held: 2},
 	}, {
 		name: "finished pod releases",
-		events: func(l *Ledger) {
+		events: func(l *ledger.Ledger) {
 			l.UpsertPod(makePod("p").gpus(2).node("a").assigned(uuidsOn("a", 0, 1)...).obj())
 			l.UpsertPod(makePod("p").gpus(2).node("a").assigned(uuidsOn("a", 0, 1)...).phase(corev1.PodFailed).obj())
 		},
-		counts: Counts{Total: 8, Free: 8},
+		counts: ledger.Counts{Total: 8, Free: 8},
 	}, {
 		name: "deleted pod releases, also from a tombstone",
-		events: func(l *Ledger) {
+		events: func(l *ledger.Ledger) {
 			p := makePod("p").gpus(2).node("a").assigned(uuidsOn("a", 0, 1)...).obj()
 			l.UpsertPod(p)
 			l.DeletePod(cache.DeletedFinalStateUnknown{Key: "default/p", Obj: p})
 		},
-		counts: Counts{Total: 8, Free: 8},
+		counts: ledger.Counts{Total: 8, Free: 8},
 	}, {
 		name: "an older unbound event after the bound one does not free the GPUs",
-		events: func(l *Ledger) {
+		events: func(l *ledger.Ledger) {
 			l.UpsertPod(makePod("p").gpus(2).node("a").assigned(uuidsOn("a", 0, 1)...).obj())
 			l.UpsertPod(makePod("p").gpus(2).obj())
 		},
-		want:   []Holding{{PodUID: "uid-p", Pod: types.NamespacedName{Namespace: "default", Name: "p"}, Node: "a", GPUs: uuidsOn("a", 0, 1)}},
-		counts: Counts{Total: 8, Free: 6, Held: 2},
+		want:   []ledger.Holding{{PodUID: "uid-p", Pod: types.NamespacedName{Namespace: "default", Name: "p"}, Node: "a", GPUs: uuidsOn("a", 0, 1)}},
+		counts: ledger.Counts{Total: 8, Free: 6, Held: 2},
 	}, {
 		name: "pod bound without an assignment holds an unknown count",
-		events: func(l *Ledger) {
+		events: func(l *ledger.Ledger) {
 			l.UpsertPod(makePod("p").gpus(3).node("a").obj())
 		},
-		want:   []Holding{{PodUID: "uid-p", Pod: types.NamespacedName{Namespace: "default", Name: "p"}, Node: "a", Unknown: 3}},
-		counts: Counts{Total: 8, Free: 5, Held: 3},
+		want:   []ledger.Holding{{PodUID: "uid-p", Pod: types.NamespacedName{Namespace: "default", Name: "p"}, Node: "a", Unknown: 3}},
+		counts: ledger.Counts{Total: 8, Free: 5, Held: 3},
 	}, {
 		name: "holdings recorded before the topology arrives count once it does",
-		events: func(l *Ledger) {
+		events: func(l *ledger.Ledger) {
 			l.DeleteTopology("a")
 			l.UpsertPod(makePod("p").gpus(1).node("a").assigned(uuidsOn("a", 2)...).obj())
 			l.UpsertTopology(topo(t, "dgx1-v100", "a"))
 		},
-		want:   []Holding{{PodUID: "uid-p", Pod: types.NamespacedName{Namespace: "default", Name: "p"}, Node: "a", GPUs: uuidsOn("a", 2)}},
-		counts: Counts{Total: 8, Free: 7, Held: 1},
+		want:   []ledger.Holding{{PodUID: "uid-p", Pod: types.NamespacedName{Namespace: "default", Name: "p"}, Node: "a", GPUs: uuidsOn("a", 2)}},
+		counts: ledger.Counts{Total: 8, Free: 7, Held: 1},
 	}, {
 		name: "pods without GPUs are ignored",
-		events: func(l *Ledger) {
+		events: func(l *ledger.Ledger) {
 			l.UpsertPod(makePod("cpu").node("a").obj())
 		},
-		counts: Counts{Total: 8, Free: 8},
+		counts: ledger.Counts{Total: 8, Free: 8},
 	}, {
 		name: "unhealthy GPUs are not free",
-		events: func(l *Ledger) {
+		events: func(l *ledger.Ledger) {
 			o := topo(t, "dgx1-v100", "a")
 			o.Status.GPUs[0].Health = v1alpha1.GPUUnhealthy
 			l.UpsertTopology(o)
 		},
-		counts: Counts{Total: 8, Free: 7, Unhealthy: 1},
+		counts: ledger.Counts{Total: 8, Free: 7, Unhealthy: 1},
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			l := NewLedger()
+			l := ledger.New("")
 			l.UpsertTopology(topo(t, "dgx1-v100", "a"))
 			tc.events(l)
 			if diff := cmp.Diff(tc.want, l.Holdings(), cmpEmptyHoldings); diff != "" {
@@ -115,20 +116,21 @@ func TestLedgerHoldings(t *testing.T) {
 	}
 }
 
-var cmpEmptyHoldings = cmp.FilterValues(func(a, b []Holding) bool { return len(a) == 0 && len(b) == 0 }, cmp.Ignore())
+var cmpEmptyHoldings = cmp.FilterValues(func(a, b []ledger.Holding) bool { return len(a) == 0 && len(b) == 0 }, cmp.Ignore())
 
 func TestSweepReleasesOnlyExpiredReservations(t *testing.T) {
 	x, _ := newTestExtender(t, nil)
 	x.ledger.UpsertTopology(topo(t, "dgx1-v100", "a"))
 	clock := testNow
 	x.ledger.SetClock(func() time.Time { return clock })
-	pr := podRequest{count: 2}
-	if _, _, err := x.reserve(context.Background(), "uid-old", types.NamespacedName{Namespace: "default", Name: "old"}, "a", pr); err != nil {
-		t.Fatal(err)
+	old := placement.Request{UID: "uid-old", Key: types.NamespacedName{Namespace: "default", Name: "old"}, Count: 2}
+	if res := x.core.Reserve(context.Background(), old, "a"); res.Err != nil {
+		t.Fatal(res.Err)
 	}
 	clock = clock.Add(time.Minute)
-	if _, _, err := x.reserve(context.Background(), "uid-new", types.NamespacedName{Namespace: "default", Name: "new"}, "a", pr); err != nil {
-		t.Fatal(err)
+	young := placement.Request{UID: "uid-new", Key: types.NamespacedName{Namespace: "default", Name: "new"}, Count: 2}
+	if res := x.core.Reserve(context.Background(), young, "a"); res.Err != nil {
+		t.Fatal(res.Err)
 	}
 	// A bound pod's holding never expires.
 	x.ledger.UpsertPod(makePod("bound").gpus(1).node("a").assigned(uuidsOn("a", 7)...).obj())
@@ -202,7 +204,7 @@ func TestGPUCount(t *testing.T) {
 			if res == "" {
 				res = v1alpha1.ResourceGPU
 			}
-			got, err := GPUCount(tc.pod, res)
+			got, err := ledger.GPUCount(tc.pod, res)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("GPUCount = %d, %v; want error containing %q", got, err, tc.wantErr)
@@ -227,16 +229,16 @@ func TestLedgerDoubleHeldGPUs(t *testing.T) {
 	p1 := types.NamespacedName{Namespace: "default", Name: "p1"}
 	p2 := types.NamespacedName{Namespace: "default", Name: "p2"}
 	gpu1 := topology.FixtureUUID("a", 1)
-	l := NewLedger()
-	var added, cleared []DoubleHold
-	l.OnDoubleHeld(func(a, c []DoubleHold) { added, cleared = append(added, a...), append(cleared, c...) })
+	l := ledger.New("")
+	var added, cleared []ledger.DoubleHold
+	l.OnDoubleHeld(func(a, c []ledger.DoubleHold) { added, cleared = append(added, a...), append(cleared, c...) })
 	l.UpsertTopology(topo(t, "dgx1-v100", "a"))
 
 	// p1 holds 0,1; p2 was planned on 2,3 but kubelet gave it 1,2.
 	l.UpsertPod(makePod("p1").gpus(2).node("a").assigned(uuidsOn("a", 0, 1)...).obj())
 	l.UpsertPod(drifted("p2", []int{2, 3}, []int{1, 2}))
 
-	want := []DoubleHold{{Node: "a", GPU: gpu1, Holders: []GPUHolder{{PodUID: "uid-p1", Pod: p1}, {PodUID: "uid-p2", Pod: p2}}}}
+	want := []ledger.DoubleHold{{Node: "a", GPU: gpu1, Holders: []ledger.GPUHolder{{PodUID: "uid-p1", Pod: p1}, {PodUID: "uid-p2", Pod: p2}}}}
 	if diff := cmp.Diff(want, l.DoubleHolds()); diff != "" {
 		t.Errorf("DoubleHolds (-want +got):\n%s", diff)
 	}
@@ -244,14 +246,14 @@ func TestLedgerDoubleHeldGPUs(t *testing.T) {
 		t.Errorf("reported added (-want +got):\n%s\ncleared %v", diff, cleared)
 	}
 	// Both holdings stay whole; the GPU counts as used once.
-	wantHoldings := []Holding{
+	wantHoldings := []ledger.Holding{
 		{PodUID: "uid-p1", Pod: p1, Node: "a", GPUs: uuidsOn("a", 0, 1), DoubleHeld: []string{gpu1}},
 		{PodUID: "uid-p2", Pod: p2, Node: "a", GPUs: uuidsOn("a", 1, 2), DoubleHeld: []string{gpu1}},
 	}
 	if diff := cmp.Diff(wantHoldings, l.Holdings()); diff != "" {
 		t.Errorf("holdings (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff(Counts{Total: 8, Free: 5, Held: 3, DoubleHeld: 1}, l.Counts()); diff != "" {
+	if diff := cmp.Diff(ledger.Counts{Total: 8, Free: 5, Held: 3, DoubleHeld: 1}, l.Counts()); diff != "" {
 		t.Errorf("counts (-want +got):\n%s", diff)
 	}
 	var free topology.Mask
@@ -276,10 +278,10 @@ func TestLedgerDoubleHeldGPUs(t *testing.T) {
 	if got := l.DoubleHolds(); len(got) > 0 {
 		t.Errorf("DoubleHolds after p1 ended = %v, want none", got)
 	}
-	if diff := cmp.Diff([]Holding{{PodUID: "uid-p2", Pod: p2, Node: "a", GPUs: uuidsOn("a", 1, 2)}}, l.Holdings()); diff != "" {
+	if diff := cmp.Diff([]ledger.Holding{{PodUID: "uid-p2", Pod: p2, Node: "a", GPUs: uuidsOn("a", 1, 2)}}, l.Holdings()); diff != "" {
 		t.Errorf("holdings (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff(Counts{Total: 8, Free: 6, Held: 2}, l.Counts()); diff != "" {
+	if diff := cmp.Diff(ledger.Counts{Total: 8, Free: 6, Held: 2}, l.Counts()); diff != "" {
 		t.Errorf("counts (-want +got):\n%s", diff)
 	}
 }
@@ -288,10 +290,11 @@ func TestLedgerDoubleHeldWithAReservationCountsAsHeld(t *testing.T) {
 	x, _ := newTestExtender(t, nil)
 	l := x.ledger
 	l.UpsertTopology(topo(t, "dgx1-v100", "a"))
-	uuids, _, err := x.reserve(context.Background(), "uid-r", types.NamespacedName{Namespace: "default", Name: "r"}, "a", podRequest{count: 1})
-	if err != nil {
-		t.Fatal(err)
+	res := x.core.Reserve(context.Background(), placement.Request{UID: "uid-r", Key: types.NamespacedName{Namespace: "default", Name: "r"}, Count: 1}, "a")
+	if res.Err != nil {
+		t.Fatal(res.Err)
 	}
+	uuids := res.UUIDs
 	idx, _ := topology.FixtureByName("dgx1-v100")
 	i, _ := idx.Graph("a").IndexOf(uuids[0])
 	// A pod bound elsewhere is recorded by the node agent on the reserved GPU.
@@ -300,7 +303,7 @@ func TestLedgerDoubleHeldWithAReservationCountsAsHeld(t *testing.T) {
 	if len(got) != 1 || len(got[0].Holders) != 2 || !got[0].Holders[1].Reserved || got[0].Holders[0].Reserved {
 		t.Fatalf("DoubleHolds = %+v, want GPU %d held by pod b and reserved for r", got, i)
 	}
-	if diff := cmp.Diff(Counts{Total: 8, Free: 7, Held: 1, Reserved: 0, DoubleHeld: 1}, l.Counts()); diff != "" {
+	if diff := cmp.Diff(ledger.Counts{Total: 8, Free: 7, Held: 1, Reserved: 0, DoubleHeld: 1}, l.Counts()); diff != "" {
 		t.Errorf("counts (-want +got):\n%s", diff)
 	}
 	l.Release("uid-r")

@@ -44,7 +44,7 @@ func TestPerGPUGaugesTemperatureOwnGaugeLeaderOnly(t *testing.T) {
 		t.Errorf("%d percent series; want compute, memory and power for 8 GPUs", n)
 	}
 
-	x.leading.Store(false)
+	x.core.StopLeading()
 	got = series()
 	for _, name := range []string{"gputopo_extender_gpu_temperature_celsius", "gpu_extender_gpu_utilization_percent"} {
 		if len(got[name]) != 0 {

@@ -6,10 +6,13 @@ import (
 	"strings"
 	"testing"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
+	"github.com/gputopo/gputopo/placement"
+
 	"github.com/google/go-cmp/cmp"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
-	"github.com/gputopo/gputopo/extender/ledger"
+	"github.com/gputopo/gputopo/placement/ledger"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -18,20 +21,13 @@ import (
 // to the best node.
 func merits(t *testing.T, x *Extender, args *extenderv1.ExtenderArgs) map[string]int64 {
 	t.Helper()
-	pr, err := parsePodRequest(args.Pod, x.cfg.GPUResource(), x.now())
+	pr, err := x.request(args)
 	if err != nil {
 		t.Fatal(err)
 	}
-	names := nodeNames(args)
-	nl, _ := x.evaluate(newEvaluator(context.Background(), x.alloc, x.cfg, pr, x.now()), pr, names)
-	defer nl.release()
 	out := map[string]int64{}
-	for i, n := range names {
-		if nl.v[i] != nil {
-			out[n] = absoluteScore(nl.m[i])
-		} else {
-			out[n] = 0
-		}
+	for _, e := range x.core.Explain(context.Background(), pr, nodeNames(args)) {
+		out[e.Node] = int64(math.Round(10 * e.Merit))
 	}
 	return out
 }
@@ -52,26 +48,22 @@ func scores(t *testing.T, x *Extender, args *extenderv1.ExtenderArgs) map[string
 	return out
 }
 
-func onlyWeight(u, a, h, f int32) *Configuration {
-	return only(Weights{UtilizationBalance: &u, TaskAffinity: &a, ThermalPowerHeadroom: &h, Fragmentation: &f})
+func onlyWeight(u, a, h, f int32) *configv1alpha1.ExtenderConfiguration {
+	return only(configv1alpha1.Weights{UtilizationBalance: &u, TaskAffinity: &a, ThermalPowerHeadroom: &h, Fragmentation: &f})
 }
 
 // only is a configuration with the given weights and every other weight 0.
-func only(w Weights) *Configuration {
-	c := &Configuration{Weights: w}
-	for _, f := range c.Weights.fields() {
-		if *f.p == nil {
-			*f.p = ptr[int32](0)
-		}
-	}
-	SetDefaults(c)
+func only(w configv1alpha1.Weights) *configv1alpha1.ExtenderConfiguration {
+	c := &configv1alpha1.ExtenderConfiguration{Weights: w}
+	c.Weights.ZeroUnset()
+	configv1alpha1.SetExtenderDefaults(c)
 	return c
 }
 
 func TestPrioritizeTerms(t *testing.T) {
 	tests := []struct {
 		name  string
-		cfg   *Configuration
+		cfg   *configv1alpha1.ExtenderConfiguration
 		setup func(t *testing.T, x *Extender)
 		args  *extenderv1.ExtenderArgs
 		want  map[string]int64
@@ -154,13 +146,13 @@ func TestPrioritizeTerms(t *testing.T) {
 		// conservation 1 (nothing left, the only node); no job, so no
 		// affinity; no bandwidth asked, so no bandwidth fit.
 		want: map[string]int64{"idle": func() int64 {
-			w := weightProfiles[WeightsPlacement]
+			w := profileWeights(configv1alpha1.WeightsPlacement)
 			u, h, f, c, i := float64(w[0]), float64(w[2]), float64(w[3]), float64(w[5]), float64(w[6])
 			return int64(math.Round(10 * (h + f + c + i) / (u + h + f + c + i)))
 		}()},
 	}, {
 		name: "design profile combines the first four components",
-		cfg:  profile(WeightsDesign),
+		cfg:  profile(configv1alpha1.WeightsDesign),
 		setup: func(t *testing.T, x *Extender) {
 			x.ledger.UpsertTopology(withTelemetry(topo(t, "dgx1-v100", "idle"), 0, 30, 0, 300))
 		},
@@ -170,7 +162,7 @@ func TestPrioritizeTerms(t *testing.T) {
 		want: map[string]int64{"idle": 4},
 	}, {
 		name: "bandwidth fit: a model-parallel pod prefers the node with the best ring",
-		cfg:  only(Weights{BandwidthFit: ptr[int32](1)}),
+		cfg:  only(configv1alpha1.Weights{BandwidthFit: ptr[int32](1)}),
 		setup: func(t *testing.T, x *Extender) {
 			x.ledger.UpsertTopology(topo(t, "dgx-a100", "a100"))
 			x.ledger.UpsertTopology(topo(t, "pcie-8x", "pcie"))
@@ -182,7 +174,7 @@ func TestPrioritizeTerms(t *testing.T) {
 		want: map[string]int64{"a100": 10, "idle": 1, "pcie": 1},
 	}, {
 		name: "bandwidth fit does not count for a pod that does not ask for bandwidth",
-		cfg:  only(Weights{BandwidthFit: ptr[int32](1), Fragmentation: ptr[int32](0), UtilizationBalance: ptr[int32](1)}),
+		cfg:  only(configv1alpha1.Weights{BandwidthFit: ptr[int32](1), Fragmentation: ptr[int32](0), UtilizationBalance: ptr[int32](1)}),
 		setup: func(t *testing.T, x *Extender) {
 			x.ledger.UpsertTopology(topo(t, "dgx-a100", "a100"))
 		},
@@ -191,7 +183,7 @@ func TestPrioritizeTerms(t *testing.T) {
 		want: map[string]int64{"a100": 5, "idle": 5},
 	}, {
 		name: "capability conservation: a pod that needs no bandwidth prefers the plain PCIe node",
-		cfg:  only(Weights{CapabilityConservation: ptr[int32](1)}),
+		cfg:  only(configv1alpha1.Weights{CapabilityConservation: ptr[int32](1)}),
 		setup: func(t *testing.T, x *Extender) {
 			x.ledger.UpsertTopology(topo(t, "dgx-a100", "a100"))
 			x.ledger.UpsertTopology(topo(t, "pcie-8x", "pcie"))
@@ -203,7 +195,7 @@ func TestPrioritizeTerms(t *testing.T) {
 		want: map[string]int64{"a100": 0, "idle": conservationScore(t, "pcie-8x", "dgx-a100", "dgx1-v100"), "pcie": 10},
 	}, {
 		name: "island best fit: a small pod fills the partly used island",
-		cfg:  only(Weights{IslandBestFit: ptr[int32](1)}),
+		cfg:  only(configv1alpha1.Weights{IslandBestFit: ptr[int32](1)}),
 		setup: func(t *testing.T, x *Extender) {
 			x.ledger.UpsertTopology(topo(t, "pcie-8x-nvlink-pairs", "pairs"))
 			x.ledger.UpsertTopology(topo(t, "pcie-8x-nvlink-pairs", "broken"))
@@ -232,7 +224,7 @@ func TestPrioritizeTerms(t *testing.T) {
 
 // TestPrioritizeScoresAreRelativeToTheBest checks the scale kube-scheduler
 // sees: the best node 10, every other node one point lower per
-// PrioritizeStep of merit it lacks.
+// placement.PrioritizeStep of merit it lacks.
 func TestPrioritizeScoresAreRelativeToTheBest(t *testing.T) {
 	x, _ := newTestExtender(t, onlyWeight(1, 0, 0, 0))
 	for _, n := range []string{"idle", "one", "two", "half"} {
@@ -244,7 +236,7 @@ func TestPrioritizeScoresAreRelativeToTheBest(t *testing.T) {
 	args := &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(1).obj(), NodeNames: &[]string{"idle", "one", "two", "half"}}
 	// Merits (utilization alone): idle 7/8, one 6/8, two 5/8, half 3/8:
 	// each held GPU costs 1/8 = 6.25 steps of 2%.
-	step := func(held int) int64 { return max(10-int64(math.Round(float64(held)/8/PrioritizeStep)), 0) }
+	step := func(held int) int64 { return max(10-int64(math.Round(float64(held)/8/placement.PrioritizeStep)), 0) }
 	want := map[string]int64{"idle": 10, "one": step(1), "two": step(2), "half": step(4)}
 	if diff := cmp.Diff(want, scores(t, x, args)); diff != "" {
 		t.Errorf("scores (-want +got):\n%s", diff)
@@ -262,9 +254,9 @@ func TestPrioritizeMalformedRequirementIsAnError(t *testing.T) {
 	}
 }
 
-func profile(name string) *Configuration {
-	c := &Configuration{Weights: Weights{Profile: name}}
-	SetDefaults(c)
+func profile(name string) *configv1alpha1.ExtenderConfiguration {
+	c := &configv1alpha1.ExtenderConfiguration{Weights: configv1alpha1.Weights{Profile: name}}
+	configv1alpha1.SetExtenderDefaults(c)
 	return c
 }
 
@@ -285,4 +277,9 @@ func conservationScore(t *testing.T, least, most, on string) int64 {
 		t.Fatalf("%s scores %.2f between %s and %s; the test needs a machine strictly between", on, s, least, most)
 	}
 	return int64(math.Round(10 * s))
+}
+
+func profileWeights(name string) [7]int32 {
+	w, _ := configv1alpha1.ProfileWeights(name)
+	return w
 }

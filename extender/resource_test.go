@@ -5,12 +5,16 @@ import (
 	"strings"
 	"testing"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
+	"github.com/gputopo/gputopo/placement"
+
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/placement/ledger"
 )
 
 const testAccel corev1.ResourceName = "example.com/accel"
@@ -26,7 +30,7 @@ func accelPod(name string, n string) *podBuilder {
 // extended resource: the pod's demand, the Node's allocatable and the
 // reasons all read the configured name.
 func TestConfiguredResourceName(t *testing.T) {
-	cfg := DefaultConfiguration()
+	cfg := configv1alpha1.DefaultExtenderConfiguration()
 	cfg.ResourceName = string(testAccel)
 	tests := []struct {
 		name         string
@@ -82,13 +86,13 @@ func TestConfiguredResourceName(t *testing.T) {
 // TestConfiguredResourceNameInLedger: bound pods count by the configured
 // resource; a pod of nvidia.com/gpu only is not a GPU pod there.
 func TestConfiguredResourceNameInLedger(t *testing.T) {
-	cfg := DefaultConfiguration()
+	cfg := configv1alpha1.DefaultExtenderConfiguration()
 	cfg.ResourceName = string(testAccel)
 	x, _ := newTestExtender(t, cfg)
 	x.ledger.UpsertTopology(topo(t, "dgx1-v100", "a"))
 	x.ledger.UpsertPod(accelPod("unrecorded", "3").node("a").obj())
 	x.ledger.UpsertPod(makePod("other-resource").gpus(2).node("a").obj())
-	want := Counts{Total: 8, Free: 5, Held: 3}
+	want := ledger.Counts{Total: 8, Free: 5, Held: 3}
 	if diff := cmp.Diff(want, x.ledger.Counts()); diff != "" {
 		t.Errorf("counts (-want +got):\n%s", diff)
 	}
@@ -142,16 +146,16 @@ func TestStripPodKeepsWhatTheDemandReads(t *testing.T) {
 		{Name: "warmup", Image: "warm", Resources: gpu("2")},
 		{Name: "cpu-init", Image: "setup"},
 	}
-	before, err := GPUCount(p, v1alpha1.ResourceGPU)
+	before, err := ledger.GPUCount(p, v1alpha1.ResourceGPU)
 	if err != nil || before != 3 {
 		t.Fatalf("GPUCount before stripping = %d, %v; want 3 (sidecar 1 + main 2)", before, err)
 	}
-	obj, err := stripPod(v1alpha1.ResourceGPU)(p)
+	obj, err := placement.StripPod(v1alpha1.ResourceGPU)(p)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := obj.(*corev1.Pod)
-	after, err := GPUCount(s, v1alpha1.ResourceGPU)
+	after, err := ledger.GPUCount(s, v1alpha1.ResourceGPU)
 	if err != nil || after != before {
 		t.Errorf("GPUCount after stripping = %d, %v; want %d", after, err, before)
 	}
@@ -166,7 +170,7 @@ func TestStripPodKeepsWhatTheDemandReads(t *testing.T) {
 		t.Errorf("kept containers (-want +got):\n%s", diff)
 	}
 	// Stripped for another resource, the nvidia.com/gpu containers go.
-	obj, _ = stripPod(testAccel)(p)
+	obj, _ = placement.StripPod(testAccel)(p)
 	if s := obj.(*corev1.Pod); len(s.Spec.Containers)+len(s.Spec.InitContainers) != 0 {
 		t.Errorf("stripped for %s, kept %d containers that do not ask for it", testAccel, len(s.Spec.Containers)+len(s.Spec.InitContainers))
 	}

@@ -9,9 +9,10 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
-	toolscache "k8s.io/client-go/tools/cache"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/placement"
 )
 
 // Options are the extender's per-deployment settings (flags). Decisions are
@@ -27,7 +28,7 @@ type Options struct {
 	// ConfigFile is an ExtenderConfiguration; empty uses the defaults.
 	ConfigFile string
 	// Config, when set, is used instead of ConfigFile (in-process use).
-	Config *Configuration
+	Config *configv1alpha1.ExtenderConfiguration
 
 	// TLSCertFile and TLSPrivateKeyFile turn on HTTPS for the verbs.
 	TLSCertFile, TLSPrivateKeyFile string
@@ -82,12 +83,6 @@ type Options struct {
 	// and never bind.
 	Shadow bool
 
-	// HostInformers (in-process only, StartInProcess) are the host
-	// process's own pod and node informers, kube-scheduler's in the
-	// gputopo-scheduler build: the ledger is fed from them instead of a
-	// second watch of every pod and node. Their pods must exclude
-	// terminal ones, as kube-scheduler's do.
-	HostInformers *HostInformers
 	// ShadowLogSampleRate is the fraction of pods (by UID) whose differing
 	// decisions are logged, 0..1; metrics count all. Default 0.1.
 	ShadowLogSampleRate float64
@@ -143,7 +138,7 @@ func (o *Options) setDefaults() {
 		o.ShadowTimeout = 2 * time.Second
 	}
 	if o.DeciderLeaseNamespace == "" {
-		o.DeciderLeaseNamespace = DefaultDeciderLeaseNamespace
+		o.DeciderLeaseNamespace = placement.DefaultDeciderLeaseNamespace
 	}
 }
 
@@ -194,7 +189,7 @@ func (o *Options) Validate() error {
 		}
 	}
 	if o.DeciderLeaseName != "" {
-		if err := validDeciderLease(o.DeciderLeaseName); err != nil {
+		if err := placement.ValidDeciderLeaseName(o.DeciderLeaseName); err != nil {
 			return err
 		}
 	}
@@ -248,7 +243,19 @@ func Run(ctx context.Context, restCfg *rest.Config, o Options) error {
 	return x.Start(ctx)
 }
 
-// HostInformers are a host process's informers the core shares.
-type HostInformers struct {
-	Pods, Nodes toolscache.SharedIndexInformer
+// coreOptions are the decision core's settings of these options.
+func (o *Options) coreOptions(cfg *configv1alpha1.ExtenderConfiguration, obs placement.Observer) placement.Options {
+	return placement.Options{
+		Config:                cfg,
+		Mode:                  "extender",
+		SchedulerNames:        o.SchedulerNames,
+		Identity:              o.LeaderElectionIdentity,
+		LeaseDuration:         o.LeaseDuration,
+		RenewDeadline:         o.RenewDeadline,
+		RetryPeriod:           o.RetryPeriod,
+		DeciderLeaseNamespace: o.DeciderLeaseNamespace,
+		DeciderLeaseName:      o.DeciderLeaseName,
+		DecidesNothing:        o.Shadow,
+		Observer:              obs,
+	}
 }

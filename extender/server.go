@@ -18,7 +18,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/gputopo/gputopo/placement/metrics"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
@@ -49,34 +49,13 @@ func (x *Extender) Handler() http.Handler {
 // serveReadyz answers 200 once the core decides (informers synced, ledger
 // rebuilt, leading), else 503 with the reason.
 func (x *Extender) serveReadyz(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	if msg := x.notReadyReason(); msg != "" {
-		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = io.WriteString(w, msg)
-		return
-	}
-	_, _ = io.WriteString(w, "ok")
+	metrics.ServeReady(w, x.notReadyReason())
 }
 
-// MetricsHandler serves the extender's registry, and /readyz: in plugin
-// mode (StartInProcess) the metrics port is the core's only one, and
-// /readyz is the scheduler pods' readiness.
-func (x *Extender) MetricsHandler() http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(x.metrics.Registry, promhttp.HandlerOpts{Registry: x.metrics.Registry}))
-	mux.HandleFunc("GET /readyz", x.serveReadyz)
-	return mux
-}
+// MetricsHandler serves the extender's registry, and /readyz.
+func (x *Extender) MetricsHandler() http.Handler { return metrics.Handler(x.metrics, x.notReadyReason) }
 
-func (x *Extender) notReadyReason() string {
-	switch {
-	case !x.synced.Load():
-		return "not ready: informer caches are syncing"
-	case !x.leading.Load():
-		return "not ready: not the leader (another replica holds the lease) or ledger rebuild pending"
-	}
-	return ""
-}
+func (x *Extender) notReadyReason() string { return x.core.NotReady() }
 
 // httpError is a request the extender refuses before deciding anything.
 type httpError struct {
@@ -93,7 +72,7 @@ func (e *httpError) Error() string { return e.msg }
 func (x *Extender) verb(phase string, h func(ctx context.Context, body io.Reader) (any, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		defer func() { x.metrics.latency.WithLabelValues(phase).Observe(time.Since(start).Seconds()) }()
+		defer func() { x.metrics.Latency(phase, time.Since(start)) }()
 		var resp any
 		var err error
 		switch he := x.authorizeClient(r.TLS); {
@@ -110,7 +89,7 @@ func (x *Extender) verb(phase string, h func(ctx context.Context, body io.Reader
 			if !errors.As(err, &he) {
 				he = &httpError{http.StatusInternalServerError, "internal", err.Error()}
 			}
-			x.metrics.errors.WithLabelValues(phase, he.kind).Inc()
+			x.metrics.Error(phase, he.kind)
 			x.log.V(2).Info("extender request refused", "phase", phase, "status", he.status, "reason", he.msg)
 			writeJSON(w, he.status, errorBody(phase, he.msg))
 			return

@@ -2,6 +2,7 @@ package extender
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -9,6 +10,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
@@ -65,7 +68,7 @@ func TestBadRequests(t *testing.T) {
 		{"bind malformed", "/scheduler/bind", `{"PodName":5}`, 400, "malformed request"},
 		{"bind missing pod", "/bind", `{"PodName":"ghost","PodNamespace":"default","PodUID":"u","Node":"a"}`, 200, `"Error":"pod default/ghost not found`},
 	}
-	cfg := DefaultConfiguration()
+	cfg := configv1alpha1.DefaultExtenderConfiguration()
 	cfg.MaxRequestBytes = 1 << 20
 	x, _ := newTestExtender(t, cfg)
 	x.ledger.UpsertTopology(topo(t, "dgx1-v100", "a"))
@@ -85,7 +88,7 @@ func TestBadRequests(t *testing.T) {
 
 func TestVerbsRefuseUntilReadyAndProbesSaySo(t *testing.T) {
 	x, _ := newTestExtender(t, nil)
-	x.leading.Store(false)
+	x.core.StopLeading()
 	h := x.Handler()
 	body := mustJSON(t, extenderv1.ExtenderArgs{Pod: makePod("p").gpus(1).obj(), NodeNames: &[]string{"a"}})
 	if code, resp := post(t, h, "/filter", body); code != 503 || !strings.Contains(resp, "not the leader") {
@@ -105,7 +108,9 @@ func TestVerbsRefuseUntilReadyAndProbesSaySo(t *testing.T) {
 	if c := get("/filter"); c != http.StatusMethodNotAllowed {
 		t.Errorf("GET /filter = %d, want 405", c)
 	}
-	x.leading.Store(true)
+	if err := x.core.Lead(context.Background(), false); err != nil {
+		t.Fatal(err)
+	}
 	if c := get("/readyz"); c != 200 {
 		t.Errorf("/readyz when ready = %d, want 200", c)
 	}
@@ -128,24 +133,23 @@ func TestMetricsFollowRequests(t *testing.T) {
 		t.Fatalf("prioritize: %d %s", code, resp)
 	}
 	post(t, h, "/filter", `{`)
-	m := x.metrics
 	for _, c := range []struct {
 		name string
 		got  float64
 		want float64
 	}{
-		{"passed", testutil.ToFloat64(m.filterResults.WithLabelValues("passed", "")), 1},
-		{"failed nvlink", testutil.ToFloat64(m.filterResults.WithLabelValues("failed", "nvlink")), 1},
-		{"failed no_topology", testutil.ToFloat64(m.filterResults.WithLabelValues("failed", "no_topology")), 1},
-		{"decode errors", testutil.ToFloat64(m.errors.WithLabelValues("filter", "decode")), 1},
-		{"utilization gauge", testutil.ToFloat64(m.utilization.WithLabelValues("a", "3", "compute")), 42},
-		{"power gauge", testutil.ToFloat64(m.utilization.WithLabelValues("a", "3", "power")), 100 * 100.0 / 300},
+		{"passed", metricValue(t, x, "gpu_extender_filter_results_total", "result", "passed", "reason", ""), 1},
+		{"failed nvlink", metricValue(t, x, "gpu_extender_filter_results_total", "result", "failed", "reason", "nvlink"), 1},
+		{"failed no_topology", metricValue(t, x, "gpu_extender_filter_results_total", "result", "failed", "reason", "no_topology"), 1},
+		{"decode errors", metricValue(t, x, "gpu_extender_errors_total", "phase", "filter", "error_type", "decode"), 1},
+		{"utilization gauge", metricValue(t, x, "gpu_extender_gpu_utilization_percent", "node", "a", "gpu_index", "3", "metric", "compute"), 42},
+		{"power gauge", metricValue(t, x, "gpu_extender_gpu_utilization_percent", "node", "a", "gpu_index", "3", "metric", "power"), 100 * 100.0 / 300},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
 		}
 	}
-	if n := testutil.CollectAndCount(m.scores); n != 1 {
+	if n, err := testutil.GatherAndCount(x.metrics.Registry, "gpu_extender_prioritize_scores"); err != nil || n != 1 {
 		t.Errorf("prioritize_scores series = %d, want 1 (no per-node label)", n)
 	}
 	rec := httptest.NewRecorder()
@@ -162,7 +166,7 @@ func TestMetricsFollowRequests(t *testing.T) {
 		}
 	}
 	x.ledger.DeleteTopology("a")
-	if n := testutil.CollectAndCount(m.utilization); n != 0 {
+	if n, err := testutil.GatherAndCount(x.metrics.Registry, "gpu_extender_gpu_utilization_percent"); err != nil || n != 0 {
 		t.Errorf("utilization series after the topology went = %d, want 0", n)
 	}
 }

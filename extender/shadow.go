@@ -23,8 +23,9 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/extender/ledger"
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/placement"
+	"github.com/gputopo/gputopo/placement/ledger"
+	"github.com/gputopo/gputopo/placement/metrics"
 )
 
 // ShadowPath is where a shadow extender (--shadow) takes mirrored
@@ -55,15 +56,11 @@ type ShadowRequest struct {
 	Priorities extenderv1.HostPriorityList `json:"priorities,omitempty"`
 	// Top is its top-ranked node (ties broken by node name) and the GPUs
 	// it would bind there (verb prioritize).
-	Top *ShadowPick `json:"top,omitempty"`
+	Top *placement.Pick `json:"top,omitempty"`
 }
 
 // ShadowPick is a top-ranked node and the GPUs a bind there would take.
-type ShadowPick struct {
-	Node  string `json:"node"`
-	Score int64  `json:"score"`
-	GPUs  []int  `json:"gpus"`
-}
+type ShadowPick = placement.Pick
 
 // ShadowDecision is the shadow's comparison of one mirrored decision.
 type ShadowDecision struct {
@@ -144,7 +141,7 @@ type mirror struct {
 	client  *http.Client
 	rate    float64
 	queue   chan *ShadowRequest
-	metrics *Metrics
+	metrics *metrics.Metrics
 	// resource is the managed GPU resource: only pods asking for it are
 	// mirrored.
 	resource corev1.ResourceName
@@ -154,7 +151,7 @@ type mirror struct {
 	failing bool
 }
 
-func newMirror(o Options, m *Metrics) (*mirror, error) {
+func newMirror(o Options, m *metrics.Metrics) (*mirror, error) {
 	u, err := url.Parse(o.ShadowURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("--shadow-url %q: must be an http:// or https:// URL of an extender running with --shadow", o.ShadowURL)
@@ -188,7 +185,7 @@ func (m *mirror) wants(args *extenderv1.ExtenderArgs) bool {
 	if m == nil || args.Pod == nil || !sampled(args.Pod.UID, "mirror", m.rate) {
 		return false
 	}
-	n, err := GPUCount(args.Pod, m.resource)
+	n, err := ledger.GPUCount(args.Pod, m.resource)
 	return err == nil && n > 0
 }
 
@@ -197,7 +194,7 @@ func (m *mirror) offer(r *ShadowRequest) {
 	select {
 	case m.queue <- r:
 	default:
-		m.metrics.shadowMirrors.WithLabelValues(r.Verb, "dropped").Inc()
+		m.metrics.ShadowMirrored(r.Verb, "dropped")
 	}
 }
 
@@ -226,7 +223,7 @@ func (m *mirror) send(ctx context.Context, r *ShadowRequest) {
 	if err != nil {
 		result = "error"
 	}
-	m.metrics.shadowMirrors.WithLabelValues(r.Verb, result).Inc()
+	m.metrics.ShadowMirrored(r.Verb, result)
 	m.mu.Lock()
 	changed := m.failing != (err != nil)
 	m.failing = err != nil
@@ -348,11 +345,12 @@ func (x *Extender) serveShadow(ctx context.Context, body io.Reader) (any, error)
 		return nil, &httpError{http.StatusBadRequest, errBadRequest, err.Error()}
 	}
 	result := "same"
+	var kinds, dirs []string
 	if !dec.Same {
 		result = "different"
 		for _, k := range []string{DiffFilter, DiffTopNode, DiffGPUs} {
 			if slices.ContainsFunc(dec.Differences, func(d ShadowDifference) bool { return d.Kind == k }) {
-				x.metrics.shadowDifferences.WithLabelValues(k).Inc()
+				kinds = append(kinds, k)
 			}
 		}
 		for _, d := range dec.Differences {
@@ -361,7 +359,7 @@ func (x *Extender) serveShadow(ctx context.Context, body io.Reader) (any, error)
 				if d.Shadow == "passed" {
 					dir = "shadow_accepts"
 				}
-				x.metrics.shadowFilterNodes.WithLabelValues(dir).Inc()
+				dirs = append(dirs, dir)
 			}
 		}
 		if n := len(dec.Differences); r.Verb == phaseFilter && n > maxFilterDifferences {
@@ -369,7 +367,7 @@ func (x *Extender) serveShadow(ctx context.Context, body io.Reader) (any, error)
 		}
 		x.shadowLog.add(ctx, dec)
 	}
-	x.metrics.shadowDecisions.WithLabelValues(r.Verb, result).Inc()
+	x.metrics.ShadowCompared(r.Verb, result, kinds, dirs)
 	return &dec, nil
 }
 
@@ -382,11 +380,12 @@ func (x *Extender) serveShadowDecisions(w http.ResponseWriter, _ *http.Request) 
 // the differences.
 func (x *Extender) compare(ctx context.Context, r *ShadowRequest) (ShadowDecision, error) {
 	pod := r.Args.Pod
-	dec := ShadowDecision{Time: metav1.NewTime(x.now()), Verb: r.Verb, Pod: pod.Namespace + "/" + pod.Name, PodUID: pod.UID}
-	evals, err := x.evaluateAll(ctx, &r.Args)
+	dec := ShadowDecision{Time: metav1.NewTime(x.core.Now()), Verb: r.Verb, Pod: pod.Namespace + "/" + pod.Name, PodUID: pod.UID}
+	pr, err := x.request(&r.Args)
 	if err != nil {
 		return dec, err
 	}
+	evals := x.core.Explain(ctx, pr, nodeNames(&r.Args))
 	switch r.Verb {
 	case phaseFilter:
 		dec.Differences = compareFilter(r.Filter, evals)
@@ -397,7 +396,7 @@ func (x *Extender) compare(ctx context.Context, r *ShadowRequest) (ShadowDecisio
 	return dec, nil
 }
 
-func compareFilter(serving *extenderv1.ExtenderFilterResult, evals []nodeEval) []ShadowDifference {
+func compareFilter(serving *extenderv1.ExtenderFilterResult, evals []placement.NodeExplanation) []ShadowDifference {
 	passed := make(map[string]bool)
 	if serving.NodeNames != nil {
 		for _, n := range *serving.NodeNames {
@@ -418,60 +417,60 @@ func compareFilter(serving *extenderv1.ExtenderFilterResult, evals []nodeEval) [
 	}
 	var diffs []ShadowDifference
 	for _, e := range evals {
-		if e.ok == passed[e.name] {
+		if e.Passed == passed[e.Node] {
 			continue
 		}
-		d := ShadowDifference{Kind: DiffFilter, Node: e.name}
-		if e.ok {
-			d.Serving, d.Shadow = servingReason(e.name), "passed"
+		d := ShadowDifference{Kind: DiffFilter, Node: e.Node}
+		if e.Passed {
+			d.Serving, d.Shadow = servingReason(e.Node), "passed"
 		} else {
-			d.Serving, d.Shadow = "passed", ReasonPrefix+e.reason
+			d.Serving, d.Shadow = "passed", e.Reason
 		}
 		diffs = append(diffs, d)
 	}
 	return diffs
 }
 
-func comparePrioritize(r *ShadowRequest, evals []nodeEval) []ShadowDifference {
+func comparePrioritize(r *ShadowRequest, evals []placement.NodeExplanation) []ShadowDifference {
 	servingScore := make(map[string]int64, len(r.Priorities))
 	for _, p := range r.Priorities {
 		servingScore[p.Host] = p.Score
 	}
-	byName := make(map[string]*nodeEval, len(evals))
-	var top *nodeEval
+	byName := make(map[string]*placement.NodeExplanation, len(evals))
+	var top *placement.NodeExplanation
 	for i := range evals {
 		e := &evals[i]
-		byName[e.name] = e
-		if e.ok && (top == nil || e.score > top.score || e.score == top.score && e.name < top.name) {
+		byName[e.Node] = e
+		if e.Passed && (top == nil || e.Score > top.Score || e.Score == top.Score && e.Node < top.Node) {
 			top = e
 		}
 	}
 	var diffs []ShadowDifference
 	servingTop := r.Top
-	explain := func(e *nodeEval) string {
+	explain := func(e *placement.NodeExplanation) string {
 		if e == nil {
 			return "not a candidate"
 		}
-		if !e.ok {
-			return fmt.Sprintf("%s: fails filter (%s)", e.name, e.reason)
+		if !e.Passed {
+			return fmt.Sprintf("%s: fails filter (%s)", e.Node, strings.TrimPrefix(e.Reason, placement.ReasonPrefix))
 		}
 		return fmt.Sprintf("%s: %d (utilization %.2f, affinity %.2f, headroom %.2f, fragmentation %.2f, bandwidth fit %.2f, conservation %.2f, island fit %.2f; serving extender %d)",
-			e.name, e.score, e.comps.utilization, e.comps.affinity, e.comps.headroom, e.comps.fragmentation,
-			e.comps.bandwidthFit, e.comps.conservation, e.comps.islandFit, servingScore[e.name])
+			e.Node, e.Score, e.Components.Utilization, e.Components.Affinity, e.Components.Headroom, e.Components.Fragmentation,
+			e.Components.BandwidthFit, e.Components.Conservation, e.Components.IslandFit, servingScore[e.Node])
 	}
 	switch {
 	case servingTop == nil && top == nil:
 		return nil
-	case servingTop == nil || top == nil || servingTop.Node != top.name:
+	case servingTop == nil || top == nil || servingTop.Node != top.Node:
 		d := ShadowDifference{Kind: DiffTopNode}
-		var servingEval *nodeEval
+		var servingEval *placement.NodeExplanation
 		if servingTop != nil {
 			d.ServingNode, d.ServingGPUs = servingTop.Node, servingTop.GPUs
 			servingEval = byName[servingTop.Node]
 		}
 		parts := []string{}
 		if top != nil {
-			d.ShadowNode, d.ShadowGPUs = top.name, top.gpus
+			d.ShadowNode, d.ShadowGPUs = top.Node, top.Result.GPUs
 			parts = append(parts, "shadow ranks "+explain(top))
 		} else {
 			parts = append(parts, "shadow ranks no node: none passes its filter")
@@ -483,9 +482,9 @@ func comparePrioritize(r *ShadowRequest, evals []nodeEval) []ShadowDifference {
 		diffs = append(diffs, d)
 	}
 	if servingTop != nil {
-		if e := byName[servingTop.Node]; e != nil && e.ok && !slices.Equal(e.gpus, servingTop.GPUs) {
-			diffs = append(diffs, ShadowDifference{Kind: DiffGPUs, Node: servingTop.Node, ServingGPUs: servingTop.GPUs, ShadowGPUs: e.gpus,
-				Reason: fmt.Sprintf("shadow's placement: %s, %d GB/s lowest pair, %d GB/s ring", e.res.Metrics.Tier, e.res.Metrics.MinPairGBps, e.res.Metrics.RingGBps)})
+		if e := byName[servingTop.Node]; e != nil && e.Passed && !slices.Equal(e.Result.GPUs, servingTop.GPUs) {
+			diffs = append(diffs, ShadowDifference{Kind: DiffGPUs, Node: servingTop.Node, ServingGPUs: servingTop.GPUs, ShadowGPUs: e.Result.GPUs,
+				Reason: fmt.Sprintf("shadow's placement: %s, %d GB/s lowest pair, %d GB/s ring", e.Result.Metrics.Tier, e.Result.Metrics.MinPairGBps, e.Result.Metrics.RingGBps)})
 		}
 	}
 	return diffs
@@ -500,72 +499,4 @@ func (x *Extender) mirrorFilter(args *extenderv1.ExtenderArgs, res *extenderv1.E
 
 func (x *Extender) mirrorPrioritize(args *extenderv1.ExtenderArgs, list extenderv1.HostPriorityList, top *ShadowPick) {
 	x.mirror.offer(&ShadowRequest{Verb: phasePrioritize, Args: *args, Priorities: list, Top: top})
-}
-
-// nodeEval is one node's full verdict for the shadow's comparison.
-type nodeEval struct {
-	name   string
-	ok     bool
-	reason string
-	score  int64
-	comps  components
-	gpus   []int
-	res    topology.Result
-}
-
-// evaluateAll filters and scores every candidate of args, as if the pod
-// held no GPUs and were not yet counted in its job: the comparison is with
-// the decision made before the serving extender bound it.
-func (x *Extender) evaluateAll(ctx context.Context, args *extenderv1.ExtenderArgs) ([]nodeEval, error) {
-	names := nodeNames(args)
-	pr, err := parsePodRequest(args.Pod, x.cfg.GPUResource(), x.now())
-	if err != nil {
-		return nil, err
-	}
-	out := make([]nodeEval, len(names))
-	if pr.count == 0 {
-		for i, name := range names {
-			out[i] = nodeEval{name: name, ok: true}
-		}
-		return out, nil
-	}
-	e := newEvaluator(ctx, x.alloc, x.cfg, pr, x.now())
-	merits := make([]float64, len(names))
-	verdicts := make([]*verdict, len(names))
-	x.ledger.Read(func(lv ledger.View) {
-		ownNode, owns := lv.HolderNode(args.Pod.UID)
-		aff := lv.AffinityExcluding(pr.job, args.Pod)
-		states := make([]*ledger.Node, len(names))
-		var co cohort
-		for i, name := range names {
-			n := lv.Node(name)
-			if owns && n != nil && ownNode == name {
-				n = lv.Without(n, args.Pod.UID)
-			}
-			v := e.check(n)
-			states[i], verdicts[i] = n, v
-			out[i] = nodeEval{name: name, ok: v.ok, reason: v.reason}
-			if v.ok {
-				co.add(n, v)
-			}
-		}
-		for i, v := range verdicts {
-			if v.ok {
-				merits[i], out[i].comps = e.merit(states[i], v, aff, co)
-			}
-		}
-	})
-	top := -1.0
-	for i, v := range verdicts {
-		if v.ok {
-			top = max(top, merits[i])
-			out[i].gpus, out[i].res = slices.Clone(v.res.GPUs), v.res
-		}
-	}
-	for i, v := range verdicts {
-		if v.ok {
-			out[i].score = relativeScore(merits[i], top)
-		}
-	}
-	return out, nil
 }

@@ -15,7 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
+	"github.com/gputopo/gputopo/placement/ledger"
+	"github.com/gputopo/gputopo/placement/metrics"
+
 	"k8s.io/apimachinery/pkg/util/wait"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
@@ -23,9 +26,9 @@ import (
 )
 
 // thermalOnly is a configuration that ranks by thermal headroom alone.
-func thermalOnly() *Configuration {
-	c := DefaultConfiguration()
-	c.Weights = Weights{Profile: WeightsPlacement, UtilizationBalance: ptr[int32](0), TaskAffinity: ptr[int32](0), ThermalPowerHeadroom: ptr[int32](100), Fragmentation: ptr[int32](0),
+func thermalOnly() *configv1alpha1.ExtenderConfiguration {
+	c := configv1alpha1.DefaultExtenderConfiguration()
+	c.Weights = configv1alpha1.Weights{Profile: configv1alpha1.WeightsPlacement, UtilizationBalance: ptr[int32](0), TaskAffinity: ptr[int32](0), ThermalPowerHeadroom: ptr[int32](100), Fragmentation: ptr[int32](0),
 		BandwidthFit: ptr[int32](0), CapabilityConservation: ptr[int32](0), IslandBestFit: ptr[int32](0)}
 	return c
 }
@@ -36,7 +39,7 @@ func thermalOnly() *Configuration {
 func shadowPair(t *testing.T) (serving, shadow *Extender) {
 	t.Helper()
 	// The design profile's utilization balance prefers the idle node.
-	serving, _ = newTestExtender(t, profile(WeightsDesign))
+	serving, _ = newTestExtender(t, profile(configv1alpha1.WeightsDesign))
 	shadow, _ = newTestExtender(t, thermalOnly())
 	shadow.opts.Shadow = true
 	shadow.shadowLog = &decisionLog{rate: 1}
@@ -110,11 +113,11 @@ func TestShadowReportsDifferingTopNode(t *testing.T) {
 		verb, result string
 		want         float64
 	}{{phaseFilter, "same", 1}, {phasePrioritize, "different", 1}, {phasePrioritize, "same", 0}} {
-		if got := testutil.ToFloat64(shadow.metrics.shadowDecisions.WithLabelValues(c.verb, c.result)); got != c.want {
+		if got := metricValue(t, shadow, "gputopo_extender_shadow_decisions_total", "verb", c.verb, "result", c.result); got != c.want {
 			t.Errorf("decisions{%s,%s} = %v, want %v", c.verb, c.result, got, c.want)
 		}
 	}
-	if got := testutil.ToFloat64(shadow.metrics.shadowDifferences.WithLabelValues(DiffTopNode)); got != 1 {
+	if got := metricValue(t, shadow, "gputopo_extender_shadow_differences_total", "kind", DiffTopNode); got != 1 {
 		t.Errorf("differences{top_node} = %v, want 1", got)
 	}
 }
@@ -142,7 +145,7 @@ func TestShadowReportsFilterDifferences(t *testing.T) {
 	if len(d.Differences) != 1 || d.Differences[0].Shadow != "passed" || !strings.Contains(d.Differences[0].Serving, "7 of 8 are free") {
 		t.Errorf("reverse difference %+v", d.Differences)
 	}
-	if got := testutil.ToFloat64(shadow.metrics.shadowFilterNodes.WithLabelValues("shadow_rejects")); got != 1 {
+	if got := metricValue(t, shadow, "gputopo_extender_shadow_filter_node_differences_total", "direction", "shadow_rejects"); got != 1 {
 		t.Errorf("filter node differences{shadow_rejects} = %v, want 1", got)
 	}
 }
@@ -168,7 +171,7 @@ func TestShadowBoundsLoggedFilterDifferences(t *testing.T) {
 	if !strings.Contains(d.Differences[0].Shadow, "NVML: driver not loaded") {
 		t.Errorf("shadow's reason %q does not carry the stale reason", d.Differences[0].Shadow)
 	}
-	if got := testutil.ToFloat64(shadow.metrics.shadowFilterNodes.WithLabelValues("shadow_rejects")); got != 30 {
+	if got := metricValue(t, shadow, "gputopo_extender_shadow_filter_node_differences_total", "direction", "shadow_rejects"); got != 30 {
 		t.Errorf("filter node differences{shadow_rejects} = %v, want 30", got)
 	}
 }
@@ -196,7 +199,11 @@ func TestShadowIgnoresThePodsOwnBinding(t *testing.T) {
 	}
 	// Another pod still sees those GPUs held.
 	other := &extenderv1.ExtenderArgs{Pod: makePod("other").gpus(8).obj(), NodeNames: &[]string{prio.Top.Node}}
-	if evals, _ := shadow.evaluateAll(context.Background(), other); evals[0].ok {
+	pr, err := shadow.request(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if evals := shadow.core.Explain(context.Background(), pr, *other.NodeNames); evals[0].Passed {
 		t.Errorf("a different pod passes node %s whose 8 GPUs are held", prio.Top.Node)
 	}
 }
@@ -309,7 +316,7 @@ func TestMirrorNeverWaitsForTheShadow(t *testing.T) {
 	if b.received.Load() == 0 || b.inflight.Load() == 0 {
 		t.Fatalf("the shadow got %d requests, %d in flight; want requests held while answers went out", b.received.Load(), b.inflight.Load())
 	}
-	if dropped := testutil.ToFloat64(x.metrics.shadowMirrors.WithLabelValues(phasePrioritize, "dropped")); dropped < 50 {
+	if dropped := metricValue(t, x, "gputopo_extender_shadow_mirrored_requests_total", "verb", phasePrioritize, "result", "dropped"); dropped < 50 {
 		t.Errorf("dropped = %v, want at least 50 once the queue (%d) is full", dropped, mirrorQueueLen)
 	}
 }
@@ -327,7 +334,7 @@ func TestMirrorToAbsentShadow(t *testing.T) {
 	args := &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(1).obj(), NodeNames: &[]string{"a", "b"}}
 	serve(t, x.Handler(), "filter", args)
 	waitFor(t, func() bool {
-		return testutil.ToFloat64(x.metrics.shadowMirrors.WithLabelValues(phaseFilter, "error")) == 1
+		return metricValue(t, x, "gputopo_extender_shadow_mirrored_requests_total", "verb", phaseFilter, "result", "error") == 1
 	})
 
 	_, shadow := shadowPair(t)
@@ -337,10 +344,10 @@ func TestMirrorToAbsentShadow(t *testing.T) {
 	serve(t, x.Handler(), "filter", args)
 	serve(t, x.Handler(), "prioritize", args)
 	waitFor(t, func() bool {
-		return testutil.ToFloat64(shadow.metrics.shadowDecisions.WithLabelValues(phasePrioritize, "different")) == 1 &&
-			testutil.ToFloat64(shadow.metrics.shadowDecisions.WithLabelValues(phaseFilter, "same")) == 1
+		return metricValue(t, shadow, "gputopo_extender_shadow_decisions_total", "verb", phasePrioritize, "result", "different") == 1 &&
+			metricValue(t, shadow, "gputopo_extender_shadow_decisions_total", "verb", phaseFilter, "result", "same") == 1
 	})
-	if got := testutil.ToFloat64(x.metrics.shadowMirrors.WithLabelValues(phasePrioritize, "sent")); got != 1 {
+	if got := metricValue(t, x, "gputopo_extender_shadow_mirrored_requests_total", "verb", phasePrioritize, "result", "sent"); got != 1 {
 		t.Errorf("sent{prioritize} = %v, want 1", got)
 	}
 }
@@ -396,7 +403,7 @@ func TestShadowOptions(t *testing.T) {
 	}
 	o := NewOptions()
 	o.ShadowURL = "shadow:8080"
-	if _, err := newMirror(o, NewMetrics(NewLedger())); err == nil || !strings.Contains(err.Error(), "must be an http:// or https:// URL") {
+	if _, err := newMirror(o, metrics.New(ledger.New(""))); err == nil || !strings.Contains(err.Error(), "must be an http:// or https:// URL") {
 		t.Errorf("bad --shadow-url: %v", err)
 	}
 }

@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
+	"github.com/gputopo/gputopo/placement/ledger"
+
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 )
@@ -25,13 +28,13 @@ func TestPrometheusTelemetryConfig(t *testing.T) {
 		"typo":                   {"telemetry: {source: prometheus, prometheus: {url: 'http://p:9090', intervall: 5s}}", `unknown field "telemetry.prometheus.intervall"`},
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := ParseConfiguration([]byte(head + tc.doc))
+			_, err := configv1alpha1.ParseExtenderConfiguration([]byte(head + tc.doc))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want it to contain %q", err, tc.want)
 			}
 		})
 	}
-	c, err := ParseConfiguration([]byte(head + "telemetry: {source: prometheus, prometheus: {url: 'http://prometheus.monitoring:9090'}}"))
+	c, err := configv1alpha1.ParseExtenderConfiguration([]byte(head + "telemetry: {source: prometheus, prometheus: {url: 'http://prometheus.monitoring:9090'}}"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,11 +45,11 @@ func TestPrometheusTelemetryConfig(t *testing.T) {
 }
 
 // externalFor is a complete round of samples for every GPU of a node.
-func externalFor(t *testing.T, fixture, node string, util, tempC int32, at time.Time) map[string]ExternalSample {
+func externalFor(t *testing.T, fixture, node string, util, tempC int32, at time.Time) map[string]ledger.ExternalSample {
 	t.Helper()
-	out := map[string]ExternalSample{}
+	out := map[string]ledger.ExternalSample{}
 	for _, g := range topo(t, fixture, node).Status.GPUs {
-		out[g.UUID] = ExternalSample{UtilizationPercent: util, TemperatureC: tempC, PowerWatts: 100, Time: at}
+		out[g.UUID] = ledger.ExternalSample{UtilizationPercent: util, TemperatureC: tempC, PowerWatts: 100, Time: at}
 	}
 	return out
 }
@@ -75,17 +78,17 @@ func TestExternalTelemetryScoresAndFallback(t *testing.T) {
 
 	// Prometheus says the opposite.
 	x.ledger.UseExternalTelemetry(time.Minute)
-	x.ledger.SetExternalTelemetry(ExternalTelemetry{
+	x.ledger.SetExternalTelemetry(ledger.ExternalTelemetry{
 		"a": externalFor(t, "dgx-a100", "a", 95, 83, testNow),
 		"b": externalFor(t, "dgx-a100", "b", 0, 31, testNow),
 	})
 	if a, b := scores(); b <= a {
 		t.Fatalf("Prometheus telemetry: a (hot, busy) scores %d, b (cool, idle) %d; want b above a", a, b)
 	}
-	if src, fb := x.ledger.NodeTelemetrySource("a"); src != TelemetryPrometheus || fb != "" {
+	if src, fb := x.ledger.NodeTelemetrySource("a"); src != configv1alpha1.TelemetryPrometheus || fb != "" {
 		t.Errorf("node a reads %q (fallback %q), want prometheus", src, fb)
 	}
-	if got := testutil.ToFloat64(x.metrics.utilization.WithLabelValues("a", "0", "compute")); got != 95 {
+	if got := metricValue(t, x, "gpu_extender_gpu_utilization_percent", "node", "a", "gpu_index", "0", "metric", "compute"); got != 95 {
 		t.Errorf("utilization gauge of a/0 = %v, want Prometheus's 95", got)
 	}
 
@@ -97,13 +100,13 @@ func TestExternalTelemetryScoresAndFallback(t *testing.T) {
 		break
 	}
 	x.ledger.UpsertTopology(withTelemetry(topo(t, "dgx-a100", "c"), 0, 30, 100, 400))
-	x.ledger.SetExternalTelemetry(ExternalTelemetry{"a": externalFor(t, "dgx-a100", "a", 95, 83, testNow), "b": bSamples})
-	for node, want := range map[string]string{"a": "", "b": fallbackIncomplete, "c": fallbackNoData} {
+	x.ledger.SetExternalTelemetry(ledger.ExternalTelemetry{"a": externalFor(t, "dgx-a100", "a", 95, 83, testNow), "b": bSamples})
+	for node, want := range map[string]string{"a": "", "b": ledger.FallbackIncomplete, "c": ledger.FallbackNoData} {
 		if _, fb := x.ledger.NodeTelemetrySource(node); fb != want {
 			t.Errorf("node %s fallback %q, want %q", node, fb, want)
 		}
 	}
-	if got := testutil.ToFloat64(x.metrics.utilization.WithLabelValues("b", "0", "compute")); got != 90 {
+	if got := metricValue(t, x, "gpu_extender_gpu_utilization_percent", "node", "b", "gpu_index", "0", "metric", "compute"); got != 90 {
 		t.Errorf("utilization gauge of b/0 = %v, want the node agent's 90 after fallback", got)
 	}
 
@@ -112,7 +115,7 @@ func TestExternalTelemetryScoresAndFallback(t *testing.T) {
 	x.ledger.SetClock(func() time.Time { return testNow.Add(61 * time.Second) })
 	x.ledger.RefreshExternalTelemetry()
 	bySource, fallback := x.ledger.TelemetrySources()
-	if bySource[TelemetryPrometheus] != 0 || fallback[fallbackStale] != 2 || fallback[fallbackNoData] != 1 {
+	if bySource[configv1alpha1.TelemetryPrometheus] != 0 || fallback[ledger.FallbackStale] != 2 || fallback[ledger.FallbackNoData] != 1 {
 		t.Errorf("after maxAge: sources %v, fallback %v; want a and b stale (stale wins over incomplete), c no_data", bySource, fallback)
 	}
 	if a, b := scores(); a <= b {
@@ -127,13 +130,5 @@ gputopo_extender_telemetry_fallback_nodes{reason="stale"} 2
 `
 	if err := testutil.GatherAndCompare(x.metrics.Registry, strings.NewReader(want), "gputopo_extender_telemetry_fallback_nodes"); err != nil {
 		t.Error(err)
-	}
-}
-
-func TestToInt32(t *testing.T) {
-	for in, want := range map[float64]int32{87.4: 87, 87.5: 88, -3: -3, 1e12: 1<<31 - 1} {
-		if got := toInt32(in); got != want {
-			t.Errorf("toInt32(%v) = %d, want %d", in, got, want)
-		}
 	}
 }

@@ -21,7 +21,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 )
 
@@ -338,7 +337,7 @@ func TestTLSClientCertificateUsageAndName(t *testing.T) {
 				return
 			}
 			phase := strings.TrimPrefix(strings.TrimPrefix(tc.path, "/scheduler"), "/")
-			if n := testutil.ToFloat64(x.metrics.errors.WithLabelValues(phase, tc.wantCount)); n != 1 {
+			if n := metricValue(t, x, "gpu_extender_errors_total", "phase", phase, "error_type", tc.wantCount); n != 1 {
 				t.Errorf("gpu_extender_errors_total{phase=%q,error_type=%q} = %v, want 1", phase, tc.wantCount, n)
 			}
 		})

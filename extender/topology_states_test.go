@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/gputopo/gputopo/placement/ledger"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 )
@@ -33,7 +33,7 @@ func TestTopologyNodesGaugeJudgesAsFilterDoes(t *testing.T) {
 	x.ledger.UpsertTopology(topo(t, "dgx-a100", "untrusted"))
 	x.ledger.UpsertNode(kubeletNode("untrusted", 4, 4))
 
-	want := map[string]int{TopologyFresh: 1, TopologyOld: 2, TopologyAgentStale: 1, TopologyInvalid: 1, TopologyMissing: 1, TopologyUntrusted: 1}
+	want := map[string]int{ledger.TopologyFresh: 1, ledger.TopologyOld: 2, ledger.TopologyAgentStale: 1, ledger.TopologyInvalid: 1, ledger.TopologyMissing: 1, ledger.TopologyUntrusted: 1}
 	if diff := cmp.Diff(want, x.ledger.TopologyStates(testNow, 15*time.Minute)); diff != "" {
 		t.Errorf("states (-want +got):\n%s", diff)
 	}
@@ -44,7 +44,7 @@ func TestTopologyNodesGaugeJudgesAsFilterDoes(t *testing.T) {
 		}
 	}
 	// The refusals are counted by reason; the untrusted one by its own.
-	if got := testutil.ToFloat64(x.metrics.filterResults.WithLabelValues("failed", "untrusted_topology")); got != 1 {
+	if got := metricValue(t, x, "gpu_extender_filter_results_total", "result", "failed", "reason", "untrusted_topology"); got != 1 {
 		t.Errorf(`gpu_extender_filter_results_total{result="failed",reason="untrusted_topology"} = %v, want 1`, got)
 	}
 	fams, err := x.metrics.Registry.Gather()
@@ -59,11 +59,11 @@ func TestTopologyNodesGaugeJudgesAsFilterDoes(t *testing.T) {
 			}
 		}
 	}
-	if diff := cmp.Diff(map[string]float64{TopologyFresh: 1, TopologyOld: 2, TopologyAgentStale: 1, TopologyInvalid: 1, TopologyMissing: 1, TopologyUntrusted: 1}, gauge); diff != "" {
+	if diff := cmp.Diff(map[string]float64{ledger.TopologyFresh: 1, ledger.TopologyOld: 2, ledger.TopologyAgentStale: 1, ledger.TopologyInvalid: 1, ledger.TopologyMissing: 1, ledger.TopologyUntrusted: 1}, gauge); diff != "" {
 		t.Errorf("gputopo_extender_topology_nodes (-want +got):\n%s", diff)
 	}
 	// With the age check off, age no longer counts.
-	if got := x.ledger.TopologyStates(testNow, 0)[TopologyOld]; got != 0 {
+	if got := x.ledger.TopologyStates(testNow, 0)[ledger.TopologyOld]; got != 0 {
 		t.Errorf("old nodes with the age check off = %d, want 0", got)
 	}
 }

@@ -13,10 +13,9 @@ import (
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
-	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/extender"
+	"github.com/gputopo/gputopo/placement"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -195,7 +194,10 @@ func requestedTier(count int, req v1alpha1.Requirement) string {
 // verdicts runs the extender's Filter and Explain on a core fed with the
 // snapshot, as its informers would feed it.
 func (s *Snapshot) verdicts(p *corev1.Pod) ([]NodeVerdict, error) {
-	x := extender.NewWithClient(s.Config, nil)
+	x, err := placement.NewOffline(placement.Options{Config: s.Config}, nil)
+	if err != nil {
+		return nil, err
+	}
 	l := x.Ledger()
 	for i := range s.Topologies {
 		l.UpsertTopology(&s.Topologies[i])
@@ -207,25 +209,25 @@ func (s *Snapshot) verdicts(p *corev1.Pod) ([]NodeVerdict, error) {
 		l.UpsertPod(&s.Pods[i])
 	}
 	names := s.gpuNodeNames()
-	args := &extenderv1.ExtenderArgs{Pod: p, NodeNames: &names}
+	pr, err := placement.ParseRequest(p, s.Config.GPUResource(), x.Now())
+	if err != nil {
+		return nil, fmt.Errorf("extender filter: %w", err)
+	}
 	// The plugin evaluates in-process from the snapshot, synchronously.
 	ctx := context.Background()
-	filtered := x.Filter(ctx, args)
-	if filtered.Error != "" {
-		return nil, fmt.Errorf("extender filter: %s", filtered.Error)
-	}
-	expl, err := x.Explain(ctx, args)
+	filtered, err := x.Filter(ctx, pr, names)
 	if err != nil {
-		return nil, fmt.Errorf("extender explain: %w", err)
+		return nil, fmt.Errorf("extender filter: %w", err)
 	}
+	expl := x.Explain(ctx, pr, names)
 	out := make([]NodeVerdict, 0, len(expl))
 	for _, ex := range expl {
 		v := NodeVerdict{Node: ex.Node, Scheduler: s.schedulerVerdict(p, ex.Node)}
 		switch {
-		case filtered.FailedAndUnresolvableNodes[ex.Node] != "":
-			v.Verdict, v.Reason = VerdictNever, filtered.FailedAndUnresolvableNodes[ex.Node]
-		case filtered.FailedNodes[ex.Node] != "":
-			v.Verdict, v.Reason = VerdictFails, filtered.FailedNodes[ex.Node]
+		case filtered.Unresolvable[ex.Node] != "":
+			v.Verdict, v.Reason = VerdictNever, filtered.Unresolvable[ex.Node]
+		case filtered.Failed[ex.Node] != "":
+			v.Verdict, v.Reason = VerdictFails, filtered.Failed[ex.Node]
 		case ex.Passed:
 			m := ex.Result.Metrics
 			v.Verdict, v.Score, v.GPUs = VerdictFits, ex.Score, ex.Result.GPUs

@@ -9,15 +9,16 @@ import (
 	"testing"
 	"time"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
+
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stypes "k8s.io/apimachinery/pkg/types"
-	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/extender"
+	"github.com/gputopo/gputopo/placement"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -65,7 +66,7 @@ func uuids(node string, idx ...int) string {
 // held by a pod whose truth differs from its plan (drift); an empty DGX
 // A100 whose topology is older than topologyMaxAge; a PCIe box.
 func cluster(t *testing.T) *Snapshot {
-	s := &Snapshot{Now: now, Config: extender.DefaultConfiguration(), ConfigSource: "defaults"}
+	s := &Snapshot{Now: now, Config: configv1alpha1.DefaultExtenderConfiguration(), ConfigSource: "defaults"}
 	s.Topologies = []v1alpha1.NodeGPUTopology{
 		topo(t, "dgx1-v100", "v100", now),
 		topo(t, "dgx-a100", "a100", now.Add(-time.Hour)),
@@ -112,7 +113,10 @@ func TestExplainPendingPodUsesTheExtendersVerdicts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x := extender.NewWithClient(s.Config, nil)
+	x, err := placement.NewOffline(placement.Options{Config: s.Config}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for i := range s.Topologies {
 		x.Ledger().UpsertTopology(&s.Topologies[i])
 	}
@@ -123,13 +127,20 @@ func TestExplainPendingPodUsesTheExtendersVerdicts(t *testing.T) {
 		x.Ledger().UpsertPod(&s.Pods[i])
 	}
 	names := []string{"a100", "pcie", "v100"}
-	res := x.Filter(context.Background(), &extenderv1.ExtenderArgs{Pod: &p, NodeNames: &names})
+	pr, err := placement.ParseRequest(&p, s.Config.GPUResource(), x.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := x.Filter(context.Background(), pr, names)
+	if err != nil {
+		t.Fatal(err)
+	}
 	byNode := map[string]NodeVerdict{}
 	for _, v := range e.Nodes {
 		byNode[v.Node] = v
 	}
 	for _, n := range names {
-		want := res.FailedNodes[n] + res.FailedAndUnresolvableNodes[n]
+		want := res.Failed[n] + res.Unresolvable[n]
 		if byNode[n].Reason != want {
 			t.Errorf("node %s: explain reason %q, extender filter %q", n, byNode[n].Reason, want)
 		}

@@ -16,16 +16,23 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"time"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/placement"
+	"github.com/gputopo/gputopo/placement/metrics"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	fwk "k8s.io/kube-scheduler/framework"
-
-	"github.com/gputopo/gputopo/extender"
 )
 
 // Name is the plugin's name in a KubeSchedulerConfiguration profile.
@@ -65,7 +72,7 @@ type Args struct {
 // an out-of-tree plugin (JSON in a runtime.Unknown); nil means defaults.
 // Unknown fields are errors that name the field.
 func DecodeArgs(obj runtime.Object) (Args, error) {
-	a := Args{MetricsBindAddress: extender.DefaultMetricsBindAddress}
+	a := Args{MetricsBindAddress: DefaultMetricsBindAddress}
 	var raw []byte
 	switch o := obj.(type) {
 	case nil:
@@ -86,9 +93,12 @@ func DecodeArgs(obj runtime.Object) (Args, error) {
 	return a, nil
 }
 
+// DefaultMetricsBindAddress serves the core's /metrics and /readyz.
+const DefaultMetricsBindAddress = ":9090"
+
 // Plugin is the framework front end over one decision core.
 type Plugin struct {
-	x *extender.Extender
+	x *placement.Core
 	// stopped is the core's error once it stopped; every cycle reports it.
 	mu      sync.Mutex
 	stopped error
@@ -132,7 +142,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	// kube-scheduler's own pod and node informers feed the core's ledger:
 	// no second watch of every pod and node.
 	f := h.SharedInformerFactory()
-	host := &extender.HostInformers{Pods: f.Core().V1().Pods().Informer(), Nodes: f.Core().V1().Nodes().Informer()}
+	host := &placement.HostInformers{Pods: f.Core().V1().Pods().Informer(), Nodes: f.Core().V1().Nodes().Informer()}
 	p, err := start(ctx, h.KubeConfig(), args, host)
 	if err != nil {
 		return nil, err
@@ -142,34 +152,52 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 }
 
 // start builds the core from args and runs it until ctx ends.
-func start(ctx context.Context, cfg *rest.Config, args Args, host *extender.HostInformers) (*Plugin, error) {
-	o := extender.NewOptions()
-	o.HostInformers = host
-	// kube-scheduler's clientConnection (qps, burst) rules its client.
-	o.KubeAPIQPS, o.KubeAPIBurst = 0, 0
-	o.ConfigFile = args.ConfigFile
-	if args.MetricsBindAddress != "" {
-		o.MetricsBindAddress = args.MetricsBindAddress
+func start(ctx context.Context, cfg *rest.Config, args Args, host *placement.HostInformers) (*Plugin, error) {
+	o := placement.Options{Mode: "plugin", SchedulerNames: args.SchedulerNames, HostInformers: host,
+		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
+		DeciderLeaseNamespace: args.DeciderLeaseNamespace, DeciderLeaseName: args.DeciderLeaseName}
+	if o.DeciderLeaseNamespace == "" {
+		o.DeciderLeaseNamespace = placement.DefaultDeciderLeaseNamespace
 	}
-	if len(args.SchedulerNames) > 0 {
-		o.SchedulerNames = args.SchedulerNames
+	if msgs := validation.IsDNS1123Label(o.DeciderLeaseNamespace); len(msgs) > 0 {
+		return nil, fmt.Errorf("plugin %s: deciderLeaseNamespace %q: %s", Name, o.DeciderLeaseNamespace, strings.Join(msgs, "; "))
 	}
-	if args.DeciderLeaseNamespace != "" {
-		o.DeciderLeaseNamespace = args.DeciderLeaseNamespace
+	if o.DeciderLeaseName != "" {
+		if err := placement.ValidDeciderLeaseName(o.DeciderLeaseName); err != nil {
+			return nil, fmt.Errorf("plugin %s: %w", Name, err)
+		}
 	}
-	o.DeciderLeaseName = args.DeciderLeaseName
-	if err := o.Validate(); err != nil {
+	var err error
+	if o.Config, err = configv1alpha1.LoadExtenderConfiguration(args.ConfigFile); err != nil {
 		return nil, fmt.Errorf("plugin %s: %w", Name, err)
 	}
-	x, err := extender.New(cfg, o)
+	// kube-scheduler's clientConnection (qps, burst) rules its client.
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("plugin %s: kubernetes client: %w", Name, err)
+	}
+	var m *metrics.Metrics
+	o.Observer = &lateObserver{m: &m}
+	x, err := placement.New(cfg, cs, o)
 	if err != nil {
 		return nil, fmt.Errorf("plugin %s: %w", Name, err)
 	}
+	m = metrics.New(x.Ledger())
+	m.Leader = x.Leading
+	m.TopologyClock = func() (time.Time, time.Duration) { return x.Now(), o.Config.EffectiveTopologyMaxAge() }
 	p := &Plugin{x: x}
+	addr := args.MetricsBindAddress
+	if addr == "" {
+		addr = DefaultMetricsBindAddress
+	}
 	log := klog.FromContext(ctx).WithName(Name)
-	log.Info("starting the GPU decision core", "gputopoVersion", Version, "config", args.ConfigFile, "metrics", o.MetricsBindAddress)
+	log.Info("starting the GPU decision core", "gputopoVersion", Version, "config", args.ConfigFile, "metrics", addr)
 	go func() {
-		err := x.StartInProcess(klog.NewContext(ctx, log))
+		ctx := klog.NewContext(ctx, log)
+		_, err := metrics.Serve(ctx, addr, metrics.Handler(m, x.NotReady))
+		if err == nil {
+			err = x.Run(ctx, false)
+		}
 		if err == nil && ctx.Err() == nil {
 			err = errors.New("stopped")
 		}
@@ -183,14 +211,25 @@ func start(ctx context.Context, cfg *rest.Config, args Args, host *extender.Host
 	return p, nil
 }
 
+// lateObserver hands the core's counts to metrics made once the core (and
+// its ledger, which they read) exists.
+type lateObserver struct{ m **metrics.Metrics }
+
+func (o *lateObserver) Filtered(r placement.Reason, n int)              { (*o.m).Filtered(r, n) }
+func (o *lateObserver) Scored(c *[placement.MaxScore + 1]uint64)        { (*o.m).Scored(c) }
+func (o *lateObserver) Failed(p placement.Phase, k placement.ErrorKind) { (*o.m).Failed(p, k) }
+func (o *lateObserver) Bound(req string, p v1alpha1.Placement)          { (*o.m).Bound(req, p) }
+func (o *lateObserver) DoubleHeld(n int)                                { (*o.m).DoubleHeld(n) }
+func (o *lateObserver) TelemetryRound(ok bool, at time.Time)            { (*o.m).TelemetryRound(ok, at) }
+
 // NewForCore wraps a core the caller runs (tests, the demo).
-func NewForCore(x *extender.Extender) *Plugin { return &Plugin{x: x} }
+func NewForCore(x *placement.Core) *Plugin { return &Plugin{x: x} }
 
 // Name implements fwk.Plugin.
 func (p *Plugin) Name() string { return Name }
 
 // Core is the decision core the plugin calls.
-func (p *Plugin) Core() *extender.Extender { return p.x }
+func (p *Plugin) Core() *placement.Core { return p.x }
 
 const (
 	cycleKey fwk.StateKey = Name + "/cycle"
@@ -199,7 +238,7 @@ const (
 )
 
 // cycle is the pod's filter in progress (the core's Cycle).
-type cycle struct{ c *extender.Cycle }
+type cycle struct{ c *placement.Cycle }
 
 func (c *cycle) Clone() fwk.StateData { return c }
 
@@ -217,22 +256,12 @@ func (p *Plugin) notReady() *fwk.Status {
 	stopped := p.stopped
 	p.mu.Unlock()
 	if stopped != nil {
-		return fwk.AsStatus(fmt.Errorf("%sGPU decision core stopped: %w", extender.ReasonPrefix, stopped))
+		return fwk.AsStatus(fmt.Errorf("%sGPU decision core stopped: %w", placement.ReasonPrefix, stopped))
 	}
 	if msg := p.x.NotReady(); msg != "" {
-		return fwk.AsStatus(errors.New(extender.ReasonPrefix + msg))
+		return fwk.AsStatus(errors.New(placement.ReasonPrefix + msg))
 	}
 	return nil
-}
-
-// gpuPod reports whether the pod is the core's to decide; a pod whose GPU
-// request cannot be read gets the status that says why.
-func (p *Plugin) gpuPod(pod *corev1.Pod) (bool, *fwk.Status) {
-	n, err := p.x.GPUCountOf(pod)
-	if err != nil {
-		return false, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, extender.ReasonPrefix+err.Error())
-	}
-	return n > 0, nil
 }
 
 func nodeNames(nodes []fwk.NodeInfo) []string {
@@ -249,11 +278,12 @@ func nodeNames(nodes []fwk.NodeInfo) []string {
 // without GPUs skip the plugin; a malformed requirement ends the cycle as
 // unresolvable with the message that names the field.
 func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
-	c, err := p.x.NewCycle(ctx, pod)
+	pr, err := placement.ParseRequest(pod, p.x.Config().GPUResource(), p.x.Now())
 	if err != nil {
+		p.x.Observer().Failed(placement.PhaseFilter, placement.ErrBadRequest)
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
 	}
-	if c == nil {
+	if pr.Count == 0 {
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
 	if st := p.notReady(); st != nil {
@@ -264,9 +294,9 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev
 	// on nodes, so the pod is retried with backoff and the event names
 	// the scheduler that decides instead.
 	if msg := p.x.DeciderRefusal(); msg != "" {
-		return nil, fwk.AsStatus(errors.New(extender.ReasonPrefix + msg))
+		return nil, fwk.AsStatus(errors.New(placement.ReasonPrefix + msg))
 	}
-	state.Write(cycleKey, &cycle{c: c})
+	state.Write(cycleKey, &cycle{c: p.x.NewCycle(ctx, pr)})
 	return nil, nil
 }
 
@@ -300,10 +330,11 @@ func (p *Plugin) PreScore(ctx context.Context, state fwk.CycleState, pod *corev1
 	if err != nil {
 		return fwk.NewStatus(fwk.Skip) // no GPUs: PreFilter skipped
 	}
-	list := d.(*cycle).c.Score(nodeNames(nodes))
+	names := nodeNames(nodes)
+	list := d.(*cycle).c.Score(names)
 	s := make(scores, len(list))
-	for _, hp := range list {
-		s[hp.Host] = hp.Score * scoreScale
+	for i, score := range list {
+		s[names[i]] = score * scoreScale
 	}
 	state.Write(scoreKey, s)
 	return nil
@@ -326,11 +357,12 @@ func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return nil }
 // Reserve chooses the pod's GPUs on the node and holds them in the ledger
 // for the rest of the cycle.
 func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *corev1.Pod, node string) *fwk.Status {
-	if _, err := state.Read(cycleKey); err != nil {
+	d, err := state.Read(cycleKey)
+	if err != nil {
 		return nil
 	}
-	if err := p.x.ReservePod(ctx, pod, node); err != nil {
-		return fwk.NewStatus(fwk.Unschedulable, extender.ReasonPrefix+err.Error())
+	if res := p.x.Reserve(ctx, d.(*cycle).c.Request(), node); res.Err != nil {
+		return fwk.NewStatus(fwk.Unschedulable, placement.ReasonPrefix+res.Err.Error())
 	}
 	return nil
 }
@@ -343,22 +375,24 @@ func (p *Plugin) Unreserve(ctx context.Context, state fwk.CycleState, pod *corev
 		klog.FromContext(ctx).V(2).Info("keeping GPU reservation: the Binding's outcome is unknown", "pod", klog.KObj(pod), "node", node)
 		return
 	}
-	p.x.ReleasePod(pod.UID)
+	p.x.Unreserve(pod.UID)
 }
 
 // Bind writes the pod's Binding with its GPU assignment and placement
 // annotations in one write, as the extender's bind verb does. Pods without
 // GPUs are left to the next bind plugin (DefaultBinder).
 func (p *Plugin) Bind(ctx context.Context, state fwk.CycleState, pod *corev1.Pod, node string) *fwk.Status {
-	if _, err := state.Read(cycleKey); err != nil {
+	d, err := state.Read(cycleKey)
+	if err != nil {
 		return fwk.NewStatus(fwk.Skip)
 	}
-	unknown, err := p.x.BindPod(ctx, pod, node)
-	if unknown {
+	pr := d.(*cycle).c.Request()
+	res := p.x.Bind(ctx, placement.BindRequest{Key: pr.Key, UID: pod.UID, Node: node, Request: &pr})
+	if res.Outcome == placement.Unknown {
 		state.Write(bindKey, bindUnknown{})
 	}
-	if err != nil {
-		return fwk.AsStatus(err)
+	if res.Err != nil {
+		return fwk.AsStatus(res.Err)
 	}
 	return nil
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/internal/fakeapi"
+	"github.com/gputopo/gputopo/placement"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -80,9 +81,12 @@ func newCluster(t *testing.T, fixtures ...string) *cluster {
 	t.Helper()
 	cs := fake.NewClientset()
 	cs.PrependReactor("create", "pods", fakeapi.BindingReactor(cs))
-	x := extender.NewWithClient(nil, cs)
-	x.SetClock(func() time.Time { return now })
-	c := &cluster{x: x, p: NewForCore(x), cs: cs}
+	core, err := placement.NewWithClient(cs, placement.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	core.SetClock(func() time.Time { return now })
+	c := &cluster{x: extender.NewForCore(core, extender.NewOptions()), p: NewForCore(core), cs: cs}
 	for i, f := range fixtures {
 		c.addNode(t, f, f+"-"+string(rune('a'+i)), -1)
 	}
@@ -379,7 +383,7 @@ func TestBadRequestsNameTheField(t *testing.T) {
 // ledger.
 func TestNotReadyCoreRetries(t *testing.T) {
 	// A core that was never started: informers not synced.
-	x, err := extender.New(&rest.Config{Host: "http://127.0.0.1:1"}, extender.NewOptions())
+	x, err := placement.New(&rest.Config{Host: "http://127.0.0.1:1"}, fake.NewClientset(), placement.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -395,7 +399,7 @@ func TestNotReadyCoreRetries(t *testing.T) {
 
 func TestDecodeArgs(t *testing.T) {
 	a, err := DecodeArgs(nil)
-	if err != nil || a.MetricsBindAddress != extender.DefaultMetricsBindAddress {
+	if err != nil || a.MetricsBindAddress != DefaultMetricsBindAddress {
 		t.Fatalf("nil args: %+v, %v; want defaults", a, err)
 	}
 	a, err = DecodeArgs(&runtime.Unknown{Raw: []byte(`{"configFile":"/etc/gputopo/extender.yaml","metricsBindAddress":"0"}`)})

@@ -6,8 +6,9 @@ import (
 	"slices"
 	"time"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
+
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/topology"
 	"github.com/gputopo/gputopo/webhook"
 )
@@ -23,10 +24,10 @@ type Config struct {
 	// Policies to run, by name; nil means PolicyNames.
 	Policies []string
 	// Extender configures the gputopo policy's extender (weights, ...);
-	// nil means extender.DefaultConfiguration. PolicyTable is the
+	// nil means configv1alpha1.DefaultExtenderConfiguration. PolicyTable is the
 	// webhook's policy table the pods' requirements come from; nil means
 	// the webhook's default.
-	Extender    *extender.Configuration
+	Extender    *configv1alpha1.ExtenderConfiguration
 	PolicyTable *webhook.PolicyTable
 }
 

@@ -11,14 +11,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes/fake"
-	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/extender"
-	"github.com/gputopo/gputopo/internal/fakeapi"
+	"github.com/gputopo/gputopo/placement"
 	"github.com/gputopo/gputopo/topology"
 	"github.com/gputopo/gputopo/webhook"
 )
@@ -26,21 +23,20 @@ import (
 // simNamespace holds the simulated pods.
 const simNamespace = "sim"
 
-var podsGVR = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
-
-// gputopoPolicy runs the extender's Filter, Prioritize and Bind, exactly
-// as kube-scheduler would call them, on a fake clientset. The pod carries
+// gputopoPolicy runs the decision core's Filter, Score and Bind, exactly
+// as kube-scheduler's gputopo profile would call them, binding through
+// the simulator's own in-memory API (simAPI). The pod carries
 // the requirement the webhook derives from the job's intent, and the
 // ledger is fed the pod updates its informers would deliver. The node
 // with the highest extender score wins, at random among equals as in
 // kube-scheduler (from a seeded source, so runs repeat); kube-scheduler's
 // own plugins' scores, equal on GPU nodes of one shape, are left out.
 type gputopoPolicy struct {
-	x *extender.Extender
+	x *placement.Core
 	// now is the simulated time; pods are created at their arrival on
 	// this clock, so that fallbackAfter counts simulated waiting.
 	now   time.Duration
-	cs    *fake.Clientset
+	api   *simAPI
 	table webhook.PolicyTable
 	names []string
 	index map[string]int
@@ -54,10 +50,9 @@ var _ Policy = (*gputopoPolicy)(nil)
 // simEpoch is simulated time 0 on the extender's clock.
 var simEpoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
-func newGputopoPolicy(nodes []Node, ext *extender.Configuration, table webhook.PolicyTable) (*gputopoPolicy, error) {
-	cs := fake.NewClientset()
-	cs.PrependReactor("create", "pods", fakeapi.BindingReactor(cs))
-	cfg := extender.DefaultConfiguration()
+func newGputopoPolicy(nodes []Node, ext *configv1alpha1.ExtenderConfiguration, table webhook.PolicyTable) (*gputopoPolicy, error) {
+	api := newSimAPI()
+	cfg := configv1alpha1.DefaultExtenderConfiguration()
 	if ext != nil {
 		c := *ext
 		cfg = &c
@@ -65,7 +60,11 @@ func newGputopoPolicy(nodes []Node, ext *extender.Configuration, table webhook.P
 	// Nothing refreshes the simulated topologies: their age limit is
 	// switched off, the documented way.
 	cfg.TopologyMaxAge = &metav1.Duration{Duration: -1}
-	p := &gputopoPolicy{x: extender.NewWithClient(cfg, cs), cs: cs, table: table, index: map[string]int{}, pods: map[string]*corev1.Pod{},
+	x, err := placement.NewOffline(placement.Options{Config: cfg}, api)
+	if err != nil {
+		return nil, err
+	}
+	p := &gputopoPolicy{x: x, api: api, table: table, index: map[string]int{}, pods: map[string]*corev1.Pod{},
 		rng: rand.New(rand.NewPCG(1, 0x6b756265))}
 	p.x.SetClock(func() time.Time { return simEpoch.Add(p.now) })
 	l := p.x.Ledger()
@@ -81,9 +80,7 @@ func newGputopoPolicy(nodes []Node, ext *extender.Configuration, table webhook.P
 			Status:     corev1.NodeStatus{Capacity: gpus, Allocatable: gpus.DeepCopy()},
 		}
 		// Bind checks the node exists and admits the pod, as in a cluster.
-		if err := cs.Tracker().Add(node); err != nil {
-			return nil, fmt.Errorf("node %s: %w", n.Name, err)
-		}
+		api.nodes[n.Name] = node
 		l.UpsertNode(node)
 		st := n.Graph.Status()
 		st.ObservedTime = now
@@ -123,9 +120,7 @@ func (p *gputopoPolicy) pod(job Job) (*corev1.Pod, error) {
 		}}},
 		Status: corev1.PodStatus{Phase: corev1.PodPending},
 	}
-	if err := p.cs.Tracker().Add(pod); err != nil {
-		return nil, fmt.Errorf("job %s: create pod: %w", job.ID, err)
-	}
+	p.api.pods[types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}] = pod
 	p.x.Ledger().UpsertPod(pod)
 	p.pods[job.ID] = pod
 	return pod, nil
@@ -139,41 +134,37 @@ func (p *gputopoPolicy) Place(job Job, _ []topology.Mask) (Placement, bool, erro
 	// Decisions are synchronous and in simulated time; the core logs
 	// through the process's default logger.
 	ctx := context.Background()
-	names := append([]string(nil), p.names...)
-	fr := p.x.Filter(ctx, &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
-	if fr.Error != "" {
-		return Placement{}, false, fmt.Errorf("job %s: filter: %s", job.ID, fr.Error)
+	pr, err := placement.ParseRequest(pod, p.x.Config().GPUResource(), p.x.Now())
+	if err != nil {
+		return Placement{}, false, fmt.Errorf("job %s: filter: %w", job.ID, err)
 	}
-	if fr.NodeNames == nil || len(*fr.NodeNames) == 0 {
+	fr, err := p.x.Filter(ctx, pr, p.names)
+	if err != nil {
+		return Placement{}, false, fmt.Errorf("job %s: filter: %w", job.ID, err)
+	}
+	if len(fr.Passed) == 0 {
 		return Placement{}, false, nil
 	}
-	passed := *fr.NodeNames
-	prio, err := p.x.Prioritize(ctx, &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &passed})
-	if err != nil {
-		return Placement{}, false, fmt.Errorf("job %s: prioritize: %w", job.ID, err)
-	}
+	passed := fr.Passed
+	scores, _ := p.x.Score(ctx, pr, passed, false)
 	// kube-scheduler picks at random among the nodes with the highest
 	// total score (reservoir sampling in selectHost); so does the
 	// simulator, from its own seeded source, so that runs repeat.
 	var top []int
-	for i, hp := range prio {
+	for i, score := range scores {
 		switch {
-		case len(top) == 0 || hp.Score > prio[top[0]].Score:
+		case len(top) == 0 || score > scores[top[0]]:
 			top = append(top[:0], i)
-		case hp.Score == prio[top[0]].Score:
+		case score == scores[top[0]]:
 			top = append(top, i)
 		}
 	}
-	node := prio[top[p.rng.IntN(len(top))]].Host
-	br := p.x.Bind(ctx, &extenderv1.ExtenderBindingArgs{PodName: pod.Name, PodNamespace: pod.Namespace, PodUID: pod.UID, Node: node})
-	if br.Error != "" {
-		return Placement{}, false, fmt.Errorf("job %s: bind to %s: %s", job.ID, node, br.Error)
+	node := passed[top[p.rng.IntN(len(top))]]
+	key := types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}
+	if br := p.x.Bind(ctx, placement.BindRequest{Key: key, UID: pod.UID, Node: node}); br.Err != nil {
+		return Placement{}, false, fmt.Errorf("job %s: bind to %s: %w", job.ID, node, br.Err)
 	}
-	obj, err := p.cs.Tracker().Get(podsGVR, pod.Namespace, pod.Name)
-	if err != nil {
-		return Placement{}, false, fmt.Errorf("job %s: read bound pod: %w", job.ID, err)
-	}
-	bound := obj.(*corev1.Pod)
+	bound := p.api.pods[key]
 	p.x.Ledger().UpsertPod(bound)
 	p.pods[job.ID] = bound
 	pl, err := v1alpha1.ParsePlacement(bound.Annotations[v1alpha1.AnnotationPlacement])
@@ -192,9 +183,65 @@ func (p *gputopoPolicy) Drop(job Job) error {
 		return nil
 	}
 	delete(p.pods, job.ID)
-	if err := p.cs.Tracker().Delete(podsGVR, pod.Namespace, pod.Name); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("job %s: delete pod: %w", job.ID, err)
-	}
+	delete(p.api.pods, types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name})
 	p.x.Ledger().DeletePod(pod)
+	return nil
+}
+
+// simAPI is the simulated cluster's API server as bind sees it: its pods
+// and nodes in memory, and a Binding that does what kube-apiserver's
+// binding subresource does (nodeName and the Binding's annotations set in
+// one write).
+type simAPI struct {
+	pods  map[types.NamespacedName]*corev1.Pod
+	nodes map[string]*corev1.Node
+}
+
+var _ placement.API = (*simAPI)(nil)
+
+func newSimAPI() *simAPI {
+	return &simAPI{pods: map[types.NamespacedName]*corev1.Pod{}, nodes: map[string]*corev1.Node{}}
+}
+
+func (a *simAPI) Pod(ctx context.Context, key types.NamespacedName, _ types.UID) (*corev1.Pod, error) {
+	return a.FreshPod(ctx, key)
+}
+
+func (a *simAPI) FreshPod(_ context.Context, key types.NamespacedName) (*corev1.Pod, error) {
+	if p, ok := a.pods[key]; ok {
+		return p, nil
+	}
+	return nil, apierrors.NewNotFound(corev1.Resource("pods"), key.Name)
+}
+
+func (a *simAPI) Node(_ context.Context, name string) (*corev1.Node, error) {
+	if n, ok := a.nodes[name]; ok {
+		return n, nil
+	}
+	return nil, apierrors.NewNotFound(corev1.Resource("nodes"), name)
+}
+
+// Bind refuses, as kube-apiserver does, a pod that is gone, recreated or
+// already bound.
+func (a *simAPI) Bind(_ context.Context, b *corev1.Binding) error {
+	key := types.NamespacedName{Namespace: b.Namespace, Name: b.Name}
+	p, ok := a.pods[key]
+	switch {
+	case !ok:
+		return apierrors.NewNotFound(corev1.Resource("pods"), b.Name)
+	case b.UID != "" && p.UID != b.UID:
+		return apierrors.NewConflict(corev1.Resource("pods"), b.Name, fmt.Errorf("the UID in the binding (%s) does not match the pod's (%s)", b.UID, p.UID))
+	case p.Spec.NodeName != "":
+		return apierrors.NewConflict(corev1.Resource("pods"), b.Name, fmt.Errorf("pod %s is already assigned to node %q", key, p.Spec.NodeName))
+	}
+	bound := p.DeepCopy()
+	bound.Spec.NodeName = b.Target.Name
+	if len(b.Annotations) > 0 && bound.Annotations == nil {
+		bound.Annotations = map[string]string{}
+	}
+	for k, v := range b.Annotations {
+		bound.Annotations[k] = v
+	}
+	a.pods[key] = bound
 	return nil
 }

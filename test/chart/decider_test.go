@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gputopo/gputopo/placement"
+
 	"github.com/google/go-cmp/cmp"
 	appsv1 "k8s.io/api/apps/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -31,9 +33,9 @@ deciderLease:
 		namespace string
 		lease     string
 	}{
-		"extender mode":           {defaultRelease, "-extender", "kube-system", extender.DeciderLeaseName("nvidia.com/gpu")},
-		"plugin mode":             {pluginRelease, "-scheduler", "kube-system", extender.DeciderLeaseName("nvidia.com/gpu")},
-		"another resource and ns": {renamed, "-extender", "gputopo-shared", extender.DeciderLeaseName("example.com/gpu")},
+		"extender mode":           {defaultRelease, "-extender", "kube-system", placement.DeciderLeaseName("nvidia.com/gpu")},
+		"plugin mode":             {pluginRelease, "-scheduler", "kube-system", placement.DeciderLeaseName("nvidia.com/gpu")},
+		"another resource and ns": {renamed, "-extender", "gputopo-shared", placement.DeciderLeaseName("example.com/gpu")},
 	} {
 		t.Run(name, func(t *testing.T) {
 			objs := tc.rel.render(t)

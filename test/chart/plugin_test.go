@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
+	"github.com/gputopo/gputopo/placement"
+
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -20,7 +23,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/schedplugin"
 	"github.com/gputopo/gputopo/test/harness"
@@ -56,7 +58,7 @@ func TestPluginModeRendersNoExtender(t *testing.T) {
 	if !ok || cm != fn+"-extender" {
 		t.Errorf("plugin args configFile %s is not in the extender's ConfigMap as mounted (ConfigMap %q)", args.ConfigFile, cm)
 	}
-	if _, err := extender.ParseConfiguration(configData(t, objs, fn+"-extender", path.Base(args.ConfigFile))); err != nil {
+	if _, err := configv1alpha1.ParseExtenderConfiguration(configData(t, objs, fn+"-extender", path.Base(args.ConfigFile))); err != nil {
 		t.Errorf("the ExtenderConfiguration the plugin reads: %v", err)
 	}
 	var hasMetrics bool
@@ -169,7 +171,7 @@ func TestRenderedPluginModeSchedulesInProcess(t *testing.T) {
 
 	waited, err := cp.WaitForPod(ctx, impossible.Namespace, impossible.Name, time.Minute, func(p *corev1.Pod) bool {
 		for _, c := range p.Status.Conditions {
-			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && strings.Contains(c.Message, extender.ReasonPrefix) {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && strings.Contains(c.Message, placement.ReasonPrefix) {
 				return true
 			}
 		}

@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
+
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -139,7 +141,7 @@ func TestRenderedSchedulerConfigRunsThroughExtender(t *testing.T) {
 	}
 
 	// The extender with the chart's arguments, configuration and identity.
-	cfg, err := extender.ParseConfiguration(configData(t, objs, fn+"-extender", "config.yaml"))
+	cfg, err := configv1alpha1.ParseExtenderConfiguration(configData(t, objs, fn+"-extender", "config.yaml"))
 	if err != nil {
 		t.Fatalf("extender ConfigMap: %v", err)
 	}

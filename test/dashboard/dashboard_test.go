@@ -14,11 +14,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gputopo/gputopo/placement/ledger"
+
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/nodeagent"
+	"github.com/gputopo/gputopo/placement/metrics"
 )
 
 // capture is a Registerer that keeps what is registered.
@@ -36,7 +38,7 @@ func exported(t *testing.T) map[string]bool {
 	t.Helper()
 	ch := make(chan *prometheus.Desc, 64)
 	go func() {
-		extender.NewMetrics(extender.NewLedger()).Describe(ch)
+		metrics.New(ledger.New("")).Describe(ch)
 		var c capture
 		nodeagent.NewMetrics(&c, "n")
 		for _, x := range c.cs {

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gputopo/gputopo/placement"
+
 	"github.com/google/go-cmp/cmp"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -30,7 +32,6 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/demo"
-	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/kubectlplugin"
 )
@@ -94,7 +95,7 @@ func checkPlugin(ctx context.Context, t *testing.T, kubeconfig string) {
 	elsewhere := createPinnedNowhere(ctx, t, cs)
 	refused := createRefusedJob(ctx, t, cs)
 	// What explain prints of each pod is all there before it runs.
-	waitShown(ctx, t, cs, "notebook-0", corev1.ConditionTrue, "Scheduled", extender.ReasonGPUsBound)
+	waitShown(ctx, t, cs, "notebook-0", corev1.ConditionTrue, "Scheduled", placement.ReasonGPUsBound)
 	waitShown(ctx, t, cs, pending.Name, corev1.ConditionFalse, "FailedScheduling")
 	waitShown(ctx, t, cs, elsewhere.Name, corev1.ConditionFalse, "FailedScheduling")
 
@@ -136,7 +137,7 @@ func checkPlugin(ctx context.Context, t *testing.T, kubeconfig string) {
 				continue // kube-scheduler's own filters left it out; the extender never saw it
 			}
 			asked++
-			if v.Verdict == kubectlplugin.VerdictFits || !strings.HasPrefix(v.Reason, extender.ReasonPrefix) {
+			if v.Verdict == kubectlplugin.VerdictFits || !strings.HasPrefix(v.Reason, placement.ReasonPrefix) {
 				t.Errorf("node %s: verdict %s reason %q; want a gputopo reason", v.Node, v.Verdict, v.Reason)
 				continue
 			}
@@ -148,7 +149,7 @@ func checkPlugin(ctx context.Context, t *testing.T, kubeconfig string) {
 		if asked != len(cluster) {
 			t.Errorf("explain says %d nodes reach gputopo's filter; want all %d", asked, len(cluster))
 		}
-		if strings.Contains(rest, extender.ReasonPrefix) {
+		if strings.Contains(rest, placement.ReasonPrefix) {
 			t.Errorf("the FailedScheduling event has gputopo reasons explain does not name:\n%s", rest)
 		}
 	})
@@ -213,8 +214,8 @@ func checkPlugin(ctx context.Context, t *testing.T, kubeconfig string) {
 			t.Errorf("kubectl gputopo nodes differs from the plugin run directly (-direct +kubectl):\n%s", diff)
 		}
 		// The bind Event, as kubectl describe shows it.
-		if d := run("describe", "pod", "-n", ns, "notebook-0"); !strings.Contains(d, extender.ReasonGPUsBound) || !strings.Contains(d, "node dgx1-v100-1: GPUs ") {
-			t.Errorf("kubectl describe pod notebook-0 shows no %s event naming its GPUs:\n%s", extender.ReasonGPUsBound, d)
+		if d := run("describe", "pod", "-n", ns, "notebook-0"); !strings.Contains(d, placement.ReasonGPUsBound) || !strings.Contains(d, "node dgx1-v100-1: GPUs ") {
+			t.Errorf("kubectl describe pod notebook-0 shows no %s event naming its GPUs:\n%s", placement.ReasonGPUsBound, d)
 		}
 	})
 }
@@ -362,7 +363,7 @@ func waitFailedScheduling(ctx context.Context, t *testing.T, cs kubernetes.Inter
 			return false, err
 		}
 		for _, e := range evs.Items {
-			if strings.Contains(e.Message, extender.ReasonPrefix) {
+			if strings.Contains(e.Message, placement.ReasonPrefix) {
 				msg = e.Message
 				return true, nil
 			}

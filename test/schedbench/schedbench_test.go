@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gputopo/gputopo/placement/ledger"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -313,7 +315,7 @@ func startExtender(t *testing.T, cp *harness.ControlPlane) *harness.Extender {
 // topology and no GPU is held (the previous phase's pods are gone).
 func waitLedger(t *testing.T, x *extender.Extender, nodes int) {
 	t.Helper()
-	var c extender.Counts
+	var c ledger.Counts
 	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
 		c = x.Ledger().Counts()
 		return c.Total == 8*nodes && c.Free == c.Total, nil

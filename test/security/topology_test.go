@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gputopo/gputopo/placement/ledger"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,7 +21,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/topology"
 )
@@ -131,7 +132,7 @@ func TestTopologyThatDisagreesWithItsNodeIsRefused(t *testing.T) {
 					labels[l.GetName()] = l.GetValue()
 				}
 				switch {
-				case f.GetName() == "gputopo_extender_topology_nodes" && labels["state"] == extender.TopologyUntrusted:
+				case f.GetName() == "gputopo_extender_topology_nodes" && labels["state"] == ledger.TopologyUntrusted:
 					untrusted = m.GetGauge().GetValue()
 				case f.GetName() == "gpu_extender_filter_results_total" && labels["reason"] == "untrusted_topology":
 					refused = m.GetCounter().GetValue()

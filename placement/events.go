@@ -1,11 +1,10 @@
-package extender
+package placement
 
 import (
 	"fmt"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
@@ -26,12 +25,12 @@ const ReasonPlacementFellBack = "PlacementFellBack"
 // (the leader) binds, and it records through the same rate-limited
 // broadcaster as GPUDoubleHeld; without a cluster (the simulator) there is
 // no recorder and nothing is recorded.
-func (x *Extender) recordBound(args *extenderv1.ExtenderBindingArgs, uuids []string, p v1alpha1.Placement) {
+func (x *Core) recordBound(b BindRequest, uuids []string, p v1alpha1.Placement) {
 	if x.recorder == nil || !x.leading.Load() {
 		return
 	}
-	ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: args.PodNamespace, Name: args.PodName, UID: args.PodUID}
-	x.recorder.Event(ref, corev1.EventTypeNormal, ReasonGPUsBound, boundMessage(args.Node, uuids, p))
+	ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: b.Key.Namespace, Name: b.Key.Name, UID: b.UID}
+	x.recorder.Event(ref, corev1.EventTypeNormal, ReasonGPUsBound, boundMessage(b.Node, uuids, p))
 	if p.Degraded {
 		x.recorder.Event(ref, corev1.EventTypeWarning, ReasonPlacementFellBack, p.DegradedReason)
 	}

@@ -13,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/extender/ledger"
+	"github.com/gputopo/gputopo/placement/ledger"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -221,7 +221,7 @@ func TestViewAffinityAndWithout(t *testing.T) {
 		if aff := v.Affinity("ns/other"); aff.Placed() {
 			t.Error("a job with no pods has affinity")
 		}
-		if aff := v.AffinityExcluding("ns/train", self); aff.Placed() {
+		if aff := v.AffinityExcluding("ns/train", types.NamespacedName{Namespace: self.Namespace, Name: self.Name}, self.UID); aff.Placed() {
 			t.Error("the job's only pod, excluded, still places the job")
 		}
 		if node, ok := v.HolderNode("uid-w0"); !ok || node != "a" {

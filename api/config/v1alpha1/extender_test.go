@@ -1,4 +1,4 @@
-package extender
+package v1alpha1
 
 import (
 	"encoding/json"
@@ -9,19 +9,17 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/spf13/pflag"
-	"k8s.io/client-go/rest"
 )
 
 // TestDefaultsGolden pins every default: a change shows up as a diff of
 // testdata/defaults.json in review. Regenerate with UPDATE_GOLDEN=1.
 func TestDefaultsGolden(t *testing.T) {
-	got, err := json.MarshalIndent(DefaultConfiguration(), "", "  ")
+	got, err := json.MarshalIndent(DefaultExtenderConfiguration(), "", "  ")
 	if err != nil {
 		t.Fatal(err)
 	}
 	got = append(got, '\n')
-	path := filepath.Join("testdata", "defaults.json")
+	path := filepath.Join("testdata", "extender-defaults.json")
 	if os.Getenv("UPDATE_GOLDEN") == "1" {
 		if err := os.WriteFile(path, got, 0o644); err != nil {
 			t.Fatal(err)
@@ -35,7 +33,7 @@ func TestDefaultsGolden(t *testing.T) {
 		t.Errorf("defaults changed (-golden +now); if intended, run UPDATE_GOLDEN=1 go test ./extender/ -run TestDefaultsGolden:\n%s", diff)
 	}
 	// The golden file must itself be a valid configuration.
-	if _, err := ParseConfiguration(want); err != nil {
+	if _, err := ParseExtenderConfiguration(want); err != nil {
 		t.Errorf("golden defaults do not parse: %v", err)
 	}
 }
@@ -45,19 +43,19 @@ func TestParseConfiguration(t *testing.T) {
 		name    string
 		doc     string
 		wantErr []string // substrings, all required
-		check   func(t *testing.T, c *Configuration)
+		check   func(t *testing.T, c *ExtenderConfiguration)
 	}{{
 		name: "empty body of the right kind gives the defaults",
 		doc:  "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\n",
-		check: func(t *testing.T, c *Configuration) {
-			if diff := cmp.Diff(DefaultConfiguration(), c); diff != "" {
+		check: func(t *testing.T, c *ExtenderConfiguration) {
+			if diff := cmp.Diff(DefaultExtenderConfiguration(), c); diff != "" {
 				t.Errorf("(-defaults +got):\n%s", diff)
 			}
 		},
 	}, {
 		name: "explicit zero weight switches a component off, others keep defaults",
 		doc:  "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nweights:\n  taskAffinity: 0\nbindTimeout: 2s\n",
-		check: func(t *testing.T, c *Configuration) {
+		check: func(t *testing.T, c *ExtenderConfiguration) {
 			if *c.Weights.TaskAffinity != 0 || *c.Weights.UtilizationBalance != weightProfiles[WeightsPlacement][0] || c.BindTimeout.Duration != 2*time.Second {
 				t.Errorf("weights %+v bindTimeout %s", c.Weights, c.BindTimeout.Duration)
 			}
@@ -65,41 +63,41 @@ func TestParseConfiguration(t *testing.T) {
 	}, {
 		name: "negative topologyMaxAge turns the age check off",
 		doc:  "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\ntopologyMaxAge: -1s\n",
-		check: func(t *testing.T, c *Configuration) {
-			if c.topologyMaxAge() != 0 {
-				t.Errorf("topologyMaxAge in force = %s, want 0 (off)", c.topologyMaxAge())
+		check: func(t *testing.T, c *ExtenderConfiguration) {
+			if c.EffectiveTopologyMaxAge() != 0 {
+				t.Errorf("topologyMaxAge in force = %s, want 0 (off)", c.EffectiveTopologyMaxAge())
 			}
 		},
 	}, {
 		name: "topologyMaxAge 0 turns the age check off",
 		doc:  "topologyMaxAge: 0\n",
-		check: func(t *testing.T, c *Configuration) {
-			if c.TopologyMaxAge == nil || c.TopologyMaxAge.Duration != 0 || c.topologyMaxAge() != 0 {
-				t.Errorf("topologyMaxAge = %v, in force %s; want 0 (off)", c.TopologyMaxAge, c.topologyMaxAge())
+		check: func(t *testing.T, c *ExtenderConfiguration) {
+			if c.TopologyMaxAge == nil || c.TopologyMaxAge.Duration != 0 || c.EffectiveTopologyMaxAge() != 0 {
+				t.Errorf("topologyMaxAge = %v, in force %s; want 0 (off)", c.TopologyMaxAge, c.EffectiveTopologyMaxAge())
 			}
 		},
 	}, {
 		name: "topologyMaxAge 0s turns the age check off",
 		doc:  "topologyMaxAge: 0s\n",
-		check: func(t *testing.T, c *Configuration) {
-			if c.topologyMaxAge() != 0 {
-				t.Errorf("topologyMaxAge in force = %s, want 0 (off)", c.topologyMaxAge())
+		check: func(t *testing.T, c *ExtenderConfiguration) {
+			if c.EffectiveTopologyMaxAge() != 0 {
+				t.Errorf("topologyMaxAge in force = %s, want 0 (off)", c.EffectiveTopologyMaxAge())
 			}
 		},
 	}, {
 		name: "topologyMaxAge unset takes the default 15m",
 		doc:  "bindTimeout: 3s\n",
-		check: func(t *testing.T, c *Configuration) {
-			if c.topologyMaxAge() != 15*time.Minute {
-				t.Errorf("topologyMaxAge in force = %s, want 15m", c.topologyMaxAge())
+		check: func(t *testing.T, c *ExtenderConfiguration) {
+			if c.EffectiveTopologyMaxAge() != 15*time.Minute {
+				t.Errorf("topologyMaxAge in force = %s, want 15m", c.EffectiveTopologyMaxAge())
 			}
 		},
 	}, {
 		name: "topologyMaxAge set is kept",
 		doc:  "topologyMaxAge: 40m\n",
-		check: func(t *testing.T, c *Configuration) {
-			if c.topologyMaxAge() != 40*time.Minute {
-				t.Errorf("topologyMaxAge in force = %s, want 40m", c.topologyMaxAge())
+		check: func(t *testing.T, c *ExtenderConfiguration) {
+			if c.EffectiveTopologyMaxAge() != 40*time.Minute {
+				t.Errorf("topologyMaxAge in force = %s, want 40m", c.EffectiveTopologyMaxAge())
 			}
 		},
 	}, {
@@ -133,16 +131,16 @@ func TestParseConfiguration(t *testing.T) {
 	}, {
 		name: "apiVersion and kind may be omitted",
 		doc:  "weights: {taskAffinity: 5}\n",
-		check: func(t *testing.T, c *Configuration) {
-			if c.APIVersion != ConfigAPIVersion || c.Kind != ConfigKind || *c.Weights.TaskAffinity != 5 {
+		check: func(t *testing.T, c *ExtenderConfiguration) {
+			if c.APIVersion != ConfigAPIVersion || c.Kind != ExtenderConfigKind || *c.Weights.TaskAffinity != 5 {
 				t.Errorf("apiVersion %q kind %q taskAffinity %d", c.APIVersion, c.Kind, *c.Weights.TaskAffinity)
 			}
 		},
 	}, {
 		name: "an empty file gives the defaults",
 		doc:  "# nothing to change\n",
-		check: func(t *testing.T, c *Configuration) {
-			if diff := cmp.Diff(DefaultConfiguration(), c); diff != "" {
+		check: func(t *testing.T, c *ExtenderConfiguration) {
+			if diff := cmp.Diff(DefaultExtenderConfiguration(), c); diff != "" {
 				t.Errorf("(-defaults +got):\n%s", diff)
 			}
 		},
@@ -161,7 +159,7 @@ func TestParseConfiguration(t *testing.T) {
 	}, {
 		name: "separators around one document and comment-only documents are fine",
 		doc:  "---\n# gputopo extender\n---\nbindTimeout: 3s\n---\n",
-		check: func(t *testing.T, c *Configuration) {
+		check: func(t *testing.T, c *ExtenderConfiguration) {
 			if c.BindTimeout.Duration != 3*time.Second {
 				t.Errorf("bindTimeout = %s, want 3s", c.BindTimeout.Duration)
 			}
@@ -184,7 +182,7 @@ func TestParseConfiguration(t *testing.T) {
 	}, {
 		name: "resourceName names the managed extended resource",
 		doc:  "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nresourceName: example.com/accel\n",
-		check: func(t *testing.T, c *Configuration) {
+		check: func(t *testing.T, c *ExtenderConfiguration) {
 			if c.GPUResource() != "example.com/accel" {
 				t.Errorf("GPUResource() = %q, want example.com/accel", c.GPUResource())
 			}
@@ -220,7 +218,7 @@ func TestParseConfiguration(t *testing.T) {
 	}, {
 		name: "design profile restores 40/30/20/10 and switches the node-choice terms off",
 		doc:  "weights: {profile: design, fragmentation: 15}\n",
-		check: func(t *testing.T, c *Configuration) {
+		check: func(t *testing.T, c *ExtenderConfiguration) {
 			w := c.Weights
 			got := []int32{*w.UtilizationBalance, *w.TaskAffinity, *w.ThermalPowerHeadroom, *w.Fragmentation, *w.BandwidthFit, *w.CapabilityConservation, *w.IslandBestFit}
 			if diff := cmp.Diff([]int32{40, 30, 20, 15, 0, 0, 0}, got); diff != "" {
@@ -230,7 +228,7 @@ func TestParseConfiguration(t *testing.T) {
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := ParseConfiguration([]byte(tc.doc))
+			c, err := ParseExtenderConfiguration([]byte(tc.doc))
 			if len(tc.wantErr) > 0 {
 				if err == nil {
 					t.Fatalf("no error; want %q", tc.wantErr)
@@ -260,78 +258,15 @@ func TestLoadConfigurationNamesTheFile(t *testing.T) {
 		return p
 	}
 	multi := write("multi.yaml", "bindTimeout: 2s\n---\nbindTimeout: 3s\n---\nbindTimeout: 4s\n")
-	if _, err := LoadConfiguration(multi); err == nil || !strings.Contains(err.Error(), "extender config "+multi+": document 2: ") {
-		t.Errorf("LoadConfiguration(multi-document) = %v, want the file and document 2 named", err)
+	if _, err := LoadExtenderConfiguration(multi); err == nil || !strings.Contains(err.Error(), "extender config "+multi+": document 2: ") {
+		t.Errorf("LoadExtenderConfiguration(multi-document) = %v, want the file and document 2 named", err)
 	}
 	typo := write("typo.yaml", "weights: {utilisation: 1}\n")
-	if _, err := LoadConfiguration(typo); err == nil || !strings.Contains(err.Error(), "extender config "+typo+": ") || !strings.Contains(err.Error(), `unknown field "weights.utilisation"`) {
-		t.Errorf("LoadConfiguration(typo) = %v, want the file and the field's path named", err)
+	if _, err := LoadExtenderConfiguration(typo); err == nil || !strings.Contains(err.Error(), "extender config "+typo+": ") || !strings.Contains(err.Error(), `unknown field "weights.utilisation"`) {
+		t.Errorf("LoadExtenderConfiguration(typo) = %v, want the file and the field's path named", err)
 	}
-	c, err := LoadConfiguration(write("ok.yaml", "topologyMaxAge: 0s\n"))
-	if err != nil || c.topologyMaxAge() != 0 {
-		t.Errorf("LoadConfiguration(topologyMaxAge: 0s) = %v, %v; want the age check off", c, err)
-	}
-}
-
-func TestOptionsValidate(t *testing.T) {
-	tests := []struct {
-		name    string
-		mutate  func(o *Options)
-		wantErr string
-	}{
-		{"defaults are valid", func(*Options) {}, ""},
-		{"cert without key", func(o *Options) { o.TLSCertFile = "c.pem" }, "must be given together"},
-		{"client CA without TLS", func(o *Options) { o.ClientCAFile = "ca.pem" }, "needs --tls-cert-file"},
-		{"allowed client names without a client CA", func(o *Options) {
-			o.TLSCertFile, o.TLSPrivateKeyFile, o.ClientAllowedNames = "c.pem", "k.pem", []string{"gputopo-scheduler"}
-		}, "--client-allowed-names needs --client-ca-file"},
-		{"an empty allowed client name", func(o *Options) {
-			o.TLSCertFile, o.TLSPrivateKeyFile, o.ClientCAFile, o.ClientAllowedNames = "c.pem", "k.pem", "ca.pem", []string{"gputopo-scheduler", ""}
-		}, "a name is empty"},
-		{"allowed client names with a client CA", func(o *Options) {
-			o.TLSCertFile, o.TLSPrivateKeyFile, o.ClientCAFile, o.ClientAllowedNames = "c.pem", "k.pem", "ca.pem", []string{"gputopo-scheduler"}
-		}, ""},
-		{"renew deadline not below lease", func(o *Options) { o.LeaderElect, o.RenewDeadline = true, 20*time.Second }, "must be shorter"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			o := NewOptions()
-			tc.mutate(&o)
-			err := o.Validate()
-			if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
-				t.Errorf("Validate() = %v, want %q", err, tc.wantErr)
-			}
-		})
-	}
-}
-
-func TestKubeAPIRateLimits(t *testing.T) {
-	o := NewOptions()
-	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
-	o.AddFlags(fs)
-	if o.KubeAPIQPS != DefaultKubeAPIQPS || o.KubeAPIBurst != DefaultKubeAPIBurst {
-		t.Fatalf("defaults qps %g burst %d, want %d and %d", o.KubeAPIQPS, o.KubeAPIBurst, DefaultKubeAPIQPS, DefaultKubeAPIBurst)
-	}
-	if err := fs.Parse([]string{"--kube-api-qps=200", "--kube-api-burst=400"}); err != nil {
-		t.Fatal(err)
-	}
-	base := &rest.Config{Host: "https://api", QPS: 5, Burst: 10}
-	got := withRateLimits(base, o)
-	if got.QPS != 200 || got.Burst != 400 {
-		t.Errorf("with flags: qps %g burst %d, want 200 and 400", got.QPS, got.Burst)
-	}
-	if base.QPS != 5 || base.Burst != 10 || got == base {
-		t.Errorf("withRateLimits changed the caller's config: qps %g burst %d", base.QPS, base.Burst)
-	}
-	o.KubeAPIQPS, o.KubeAPIBurst = 0, 0
-	if got := withRateLimits(base, o); got.QPS != 5 || got.Burst != 10 {
-		t.Errorf("0 must keep the config's limits: qps %g burst %d", got.QPS, got.Burst)
-	}
-	for _, bad := range []func(*Options){func(o *Options) { o.KubeAPIQPS = -1 }, func(o *Options) { o.KubeAPIBurst = -1 }} {
-		o := NewOptions()
-		bad(&o)
-		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--kube-api-") {
-			t.Errorf("Validate of a negative limit = %v, want an error naming the flag", err)
-		}
+	c, err := LoadExtenderConfiguration(write("ok.yaml", "topologyMaxAge: 0s\n"))
+	if err != nil || c.EffectiveTopologyMaxAge() != 0 {
+		t.Errorf("LoadExtenderConfiguration(topologyMaxAge: 0s) = %v, %v; want the age check off", c, err)
 	}
 }

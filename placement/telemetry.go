@@ -1,4 +1,4 @@
-package extender
+package placement
 
 import (
 	"context"
@@ -6,12 +6,14 @@ import (
 	"math"
 	"time"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
+
 	promapi "github.com/prometheus/client_golang/api"
 	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
 	"github.com/prometheus/common/model"
 	"k8s.io/klog/v2"
 
-	"github.com/gputopo/gputopo/extender/ledger"
+	"github.com/gputopo/gputopo/placement/ledger"
 )
 
 // Telemetry fallback reasons (see ledger.FallbackNoData and the others).
@@ -30,22 +32,22 @@ type ExternalTelemetry = ledger.ExternalTelemetry
 // promTelemetry queries DCGM exporter metrics from Prometheus every
 // interval and hands them to the ledger.
 type promTelemetry struct {
-	cfg     *PrometheusTelemetry
-	api     promv1.API
-	ledger  *Ledger
-	metrics *Metrics
-	now     func() time.Time
+	cfg    *configv1alpha1.PrometheusTelemetry
+	api    promv1.API
+	ledger *ledger.Ledger
+	obs    Observer
+	now    func() time.Time
 	// lastFallback is the fallback count last logged, to log changes only.
 	lastFallback int
 }
 
-func newPromTelemetry(cfg *PrometheusTelemetry, l *Ledger, m *Metrics) (*promTelemetry, error) {
+func newPromTelemetry(cfg *configv1alpha1.PrometheusTelemetry, l *ledger.Ledger, obs Observer) (*promTelemetry, error) {
 	c, err := promapi.NewClient(promapi.Config{Address: cfg.URL})
 	if err != nil {
 		return nil, fmt.Errorf("telemetry.prometheus.url %q: %w", cfg.URL, err)
 	}
 	l.UseExternalTelemetry(cfg.MaxAge.Duration)
-	return &promTelemetry{cfg: cfg, api: promv1.NewAPI(c), ledger: l, metrics: m, now: time.Now, lastFallback: -1}, nil
+	return &promTelemetry{cfg: cfg, api: promv1.NewAPI(c), ledger: l, obs: obs, now: time.Now, lastFallback: -1}, nil
 }
 
 // run queries at once, then every interval, until ctx ends.
@@ -68,12 +70,11 @@ func (p *promTelemetry) round(ctx context.Context) {
 	log := klog.FromContext(ctx).WithName("prometheus-telemetry")
 	data, err := p.query(ctx)
 	if err != nil {
-		p.metrics.promQueries.WithLabelValues("error").Inc()
+		p.obs.TelemetryRound(false, p.now())
 		log.Error(err, "query round failed; nodes keep their last samples until telemetry.prometheus.maxAge, then fall back to NodeGPUTopology telemetry", "url", p.cfg.URL)
 		p.ledger.RefreshExternalTelemetry()
 	} else {
-		p.metrics.promQueries.WithLabelValues("success").Inc()
-		p.metrics.promLastSuccess.Set(float64(p.now().UnixNano()) / 1e9)
+		p.obs.TelemetryRound(true, p.now())
 		p.ledger.SetExternalTelemetry(data)
 	}
 	bySource, fallback := p.ledger.TelemetrySources()
@@ -85,9 +86,9 @@ func (p *promTelemetry) round(ctx context.Context) {
 		if total > 0 {
 			log.Info("WARNING: nodes read NodeGPUTopology telemetry instead of Prometheus", "fallbackNodes", total,
 				"noData", fallback[fallbackNoData], "incomplete", fallback[fallbackIncomplete], "stale", fallback[fallbackStale],
-				"prometheusNodes", bySource[TelemetryPrometheus])
+				"prometheusNodes", bySource[configv1alpha1.TelemetryPrometheus])
 		} else {
-			log.Info("every node reads Prometheus telemetry", "nodes", bySource[TelemetryPrometheus])
+			log.Info("every node reads Prometheus telemetry", "nodes", bySource[configv1alpha1.TelemetryPrometheus])
 		}
 		p.lastFallback = total
 	}

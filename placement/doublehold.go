@@ -1,4 +1,4 @@
-package extender
+package placement
 
 import (
 	"strings"
@@ -8,6 +8,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/placement/ledger"
 )
 
 // ReasonGPUDoubleHeld is the reason of the Warning Event each pod gets when
@@ -28,7 +29,7 @@ func newEventBroadcaster() (record.EventBroadcaster, record.EventRecorder) {
 
 // startEvents sends the recorder's Events to the API server until stop is
 // called.
-func (x *Extender) startEvents() (stop func()) {
+func (x *Core) startEvents() (stop func()) {
 	if x.events == nil {
 		return func() {}
 	}
@@ -41,9 +42,11 @@ func (x *Extender) startEvents() (stop func()) {
 // lock, so it only counts, logs and hands Events to the recorder, which
 // never blocks. Every replica counts and logs; only the serving one (the
 // leader) records Events, so that standbys do not repeat them.
-func (x *Extender) onDoubleHeld(added, cleared []DoubleHold) {
+func (x *Core) onDoubleHeld(added, cleared []ledger.DoubleHold) {
+	if len(added) > 0 {
+		x.obs.DoubleHeld(len(added))
+	}
 	for _, d := range added {
-		x.metrics.doubleHeldDetections.Inc()
 		x.log.Error(nil, "GPU held by more than one pod; the ledger keeps every holding and counts the GPU once",
 			"node", d.Node, "gpu", d.GPU, "pods", holderNames(d.Holders), "podUIDs", holderUIDs(d.Holders))
 		if x.leading.Load() {
@@ -58,7 +61,7 @@ func (x *Extender) onDoubleHeld(added, cleared []DoubleHold) {
 // announceDoubleHolds records Events for every GPU held more than once
 // now: a replica that starts serving reports the conflicts it found while
 // it was not yet the leader.
-func (x *Extender) announceDoubleHolds() {
+func (x *Core) announceDoubleHolds() {
 	for _, d := range x.ledger.DoubleHolds() {
 		x.recordDoubleHeld(d)
 	}
@@ -66,7 +69,7 @@ func (x *Extender) announceDoubleHolds() {
 
 // recordDoubleHeld gives each pod of d a Warning Event naming the GPU, the
 // node and the other pods.
-func (x *Extender) recordDoubleHeld(d DoubleHold) {
+func (x *Core) recordDoubleHeld(d ledger.DoubleHold) {
 	if x.recorder == nil {
 		return
 	}
@@ -84,7 +87,7 @@ func (x *Extender) recordDoubleHeld(d DoubleHold) {
 	}
 }
 
-func holderNames(hs []GPUHolder) []string {
+func holderNames(hs []ledger.GPUHolder) []string {
 	out := make([]string, len(hs))
 	for i, h := range hs {
 		out[i] = h.Pod.String()
@@ -92,7 +95,7 @@ func holderNames(hs []GPUHolder) []string {
 	return out
 }
 
-func holderUIDs(hs []GPUHolder) []string {
+func holderUIDs(hs []ledger.GPUHolder) []string {
 	out := make([]string, len(hs))
 	for i, h := range hs {
 		out[i] = string(h.PodUID)

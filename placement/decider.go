@@ -1,4 +1,4 @@
-package extender
+package placement
 
 import (
 	"context"
@@ -45,8 +45,8 @@ func DeciderLeaseName(resource string) string {
 	return "gputopo-decider-" + strings.NewReplacer("/", "-", "_", "-").Replace(strings.ToLower(resource))
 }
 
-// validDeciderLease checks a Lease name given by flag.
-func validDeciderLease(name string) error {
+// ValidDeciderLeaseName checks a decider Lease name given by flag.
+func ValidDeciderLeaseName(name string) error {
 	if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
 		return fmt.Errorf("--decider-lease-name %q: %s", name, strings.Join(msgs, "; "))
 	}
@@ -56,7 +56,7 @@ func validDeciderLease(name string) error {
 // decider runs the election for the decider Lease and answers whether
 // this process may decide GPUs now.
 type decider struct {
-	x         *Extender
+	x         *Core
 	namespace string
 	name      string
 	identity  string
@@ -80,8 +80,8 @@ type decider struct {
 
 // newDecider returns the decider of x, or nil when x decides nothing (a
 // shadow, or the decider Lease turned off for in-memory use).
-func newDecider(x *Extender, mode string) *decider {
-	if x.opts.Shadow || x.client == nil {
+func newDecider(x *Core, mode string) *decider {
+	if x.opts.DecidesNothing || x.client == nil {
 		return nil
 	}
 	name := x.opts.DeciderLeaseName
@@ -92,7 +92,7 @@ func newDecider(x *Extender, mode string) *decider {
 	if ns == "" {
 		ns = DefaultDeciderLeaseNamespace
 	}
-	base := x.identity()
+	base := x.opts.Identity
 	return &decider{
 		x:         x,
 		namespace: ns,
@@ -103,17 +103,18 @@ func newDecider(x *Extender, mode string) *decider {
 	}
 }
 
-// identity is --leader-election-identity, else hostname_random: unique
-// per process, so that two replicas on one host never share a Lease.
-func (x *Extender) identity() string {
-	if id := x.opts.LeaderElectionIdentity; id != "" {
-		return id
-	}
+// defaultIdentity is hostname_random: unique per process, so that two
+// replicas on one host never share a Lease.
+func defaultIdentity() string {
 	host, _ := os.Hostname()
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	return host + "_" + hex.EncodeToString(b)
 }
+
+// Identity is this process's identity in Leases (Options.Identity, else
+// hostname_random).
+func (x *Core) Identity() string { return x.opts.Identity }
 
 // lease names the Lease for messages.
 func (d *decider) lease() string { return d.namespace + "/" + d.name }
@@ -302,7 +303,7 @@ func (d *decider) refusal() string {
 // empty when it may. In-process front ends call it once per GPU pod's
 // cycle: the first call starts the election, since only the scheduling
 // replica calls it.
-func (x *Extender) DeciderRefusal() string {
+func (x *Core) DeciderRefusal() string {
 	d := x.decider.Load()
 	if d == nil {
 		return ""
@@ -317,7 +318,7 @@ func (x *Extender) DeciderRefusal() string {
 // startDecider starts the decider Lease election, if this core decides,
 // and waits for its first answer (at most firstAnswerWait), so that the
 // verbs, served once the caller reports Ready, never wait for it.
-func (x *Extender) startDecider(ctx context.Context) {
+func (x *Core) startDecider(ctx context.Context) {
 	if d := x.decider.Load(); d != nil {
 		d.start(ctx)
 		d.awaitFirstAnswer()

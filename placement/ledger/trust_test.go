@@ -10,7 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/extender/ledger"
+	"github.com/gputopo/gputopo/placement/ledger"
 	"github.com/gputopo/gputopo/topology"
 )
 

@@ -1,4 +1,4 @@
-package extender
+package metrics
 
 import (
 	"strconv"
@@ -8,34 +8,36 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/placement"
+	"github.com/gputopo/gputopo/placement/ledger"
 	"github.com/gputopo/gputopo/topology"
 )
 
-// Metrics are the extender's Prometheus metrics, on a registry of their own
-// so that tests and several in-process extenders never collide. The
+// Metrics are a gputopo scheduler's Prometheus metrics (both front ends
+// export the same names), on a registry of their own so that tests and
+// several in-process cores never collide. It is the core's Observer. The
 // gpu_extender_* names are those dashboards written for the design expect;
 // every other name is gputopo_extender_*.
 type Metrics struct {
 	Registry *prometheus.Registry
 	// collectors are everything registered, for Describe.
 	collectors []prometheus.Collector
-	// leader reports whether this replica serves; the per-GPU gauges are
+	// Leader reports whether this replica serves; the per-GPU gauges are
 	// exported only then, so that standbys do not repeat every GPU's
 	// series. nil: always.
-	leader func() bool
-	// topologyClock gives the time and topologyMaxAge the topology
+	Leader func() bool
+	// TopologyClock gives the time and topologyMaxAge the topology
 	// states are judged at (nil: no age check).
-	topologyClock func() (time.Time, time.Duration)
+	TopologyClock func() (time.Time, time.Duration)
 
 	latency       *prometheus.HistogramVec
 	filterResults *prometheus.CounterVec
 	// filterCounters are filterResults' children, resolved once each:
 	// the plugin build counts node by node. Index 0 is passed, 1+code
 	// failed with that reason.
-	filterCounters [numReasonCodes + 1]atomic.Pointer[prometheus.Counter]
+	filterCounters [placement.NumReasons]atomic.Pointer[prometheus.Counter]
 	scores         *scoreHistogram
 	utilization    *prometheus.GaugeVec
 	temperature    *prometheus.GaugeVec
@@ -64,34 +66,25 @@ type Metrics struct {
 	published map[string][][2]string // node -> (gpu_index, metric) series set
 }
 
-// Phases and error types used as label values.
+// Label values of the HTTP front end's phases and errors (the core's are
+// placement.Phase and placement.ErrorKind).
 const (
-	phaseFilter     = "filter"
-	phasePrioritize = "prioritize"
-	phaseBind       = "bind"
-	phaseShadow     = "shadow"
+	PhaseShadow = "shadow"
 
-	errDecode     = "decode"
-	errTooLarge   = "request_too_large"
-	errBadRequest = "bad_request"
-	// errUnauthorized: a verb call without a client certificate for
-	// client authentication (401); errForbidden: one whose CN
+	ErrDecode   = "decode"
+	ErrTooLarge = "request_too_large"
+	// ErrUnauthorized: a verb call without a client certificate for
+	// client authentication (401); ErrForbidden: one whose CN
 	// --client-allowed-names does not name (403).
-	errUnauthorized = "unauthorized"
-	errForbidden    = "forbidden"
-	errNotReady     = "not_ready"
-	errInfeasible   = "infeasible"
-	errAPIDefinite  = "api_definite"
-	errAPIUnknown   = "api_ambiguous"
-	errConflict     = "conflict"
-	// errNotDecider: another gputopo scheduler holds the decider Lease
-	// (or it is being acquired); the pod is refused, not decided.
-	errNotDecider = "not_decider"
+	ErrUnauthorized = "unauthorized"
+	ErrForbidden    = "forbidden"
+	ErrNotReady     = "not_ready"
 )
 
-// NewMetrics registers the extender's metrics on a fresh registry, with the
-// Go and process collectors.
-func NewMetrics(l *Ledger) *Metrics {
+// New registers the metrics of a core whose ledger is l on a fresh
+// registry, with the Go and process collectors, and mirrors l's telemetry
+// into the per-GPU gauges.
+func New(l *ledger.Ledger) *Metrics {
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -154,26 +147,85 @@ func NewMetrics(l *Ledger) *Metrics {
 			Help: "Nodes filtered differently: shadow_rejects (the serving extender passed the node, the shadow would not), shadow_accepts (the reverse).",
 		}, []string{"direction"}),
 	}
-	perGPU := func() bool { return m.leader == nil || m.leader() }
+	perGPU := func() bool { return m.Leader == nil || m.Leader() }
 	m.collectors = []prometheus.Collector{m.latency, m.filterResults, m.scores, m.errors, m.placements, m.heuristic,
 		&gated{c: m.utilization, on: perGPU}, &gated{c: m.temperature, on: perGPU},
 		m.promQueries, m.promLastSuccess, m.doubleHeldDetections, m.shadowMirrors, m.shadowDecisions, m.shadowDifferences, m.shadowFilterNodes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		&ledgerCollector{l: l, desc: prometheus.NewDesc("gputopo_extender_ledger_gpus",
-			"GPUs in the extender's ledger by state (free, held, reserved, unhealthy, total).", []string{"state"}, nil),
-			doubleHeld: prometheus.NewDesc("gputopo_extender_ledger_double_held_gpus",
-				"GPUs held by more than one live pod now (each counted once in gputopo_extender_ledger_gpus). 0 in a healthy cluster.", nil, nil)},
-		&topologyStateCollector{l: l, m: m, desc: prometheus.NewDesc("gputopo_extender_topology_nodes",
-			"Nodes by the state of their NodeGPUTopology as filter judges it: fresh, missing (the Node advertises GPUs, no topology), invalid, agent_stale (the node agent marked it stale), old (observedTime missing, older than topologyMaxAge or ahead of the clock), untrusted (its GPU count disagrees with the Node's capacity or allocatable, or it lists a GPU UUID another node listed first). Nodes in any state but fresh are refused.", []string{"state"}, nil),
-			duplicates: prometheus.NewDesc("gputopo_extender_topology_duplicate_gpus",
-				"GPU UUIDs that more than one node's NodeGPUTopology lists now (one GPU is in one machine); 0 in a healthy cluster. The node that listed one later is refused as untrusted.", nil, nil)},
-		&telemetrySourceCollector{l: l,
-			source: prometheus.NewDesc("gputopo_extender_telemetry_source_nodes",
-				"Nodes by the telemetry source prioritize reads (nodeGPUTopology, prometheus).", []string{"source"}, nil),
-			fallback: prometheus.NewDesc("gputopo_extender_telemetry_fallback_nodes",
-				"Warning: nodes reading NodeGPUTopology telemetry although telemetry.source is prometheus, by reason (no_data, incomplete, stale). Always 0 with source nodeGPUTopology.", []string{"reason"}, nil)}}
+		ledgerCollector(l), topologyStateCollector(l, m), telemetrySourceCollector(l)}
 	m.Registry.MustRegister(m.collectors...)
+	l.OnTelemetry(m.setTelemetry)
 	return m
+}
+
+// scrape is a collector that reads its values at scrape time, so that a
+// gauge is never out of step and costs nothing between scrapes.
+type scrape struct {
+	descs   []*prometheus.Desc
+	collect func(ch chan<- prometheus.Metric, descs []*prometheus.Desc)
+}
+
+func (c *scrape) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+func (c *scrape) Collect(ch chan<- prometheus.Metric) { c.collect(ch, c.descs) }
+
+// gauge sends one gauge sample.
+func gauge(ch chan<- prometheus.Metric, d *prometheus.Desc, v int, labels ...string) {
+	ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), labels...)
+}
+
+// ledgerCollector reads the ledger's GPU counts.
+func ledgerCollector(l *ledger.Ledger) *scrape {
+	return &scrape{descs: []*prometheus.Desc{prometheus.NewDesc("gputopo_extender_ledger_gpus",
+		"GPUs in the extender's ledger by state (free, held, reserved, unhealthy, total).", []string{"state"}, nil),
+		prometheus.NewDesc("gputopo_extender_ledger_double_held_gpus",
+			"GPUs held by more than one live pod now (each counted once in gputopo_extender_ledger_gpus). 0 in a healthy cluster.", nil, nil)},
+		collect: func(ch chan<- prometheus.Metric, d []*prometheus.Desc) {
+			n := l.Counts()
+			for state, v := range map[string]int{"total": n.Total, "free": n.Free, "held": n.Held, "reserved": n.Reserved, "unhealthy": n.Unhealthy} {
+				gauge(ch, d[0], v, state)
+			}
+			gauge(ch, d[1], n.DoubleHeld)
+		}}
+}
+
+// topologyStateCollector counts nodes by topology state.
+func topologyStateCollector(l *ledger.Ledger, m *Metrics) *scrape {
+	return &scrape{descs: []*prometheus.Desc{prometheus.NewDesc("gputopo_extender_topology_nodes",
+		"Nodes by the state of their NodeGPUTopology as filter judges it: fresh, missing (the Node advertises GPUs, no topology), invalid, agent_stale (the node agent marked it stale), old (observedTime missing, older than topologyMaxAge or ahead of the clock), untrusted (its GPU count disagrees with the Node's capacity or allocatable, or it lists a GPU UUID another node listed first). Nodes in any state but fresh are refused.", []string{"state"}, nil),
+		prometheus.NewDesc("gputopo_extender_topology_duplicate_gpus",
+			"GPU UUIDs that more than one node's NodeGPUTopology lists now (one GPU is in one machine); 0 in a healthy cluster. The node that listed one later is refused as untrusted.", nil, nil)},
+		collect: func(ch chan<- prometheus.Metric, d []*prometheus.Desc) {
+			now, maxAge := time.Now(), time.Duration(0)
+			if m.TopologyClock != nil {
+				now, maxAge = m.TopologyClock()
+			}
+			for state, n := range l.TopologyStates(now, maxAge) {
+				gauge(ch, d[0], n, state)
+			}
+			gauge(ch, d[1], l.DuplicateGPUs())
+		}}
+}
+
+// telemetrySourceCollector counts nodes by telemetry source.
+func telemetrySourceCollector(l *ledger.Ledger) *scrape {
+	return &scrape{descs: []*prometheus.Desc{prometheus.NewDesc("gputopo_extender_telemetry_source_nodes",
+		"Nodes by the telemetry source prioritize reads (nodeGPUTopology, prometheus).", []string{"source"}, nil),
+		prometheus.NewDesc("gputopo_extender_telemetry_fallback_nodes",
+			"Warning: nodes reading NodeGPUTopology telemetry although telemetry.source is prometheus, by reason (no_data, incomplete, stale). Always 0 with source nodeGPUTopology.", []string{"reason"}, nil)},
+		collect: func(ch chan<- prometheus.Metric, d []*prometheus.Desc) {
+			bySource, fallback := l.TelemetrySources()
+			for s, n := range bySource {
+				gauge(ch, d[0], n, s)
+			}
+			for r, n := range fallback {
+				gauge(ch, d[1], n, r)
+			}
+		}}
 }
 
 // Describe sends the description of every metric the extender exports
@@ -253,85 +305,13 @@ func (m *Metrics) setTelemetry(node string, g *topology.Graph, tel []v1alpha1.Te
 	}
 }
 
-// ledgerCollector reads the ledger's counts at scrape time, so the gauge is
-// never out of step and costs nothing between scrapes.
-type ledgerCollector struct {
-	l          *Ledger
-	desc       *prometheus.Desc
-	doubleHeld *prometheus.Desc
-}
-
-var _ prometheus.Collector = (*ledgerCollector)(nil)
-
-func (c *ledgerCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.desc
-	ch <- c.doubleHeld
-}
-
-func (c *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
-	n := c.l.Counts()
-	for state, v := range map[string]int{"total": n.Total, "free": n.Free, "held": n.Held, "reserved": n.Reserved, "unhealthy": n.Unhealthy} {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(v), state)
-	}
-	ch <- prometheus.MustNewConstMetric(c.doubleHeld, prometheus.GaugeValue, float64(n.DoubleHeld))
-}
-
-// topologyStateCollector counts nodes by topology state at scrape time.
-type topologyStateCollector struct {
-	l          *Ledger
-	m          *Metrics
-	desc       *prometheus.Desc
-	duplicates *prometheus.Desc
-}
-
-var _ prometheus.Collector = (*topologyStateCollector)(nil)
-
-func (c *topologyStateCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.desc
-	ch <- c.duplicates
-}
-
-func (c *topologyStateCollector) Collect(ch chan<- prometheus.Metric) {
-	now, maxAge := time.Now(), time.Duration(0)
-	if c.m.topologyClock != nil {
-		now, maxAge = c.m.topologyClock()
-	}
-	for state, n := range c.l.TopologyStates(now, maxAge) {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), state)
-	}
-	ch <- prometheus.MustNewConstMetric(c.duplicates, prometheus.GaugeValue, float64(c.l.DuplicateGPUs()))
-}
-
-// telemetrySourceCollector counts nodes by telemetry source at scrape time.
-type telemetrySourceCollector struct {
-	l                *Ledger
-	source, fallback *prometheus.Desc
-}
-
-var _ prometheus.Collector = (*telemetrySourceCollector)(nil)
-
-func (c *telemetrySourceCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.source
-	ch <- c.fallback
-}
-
-func (c *telemetrySourceCollector) Collect(ch chan<- prometheus.Metric) {
-	bySource, fallback := c.l.TelemetrySources()
-	for s, n := range bySource {
-		ch <- prometheus.MustNewConstMetric(c.source, prometheus.GaugeValue, float64(n), s)
-	}
-	for r, n := range fallback {
-		ch <- prometheus.MustNewConstMetric(c.fallback, prometheus.GaugeValue, float64(n), r)
-	}
-}
-
 // scoreHistogram is the distribution of prioritize scores, buckets 0..10.
 // Scores are integers, so a request counts them per value and adds its
 // counts once: one lock per request instead of one observation per node.
 type scoreHistogram struct {
 	desc   *prometheus.Desc
 	mu     sync.Mutex
-	counts [extenderv1.MaxExtenderPriority + 1]uint64
+	counts [placement.MaxScore + 1]uint64
 	sum    float64
 }
 
@@ -340,7 +320,7 @@ var _ prometheus.Collector = (*scoreHistogram)(nil)
 func newScoreHistogram(desc *prometheus.Desc) *scoreHistogram { return &scoreHistogram{desc: desc} }
 
 // add records a request's scores: counts[s] nodes scored s.
-func (h *scoreHistogram) add(counts *[extenderv1.MaxExtenderPriority + 1]uint64) {
+func (h *scoreHistogram) add(counts *[placement.MaxScore + 1]uint64) {
 	var sum float64
 	for s, n := range counts {
 		sum += float64(s) * float64(n)
@@ -368,22 +348,78 @@ func (h *scoreHistogram) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstHistogram(h.desc, cum, sum, buckets)
 }
 
-// filterCounter is filterResults' counter of passed nodes, or of nodes
-// failed with code.
-func (m *Metrics) filterCounter(passed bool, code reasonCode) prometheus.Counter {
-	i := 0
-	if !passed {
-		i = int(code) + 1
+// Filtered implements placement.Observer: filterResults by reason, each
+// counter resolved once (the plugin build counts node by node).
+func (m *Metrics) Filtered(reason placement.Reason, n int) {
+	if reason >= placement.NumReasons {
+		reason = placement.ReasonInfeasible
 	}
-	if c := m.filterCounters[i].Load(); c != nil {
-		return *c
+	c := m.filterCounters[reason].Load()
+	if c == nil {
+		var ctr prometheus.Counter
+		if reason == placement.ReasonNone {
+			ctr = m.filterResults.WithLabelValues("passed", "")
+		} else {
+			ctr = m.filterResults.WithLabelValues("failed", reason.String())
+		}
+		m.filterCounters[reason].Store(&ctr)
+		c = &ctr
 	}
-	var c prometheus.Counter
-	if i == 0 {
-		c = m.filterResults.WithLabelValues("passed", "")
-	} else {
-		c = m.filterResults.WithLabelValues("failed", reasonNames[code])
-	}
-	m.filterCounters[i].Store(&c)
-	return c
+	(*c).Add(float64(n))
 }
+
+// Scored implements placement.Observer.
+func (m *Metrics) Scored(counts *[placement.MaxScore + 1]uint64) { m.scores.add(counts) }
+
+// Failed implements placement.Observer.
+func (m *Metrics) Failed(phase placement.Phase, kind placement.ErrorKind) {
+	m.Error(string(phase), string(kind))
+}
+
+// Error counts an error of a front end's phase and kind.
+func (m *Metrics) Error(phase, kind string) { m.errors.WithLabelValues(phase, kind).Inc() }
+
+// Bound implements placement.Observer.
+func (m *Metrics) Bound(requested string, p v1alpha1.Placement) {
+	m.placements.WithLabelValues(requested, string(p.Tier)).Inc()
+	if p.Heuristic {
+		m.heuristic.Inc()
+	}
+}
+
+// DoubleHeld implements placement.Observer.
+func (m *Metrics) DoubleHeld(n int) { m.doubleHeldDetections.Add(float64(n)) }
+
+// TelemetryRound implements placement.Observer.
+func (m *Metrics) TelemetryRound(ok bool, at time.Time) {
+	if !ok {
+		m.promQueries.WithLabelValues("error").Inc()
+		return
+	}
+	m.promQueries.WithLabelValues("success").Inc()
+	m.promLastSuccess.Set(float64(at.UnixNano()) / 1e9)
+}
+
+// Latency records how long a front end took to answer a phase.
+func (m *Metrics) Latency(phase string, d time.Duration) {
+	m.latency.WithLabelValues(phase).Observe(d.Seconds())
+}
+
+// ShadowMirrored counts a request mirrored to the shadow, by result.
+func (m *Metrics) ShadowMirrored(verb, result string) {
+	m.shadowMirrors.WithLabelValues(verb, result).Inc()
+}
+
+// ShadowCompared counts a decision the shadow compared: its result, the
+// kinds of differences and the nodes filtered differently by direction.
+func (m *Metrics) ShadowCompared(verb, result string, kinds []string, directions []string) {
+	for _, k := range kinds {
+		m.shadowDifferences.WithLabelValues(k).Inc()
+	}
+	for _, d := range directions {
+		m.shadowFilterNodes.WithLabelValues(d).Inc()
+	}
+	m.shadowDecisions.WithLabelValues(verb, result).Inc()
+}
+
+var _ placement.Observer = (*Metrics)(nil)

@@ -1,4 +1,4 @@
-package extender
+package v1alpha1
 
 import (
 	"bufio"
@@ -23,23 +23,22 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/extender/ledger"
 )
 
-// ConfigAPIVersion and ConfigKind identify the extender's configuration
+// ConfigAPIVersion and ExtenderConfigKind identify the extender's configuration
 // file. Both are optional in the file; when written they must be these.
 // The version moves when a field changes meaning, so a file written for one
 // release is never silently read with another's semantics.
 const (
 	ConfigAPIVersion = "gputopo.io/v1alpha1"
-	ConfigKind       = "ExtenderConfiguration"
+	ExtenderConfigKind       = "ExtenderConfiguration"
 )
 
-// Configuration is the extender's versioned configuration file. Every field
+// ExtenderConfiguration is the extender's versioned configuration file. Every field
 // is optional; the comment of each says its default. Flags cover what
 // differs per deployment (ports, TLS, leader election); this file covers
 // what shapes decisions.
-type Configuration struct {
+type ExtenderConfiguration struct {
 	metav1.TypeMeta `json:",inline"`
 
 	// Weights of the prioritize components. Defaults: the placement
@@ -100,7 +99,7 @@ type Configuration struct {
 // GPUResource is the extended resource the extender manages
 // (resourceName); nvidia.com/gpu when the configuration was never
 // defaulted.
-func (c *Configuration) GPUResource() corev1.ResourceName {
+func (c *ExtenderConfiguration) GPUResource() corev1.ResourceName {
 	if c == nil || c.ResourceName == "" {
 		return v1alpha1.ResourceGPU
 	}
@@ -111,11 +110,11 @@ func (c *Configuration) GPUResource() corev1.ResourceName {
 const (
 	// TelemetryNodeGPUTopology reads the node agent's NodeGPUTopology
 	// status (the default).
-	TelemetryNodeGPUTopology = ledger.SourceNodeGPUTopology
+	TelemetryNodeGPUTopology = "nodeGPUTopology"
 	// TelemetryPrometheus reads DCGM exporter metrics from Prometheus and
 	// falls back to NodeGPUTopology, node by node, while that data is
 	// missing or stale.
-	TelemetryPrometheus = ledger.SourcePrometheus
+	TelemetryPrometheus = "prometheus"
 )
 
 // Telemetry is the telemetry source of prioritize.
@@ -265,22 +264,22 @@ type Thermal struct {
 	LimitTemperatureC *int32 `json:"limitTemperatureC"`
 }
 
-// DefaultConfiguration returns the configuration with every default set.
-func DefaultConfiguration() *Configuration {
-	c := &Configuration{}
-	SetDefaults(c)
+// DefaultExtenderConfiguration returns the configuration with every default set.
+func DefaultExtenderConfiguration() *ExtenderConfiguration {
+	c := &ExtenderConfiguration{}
+	SetExtenderDefaults(c)
 	return c
 }
 
-// SetDefaults fills the fields left unset. Weights and topologyMaxAge are
+// SetExtenderDefaults fills the fields left unset. Weights and topologyMaxAge are
 // pointers so that an explicit 0 (switch a component or the check off)
 // differs from "not set".
-func SetDefaults(c *Configuration) {
+func SetExtenderDefaults(c *ExtenderConfiguration) {
 	if c.APIVersion == "" {
 		c.APIVersion = ConfigAPIVersion
 	}
 	if c.Kind == "" {
-		c.Kind = ConfigKind
+		c.Kind = ExtenderConfigKind
 	}
 	setInt32 := func(p **int32, v int32) {
 		if *p == nil {
@@ -344,13 +343,13 @@ func SetDefaults(c *Configuration) {
 }
 
 // Validate reports every invalid field at once, with its path.
-func (c *Configuration) Validate() field.ErrorList {
+func (c *ExtenderConfiguration) Validate() field.ErrorList {
 	var errs field.ErrorList
 	if c.APIVersion != ConfigAPIVersion {
 		errs = append(errs, field.NotSupported(field.NewPath("apiVersion"), c.APIVersion, []string{ConfigAPIVersion}))
 	}
-	if c.Kind != ConfigKind {
-		errs = append(errs, field.NotSupported(field.NewPath("kind"), c.Kind, []string{ConfigKind}))
+	if c.Kind != ExtenderConfigKind {
+		errs = append(errs, field.NotSupported(field.NewPath("kind"), c.Kind, []string{ExtenderConfigKind}))
 	}
 	wp := field.NewPath("weights")
 	if _, ok := weightProfiles[c.Weights.Profile]; !ok {
@@ -487,9 +486,9 @@ func validateExtendedResourceName(path *field.Path, name string) field.ErrorList
 // defaultTopologyMaxAge tolerates two missed 5-minute topology refreshes.
 const defaultTopologyMaxAge = 15 * time.Minute
 
-// topologyMaxAge is the age limit in force; 0 means off (0 or negative in
+// EffectiveTopologyMaxAge is the age limit in force; 0 means off (0 or negative in
 // the file).
-func (c *Configuration) topologyMaxAge() time.Duration {
+func (c *ExtenderConfiguration) EffectiveTopologyMaxAge() time.Duration {
 	switch {
 	case c.TopologyMaxAge == nil:
 		return defaultTopologyMaxAge
@@ -499,38 +498,38 @@ func (c *Configuration) topologyMaxAge() time.Duration {
 	return c.TopologyMaxAge.Duration
 }
 
-// ParseConfiguration strictly decodes a YAML or JSON ExtenderConfiguration,
+// ParseExtenderConfiguration strictly decodes a YAML or JSON ExtenderConfiguration,
 // applies defaults and validates it. The file holds one document. Unknown
 // and duplicate fields are errors, each named by its full path (e.g.
 // weights.utilisation), and reported together with every invalid value: a
 // typo must not silently fall back to a default.
-func ParseConfiguration(data []byte) (*Configuration, error) {
+func ParseExtenderConfiguration(data []byte) (*ExtenderConfiguration, error) {
 	doc, err := singleDocument(data)
 	if err != nil {
 		return nil, err
 	}
-	c := &Configuration{}
+	c := &ExtenderConfiguration{}
 	var errs []error
 	if doc != nil {
 		var numErrs field.ErrorList
 		if doc, numErrs, err = unitlessDurations(doc); err != nil {
-			return nil, fmt.Errorf("decode %s: %w", ConfigKind, err)
+			return nil, fmt.Errorf("decode %s: %w", ExtenderConfigKind, err)
 		}
 		for _, e := range numErrs {
 			errs = append(errs, e)
 		}
 		strict, err := sigsjson.UnmarshalStrict(doc, c)
 		if err != nil {
-			return nil, fmt.Errorf("decode %s: %w", ConfigKind, err)
+			return nil, fmt.Errorf("decode %s: %w", ExtenderConfigKind, err)
 		}
 		errs = append(errs, strict...)
 	}
-	SetDefaults(c)
+	SetExtenderDefaults(c)
 	for _, e := range c.Validate() {
 		errs = append(errs, e)
 	}
 	if len(errs) > 0 {
-		return nil, fmt.Errorf("invalid %s: %w", ConfigKind, utilerrors.NewAggregate(errs))
+		return nil, fmt.Errorf("invalid %s: %w", ExtenderConfigKind, utilerrors.NewAggregate(errs))
 	}
 	return c, nil
 }
@@ -587,35 +586,53 @@ func singleDocument(data []byte) ([]byte, error) {
 			return doc, nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("read %s document: %w", ConfigKind, err)
+			return nil, fmt.Errorf("read %s document: %w", ExtenderConfigKind, err)
 		}
 		j, err := yaml.YAMLToJSONStrict(chunk)
 		if err != nil {
-			return nil, fmt.Errorf("decode %s document %d: %w", ConfigKind, n+1, err)
+			return nil, fmt.Errorf("decode %s document %d: %w", ExtenderConfigKind, n+1, err)
 		}
 		if bytes.Equal(bytes.TrimSpace(j), []byte("null")) {
 			continue // only comments or blank lines
 		}
 		n++
 		if n > 1 {
-			return nil, fmt.Errorf("document %d: the file must hold one %s, not a multi-document YAML stream; remove the other documents or the --- separator", n, ConfigKind)
+			return nil, fmt.Errorf("document %d: the file must hold one %s, not a multi-document YAML stream; remove the other documents or the --- separator", n, ExtenderConfigKind)
 		}
 		doc = j
 	}
 }
 
-// LoadConfiguration reads path; an empty path gives the defaults.
-func LoadConfiguration(path string) (*Configuration, error) {
+// LoadExtenderConfiguration reads path; an empty path gives the defaults.
+func LoadExtenderConfiguration(path string) (*ExtenderConfiguration, error) {
 	if path == "" {
-		return DefaultConfiguration(), nil
+		return DefaultExtenderConfiguration(), nil
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read extender config: %w", err)
 	}
-	c, err := ParseConfiguration(b)
+	c, err := ParseExtenderConfiguration(b)
 	if err != nil {
 		return nil, fmt.Errorf("extender config %s: %w", path, err)
 	}
 	return c, nil
+}
+
+// ProfileWeights are profile name's weights in the order utilizationBalance,
+// taskAffinity, thermalPowerHeadroom, fragmentation, bandwidthFit,
+// capabilityConservation, islandBestFit; false for an unknown profile.
+func ProfileWeights(name string) ([numWeights]int32, bool) {
+	w, ok := weightProfiles[name]
+	return w, ok
+}
+
+// ZeroUnset sets every weight not given to 0, so that only the given ones
+// count.
+func (w *Weights) ZeroUnset() {
+	for _, f := range w.fields() {
+		if *f.p == nil {
+			*f.p = new(int32)
+		}
+	}
 }

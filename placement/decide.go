@@ -1,4 +1,4 @@
-package extender
+package placement
 
 import (
 	"context"
@@ -6,51 +6,67 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/extender/ledger"
+	"github.com/gputopo/gputopo/placement/ledger"
 	"github.com/gputopo/gputopo/topology"
 )
 
-// ReasonPrefix starts every reason the extender gives, so that a person
+// ReasonPrefix starts every reason the core gives, so that a person
 // reading kube-scheduler's "0/4 nodes are available: ..." knows who said no.
 const ReasonPrefix = "gputopo: "
 
-// reasonCode is a bounded label for the filter_results metric; the
-// free-text reason goes to the pod.
-type reasonCode uint8
+// Reason is why a node cannot take a pod, as a bounded code: metrics label
+// by it (String), the pod reads the verdict's text.
+type Reason uint8
 
+// The reasons a node is refused.
 const (
-	reasonNone reasonCode = iota
-	reasonNoTopology
-	reasonInvalidTopology
-	reasonStaleTopology
-	reasonTooFewGPUs
-	reasonNotEnoughFree
-	reasonMemory
-	reasonNVLink
-	reasonBandwidth
-	reasonInfeasible
-	reasonUntrustedTopology
-	numReasonCodes
+	ReasonNone Reason = iota
+	ReasonNoTopology
+	ReasonInvalidTopology
+	ReasonStaleTopology
+	ReasonTooFewGPUs
+	ReasonNotEnoughFree
+	ReasonMemory
+	ReasonNVLink
+	ReasonBandwidth
+	ReasonInfeasible
+	ReasonUntrustedTopology
+	NumReasons
 )
 
-var reasonNames = [numReasonCodes]string{
+var reasonNames = [NumReasons]string{
 	"", "no_topology", "invalid_topology", "stale_topology", "too_few_gpus",
 	"not_enough_free", "memory", "nvlink", "bandwidth", "infeasible",
 	"untrusted_topology",
 }
 
-// podRequest is a pod's GPU request, parsed once per HTTP request.
-type podRequest struct {
-	// uid is the pod's: nodes are seen as it sees them (ledger.View.NodeFor).
-	uid   types.UID
-	count int
+// String is the reason's metric label ("" for ReasonNone).
+func (r Reason) String() string {
+	if r >= NumReasons {
+		return "unknown"
+	}
+	return reasonNames[r]
+}
+
+// Request is a pod's GPU request, parsed once per pod and decision (an
+// HTTP verb, a scheduling cycle): every answer about the pod reads it.
+type Request struct {
+	// UID is the pod's: nodes are seen as it sees them (ledger.View.NodeFor).
+	UID types.UID
+	// Key is the pod's namespace and name.
+	Key types.NamespacedName
+	// Count is the pod's GPU demand; 0: not the core's to decide.
+	Count int
 	req   v1alpha1.Requirement
 	job   string // namespace/job label
 	// strict is the requirement as written. With fallbackAfter due, req
@@ -59,37 +75,42 @@ type podRequest struct {
 	strict     v1alpha1.Requirement
 	fallback   bool
 	fallbackIn time.Duration
+	// created is the pod's creation time, which fallbackAfter counts from.
+	created time.Time
 }
 
-// parsePodRequest reads the GPU count and requirement of a pod at now. A
-// pod without the requirement annotation gets the zero requirement: no
-// constraint, the default strategy (lowest_fragmentation), which keeps
-// NVLink islands whole for the pods that do need them. A malformed
-// annotation is an error naming the field.
-func parsePodRequest(pod *corev1.Pod, resource corev1.ResourceName, now time.Time) (podRequest, error) {
-	n, err := GPUCount(pod, resource)
-	if err != nil {
-		return podRequest{}, err
+// ParseRequest reads the GPU count and requirement of a pod at now, with
+// the ledger's reading of the pod (ledger.NewPodInfo: one parser of the
+// demand, the job and the requirement). A pod without the requirement
+// annotation gets the zero requirement: no constraint, the default
+// strategy (lowest_fragmentation), which keeps NVLink islands whole for
+// the pods that do need them. A malformed annotation is an error naming
+// the field.
+func ParseRequest(pod *corev1.Pod, resource corev1.ResourceName, now time.Time) (Request, error) {
+	return requestOf(ledger.NewPodInfo(pod, resource), pod.CreationTimestamp.Time, now)
+}
+
+// requestOf is the request of a pod the ledger has read.
+func requestOf(info *ledger.PodInfo, created, now time.Time) (Request, error) {
+	if info.DemandErr != nil {
+		return Request{}, info.DemandErr
 	}
-	r := podRequest{uid: pod.UID, count: n}
-	if j := pod.Labels[v1alpha1.LabelJob]; j != "" {
-		r.job = pod.Namespace + "/" + j
-	}
-	if v, ok := pod.Annotations[v1alpha1.AnnotationRequirement]; ok {
-		req, err := v1alpha1.ParseRequirement(v)
+	r := Request{UID: info.UID, Key: info.Key, Count: info.GPUs, job: info.Job, created: created}
+	if info.HasRequirement {
+		req, err := v1alpha1.ParseRequirement(info.Requirement)
 		if err != nil {
-			return r, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
+			return r, fmt.Errorf("pod %s: %w", info.Key, err)
 		}
-		r.setRequirement(req, pod.CreationTimestamp.Time, now)
+		r.setRequirement(req, created, now)
 	}
 	return r, nil
 }
 
 // setRequirement sets the pod's requirement, relaxed when its
 // fallbackAfter has passed since created.
-func (r *podRequest) setRequirement(req v1alpha1.Requirement, created, now time.Time) {
+func (r *Request) setRequirement(req v1alpha1.Requirement, created, now time.Time) {
 	r.req, r.strict = req, req
-	if r.count < 2 {
+	if r.Count < 2 {
 		return
 	}
 	due, wait := req.FallbackDue(created, now)
@@ -104,16 +125,16 @@ func (r *podRequest) setRequirement(req v1alpha1.Requirement, created, now time.
 // degraded says whether a set with metrics m misses the pod's strict
 // requirement, and why, for the placement record. Only a pod that fell
 // back can be placed on such a set.
-func (r podRequest) degraded(m topology.SetMetrics) (bool, string) {
+func (r Request) degraded(m topology.SetMetrics) (bool, string) {
 	if !r.fallback {
 		return false, ""
 	}
 	after := r.strict.FallbackAfter.Duration
 	switch {
 	case r.strict.RequireNVLink && m.Tier != v1alpha1.TierNVLink && m.Tier != v1alpha1.TierNVSwitch:
-		return true, fmt.Sprintf("Pending longer than fallbackAfter %s with no free NVLink-connected set of %d GPUs; placed on a %s set (ring %d GB/s)", after, r.count, m.Tier, m.RingGBps)
+		return true, fmt.Sprintf("Pending longer than fallbackAfter %s with no free NVLink-connected set of %d GPUs; placed on a %s set (ring %d GB/s)", after, r.Count, m.Tier, m.RingGBps)
 	case r.strict.MinPairBandwidthGBps > 0 && m.MinPairGBps < r.strict.MinPairBandwidthGBps:
-		return true, fmt.Sprintf("Pending longer than fallbackAfter %s with no free set of %d GPUs at %d GB/s per pair; placed at %d GB/s", after, r.count, r.strict.MinPairBandwidthGBps, m.MinPairGBps)
+		return true, fmt.Sprintf("Pending longer than fallbackAfter %s with no free set of %d GPUs at %d GB/s per pair; placed at %d GB/s", after, r.Count, r.strict.MinPairBandwidthGBps, m.MinPairGBps)
 	}
 	return false, ""
 }
@@ -123,7 +144,7 @@ type verdict struct {
 	ok           bool
 	res          topology.Result
 	reason       string
-	code         reasonCode
+	code         Reason
 	unresolvable bool
 }
 
@@ -133,14 +154,17 @@ type evalKey struct {
 	pristine bool
 }
 
-// evaluator answers filter and prioritize questions for one HTTP request.
-// Nodes of one topology with the same free GPUs get the same answer, so it
-// remembers answers for the request's lifetime (no lock, no hashing of
-// strings); the allocator's own memo carries them across requests.
+// evaluator answers filter and prioritize questions for one request (an
+// HTTP verb, a scheduling cycle). Nodes of one topology with the same free
+// GPUs get the same answer, so it remembers answers for the request's
+// lifetime (no lock, no hashing of strings); the allocator's own memo
+// carries them across requests. It is safe for concurrent use; two
+// goroutines asking the same question at once may both compute the
+// answer, which is the same.
 type evaluator struct {
 	alloc  *topology.Allocator
-	cfg    *Configuration
-	pr     podRequest
+	cfg    *configv1alpha1.ExtenderConfiguration
+	pr     Request
 	now    time.Time
 	maxAge time.Duration
 	// window bounds a fresh observedTime.
@@ -148,9 +172,11 @@ type evaluator struct {
 	// telemetryAfterNs is the oldest telemetry time still steered by.
 	telemetryAfterNs int64
 	// slots is a direct-mapped cache in front of memo: most lookups are a
-	// multiply and one compare instead of hashing a struct key.
-	slots [evalSlots]evalSlot
-	memo  map[evalKey]*verdict
+	// multiply, an atomic load and one compare instead of hashing a
+	// struct key. Both are safe for concurrent use: a plugin cycle's
+	// Filter asks from the framework's parallel goroutines.
+	slots [evalSlots]atomic.Pointer[evalSlot]
+	memo  sync.Map // evalKey -> *verdict
 	// Score constants, read once per request rather than per node.
 	wU, wA, wH, wF, wB, wC, wI float64
 	idleC, limitC              float64
@@ -183,9 +209,9 @@ func (k evalKey) slot() int {
 
 // newEvaluator decides pr for one request (an HTTP verb, a scheduling
 // cycle); it logs through ctx's logger.
-func newEvaluator(ctx context.Context, alloc *topology.Allocator, cfg *Configuration, pr podRequest, now time.Time) *evaluator {
+func newEvaluator(ctx context.Context, alloc *topology.Allocator, cfg *configv1alpha1.ExtenderConfiguration, pr Request, now time.Time) *evaluator {
 	log := klog.FromContext(ctx)
-	e := &evaluator{alloc: alloc, cfg: cfg, pr: pr, now: now, maxAge: cfg.topologyMaxAge(), log: log, trace: log.V(5).Enabled()}
+	e := &evaluator{alloc: alloc, cfg: cfg, pr: pr, now: now, maxAge: cfg.EffectiveTopologyMaxAge(), log: log, trace: log.V(5).Enabled()}
 	w := cfg.Weights
 	e.wU, e.wA, e.wH, e.wF = float64(*w.UtilizationBalance), float64(*w.TaskAffinity), float64(*w.ThermalPowerHeadroom), float64(*w.Fragmentation)
 	e.wB, e.wC, e.wI = float64(*w.BandwidthFit), float64(*w.CapabilityConservation), float64(*w.IslandBestFit)
@@ -214,35 +240,35 @@ func (e *evaluator) check(n *ledger.Node) *verdict {
 func (e *evaluator) checkNode(n *ledger.Node) *verdict {
 	switch n.State(e.window) {
 	case ledger.TopoMissing:
-		return &verdict{code: reasonNoTopology, reason: "node has no NodeGPUTopology; the gputopo node agent has not published its GPUs (is it running on this node?)"}
+		return &verdict{code: ReasonNoTopology, reason: "node has no NodeGPUTopology; the gputopo node agent has not published its GPUs (is it running on this node?)"}
 	case ledger.TopoInvalid:
-		return &verdict{code: reasonInvalidTopology, reason: "node's NodeGPUTopology is invalid (" + n.TopologyError() + "); fix or restart the gputopo node agent on this node"}
+		return &verdict{code: ReasonInvalidTopology, reason: "node's NodeGPUTopology is invalid (" + n.TopologyError() + "); fix or restart the gputopo node agent on this node"}
 	case ledger.TopoAgentStale:
 		reason := "node's GPU topology is stale"
 		if r := n.StaleReason(); r != "" {
 			reason += " (" + r + ")"
 		}
-		return &verdict{code: reasonStaleTopology, reason: reason + "; check the gputopo node agent and the GPU driver on this node"}
+		return &verdict{code: ReasonStaleTopology, reason: reason + "; check the gputopo node agent and the GPU driver on this node"}
 	case ledger.TopoOld:
 		return e.staleByTime(n)
 	case ledger.TopoUntrusted:
 		// It may heal (kubelet's next status, the agent republishing), so
 		// kube-scheduler may try the node again.
-		return &verdict{code: reasonUntrustedTopology, reason: n.UntrustedReason()}
+		return &verdict{code: ReasonUntrustedTopology, reason: n.UntrustedReason()}
 	}
-	if size := n.Size(); e.pr.count > size {
-		return &verdict{code: reasonTooFewGPUs, unresolvable: true, reason: fmt.Sprintf("pod requests %d GPUs; node has %d", e.pr.count, size)}
+	if size := n.Size(); e.pr.Count > size {
+		return &verdict{code: ReasonTooFewGPUs, unresolvable: true, reason: fmt.Sprintf("pod requests %d GPUs; node has %d", e.pr.Count, size)}
 	}
-	if a := n.Allocatable(); a >= 0 && e.pr.count > a {
-		return &verdict{code: reasonTooFewGPUs, unresolvable: true, reason: fmt.Sprintf("pod requests %d GPUs; node advertises %d %s", e.pr.count, a, e.cfg.GPUResource())}
+	if a := n.Allocatable(); a >= 0 && e.pr.Count > a {
+		return &verdict{code: ReasonTooFewGPUs, unresolvable: true, reason: fmt.Sprintf("pod requests %d GPUs; node advertises %d %s", e.pr.Count, a, e.cfg.GPUResource())}
 	}
 	free := n.Free()
-	if u := n.UnknownHeld(); u > 0 && free.Count()-u < e.pr.count {
-		return &verdict{code: reasonNotEnoughFree, reason: fmt.Sprintf("needs %d GPUs; %d of %d are free (%d more are held by pods whose GPUs are not recorded yet)",
-			e.pr.count, max(free.Count()-u, 0), n.Size(), u)}
+	if u := n.UnknownHeld(); u > 0 && free.Count()-u < e.pr.Count {
+		return &verdict{code: ReasonNotEnoughFree, reason: fmt.Sprintf("needs %d GPUs; %d of %d are free (%d more are held by pods whose GPUs are not recorded yet)",
+			e.pr.Count, max(free.Count()-u, 0), n.Size(), u)}
 	}
 	v := e.allocate(n, free, false)
-	if v.ok || v.code != reasonInfeasible && v.code != reasonNotEnoughFree && v.code != reasonMemory && v.code != reasonNVLink && v.code != reasonBandwidth {
+	if v.ok || v.code != ReasonInfeasible && v.code != ReasonNotEnoughFree && v.code != ReasonMemory && v.code != ReasonNVLink && v.code != ReasonBandwidth {
 		return v
 	}
 	if p := e.allocate(n, n.Topo().Pristine().All(), true); !p.ok {
@@ -263,7 +289,7 @@ const topologyClockSkew = ledger.ClockSkew
 // would otherwise keep a dead agent's topology fresh for as long as it is
 // ahead. With the age check off neither counts.
 func (e *evaluator) staleByTime(n *ledger.Node) *verdict {
-	v := &verdict{code: reasonStaleTopology}
+	v := &verdict{code: ReasonStaleTopology}
 	observed := n.Observed()
 	switch {
 	case observed.IsZero():
@@ -283,18 +309,18 @@ func (e *evaluator) staleByTime(n *ledger.Node) *verdict {
 func (e *evaluator) allocate(n *ledger.Node, free topology.Mask, pristine bool) *verdict {
 	shared := pristine || e.pr.req.EffectiveStrategy() != v1alpha1.StrategyBalancedUtilization
 	key := evalKey{topo: n.Topo(), free: free, pristine: pristine}
-	var slot *evalSlot
+	var slot *atomic.Pointer[evalSlot]
 	if shared {
 		slot = &e.slots[key.slot()]
-		if slot.v != nil && slot.key == key {
-			return slot.v
+		if s := slot.Load(); s != nil && s.key == key {
+			return s.v
 		}
-		if v, ok := e.memo[key]; ok {
-			return v
+		if v, ok := e.memo.Load(key); ok {
+			return v.(*verdict)
 		}
 	}
 	g := n.Graph()
-	req := topology.Request{Count: e.pr.count, Requirement: e.pr.req}
+	req := topology.Request{Count: e.pr.Count, Requirement: e.pr.req}
 	if pristine {
 		g = key.topo.Pristine()
 	} else if !shared {
@@ -303,46 +329,39 @@ func (e *evaluator) allocate(n *ledger.Node, free topology.Mask, pristine bool) 
 	res, err := e.alloc.Allocate(g, free, req)
 	v := &verdict{ok: err == nil, res: res}
 	if err != nil {
-		v.reason, v.code = err.Error(), reasonInfeasible
+		v.reason, v.code = err.Error(), ReasonInfeasible
 		var inf *topology.InfeasibleError
 		if errors.As(err, &inf) {
 			v.reason, v.code = inf.Reason, classify(inf.Reason)
 		}
 	}
-	if shared {
-		if slot.v == nil {
-			slot.key, slot.v = key, v
-		} else {
-			if e.memo == nil {
-				e.memo = make(map[evalKey]*verdict, 8)
-			}
-			e.memo[key] = v
-		}
+	if shared && !slot.CompareAndSwap(nil, &evalSlot{key: key, v: v}) {
+		e.memo.Store(key, v)
 	}
 	return v
 }
 
 // classify maps the allocator's reasons (docs/topology.md, "Feasibility
 // reasons") to metric labels.
-func classify(reason string) reasonCode {
+func classify(reason string) Reason {
 	switch {
 	case strings.Contains(reason, "MiB"):
-		return reasonMemory
+		return ReasonMemory
 	case strings.Contains(reason, "GB/s"):
-		return reasonBandwidth
+		return ReasonBandwidth
 	case strings.Contains(reason, "NVLink between"):
-		return reasonNVLink
+		return ReasonNVLink
 	case strings.HasPrefix(reason, "needs ") && strings.Contains(reason, " are free"):
-		return reasonNotEnoughFree
+		return ReasonNotEnoughFree
 	}
-	return reasonInfeasible
+	return ReasonInfeasible
 }
 
 // wantsBandwidth says whether the pod asks for bandwidth between its
 // GPUs: NVLink required, a minimum pair bandwidth, or highest_bandwidth
 // with more than one GPU (the policy table's model-parallel intent).
-func (pr podRequest) wantsBandwidth() bool {
-	return pr.count > 1 && (pr.req.RequireNVLink || pr.req.MinPairBandwidthGBps > 0 ||
+func (pr Request) wantsBandwidth() bool {
+	return pr.Count > 1 && (pr.req.RequireNVLink || pr.req.MinPairBandwidthGBps > 0 ||
 		pr.req.EffectiveStrategy() == v1alpha1.StrategyHighestBandwidth)
 }
 
@@ -381,17 +400,17 @@ func soloCohort(n *ledger.Node, v *verdict) cohort {
 // Task affinity counts only for a pod whose job has pods placed already,
 // bandwidth fit only for a pod that asks for bandwidth; the others count
 // for every pod.
-func (e *evaluator) merit(n *ledger.Node, v *verdict, aff ledger.Affinity, co cohort) (float64, components) {
+func (e *evaluator) merit(n *ledger.Node, v *verdict, aff ledger.Affinity, co cohort) (float64, Components) {
 	c := e.components(n, v, aff.Of(n), co)
-	return e.combine(e.local(c, aff), c.bandwidthFit, c.conservation, aff), c
+	return e.combine(e.local(c, aff), c.BandwidthFit, c.Conservation, aff), c
 }
 
 // local is the weighted sum of the terms that do not compare the node
 // with the others (all but bandwidth fit and capability conservation).
-func (e *evaluator) local(c components, aff ledger.Affinity) float64 {
-	total := e.wU*c.utilization + e.wH*c.headroom + e.wF*c.fragmentation + e.wI*c.islandFit
+func (e *evaluator) local(c Components, aff ledger.Affinity) float64 {
+	total := e.wU*c.Utilization + e.wH*c.Headroom + e.wF*c.Fragmentation + e.wI*c.IslandFit
 	if aff.Placed() {
-		total += e.wA * c.affinity
+		total += e.wA * c.Affinity
 	}
 	return total
 }
@@ -445,20 +464,20 @@ func relativeScore(m, best float64) int64 {
 	return min(max(s, 0), 10)
 }
 
-// components are the prioritize terms, each in 0..1.
-type components struct {
-	utilization, affinity, headroom, fragmentation float64
-	bandwidthFit, conservation, islandFit          float64
+// Components are the prioritize terms, each in 0..1.
+type Components struct {
+	Utilization, Affinity, Headroom, Fragmentation float64
+	BandwidthFit, Conservation, IslandFit          float64
 }
 
-func (e *evaluator) components(n *ledger.Node, v *verdict, affinity float64, co cohort) components {
+func (e *evaluator) components(n *ledger.Node, v *verdict, affinity float64, co cohort) Components {
 	size, topo, freeMask := n.Size(), n.Topo(), n.Free()
 	tel := n.Telemetry(e.telemetryAfterNs)
 	gpus := v.res.GPUs
 	// Utilization balance: 1 - the node's busy fraction after placement.
 	// A held GPU is fully busy; a free one is as busy as its telemetry says.
 	busy := float64(n.UsedCount() + n.UnknownHeld())
-	c := components{affinity: affinity, headroom: 0.5, bandwidthFit: 1, conservation: 1}
+	c := Components{Affinity: affinity, Headroom: 0.5, BandwidthFit: 1, Conservation: 1}
 	if tel != nil {
 		busy += float64(n.UtilFree()) / 100
 		// Thermal and power headroom of the chosen GPUs, in the same pass.
@@ -475,26 +494,26 @@ func (e *evaluator) components(n *ledger.Node, v *verdict, affinity float64, co 
 			sum += h
 		}
 		if len(gpus) > 0 {
-			c.headroom = sum / float64(len(gpus))
+			c.Headroom = sum / float64(len(gpus))
 		}
 	} else {
 		// Neutral headroom without recent telemetry.
 		busy += float64(len(gpus))
 	}
-	c.utilization = clamp01(1 - busy/float64(size))
+	c.Utilization = clamp01(1 - busy/float64(size))
 	// Fragmentation left: the largest free NVLink island after placement,
 	// against the largest the free GPUs left could form on this machine.
 	left := freeMask.Count() - len(gpus)
-	c.fragmentation = 1
+	c.Fragmentation = 1
 	if want := min(left, topo.MaxIsland()); want > 0 {
-		c.fragmentation = clamp01(float64(v.res.Metrics.LeftLargestIsland) / float64(want))
+		c.Fragmentation = clamp01(float64(v.res.Metrics.LeftLargestIsland) / float64(want))
 	}
 	// Bandwidth fit: this node's ring bandwidth against the cohort's best.
 	// Capability conservation: where this machine's capability lies
 	// between the cohort's least and most capable, on a log scale (the
 	// machines differ by orders of magnitude): 1 for the least capable,
 	// 0 for the most.
-	c.bandwidthFit, c.conservation = crossTerms(v.res.Metrics.RingGBps, topo.LogCapability(), co)
+	c.BandwidthFit, c.Conservation = crossTerms(v.res.Metrics.RingGBps, topo.LogCapability(), co)
 	// Island best fit: the share of the touched islands' GPUs that is in
 	// use once the pod is placed, and of the node's.
 	var set, touched topology.Mask
@@ -512,7 +531,7 @@ func (e *evaluator) components(n *ledger.Node, v *verdict, affinity float64, co 
 	if size > 0 {
 		nodeFill = 1 - float64(freeMask.Minus(set).Count())/float64(size)
 	}
-	c.islandFit = (islandFill + nodeFill) / 2
+	c.IslandFit = (islandFill + nodeFill) / 2
 	return c
 }
 
@@ -520,9 +539,9 @@ func clamp01(x float64) float64 { return min(max(x, 0), 1) }
 
 // requestedTier names what the requirement asked for, for the placements
 // metric.
-func requestedTier(pr podRequest) string {
+func requestedTier(pr Request) string {
 	switch {
-	case pr.count == 1:
+	case pr.Count == 1:
 		return string(v1alpha1.TierSingleGPU)
 	case pr.req.RequireNVLink:
 		return string(v1alpha1.TierNVLink)

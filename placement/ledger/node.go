@@ -5,7 +5,6 @@ import (
 	"math"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gputopo/gputopo/topology"
@@ -281,10 +280,10 @@ func (v View) Affinity(job string) Affinity {
 
 // AffinityExcluding is Affinity without pod itself, for deciding as if it
 // were not bound yet.
-func (v View) AffinityExcluding(job string, pod *corev1.Pod) Affinity {
+func (v View) AffinityExcluding(job string, pod types.NamespacedName, uid types.UID) Affinity {
 	idx := v.Affinity(job)
-	info := v.l.pods[types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}]
-	if info == nil || info.UID != pod.UID || info.Node == "" || info.Job != job || idx.nodes[info.Node] == 0 {
+	info := v.l.pods[pod]
+	if info == nil || info.UID != uid || info.Node == "" || info.Job != job || idx.nodes[info.Node] == 0 {
 		return idx
 	}
 	nodes := maps.Clone(idx.nodes)

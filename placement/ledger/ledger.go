@@ -276,11 +276,11 @@ type PodInfo struct {
 	// AssignedRaw is the assigned-gpus annotation as written.
 	AssignedRaw string
 	// AssignErr is why the GPU annotation could not be read.
-	AssignErr string
+	AssignErr error
 	// DemandErr is why the pod's GPU demand could not be read (a negative,
 	// fractional or oversized count, naming the field); GPUs is then 0
 	// and must not be taken for "no GPUs".
-	DemandErr string
+	DemandErr error
 }
 
 // GPUCount is the number of devices of resource (the configuration's
@@ -307,7 +307,7 @@ func NewPodInfo(p *corev1.Pod, resource corev1.ResourceName) *PodInfo {
 		Node: p.Spec.NodeName,
 	}
 	if n, err := GPUCount(p, resource); err != nil {
-		info.DemandErr = err.Error()
+		info.DemandErr = err
 	} else {
 		info.GPUs = n
 	}
@@ -323,7 +323,7 @@ func NewPodInfo(p *corev1.Pod, resource corev1.ResourceName) *PodInfo {
 		}
 		uuids, err := v1alpha1.ParseGPUList(key, v)
 		if err != nil {
-			info.AssignErr = err.Error()
+			info.AssignErr = err
 			continue
 		}
 		if len(uuids) > 0 {
@@ -652,7 +652,7 @@ func (l *Ledger) UpsertPod(p *corev1.Pod) {
 		return
 	}
 	info := NewPodInfo(p, l.resource)
-	if info.GPUs == 0 && len(info.Assigned) == 0 && info.DemandErr == "" {
+	if info.GPUs == 0 && len(info.Assigned) == 0 && info.DemandErr == nil {
 		l.forgetPodLocked(p.UID, info.Key)
 		return
 	}
@@ -682,7 +682,7 @@ func (l *Ledger) UpsertPod(p *corev1.Pod) {
 			h.reserved = false
 			l.recomputeLocked(l.nodeLocked(h.node))
 		}
-	case info.DemandErr != "":
+	case info.DemandErr != nil:
 		// Bound with a demand that cannot be read (kube-apiserver admits
 		// none such): nothing to count; filter and bind report the error.
 		return

@@ -1,4 +1,4 @@
-package extender
+package placement
 
 import (
 	"context"
@@ -9,26 +9,28 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
 // deciderPair is two cores on one clientset (one cluster), each with its
 // decider, as two gputopo schedulers side by side.
-func deciderPair(t *testing.T) (a, b *Extender) {
+func deciderPair(t *testing.T) (a, b *Core) {
 	t.Helper()
 	cs := fake.NewClientset()
-	mk := func(id, mode string) *Extender {
-		cfg := DefaultConfiguration()
+	mk := func(id, mode string) *Core {
+		cfg := configv1alpha1.DefaultExtenderConfiguration()
 		cfg.BindTimeout.Duration = 200 * time.Millisecond
-		x := newExtender(cfg, cs)
-		x.opts = NewOptions()
-		x.opts.LeaderElectionIdentity = id
-		x.opts.LeaseDuration, x.opts.RenewDeadline, x.opts.RetryPeriod = time.Second, 500*time.Millisecond, 50*time.Millisecond
-		x.synced.Store(true)
-		x.leading.Store(true)
+		x, err := NewWithClient(cs, Options{Config: cfg, Identity: id, Mode: mode,
+			LeaseDuration: time.Second, RenewDeadline: 500 * time.Millisecond, RetryPeriod: 50 * time.Millisecond,
+			DeciderLeaseNamespace: DefaultDeciderLeaseNamespace})
+		if err != nil {
+			t.Fatal(err)
+		}
 		x.decider.Store(newDecider(x, mode))
 		return x
 	}
@@ -88,29 +90,17 @@ func TestDeciderLeaseNameFollowsTheResource(t *testing.T) {
 		if got != want {
 			t.Errorf("DeciderLeaseName(%q) = %q, want %q", res, got, want)
 		}
-		if err := validDeciderLease(got); err != nil {
+		if err := ValidDeciderLeaseName(got); err != nil {
 			t.Errorf("DeciderLeaseName(%q) = %q is no valid Lease name: %v", res, got, err)
 		}
 	}
 }
 
-func TestDeciderFlagsAreValidated(t *testing.T) {
-	o := NewOptions()
-	o.DeciderLeaseName = "Not A Name"
-	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), `--decider-lease-name "Not A Name"`) {
-		t.Errorf("Validate with a bad lease name = %v, want an error naming the flag and value", err)
-	}
-	o = NewOptions()
-	o.DeciderLeaseNamespace = "kube_system"
-	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), `--decider-lease-namespace "kube_system"`) {
-		t.Errorf("Validate with a bad namespace = %v, want an error naming the flag and value", err)
-	}
-}
-
 func TestAShadowDecidesNothingAndNeedsNoLease(t *testing.T) {
-	x := newExtender(DefaultConfiguration(), fake.NewClientset())
-	x.opts = NewOptions()
-	x.opts.Shadow = true
+	x, err := NewWithClient(fake.NewClientset(), Options{DecidesNothing: true})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if d := newDecider(x, "extender"); d != nil {
 		t.Errorf("a shadow extender has a decider %+v; it never binds", d)
 	}
@@ -142,5 +132,15 @@ func TestADeciderThatCannotRebuildReleasesTheLease(t *testing.T) {
 	waitFor(t, func() bool { return b.decider.Load().refusal() == "" })
 	if msg := a.decider.Load().refusal(); msg == "" {
 		t.Errorf("the core whose rebuild fails decides")
+	}
+}
+
+// waitFor polls cond until it holds, for at most 10 s.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	if err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return cond(), nil
+	}); err != nil {
+		t.Fatalf("condition not met: %v", err)
 	}
 }

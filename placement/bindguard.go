@@ -1,0 +1,148 @@
+package placement
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"k8s.io/klog/v2"
+)
+
+// API is what bind reads and writes: the cluster (clusterAPI), or a front
+// end's own (the simulator binds in memory).
+type API interface {
+	// Pod is the pod bind decides on: a cache may answer when it holds
+	// this very UID.
+	Pod(ctx context.Context, key types.NamespacedName, uid types.UID) (*corev1.Pod, error)
+	// FreshPod reads the pod from the source of truth, to settle a bind
+	// whose outcome is unknown.
+	FreshPod(ctx context.Context, key types.NamespacedName) (*corev1.Pod, error)
+	// Node is the node the pod's constraints are checked against; a
+	// NotFound error when there is none.
+	Node(ctx context.Context, name string) (*corev1.Node, error)
+	// Bind writes the Binding.
+	Bind(ctx context.Context, b *corev1.Binding) error
+}
+
+// clusterAPI is the API server through the core's client, with the
+// informer caches answering reads where they can.
+type clusterAPI struct{ x *Core }
+
+// Pod reads the informer cache when it holds this very pod, else the API
+// server: besides settling, the only read bind makes.
+func (a *clusterAPI) Pod(ctx context.Context, key types.NamespacedName, uid types.UID) (*corev1.Pod, error) {
+	x := a.x
+	if x.podStore != nil {
+		if o, ok, err := x.podStore.GetByKey(key.String()); err == nil && ok {
+			if p, ok := o.(*corev1.Pod); ok && p.UID == uid {
+				return p, nil
+			}
+		}
+	} else if x.cache != nil {
+		p := &corev1.Pod{}
+		if err := x.cache.Get(ctx, key, p); err == nil && p.UID == uid {
+			return p, nil
+		}
+	}
+	gctx, cancel := context.WithTimeout(ctx, x.cfg.BindTimeout.Duration)
+	defer cancel()
+	return a.FreshPod(gctx, key)
+}
+
+func (a *clusterAPI) FreshPod(ctx context.Context, key types.NamespacedName) (*corev1.Pod, error) {
+	return a.x.client.CoreV1().Pods(key.Namespace).Get(ctx, key.Name, metav1.GetOptions{})
+}
+
+// Node reads the node from the informer cache, which watches every Node
+// (the extender may list and watch nodes, not get them): a node it has not
+// seen does not exist, or was created a moment ago and is bound to on
+// kube-scheduler's retry. Without informers it asks the API server.
+func (a *clusterAPI) Node(ctx context.Context, name string) (*corev1.Node, error) {
+	x := a.x
+	if x.nodeStore != nil {
+		o, ok, err := x.nodeStore.GetByKey(name)
+		if err != nil {
+			return nil, err
+		}
+		n, isNode := o.(*corev1.Node)
+		if !ok || !isNode {
+			return nil, apierrors.NewNotFound(corev1.Resource("nodes"), name)
+		}
+		return n, nil
+	}
+	if x.cache != nil {
+		n := &corev1.Node{}
+		if err := x.cache.Get(ctx, types.NamespacedName{Name: name}, n); err != nil {
+			return nil, err
+		}
+		return n, nil
+	}
+	gctx, cancel := context.WithTimeout(ctx, x.cfg.BindTimeout.Duration)
+	defer cancel()
+	return x.client.CoreV1().Nodes().Get(gctx, name, metav1.GetOptions{})
+}
+
+func (a *clusterAPI) Bind(ctx context.Context, b *corev1.Binding) error {
+	return a.x.client.CoreV1().Pods(b.Namespace).Bind(ctx, b, metav1.CreateOptions{})
+}
+
+// admitBind refuses, even from an authenticated caller, a bind that
+// kube-scheduler's gputopo profile would never send: a pod addressed to
+// another scheduler, a pod that requests no managed GPU resource, and a
+// node that the pod's nodeSelector, required node affinity or untolerated
+// NoSchedule/NoExecute taints exclude. The reason names what excluded it;
+// a refusal releases what the pod held.
+func (x *Core) admitBind(ctx context.Context, p *corev1.Pod, gpus int, node string) BindResult {
+	key := klog.KObj(p)
+	if !slices.Contains(x.opts.SchedulerNames, p.Spec.SchedulerName) {
+		return failed(Released, ErrRefused, "refusing to bind pod %s: its schedulerName %q is not a gputopo scheduler profile (%s); only those profiles call this extender",
+			key, p.Spec.SchedulerName, strings.Join(x.opts.SchedulerNames, ", "))
+	}
+	if gpus <= 0 {
+		return failed(Released, ErrRefused, "refusing to bind pod %s: it requests no %s; pods without GPUs are bound by kube-scheduler itself", key, x.cfg.GPUResource())
+	}
+	n, err := x.api.Node(ctx, node)
+	switch {
+	case apierrors.IsNotFound(err):
+		return failed(Released, ErrRefused, "refusing to bind pod %s: node %s does not exist", key, node)
+	case err != nil:
+		return failed(Released, ErrAPIUnknown, "bind pod %s: read node %s: %w", key, node, err)
+	}
+	ok, err := nodeaffinity.GetRequiredNodeAffinity(p).Match(n)
+	if err != nil {
+		return failed(Released, ErrRefused, "refusing to bind pod %s: its node affinity cannot be evaluated: %w", key, err)
+	}
+	if !ok {
+		return failed(Released, ErrRefused, "refusing to bind pod %s to node %s: the pod's nodeSelector or required node affinity excludes the node", key, node)
+	}
+	taint, untolerated := corev1helpers.FindMatchingUntoleratedTaint(klog.FromContext(ctx), n.Spec.Taints, p.Spec.Tolerations, func(t *corev1.Taint) bool {
+		return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
+	}, false)
+	if untolerated {
+		return failed(Released, ErrRefused, "refusing to bind pod %s to node %s: the pod does not tolerate the node's taint %s", key, node, fmt.Sprintf("%s=%s:%s", taint.Key, taint.Value, taint.Effect))
+	}
+	return BindResult{}
+}
+
+// errNoAPI is what a core without a cluster answers a bind.
+var errNoAPI = errors.New("no cluster to bind in: this core only answers filter, score and explain")
+
+// noAPI is the API of a core without a cluster.
+type noAPI struct{}
+
+func (noAPI) Pod(context.Context, types.NamespacedName, types.UID) (*corev1.Pod, error) {
+	return nil, errNoAPI
+}
+func (noAPI) FreshPod(context.Context, types.NamespacedName) (*corev1.Pod, error) {
+	return nil, errNoAPI
+}
+func (noAPI) Node(context.Context, string) (*corev1.Node, error) { return nil, errNoAPI }
+func (noAPI) Bind(context.Context, *corev1.Binding) error        { return errNoAPI }
