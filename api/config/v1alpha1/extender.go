@@ -30,8 +30,8 @@ import (
 // The version moves when a field changes meaning, so a file written for one
 // release is never silently read with another's semantics.
 const (
-	ConfigAPIVersion = "gputopo.io/v1alpha1"
-	ExtenderConfigKind       = "ExtenderConfiguration"
+	ConfigAPIVersion   = "gputopo.io/v1alpha1"
+	ExtenderConfigKind = "ExtenderConfiguration"
 )
 
 // ExtenderConfiguration is the extender's versioned configuration file. Every field
