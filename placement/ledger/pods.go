@@ -1,0 +1,218 @@
+package ledger
+
+import (
+	"fmt"
+	"math"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+)
+
+// PodInfo is what the ledger keeps of a GPU pod, read from the pod object.
+type PodInfo struct {
+	UID  types.UID
+	Key  types.NamespacedName
+	Node string
+	// GPUs is the pod's GPU demand (see GPUCount).
+	GPUs int
+	// Job is namespace/job label, "" without one.
+	Job string
+	// Requirement is the requirement annotation as written;
+	// HasRequirement says whether the pod has one.
+	Requirement    string
+	HasRequirement bool
+	// Assigned is allocated-gpus, else assigned-gpus.
+	Assigned []string
+	// AssignedRaw is the assigned-gpus annotation as written.
+	AssignedRaw string
+	// AssignErr is why the GPU annotation could not be read.
+	AssignErr error
+	// DemandErr is why the pod's GPU demand could not be read (a negative,
+	// fractional or oversized count, naming the field); GPUs is then 0
+	// and must not be taken for "no GPUs".
+	DemandErr error
+}
+
+// GPUCount is the number of devices of resource (the configuration's
+// GPUResource) the pod needs, by v1alpha1.PodGPUDemand: app containers and
+// sidecars summed, one-shot init containers the largest, limits over
+// requests. A negative, fractional or oversized count is an error naming
+// the container's field.
+func GPUCount(pod *corev1.Pod, resource corev1.ResourceName) (int, error) {
+	n, err := v1alpha1.PodGPUDemand(&pod.Spec, resource)
+	if err != nil {
+		return 0, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	if n > math.MaxInt32 {
+		return 0, fmt.Errorf("pod %s/%s: spec: Invalid value: %d %s in all: must be at most %d", pod.Namespace, pod.Name, n, resource, math.MaxInt32)
+	}
+	return int(n), nil
+}
+
+// NewPodInfo reads what the ledger keeps of pod p, counting resource.
+func NewPodInfo(p *corev1.Pod, resource corev1.ResourceName) *PodInfo {
+	info := &PodInfo{
+		UID:  p.UID,
+		Key:  types.NamespacedName{Namespace: p.Namespace, Name: p.Name},
+		Node: p.Spec.NodeName,
+	}
+	if n, err := GPUCount(p, resource); err != nil {
+		info.DemandErr = err
+	} else {
+		info.GPUs = n
+	}
+	if j := p.Labels[v1alpha1.LabelJob]; j != "" {
+		info.Job = p.Namespace + "/" + j
+	}
+	info.Requirement, info.HasRequirement = p.Annotations[v1alpha1.AnnotationRequirement]
+	info.AssignedRaw = p.Annotations[v1alpha1.AnnotationAssignedGPUs]
+	for _, key := range []string{v1alpha1.AnnotationAllocatedGPUs, v1alpha1.AnnotationAssignedGPUs} {
+		v, ok := p.Annotations[key]
+		if !ok {
+			continue
+		}
+		uuids, err := v1alpha1.ParseGPUList(key, v)
+		if err != nil {
+			info.AssignErr = err
+			continue
+		}
+		if len(uuids) > 0 {
+			info.Assigned = uuids
+			break
+		}
+	}
+	return info
+}
+
+func terminal(p *corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+}
+
+// UpsertPod records a pod from the informer (or from the rebuild list).
+func (l *Ledger) UpsertPod(p *corev1.Pod) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.gone[p.UID]; ok {
+		return // a stale copy of a pod already deleted or finished
+	}
+	if terminal(p) {
+		l.gone[p.UID] = l.now()
+		l.forgetPodLocked(p.UID, types.NamespacedName{Namespace: p.Namespace, Name: p.Name})
+		return
+	}
+	info := NewPodInfo(p, l.resource)
+	if info.GPUs == 0 && len(info.Assigned) == 0 && info.DemandErr == nil {
+		l.forgetPodLocked(p.UID, info.Key)
+		return
+	}
+	if old, ok := l.pods[info.Key]; ok {
+		l.jobDeltaLocked(old, -1)
+	}
+	l.pods[info.Key] = info
+	l.jobDeltaLocked(info, +1)
+	if info.Node == "" {
+		return // a reservation, if any, stays: its bind may be in flight
+	}
+	h := l.holdings[info.UID]
+	switch {
+	case len(info.Assigned) > 0:
+		if h != nil && h.node == info.Node && !h.reserved && slices.Equal(h.uuids, info.Assigned) {
+			return
+		}
+		nh := &holding{uid: info.UID, pod: info.Key, node: info.Node, uuids: info.Assigned, since: l.now()}
+		if h != nil {
+			nh.placement = h.placement
+		}
+		l.setHoldingLocked(nh)
+	case h != nil && h.node == info.Node:
+		// Bound by our Binding but seen without the annotation: keep the
+		// GPUs we reserved, now confirmed.
+		if h.reserved {
+			h.reserved = false
+			l.recomputeLocked(l.nodeLocked(h.node))
+		}
+	case info.DemandErr != nil:
+		// Bound with a demand that cannot be read (kube-apiserver admits
+		// none such): nothing to count; filter and bind report the error.
+		return
+	default:
+		if h != nil && h.uuids == nil && h.node == info.Node && h.unknown == info.GPUs {
+			return
+		}
+		// Bound by someone else with no record of which GPUs: they count
+		// against the node's capacity until the node agent records them.
+		l.setHoldingLocked(&holding{uid: info.UID, pod: info.Key, node: info.Node, unknown: info.GPUs, since: l.now()})
+	}
+}
+
+// DeletePod forgets a deleted pod and frees what it held. It accepts the
+// informer's tombstones.
+func (l *Ledger) DeletePod(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if p.UID != "" {
+		l.gone[p.UID] = l.now()
+	}
+	l.forgetPodLocked(p.UID, types.NamespacedName{Namespace: p.Namespace, Name: p.Name})
+}
+
+func (l *Ledger) forgetPodLocked(uid types.UID, key types.NamespacedName) {
+	if info, ok := l.pods[key]; ok && info.UID == uid {
+		l.jobDeltaLocked(info, -1)
+		delete(l.pods, key)
+	}
+	l.releaseLocked(uid)
+}
+
+func (l *Ledger) jobDeltaLocked(info *PodInfo, d int) {
+	if info.Job == "" || info.Node == "" {
+		return
+	}
+	m := l.jobs[info.Job]
+	if m == nil {
+		if d < 0 {
+			return
+		}
+		m = make(map[string]int)
+		l.jobs[info.Job] = m
+	}
+	m[info.Node] += d
+	if m[info.Node] <= 0 {
+		delete(m, info.Node)
+	}
+	if len(m) == 0 {
+		delete(l.jobs, info.Job)
+	}
+}
+
+func (l *Ledger) setHoldingLocked(h *holding) {
+	l.releaseLocked(h.uid)
+	l.holdings[h.uid] = h
+	n := l.nodeLocked(h.node)
+	n.holdings[h.uid] = h
+	l.recomputeLocked(n)
+}
+
+func (l *Ledger) releaseLocked(uid types.UID) {
+	h, ok := l.holdings[uid]
+	if !ok {
+		return
+	}
+	delete(l.holdings, uid)
+	if n, ok := l.nodes[h.node]; ok {
+		delete(n.holdings, uid)
+		l.recomputeLocked(n)
+		l.dropIfEmptyLocked(n)
+	}
+}

@@ -1,0 +1,111 @@
+package ledger
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+)
+
+// Release frees whatever pod uid holds or was promised.
+func (l *Ledger) Release(uid types.UID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.releaseLocked(uid)
+}
+
+// ReleaseReserved frees what pod uid was promised, unless its Binding was
+// written (the holding is confirmed): then the informer decides.
+func (l *Ledger) ReleaseReserved(uid types.UID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if h, ok := l.holdings[uid]; ok && h.reserved {
+		l.releaseLocked(uid)
+	}
+}
+
+// Confirm marks pod uid's reservation of uuids on node as bound: its
+// Binding was written. A reservation that differs is left alone.
+func (l *Ledger) Confirm(uid types.UID, node string, uuids []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if h, ok := l.holdings[uid]; ok && h.node == node && slices.Equal(h.uuids, uuids) && h.reserved {
+		h.reserved = false
+		l.recomputeLocked(l.nodeLocked(node))
+	}
+}
+
+// AlreadyHeldError is Reserve's error for a pod that is bound and holds
+// GPUs that Reserve cannot hand back: on another node, or not identified.
+type AlreadyHeldError struct {
+	Pod  types.NamespacedName
+	Node string
+}
+
+func (e *AlreadyHeldError) Error() string {
+	return fmt.Sprintf("pod %s already holds GPUs on node %s", e.Pod, e.Node)
+}
+
+// Choice is the GPUs Reserve holds for a pod and the placement record that
+// goes with them.
+type Choice struct {
+	UUIDs     []string
+	Placement v1alpha1.Placement
+}
+
+// Reserve chooses and holds pod uid's GPUs on node, under the ledger's
+// write lock: two reservations on one node never get the same GPU, since
+// nothing changes the ledger between choose and the hold. choose sees the
+// node as it is (nil when the ledger does not know it) and the rest of the
+// ledger through v; its error is returned as is and nothing is held.
+//
+// A pod that already holds GPUs on node (a retry of a bind, a second
+// Reserve in one scheduling cycle) gets the same GPUs without choose being
+// called. A reservation on another node (kube-scheduler retried elsewhere)
+// is released first. A bound pod holding other GPUs is an
+// *AlreadyHeldError.
+func (l *Ledger) Reserve(uid types.UID, pod types.NamespacedName, node string, choose func(v View, n *Node) (Choice, error)) (Choice, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if h := l.holdings[uid]; h != nil {
+		if h.node == node && len(h.uuids) > 0 {
+			return Choice{UUIDs: h.uuids, Placement: h.placement}, nil
+		}
+		if !h.reserved {
+			return Choice{}, &AlreadyHeldError{Pod: pod, Node: h.node}
+		}
+		l.releaseLocked(uid)
+	}
+	c, err := choose(View{l}, l.nodes[node])
+	if err != nil {
+		return Choice{}, err
+	}
+	l.setHoldingLocked(&holding{uid: uid, pod: pod, node: node, uuids: c.UUIDs, reserved: true, since: l.now(), placement: c.Placement})
+	return c, nil
+}
+
+// SweepReservations frees reservations older than ttl (binds whose outcome
+// stayed unknown and were never retried) and returns how many it freed; it
+// also forgets the UIDs of pods gone longer than goneTTL.
+func (l *Ledger) SweepReservations(ttl time.Duration) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.now()
+	cutoff := now.Add(-ttl)
+	var freed int
+	for uid, h := range l.holdings {
+		if h.reserved && h.since.Before(cutoff) {
+			l.releaseLocked(uid)
+			freed++
+		}
+	}
+	for uid, at := range l.gone {
+		if now.Sub(at) > goneTTL {
+			delete(l.gone, uid)
+		}
+	}
+	return freed
+}
