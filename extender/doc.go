@@ -1,15 +1,15 @@
-// Package extender is gputopo's kube-scheduler extender: the HTTP verbs
-// filter, prioritize and bind over the k8s.io/kube-scheduler/extender/v1
-// types, bind made atomic and idempotent over the GPU ledger (package
-// extender/ledger), the scoring, the versioned ExtenderConfiguration,
-// metrics, and leader election.
+// Package extender is gputopo's kube-scheduler extender, the HTTP front
+// end of the decision core (package placement): the verbs filter,
+// prioritize and bind over the k8s.io/kube-scheduler/extender/v1 types,
+// translated into the core's Request and answers; TLS with client
+// certificates; shadow mode (mirroring and comparing decisions); leader
+// election among replicas; and its options and flags.
 //
-// Every decision is made from informer state kept in memory: topology,
-// telemetry, nodes and GPU pods arrive as events, per-node state (graph,
-// free mask, telemetry sums) is precomputed on those events, and a request
-// never reads the API server. Only bind writes (one Binding) and, when the
-// outcome of that write is unknown, reads the pod back.
+// Every decision is the core's, made from informer state kept in memory; a
+// request never reads the API server. Only bind writes (one Binding) and,
+// when the outcome of that write is unknown, reads the pod back.
 //
-// It imports topology and api/v1alpha1. It must never import another gputopo
-// component (webhook, nodeagent) nor the test harness; cmd wires it.
+// It imports the core, its metrics, topology and api. It must never import
+// another front end (schedplugin, webhook, nodeagent, kubectlplugin,
+// simulator) nor the test harness; cmd wires it (test/layering).
 package extender

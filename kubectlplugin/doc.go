@@ -6,11 +6,13 @@
 // for, its PodScheduled condition and events, then every node's verdict;
 // for a Job whose pods the webhook refuses, its FailedCreate events.
 //
-// explain runs the extender's own decision code (extender.NewWithClient
-// fed from the listed objects, then Filter and Explain) rather than a
-// second implementation of its verdicts, so that its reasons are the ones
+// explain runs the decision core itself (placement.NewOffline fed from the
+// listed objects, then Filter and Explain) rather than a second
+// implementation of its verdicts, so that its reasons are the ones
 // kube-scheduler's FailedScheduling event carries.
 //
-// It imports the extender core, the demo's picture (WriteSVG), topology
-// and api; no component imports it. cmd/kubectl-gputopo wires it.
+// It imports the decision core, internal/picture (WriteSVG), topology and
+// api; no component imports it, and its binary links neither the HTTP
+// extender nor a fake clientset (TestKubectlBinaryLinksNoServerNorFake).
+// cmd/kubectl-gputopo wires it.
 package kubectlplugin

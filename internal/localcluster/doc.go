@@ -4,5 +4,7 @@
 // test harness (test/harness) and `gputopo demo` both build on it, so the
 // demo runs the control plane exactly as the tests do.
 //
-// It must never import a gputopo component.
+// It sits in the composition layer, with demo and cmd: it runs gputopo's
+// extender and scheduler (system.go) beside the upstream binaries and so
+// imports those front ends; no component imports it (test/layering).
 package localcluster

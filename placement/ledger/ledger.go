@@ -1,6 +1,6 @@
-// Package ledger is gputopo's decision core's memory of the cluster's GPUs:
-// every node's topology and telemetry, and which pod holds which GPU. The
-// HTTP extender and the scheduler plugin build decide from it through a
+// Package ledger is the decision core's (package placement) memory of the
+// cluster's GPUs: every node's topology and telemetry, and which pod holds
+// which GPU. The core decides from it, for every front end, through a
 // narrow API:
 //
 //   - feeds: UpsertTopology, DeleteTopology, UpsertNode, DeleteNode,

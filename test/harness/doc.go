@@ -4,7 +4,8 @@
 // upstream binaries) as child processes. The binaries come from bin/, built
 // by hack/tools from the Go module proxy.
 //
-// Everything a test starts is stopped in t.Cleanup, pass or fail. The
-// package must never import a gputopo component: components import it from
-// their tests, not the other way round.
+// Everything a test starts is stopped in t.Cleanup, pass or fail. It starts
+// gputopo's own processes through internal/localcluster and so imports the
+// front ends that does (extender, schedplugin); components import it only
+// from their integration tests, never from shipped code (test/layering).
 package harness
