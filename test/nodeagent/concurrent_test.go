@@ -232,12 +232,22 @@ func TestConcurrentAdmissionServesEveryPodItsPlan(t *testing.T) {
 				}
 			}
 		}
-		// The reconciler raises drift within a pass of the record; give
-		// it two.
-		time.Sleep(2 * time.Second)
-		for _, p := range pods {
-			if n := e.driftEvents(t, p.Name); n != 0 {
-				problems = append(problems, fmt.Sprintf("%s: %d %s events", p.Name, n, "GPUAssignmentDrift"))
+		// The reconciler raises drift within a pass of the record: none
+		// may appear for these pods in the next 2s, so this wait must run
+		// out.
+		err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 2*time.Second, true, func(context.Context) (bool, error) {
+			for _, p := range pods {
+				if e.driftEvents(t, p.Name) != 0 {
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+		if !wait.Interrupted(err) {
+			for _, p := range pods {
+				if n := e.driftEvents(t, p.Name); n != 0 {
+					problems = append(problems, fmt.Sprintf("%s: %d %s events", p.Name, n, "GPUAssignmentDrift"))
+				}
 			}
 		}
 		if len(problems) > 0 {

@@ -275,11 +275,21 @@ func TestNodeAgentWithRealKubelet(t *testing.T) {
 				t.Errorf("%s: allocated %v instead of its plan %v", name, got, want)
 			}
 		}
-		// The reconciler raises drift within a pass of the record.
-		time.Sleep(3 * time.Second)
-		for name := range plans {
-			if n := e.driftEvents(t, name); n != 0 {
-				t.Errorf("%s: %d drift events", name, n)
+		// The reconciler raises drift within a pass of the record: none
+		// may appear in the next 3s, so this wait must run out.
+		err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Second, true, func(context.Context) (bool, error) {
+			for name := range plans {
+				if e.driftEvents(t, name) != 0 {
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+		if !wait.Interrupted(err) {
+			for name := range plans {
+				if n := e.driftEvents(t, name); n != 0 {
+					t.Errorf("%s: %d drift events", name, n)
+				}
 			}
 		}
 	})
