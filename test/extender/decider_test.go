@@ -8,12 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gputopo/gputopo/placement"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	schedconfigv1 "k8s.io/kube-scheduler/config/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/schedplugin"
 	"github.com/gputopo/gputopo/test/harness"
@@ -46,15 +47,15 @@ func TestTwoGputopoSchedulersOnSharedNodesNeverIssueAGPUTwice(t *testing.T) {
 			cfg.Profiles[0].SchedulerName = ptr.To(pluginProfile)
 		}})
 	harness.WaitCore(t, plug, localcluster.TotalGPUs(len(e.nodes)*gpusPerNode))
-	lease := extender.DeciderLeaseName("nvidia.com/gpu")
+	lease := placement.DeciderLeaseName("nvidia.com/gpu")
 	holder := func() string {
-		l, err := e.cp.Clientset.CoordinationV1().Leases(extender.DefaultDeciderLeaseNamespace).Get(ctx, lease, metav1.GetOptions{})
+		l, err := e.cp.Clientset.CoordinationV1().Leases(placement.DefaultDeciderLeaseNamespace).Get(ctx, lease, metav1.GetOptions{})
 		if err != nil {
 			return ""
 		}
 		return ptr.Deref(l.Spec.HolderIdentity, "")
 	}
-	poll(t, time.Minute, "the extender to hold the decider Lease", func() (bool, string) {
+	harness.Poll(t, time.Minute, "the extender to hold the decider Lease", func() (bool, string) {
 		h := holder()
 		return strings.Contains(h, "(extender mode"), "holder " + h
 	})
@@ -65,11 +66,11 @@ func TestTwoGputopoSchedulersOnSharedNodesNeverIssueAGPUTwice(t *testing.T) {
 			// The decider dies mid-run: the other takes over once the
 			// Lease expires, and binds the pods that waited for it.
 			ext.kill(t)
-			poll(t, 2*time.Minute, "the plugin build to take the decider Lease", func() (bool, string) {
+			harness.Poll(t, 2*time.Minute, "the plugin build to take the decider Lease", func() (bool, string) {
 				h := holder()
 				return strings.Contains(h, "(plugin mode"), "holder " + h
 			})
-			poll(t, 2*time.Minute, "the plugin build to bind the pods that waited for it", func() (bool, string) {
+			harness.Poll(t, 2*time.Minute, "the plugin build to bind the pods that waited for it", func() (bool, string) {
 				n := 0
 				for _, p := range listPods(t, e) {
 					if p.Spec.SchedulerName == pluginProfile && p.Spec.NodeName != "" {
@@ -94,7 +95,7 @@ func TestTwoGputopoSchedulersOnSharedNodesNeverIssueAGPUTwice(t *testing.T) {
 		}
 		createAll(t, e, pods)
 		want := "decided by another gputopo scheduler"
-		poll(t, 2*time.Minute, fmt.Sprintf("burst %d: %s to bind, %s's pods to wait naming it", rep, deciding, waiting), func() (bool, string) {
+		harness.Poll(t, 2*time.Minute, fmt.Sprintf("burst %d: %s to bind, %s's pods to wait naming it", rep, deciding, waiting), func() (bool, string) {
 			bound, refused := 0, 0
 			var last string
 			for _, p := range listPods(t, e) {

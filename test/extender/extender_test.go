@@ -6,6 +6,7 @@
 package extender_test
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/test/harness"
@@ -35,7 +37,7 @@ func testModelParallelPodsLandOnNVLinkedSets(t *testing.T, e *env, s system) {
 	// that kube-scheduler's own GPU count passes and the extender decides).
 	createAll(t, e, []*corev1.Pod{gpuPod("impossible", 8, modelParallel)})
 	var msg string
-	poll(t, time.Minute, "the impossible pod to be marked unschedulable", func() (bool, string) {
+	harness.Poll(t, time.Minute, "the impossible pod to be marked unschedulable", func() (bool, string) {
 		p, err := e.cp.Clientset.CoreV1().Pods("default").Get(ctx, "impossible", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
@@ -73,7 +75,7 @@ func testModelParallelPodsLandOnNVLinkedSets(t *testing.T, e *env, s system) {
 		pods = append(pods, gpuPod(fmt.Sprintf("mp-%d", i), 4, modelParallel))
 	}
 	createAll(t, e, pods)
-	poll(t, 2*time.Minute, "8 model-parallel pods bound", func() (bool, string) {
+	harness.Poll(t, 2*time.Minute, "8 model-parallel pods bound", func() (bool, string) {
 		n := boundGPUs(listPods(t, e))
 		return n == 32, fmt.Sprintf("%d of 32 GPUs bound; ledger %s", n, fmtGauges(s.gauges(t)))
 	})
@@ -132,7 +134,7 @@ func TestBindStorm(t *testing.T) {
 	eachMode(t, 4, func(t *testing.T, e *env, s system) {
 		total := 4 * gpusPerNode
 		createAll(t, e, stormPods("storm", total))
-		poll(t, 3*time.Minute, "every GPU bound", func() (bool, string) {
+		harness.Poll(t, 3*time.Minute, "every GPU bound", func() (bool, string) {
 			n := boundGPUs(listPods(t, e))
 			return n == total, fmt.Sprintf("%d of %d GPUs bound; ledger %s", n, total, fmtGauges(s.gauges(t)))
 		})
@@ -159,10 +161,14 @@ func TestCrashMidStorm(t *testing.T) {
 		// SIGKILL as soon as the ledger (its /metrics, read in a tight
 		// loop) shows the storm under way, so that binds are still queued
 		// or in flight.
-		pollEvery(t, 2*time.Millisecond, 2*time.Minute, "the storm to start", func() (bool, string) {
+		var last string
+		if err := wait.PollUntilContextTimeout(ctx, 2*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
 			c := s.gauges(t)
-			return c["held"]+c["reserved"] >= 1, fmtGauges(c)
-		})
+			last = fmtGauges(c)
+			return c["held"]+c["reserved"] >= 1, nil
+		}); err != nil {
+			t.Fatalf("timed out waiting for the storm to start: %s", last)
+		}
 		s.kill(t)
 		before := boundGPUs(listPods(t, e))
 		if before == total {
@@ -180,12 +186,12 @@ func TestCrashMidStorm(t *testing.T) {
 		if c := s.gauges(t); c["held"]+c["reserved"] < float64(before) {
 			t.Errorf("restarted ledger %s holds fewer than the %d GPUs bound before it started", fmtGauges(c), before)
 		}
-		poll(t, 3*time.Minute, "every GPU bound after the restart", func() (bool, string) {
+		harness.Poll(t, 3*time.Minute, "every GPU bound after the restart", func() (bool, string) {
 			n := boundGPUs(listPods(t, e))
 			return n == total, fmt.Sprintf("%d of %d GPUs bound (%d before the crash)", n, total, before)
 		})
 		auditPods(t, listPods(t, e))
-		poll(t, 2*time.Minute, "every unbound pod Pending with a reason", func() (bool, string) {
+		harness.Poll(t, 2*time.Minute, "every unbound pod Pending with a reason", func() (bool, string) {
 			for _, p := range listPods(t, e) {
 				if p.Spec.NodeName != "" {
 					continue
@@ -219,17 +225,22 @@ func TestTwoReplicasExactlyOneReady(t *testing.T) {
 		return n, who
 	}
 	var leader *runningExtender
-	poll(t, time.Minute, "one replica Ready", func() (bool, string) {
+	harness.Poll(t, time.Minute, "one replica Ready", func() (bool, string) {
 		n, who := ready()
 		leader = who
 		return n == 1, fmt.Sprintf("%d Ready", n)
 	})
-	// Stays exactly one over several lease renewals.
-	for range 20 {
+	// Stays exactly one over several lease renewals: nothing here ends the
+	// wait, which must run out its 5s with the same single leader at every
+	// look.
+	err := wait.PollUntilContextTimeout(harness.Context(t), 250*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
 		if n, who := ready(); n != 1 || who != leader {
-			t.Fatalf("%d replicas Ready (leader changed: %v); want exactly the first leader", n, who != leader)
+			return false, fmt.Errorf("%d replicas Ready (leader changed: %v); want exactly the first leader", n, who != leader)
 		}
-		time.Sleep(250 * time.Millisecond)
+		return false, nil
+	})
+	if !wait.Interrupted(err) {
+		t.Fatal(err)
 	}
 	other := a
 	if leader == a {
@@ -238,7 +249,7 @@ func TestTwoReplicasExactlyOneReady(t *testing.T) {
 	if err := leader.stop(); err != nil {
 		t.Fatalf("stop leader: %v", err)
 	}
-	poll(t, 30*time.Second, "the standby to take over", func() (bool, string) {
+	harness.Poll(t, 30*time.Second, "the standby to take over", func() (bool, string) {
 		return readyz(other), "standby not Ready"
 	})
 	if n, _ := ready(); n != 1 {
@@ -251,12 +262,12 @@ func TestTwoReplicasExactlyOneReady(t *testing.T) {
 // pod is deleted all of them are free again.
 func ledgerFollowsPods(t *testing.T, e *env, s system, total int) {
 	t.Helper()
-	poll(t, 30*time.Second, "the ledger to match the pods", func() (bool, string) {
+	harness.Poll(t, 30*time.Second, "the ledger to match the pods", func() (bool, string) {
 		c := s.gauges(t)
 		return c["held"] == float64(total) && c["free"] == 0 && c["reserved"] == 0, fmtGauges(c)
 	})
 	deleteAll(t, e)
-	poll(t, time.Minute, "every GPU free after deleting the pods", func() (bool, string) {
+	harness.Poll(t, time.Minute, "every GPU free after deleting the pods", func() (bool, string) {
 		c := s.gauges(t)
 		return c["total"] == float64(total) && c["free"] == c["total"] && c["held"] == 0 && c["reserved"] == 0, fmtGauges(c)
 	})

@@ -19,7 +19,6 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
@@ -298,25 +297,6 @@ func deleteAll(t *testing.T, e *env) {
 	}
 }
 
-// poll waits up to timeout for cond.
-func poll(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	pollEvery(t, 200*time.Millisecond, timeout, what, cond)
-}
-
-func pollEvery(t *testing.T, interval, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	var last string
-	err := wait.PollUntilContextTimeout(harness.Context(t), interval, timeout, true, func(context.Context) (bool, error) {
-		ok, msg := cond()
-		last = msg
-		return ok, nil
-	})
-	if err != nil {
-		t.Fatalf("timed out waiting for %s: %s", what, last)
-	}
-}
-
 // The gputopo binary is built once per test run, into a directory
 // TestMain removes.
 var (
@@ -385,7 +365,7 @@ func startExtenderProcess(t *testing.T, name, kubeconfig string, port int) *exte
 // failing early if the process exits.
 func waitProcessReady(t *testing.T, p *extenderProcess) {
 	t.Helper()
-	poll(t, time.Minute, p.Name+" Ready", func() (bool, string) {
+	harness.Poll(t, time.Minute, p.Name+" Ready", func() (bool, string) {
 		if exited, err := p.Exited(); exited {
 			t.Fatalf("%s exited (%v):\n%s", p.Name, err, p.Tail(30))
 		}

@@ -3,6 +3,7 @@
 package extender_test
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	schedconfigv1 "k8s.io/kube-scheduler/config/v1"
 	"k8s.io/utils/ptr"
 
@@ -187,7 +189,7 @@ func TestPluginLeaderFailover(t *testing.T) {
 
 	leader := pluginReplica(t, e, "gputopo-scheduler-a")
 	var holder string
-	poll(t, time.Minute, "replica a to hold the Lease", func() (bool, string) {
+	harness.Poll(t, time.Minute, "replica a to hold the Lease", func() (bool, string) {
 		l, err := e.cp.Clientset.CoordinationV1().Leases(metav1.NamespaceDefault).Get(ctx, lease, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
@@ -207,13 +209,18 @@ func TestPluginLeaderFailover(t *testing.T) {
 	first, second := pods[:total/4], pods[total/4:]
 	created := make(chan error, 1)
 	go func() { created <- createAllErr(ctx, e, first) }()
-	pollEvery(t, 2*time.Millisecond, 2*time.Minute, "the storm to start", func() (bool, string) {
+	var last string
+	if err := wait.PollUntilContextTimeout(ctx, 2*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
 		g, err := leader.CoreGauges()
 		if err != nil {
-			return false, err.Error()
+			last = err.Error()
+			return false, nil
 		}
-		return g["held"]+g["reserved"] >= 1, fmtGauges(g)
-	})
+		last = fmtGauges(g)
+		return g["held"]+g["reserved"] >= 1, nil
+	}); err != nil {
+		t.Fatalf("timed out waiting for the storm to start: %s", last)
+	}
 	leader.Kill()
 	before := boundGPUs(listPods(t, e))
 	if before == total {
@@ -226,7 +233,7 @@ func TestPluginLeaderFailover(t *testing.T) {
 	if err := createAllErr(ctx, e, second); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, 3*time.Minute, "the standby to bind every GPU", func() (bool, string) {
+	harness.Poll(t, 3*time.Minute, "the standby to bind every GPU", func() (bool, string) {
 		n := boundGPUs(listPods(t, e))
 		return n == total, fmt.Sprintf("%d of %d GPUs bound (%d before the failover)", n, total, before)
 	})
@@ -235,7 +242,7 @@ func TestPluginLeaderFailover(t *testing.T) {
 		t.Errorf("Lease holder after failover %v (err %v); want the standby, not %s", l.Spec.HolderIdentity, err, holder)
 	}
 	auditPods(t, listPods(t, e))
-	poll(t, 30*time.Second, "the standby's ledger to match the pods", func() (bool, string) {
+	harness.Poll(t, 30*time.Second, "the standby's ledger to match the pods", func() (bool, string) {
 		g, err := standby.CoreGauges()
 		if err != nil {
 			return false, err.Error()

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -116,17 +118,17 @@ func TestShadowReportsDifferingDecisions(t *testing.T) {
 	setAgentTelemetry(t, e, "dgx-0", 0, 84)
 	setAgentTelemetry(t, e, "dgx-1", 60, 30)
 
-	thermal := extender.DefaultConfiguration()
+	thermal := configv1alpha1.DefaultExtenderConfiguration()
 	zero, hundred := int32(0), int32(100)
-	thermal.Weights = extender.Weights{Profile: extender.WeightsPlacement, UtilizationBalance: &zero, TaskAffinity: &zero, ThermalPowerHeadroom: &hundred, Fragmentation: &zero,
+	thermal.Weights = configv1alpha1.Weights{Profile: configv1alpha1.WeightsPlacement, UtilizationBalance: &zero, TaskAffinity: &zero, ThermalPowerHeadroom: &hundred, Fragmentation: &zero,
 		BandwidthFit: &zero, CapabilityConservation: &zero, IslandBestFit: &zero}
 	shadow := startExtenderWith(t, e, 0, func(o *extender.Options) {
 		o.Shadow, o.ShadowLogSampleRate, o.Config = true, 1, thermal
 	})
 	// The serving extender balances utilization (the design profile): it
 	// prefers the idle node, the shadow the cool one.
-	design := &extender.Configuration{Weights: extender.Weights{Profile: extender.WeightsDesign}}
-	extender.SetDefaults(design)
+	design := &configv1alpha1.ExtenderConfiguration{Weights: configv1alpha1.Weights{Profile: configv1alpha1.WeightsDesign}}
+	configv1alpha1.SetExtenderDefaults(design)
 	serving := startExtenderWith(t, e, 0, func(o *extender.Options) {
 		o.ShadowURL, o.ShadowTimeout, o.Config = shadow.url(), 4*time.Second, design
 	})
@@ -154,7 +156,7 @@ func TestShadowReportsDifferingDecisions(t *testing.T) {
 		if _, err := e.cp.WaitForPod(ctx, "default", s.name, time.Minute, func(p *corev1.Pod) bool { return p.Spec.NodeName != "" }); err != nil {
 			t.Fatalf("pod %s not bound: %v", s.name, err)
 		}
-		poll(t, 30*time.Second, "the shadow to compare "+s.name, func() (bool, string) {
+		harness.Poll(t, 30*time.Second, "the shadow to compare "+s.name, func() (bool, string) {
 			f, p := decided("filter"), decided("prioritize")
 			return f == s.filter && p == s.prioritize && shadow.Ledger().Counts().Held == boundGPUs(listPods(t, e)),
 				fmt.Sprintf("filter %v prioritize %v compared; shadow ledger %s", f, p, shadow.Ledger().Counts())
@@ -233,7 +235,7 @@ func TestShadowReportsDifferingDecisions(t *testing.T) {
 			t.Fatalf("with the shadow down, pod %s not bound: %v", name, err)
 		}
 	}
-	poll(t, 30*time.Second, "mirror errors to be counted", func() (bool, string) {
+	harness.Poll(t, 30*time.Second, "mirror errors to be counted", func() (bool, string) {
 		n := counter(t, serving.Extender.Extender, "gputopo_extender_shadow_mirrored_requests_total", "verb", "filter", "result", "error")
 		return n >= 4, fmt.Sprintf("%v filter mirrors failed", n)
 	})
