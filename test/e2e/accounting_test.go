@@ -21,6 +21,7 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/nodeagent"
+	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/test/kubelet"
 )
 
@@ -141,8 +142,17 @@ func TestAccounting(t *testing.T) {
 				e.stopAgent(t)
 				e.startAgent(t)
 				e.waitKubeletGPUs(t, nodeGPUs)
-				// Two reconcile intervals of the restarted agent (2s).
-				time.Sleep(5 * time.Second)
+				// The accounting is judged once the restarted agent's
+				// reconciler has passed over the running pods twice (its
+				// loop does every 2s): a pass that fails is tried again.
+				passes := 0
+				harness.Poll(t, time.Minute, "two reconcile passes of the restarted node agent", func() (bool, string) {
+					if err := e.agent.Reconciler.Reconcile(harness.Context(t)); err != nil {
+						return false, fmt.Sprintf("%d passes; last: %v", passes, err)
+					}
+					passes++
+					return passes == 2, fmt.Sprintf("%d passes", passes)
+				})
 				t.Logf("injected: node agent restarted with the pods running")
 				e.checkAccounting(t, names)
 				e.audit(t)

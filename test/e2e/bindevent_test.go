@@ -39,7 +39,7 @@ func TestBindEventNamesTheGPUs(t *testing.T) {
 		"involvedObject.namespace": got.Namespace, "involvedObject.uid": string(got.UID),
 	}.AsSelector()
 	var ev *corev1.Event
-	e.poll(t, time.Minute, "the GPUsBound event", func() (bool, string) {
+	harness.Poll(t, time.Minute, "the GPUsBound event", func() (bool, string) {
 		list, err := e.cp.Clientset.CoreV1().Events(got.Namespace).List(context.Background(), metav1.ListOptions{FieldSelector: sel.String()})
 		if err != nil {
 			return false, err.Error()

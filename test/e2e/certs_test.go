@@ -96,7 +96,7 @@ func (e *env) certReplaced(t *testing.T, _ *corev1.Pod) {
 		}
 	}
 	t.Logf("injected: serving certificate and key in %s replaced by ones from a new CA (bundle: old and new CA)", dir)
-	e.poll(t, time.Minute, "the webhook to serve the new certificate", func() (bool, string) {
+	harness.Poll(t, time.Minute, "the webhook to serve the new certificate", func() (bool, string) {
 		got, err := e.servedCert()
 		if err != nil {
 			return false, err.Error()
@@ -107,7 +107,7 @@ func (e *env) certReplaced(t *testing.T, _ *corev1.Pod) {
 
 	e.setCABundle(t, caPEM)
 	t.Logf("injected: the old CA removed from the bundle")
-	e.poll(t, time.Minute, "the apiserver to reach the webhook with only the new CA", func() (bool, string) {
+	harness.Poll(t, time.Minute, "the apiserver to reach the webhook with only the new CA", func() (bool, string) {
 		probe := gpuPod(nsTeam, "after-rotation", 1)
 		if err := e.cp.Client.Create(ctx, probe, client.DryRunAll); err != nil {
 			return false, err.Error()

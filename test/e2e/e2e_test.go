@@ -134,7 +134,7 @@ func (e *env) unmeetable(t *testing.T, _ *corev1.Pod) {
 	if !strings.Contains(msg, ex[0].Reason) {
 		t.Errorf("PodScheduled message %q lacks the core's reason %q", msg, ex[0].Reason)
 	}
-	e.poll(t, time.Minute, "a FailedScheduling event with the reason", func() (bool, string) {
+	harness.Poll(t, time.Minute, "a FailedScheduling event with the reason", func() (bool, string) {
 		events := &corev1.EventList{}
 		if err := e.cp.Client.List(ctx, events, client.InNamespace(nsTeam)); err != nil {
 			return false, err.Error()
@@ -175,7 +175,7 @@ func (e *env) fullFlow(t *testing.T) *corev1.Pod {
 
 	// Hop 2: the Job controller created the pod; the webhook mutated it.
 	var pod *corev1.Pod
-	e.poll(t, time.Minute, "the Job controller to create the pod", func() (bool, string) {
+	harness.Poll(t, time.Minute, "the Job controller to create the pod", func() (bool, string) {
 		list := &corev1.PodList{}
 		if err := e.cp.Client.List(ctx, list, client.InNamespace(nsTeam), client.MatchingLabels{batchv1.JobNameLabel: job.Name}); err != nil {
 			return false, err.Error()

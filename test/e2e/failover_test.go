@@ -126,7 +126,7 @@ func (e *env) leaderFailover(t *testing.T, train *corev1.Pod) {
 	fault.free()
 	t.Logf("injected: leader %s crashed after writing the burst's third Binding, before replying; %d of %d burst pods bound then", leader.name, bound, len(names))
 
-	e.poll(t, time.Minute, "the standby to take over", func() (bool, string) {
+	harness.Poll(t, time.Minute, "the standby to take over", func() (bool, string) {
 		return standby.x.Ready(), "standby not Ready"
 	})
 	e.ext = standby.x
@@ -157,16 +157,17 @@ func (e *env) leaderFailover(t *testing.T, train *corev1.Pod) {
 
 // waitPortFree waits until nothing listens on extPort.
 func (e *env) waitPortFree(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	for ctx.Err() == nil {
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
 		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(e.extPort))
-		if err == nil {
-			return l.Close()
+		if err != nil {
+			return false, nil
 		}
-		time.Sleep(100 * time.Millisecond)
+		return true, l.Close()
+	})
+	if wait.Interrupted(err) {
+		return errors.New("the extender's port stayed busy")
 	}
-	return errors.New("the extender's port stayed busy")
+	return err
 }
 
 // schedulerKilledMidBurst (plugin mode) SIGKILLs gputopo-scheduler, whose

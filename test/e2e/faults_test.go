@@ -13,6 +13,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
@@ -46,7 +47,7 @@ func (e *env) podResourcesOf(namespace, name string) ([]string, bool, error) {
 // checks the pod is the same incarnation, Running, with allocated-gpus gpus.
 func (e *env) keepsGPUs(t *testing.T, pod *corev1.Pod, gpus []string) {
 	t.Helper()
-	e.poll(t, time.Minute, "kubelet to report "+pod.Name+"'s GPUs", func() (bool, string) {
+	harness.Poll(t, time.Minute, "kubelet to report "+pod.Name+"'s GPUs", func() (bool, string) {
 		got, ok, err := e.podResourcesOf(pod.Namespace, pod.Name)
 		if err != nil {
 			return false, err.Error()
@@ -91,7 +92,7 @@ func (e *env) kubeletRestart(t *testing.T, train *corev1.Pod) {
 	held := harness.PodGPUs(t, train, v1alpha1.AnnotationAssignedGPUs)
 	t.Logf("injected: kubelet restarted (SIGTERM, started again on the same root dir) with %s running on %v", train.Name, held)
 	e.k.Restart(t)
-	e.poll(t, time.Minute, "the node agent to re-register with the new kubelet", func() (bool, string) {
+	harness.Poll(t, time.Minute, "the node agent to re-register with the new kubelet", func() (bool, string) {
 		return e.agent.Plugin.Registrations() > before, fmt.Sprintf("registrations %d", e.agent.Plugin.Registrations())
 	})
 	e.waitKubeletGPUs(t, nodeGPUs)
@@ -134,10 +135,15 @@ func (e *env) extenderDown(t *testing.T, train *corev1.Pod) {
 	})
 	c, _ := scheduledFalse(p)
 	t.Logf("checked: pod waits unbound: PodScheduled=False %s: %s", c.Reason, short(c.Message))
-	// It keeps waiting through further attempts.
-	time.Sleep(3 * time.Second)
-	if p = e.getPod(t, p.Namespace, p.Name); p.Spec.NodeName != "" || p.Annotations[v1alpha1.AnnotationAssignedGPUs] != "" {
-		t.Fatalf("pod bound to %q with assigned-gpus %q while the extender was down", p.Spec.NodeName, p.Annotations[v1alpha1.AnnotationAssignedGPUs])
+	// It keeps waiting through further attempts: for 3s, through the
+	// scheduler's retries, it must stay unbound with no assigned-gpus at
+	// every look, so this wait must run out.
+	err := wait.PollUntilContextTimeout(harness.Context(t), 200*time.Millisecond, 3*time.Second, true, func(context.Context) (bool, error) {
+		p = e.getPod(t, p.Namespace, p.Name)
+		return p.Spec.NodeName != "" || p.Annotations[v1alpha1.AnnotationAssignedGPUs] != "", nil
+	})
+	if !wait.Interrupted(err) {
+		t.Fatalf("pod bound to %q with assigned-gpus %q while the extender was down (%v)", p.Spec.NodeName, p.Annotations[v1alpha1.AnnotationAssignedGPUs], err)
 	}
 
 	t.Logf("injected: extender started again on %s (ledger rebuilt from pods)", addr)
@@ -242,7 +248,7 @@ func (e *env) recreatedDuringBind(t *testing.T, train *corev1.Pod) {
 	if err := e.cp.Client.Delete(ctx, first, client.GracePeriodSeconds(0)); err != nil {
 		t.Fatal(err)
 	}
-	e.poll(t, 30*time.Second, "the first pod to be gone", func() (bool, string) {
+	harness.Poll(t, 30*time.Second, "the first pod to be gone", func() (bool, string) {
 		err := e.cp.Client.Get(ctx, client.ObjectKeyFromObject(first), &corev1.Pod{})
 		return err != nil && client.IgnoreNotFound(err) == nil, fmt.Sprint(err)
 	})
@@ -333,7 +339,7 @@ func (e *env) gpuLost(t *testing.T, train *corev1.Pod) {
 	}
 	t.Logf("injected: XID 79 (GPU fallen off the bus) on GPU %d (%s); %s runs on %v", lost, lostUUID, train.Name, held)
 
-	e.poll(t, time.Minute, "NodeGPUTopology to mark the GPU unhealthy", func() (bool, string) {
+	harness.Poll(t, time.Minute, "NodeGPUTopology to mark the GPU unhealthy", func() (bool, string) {
 		obj := &v1alpha1.NodeGPUTopology{}
 		if err := e.cp.Client.Get(ctx, client.ObjectKey{Name: nodeName}, obj); err != nil {
 			return false, err.Error()
@@ -345,7 +351,7 @@ func (e *env) gpuLost(t *testing.T, train *corev1.Pod) {
 		}
 		return false, "GPU not listed"
 	})
-	e.poll(t, 30*time.Second, "the extender to count the GPU unhealthy", func() (bool, string) {
+	harness.Poll(t, 30*time.Second, "the extender to count the GPU unhealthy", func() (bool, string) {
 		c := e.ext.Ledger().Counts()
 		return c.Unhealthy == 1, c.String()
 	})

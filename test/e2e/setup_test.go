@@ -257,7 +257,7 @@ func setupEnv(t *testing.T, resource corev1.ResourceName, plugin, containerd boo
 	t.Cleanup(func() { _ = conn.Close() })
 	e.prAlloc = podresourcesapi.NewPodResourcesListerClient(conn)
 	e.waitKubeletGPUs(t, nodeGPUs)
-	e.poll(t, time.Minute, "the extender to see the node's 8 GPUs", func() (bool, string) {
+	harness.Poll(t, time.Minute, "the extender to see the node's 8 GPUs", func() (bool, string) {
 		c := e.ext.Ledger().Counts()
 		return c.Total == nodeGPUs && c.Free == nodeGPUs, c.String()
 	})
@@ -332,7 +332,7 @@ func (e *env) startWebhook(t *testing.T) {
 		t.Fatalf("webhook manager: %v", err)
 	}
 	e.hookRun = localcluster.Go(context.Background(), mgr.Start)
-	e.poll(t, time.Minute, "the webhook to serve TLS", func() (bool, string) {
+	harness.Poll(t, time.Minute, "the webhook to serve TLS", func() (bool, string) {
 		if exited, err := e.hookRun.Exited(); exited {
 			t.Fatalf("webhook stopped: %v", err)
 		}
@@ -341,7 +341,7 @@ func (e *env) startWebhook(t *testing.T) {
 	})
 	// The webhook reads namespaces from its cache: a dry-run GPU pod is
 	// mutated once the cache has the opt-in label.
-	e.poll(t, time.Minute, "the webhook to mutate pods in "+nsTeam, func() (bool, string) {
+	harness.Poll(t, time.Minute, "the webhook to mutate pods in "+nsTeam, func() (bool, string) {
 		probe := e.gpuPod(nsTeam, "probe", 1)
 		if err := e.cp.Client.Create(context.Background(), probe, client.DryRunAll); err != nil {
 			return false, err.Error()
@@ -535,7 +535,7 @@ func (e *env) startAgent(t *testing.T) {
 	case <-time.After(90 * time.Second):
 		t.Fatal("node agent not ready after 90s")
 	}
-	e.poll(t, time.Minute, "the device plugin to register with kubelet", func() (bool, string) {
+	harness.Poll(t, time.Minute, "the device plugin to register with kubelet", func() (bool, string) {
 		return e.agent.Plugin.Registrations() > 0, "not registered"
 	})
 }
@@ -553,7 +553,7 @@ func (e *env) stopAgent(t *testing.T) {
 // also right after kubelet or the agent restarted.
 func (e *env) waitKubeletGPUs(t *testing.T, want int64) {
 	t.Helper()
-	e.poll(t, time.Minute, fmt.Sprintf("kubelet to hold %d healthy %s", want, e.resource), func() (bool, string) {
+	harness.Poll(t, time.Minute, fmt.Sprintf("kubelet to hold %d healthy %s", want, e.resource), func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		resp, err := e.prAlloc.GetAllocatableResources(ctx, &podresourcesapi.AllocatableResourcesRequest{})
@@ -573,7 +573,7 @@ func (e *env) waitKubeletGPUs(t *testing.T, want int64) {
 
 func (e *env) waitAllocatable(t *testing.T, want int64) {
 	t.Helper()
-	e.poll(t, time.Minute, fmt.Sprintf("node %s to have %d allocatable %s", nodeName, want, e.resource), func() (bool, string) {
+	harness.Poll(t, time.Minute, fmt.Sprintf("node %s to have %d allocatable %s", nodeName, want, e.resource), func() (bool, string) {
 		node := &corev1.Node{}
 		if err := e.cp.Client.Get(context.Background(), client.ObjectKey{Name: nodeName}, node); err != nil {
 			return false, err.Error()
@@ -581,13 +581,6 @@ func (e *env) waitAllocatable(t *testing.T, want int64) {
 		q := node.Status.Allocatable[e.resource]
 		return q.Value() == want, fmt.Sprintf("allocatable %s", q.String())
 	})
-}
-
-// poll waits up to timeout for cond, failing the test with cond's last
-// message.
-func (e *env) poll(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	harness.Poll(t, timeout, what, cond)
 }
 
 // gpuPod is a pod (not created) with one container requesting gpus GPUs,
@@ -732,7 +725,7 @@ func (e *env) deletePods(t *testing.T, namespace string, names ...string) {
 			t.Fatalf("delete pod %s: %v", p.Name, err)
 		}
 	}
-	e.poll(t, time.Minute, "deleted pods to be gone", func() (bool, string) {
+	harness.Poll(t, time.Minute, "deleted pods to be gone", func() (bool, string) {
 		list := &corev1.PodList{}
 		if err := e.cp.Client.List(ctx, list, client.InNamespace(namespace)); err != nil {
 			return false, err.Error()
@@ -777,7 +770,7 @@ func (e *env) deleteJob(t *testing.T, namespace, name string) {
 	if err := e.cp.Client.Delete(context.Background(), job, client.PropagationPolicy(metav1.DeletePropagationOrphan)); client.IgnoreNotFound(err) != nil {
 		t.Fatalf("delete job %s: %v", name, err)
 	}
-	e.poll(t, 30*time.Second, "job "+name+" to be gone", func() (bool, string) {
+	harness.Poll(t, 30*time.Second, "job "+name+" to be gone", func() (bool, string) {
 		err := e.cp.Client.Get(context.Background(), client.ObjectKeyFromObject(job), job)
 		if err == nil && len(job.Finalizers) > 0 {
 			patch := client.MergeFrom(job.DeepCopy())
