@@ -468,7 +468,7 @@ func (c *cluster) releasePods(t *testing.T) []corev1.Pod {
 // have every replica available and every pod of it is Running and Ready.
 func (c *cluster) waitReleaseReady(t *testing.T, timeout time.Duration) {
 	t.Helper()
-	c.poll(t, timeout, "every pod of the release Running and Ready", func() (bool, string) {
+	harness.Poll(t, timeout, "every pod of the release Running and Ready", func() (bool, string) {
 		ctx := context.Background()
 		deps := &appsv1.DeploymentList{}
 		dss := &appsv1.DaemonSetList{}
@@ -594,7 +594,7 @@ func (c *cluster) waitWebhookServes(t *testing.T) {
 	if err := c.cp.Client.Create(ctx, ns); err != nil {
 		t.Fatal(err)
 	}
-	c.poll(t, time.Minute, "the webhook to answer through its Service", func() (bool, string) {
+	harness.Poll(t, time.Minute, "the webhook to answer through its Service", func() (bool, string) {
 		job := &batchv1.Job{
 			ObjectMeta: metav1.ObjectMeta{Namespace: teamNS, Name: "probe",
 				Annotations: map[string]string{v1alpha1.AnnotationParallelism: string(v1alpha1.ParallelismModel)}},
@@ -642,7 +642,7 @@ func (c *cluster) runJob(t *testing.T, name string, gpus int64, avoid []string) 
 		t.Fatalf("create Job %s: %v", name, err)
 	}
 	var pod *corev1.Pod
-	c.poll(t, 2*time.Minute, "the Job's pod to run with allocated-gpus", func() (bool, string) {
+	harness.Poll(t, 2*time.Minute, "the Job's pod to run with allocated-gpus", func() (bool, string) {
 		list := &corev1.PodList{}
 		if err := c.cp.Client.List(ctx, list, client.InNamespace(teamNS), client.MatchingLabels{batchv1.JobNameLabel: name}); err != nil {
 			return false, err.Error()
@@ -745,7 +745,7 @@ func (c *cluster) checkToolkitCheck(t *testing.T) {
 	}
 	url := fmt.Sprintf("http://%s/metrics", net.JoinHostPort(agent.Status.PodIP, "9400"))
 	var series string
-	c.poll(t, time.Minute, "the node agent's env isolation series at "+url, func() (bool, string) {
+	harness.Poll(t, time.Minute, "the node agent's env isolation series at "+url, func() (bool, string) {
 		resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(url)
 		if err != nil {
 			return false, err.Error()
@@ -824,7 +824,7 @@ func (c *cluster) envSelectsNoGPU(t *testing.T) {
 				t.Logf("checked: %s refused at admission, so given no device: %v", what, err)
 				continue
 			}
-			c.poll(t, 2*time.Minute, what+" to run", func() (bool, string) {
+			harness.Poll(t, 2*time.Minute, what+" to run", func() (bool, string) {
 				got := c.pod(t, p)
 				return got.Status.Phase == corev1.PodRunning && len(got.Status.ContainerStatuses) > 0 && got.Status.ContainerStatuses[0].State.Running != nil,
 					string(got.Status.Phase) + " " + containerStates(got)
@@ -869,7 +869,7 @@ func (c *cluster) envSelectsNoGPU(t *testing.T) {
 			if err := c.cp.Client.Delete(ctx, p, client.GracePeriodSeconds(0)); client.IgnoreNotFound(err) != nil {
 				t.Fatal(err)
 			}
-			c.poll(t, time.Minute, "pod "+p.Name+" gone", func() (bool, string) {
+			harness.Poll(t, time.Minute, "pod "+p.Name+" gone", func() (bool, string) {
 				err := c.cp.Client.Get(ctx, client.ObjectKeyFromObject(p), &corev1.Pod{})
 				return client.IgnoreNotFound(err) == nil && err != nil, fmt.Sprint(err)
 			})
@@ -980,7 +980,7 @@ func postFromNetns(pid int, addr, path string) (int, error) {
 func (c *cluster) checkLeader(t *testing.T, deployment string) {
 	t.Helper()
 	var holder string
-	c.poll(t, time.Minute, "a leader in Lease "+deployment, func() (bool, string) {
+	harness.Poll(t, time.Minute, "a leader in Lease "+deployment, func() (bool, string) {
 		l := &coordinationv1.Lease{}
 		if err := c.cp.Client.Get(context.Background(), client.ObjectKey{Namespace: releaseNS, Name: deployment}, l); err != nil {
 			return false, err.Error()
@@ -1016,7 +1016,7 @@ func (c *cluster) killEachComponent(t *testing.T) {
 		var pid int
 		// A leader that lost its Lease under load exits and is restarted:
 		// wait for a running container.
-		c.poll(t, 2*time.Minute, p.Name+"'s container running", func() (bool, string) {
+		harness.Poll(t, 2*time.Minute, p.Name+"'s container running", func() (bool, string) {
 			got := &corev1.Pod{}
 			if err := c.cp.Client.Get(context.Background(), client.ObjectKeyFromObject(&p), got); err != nil || len(got.Status.ContainerStatuses) == 0 {
 				return false, fmt.Sprint(err)
@@ -1030,7 +1030,7 @@ func (c *cluster) killEachComponent(t *testing.T) {
 			t.Fatalf("kill %s/%s (pid %d): %v", p.Name, name, pid, err)
 		}
 		t.Logf("injected: SIGKILL to %s/%s (pid %d)", p.Name, name, pid)
-		c.poll(t, 2*time.Minute, p.Name+" restarted by kubelet and Ready", func() (bool, string) {
+		harness.Poll(t, 2*time.Minute, p.Name+" restarted by kubelet and Ready", func() (bool, string) {
 			got := &corev1.Pod{}
 			if err := c.cp.Client.Get(context.Background(), client.ObjectKeyFromObject(&p), got); err != nil {
 				return false, err.Error()
@@ -1056,7 +1056,7 @@ func (c *cluster) upgrade(t *testing.T, values string) {
 		t.Fatalf("helm upgrade: %v\n%s", err, out)
 	}
 	t.Logf("injected: helm upgrade --set logVerbosity=3")
-	c.poll(t, 3*time.Minute, "every component at --v=3", func() (bool, string) {
+	harness.Poll(t, 3*time.Minute, "every component at --v=3", func() (bool, string) {
 		var old []string
 		for _, p := range c.releasePods(t) {
 			argv := append(slices.Clone(p.Spec.Containers[0].Command), p.Spec.Containers[0].Args...)
@@ -1081,7 +1081,7 @@ func (c *cluster) deleteJob(t *testing.T, name string, p *corev1.Pod) {
 	if err := c.cp.Client.Delete(ctx, p, client.GracePeriodSeconds(0)); client.IgnoreNotFound(err) != nil {
 		t.Fatal(err)
 	}
-	c.poll(t, time.Minute, "pod "+p.Name+" gone", func() (bool, string) {
+	harness.Poll(t, time.Minute, "pod "+p.Name+" gone", func() (bool, string) {
 		err := c.cp.Client.Get(ctx, client.ObjectKeyFromObject(p), &corev1.Pod{})
 		return client.IgnoreNotFound(err) == nil && err != nil, fmt.Sprint(err)
 	})
@@ -1097,7 +1097,7 @@ func (c *cluster) uninstall(t *testing.T) {
 	}
 	t.Logf("injected: helm uninstall")
 	ctx := context.Background()
-	c.poll(t, 2*time.Minute, "the release's pods gone", func() (bool, string) {
+	harness.Poll(t, 2*time.Minute, "the release's pods gone", func() (bool, string) {
 		pods := c.releasePods(t)
 		return len(pods) == 0, fmt.Sprintf("%d pods left", len(pods))
 	})
@@ -1136,11 +1136,6 @@ func (c *cluster) uninstall(t *testing.T) {
 		t.Errorf("left after helm uninstall: %s", strings.Join(left, "; "))
 	}
 	t.Logf("checked: no webhook configuration, workload, Service, ConfigMap, Lease, ResourceQuota or pod of the release left")
-}
-
-func (c *cluster) poll(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	harness.Poll(t, timeout, what, cond)
 }
 
 func (c *cluster) dumpIfFailed(t *testing.T) {
