@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/extender"
+	core "github.com/gputopo/gputopo/placement"
 	"github.com/gputopo/gputopo/test/harness"
 )
 
@@ -46,7 +46,7 @@ func TestBindEventNamesTheGPUs(t *testing.T) {
 		}
 		var seen []string
 		for i := range list.Items {
-			if list.Items[i].Reason == extender.ReasonGPUsBound {
+			if list.Items[i].Reason == core.ReasonGPUsBound {
 				ev = &list.Items[i]
 				return true, ""
 			}
@@ -54,8 +54,8 @@ func TestBindEventNamesTheGPUs(t *testing.T) {
 		}
 		return false, "events: " + strings.Join(seen, ", ")
 	})
-	if ev.Type != corev1.EventTypeNormal || ev.Source.Component != extender.EventComponent {
-		t.Errorf("event type %s from %q; want Normal from %s", ev.Type, ev.Source.Component, extender.EventComponent)
+	if ev.Type != corev1.EventTypeNormal || ev.Source.Component != core.EventComponent {
+		t.Errorf("event type %s from %q; want Normal from %s", ev.Type, ev.Source.Component, core.EventComponent)
 	}
 	want := []string{"node " + got.Spec.NodeName + ":", "tier " + string(placement.Tier), "strategy " + string(placement.Strategy)}
 	want = append(want, harness.PodGPUs(t, got, v1alpha1.AnnotationAssignedGPUs)...)

@@ -10,16 +10,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gputopo/gputopo/placement"
+
 	"github.com/google/go-cmp/cmp"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/webhook"
 )
@@ -121,14 +121,18 @@ func (e *env) unmeetable(t *testing.T, _ *corev1.Pod) {
 				msg = c.Message
 			}
 		}
-		return strings.Contains(msg, extender.ReasonPrefix)
+		return strings.Contains(msg, placement.ReasonPrefix)
 	})
 	if p.Spec.NodeName != "" {
 		t.Fatalf("the unmeetable pod was bound to %s", p.Spec.NodeName)
 	}
 	names := []string{nodeName}
-	ex, err := e.ext.Explain(context.Background(), &extenderv1.ExtenderArgs{Pod: p, NodeNames: &names})
-	if err != nil || len(ex) != 1 || ex[0].Passed {
+	pr, err := placement.ParseRequest(p, e.ext.Core().Config().GPUResource(), e.ext.Core().Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex := e.ext.Core().Explain(context.Background(), pr, names)
+	if len(ex) != 1 || ex[0].Passed {
 		t.Fatalf("the core's explanation: %+v (err %v); want the node refused", ex, err)
 	}
 	if !strings.Contains(msg, ex[0].Reason) {
