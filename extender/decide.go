@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender/ledger"
 	"github.com/gputopo/gputopo/topology"
@@ -139,7 +140,7 @@ type evalKey struct {
 // strings); the allocator's own memo carries them across requests.
 type evaluator struct {
 	alloc  *topology.Allocator
-	cfg    *Configuration
+	cfg    *configv1alpha1.ExtenderConfiguration
 	pr     podRequest
 	now    time.Time
 	maxAge time.Duration
@@ -183,9 +184,9 @@ func (k evalKey) slot() int {
 
 // newEvaluator decides pr for one request (an HTTP verb, a scheduling
 // cycle); it logs through ctx's logger.
-func newEvaluator(ctx context.Context, alloc *topology.Allocator, cfg *Configuration, pr podRequest, now time.Time) *evaluator {
+func newEvaluator(ctx context.Context, alloc *topology.Allocator, cfg *configv1alpha1.ExtenderConfiguration, pr podRequest, now time.Time) *evaluator {
 	log := klog.FromContext(ctx)
-	e := &evaluator{alloc: alloc, cfg: cfg, pr: pr, now: now, maxAge: cfg.topologyMaxAge(), log: log, trace: log.V(5).Enabled()}
+	e := &evaluator{alloc: alloc, cfg: cfg, pr: pr, now: now, maxAge: cfg.TopologyAgeLimit(), log: log, trace: log.V(5).Enabled()}
 	w := cfg.Weights
 	e.wU, e.wA, e.wH, e.wF = float64(*w.UtilizationBalance), float64(*w.TaskAffinity), float64(*w.ThermalPowerHeadroom), float64(*w.Fragmentation)
 	e.wB, e.wC, e.wI = float64(*w.BandwidthFit), float64(*w.CapabilityConservation), float64(*w.IslandBestFit)

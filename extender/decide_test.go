@@ -10,6 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/extender/ledger"
 )
 
@@ -22,7 +23,7 @@ import (
 func TestSharedAnswersMatchPerNode(t *testing.T) {
 	// The cross-node terms compare a node with the others on purpose;
 	// with them off, a node's score must not depend on its company.
-	cfg := DefaultConfiguration()
+	cfg := configv1alpha1.DefaultExtenderConfiguration()
 	cfg.Weights.BandwidthFit, cfg.Weights.CapabilityConservation = ptr[int32](0), ptr[int32](0)
 	x, _ := newTestExtender(t, cfg)
 	fixtures := []string{"dgx1-v100", "dgx-a100", "hgx-h100"}

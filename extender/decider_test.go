@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
@@ -21,7 +22,7 @@ func deciderPair(t *testing.T) (a, b *Extender) {
 	t.Helper()
 	cs := fake.NewClientset()
 	mk := func(id, mode string) *Extender {
-		cfg := DefaultConfiguration()
+		cfg := configv1alpha1.DefaultExtenderConfiguration()
 		cfg.BindTimeout.Duration = 200 * time.Millisecond
 		x := newExtender(cfg, cs)
 		x.opts = NewOptions()
@@ -108,7 +109,7 @@ func TestDeciderFlagsAreValidated(t *testing.T) {
 }
 
 func TestAShadowDecidesNothingAndNeedsNoLease(t *testing.T) {
-	x := newExtender(DefaultConfiguration(), fake.NewClientset())
+	x := newExtender(configv1alpha1.DefaultExtenderConfiguration(), fake.NewClientset())
 	x.opts = NewOptions()
 	x.opts.Shadow = true
 	if d := newDecider(x, "extender"); d != nil {

@@ -1,8 +1,8 @@
 // Package extender is gputopo's kube-scheduler extender: the HTTP verbs
 // filter, prioritize and bind over the k8s.io/kube-scheduler/extender/v1
 // types, bind made atomic and idempotent over the GPU ledger (package
-// extender/ledger), the scoring, the versioned ExtenderConfiguration,
-// metrics, and leader election.
+// extender/ledger), the scoring, metrics, and leader election. Its
+// versioned ExtenderConfiguration is in package api/config/v1alpha1.
 //
 // Every decision is made from informer state kept in memory: topology,
 // telemetry, nodes and GPU pods arrive as events, per-node state (graph,

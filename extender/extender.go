@@ -26,6 +26,7 @@ import (
 	crcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender/ledger"
 	"github.com/gputopo/gputopo/topology"
@@ -39,7 +40,7 @@ var ErrLeadershipLost = errors.New("extender: leader election lost")
 // Extender is one extender replica: informers, ledger, HTTP servers and,
 // optionally, leader election.
 type Extender struct {
-	cfg     *Configuration
+	cfg     *configv1alpha1.ExtenderConfiguration
 	opts    Options
 	ledger  *Ledger
 	alloc   *topology.Allocator
@@ -93,11 +94,11 @@ func New(restCfg *rest.Config, o Options) (*Extender, error) {
 	cfg := o.Config
 	if cfg == nil {
 		var err error
-		if cfg, err = LoadConfiguration(o.ConfigFile); err != nil {
+		if cfg, err = configv1alpha1.LoadExtender(o.ConfigFile); err != nil {
 			return nil, err
 		}
 	} else if errs := cfg.Validate(); len(errs) > 0 {
-		return nil, fmt.Errorf("invalid %s: %w", ConfigKind, errs.ToAggregate())
+		return nil, fmt.Errorf("invalid %s: %w", configv1alpha1.ExtenderKind, errs.ToAggregate())
 	}
 	restCfg = withRateLimits(restCfg, o)
 	cs, err := kubernetes.NewForConfig(restCfg)
@@ -107,7 +108,7 @@ func New(restCfg *rest.Config, o Options) (*Extender, error) {
 	x := newExtender(cfg, cs)
 	x.opts, x.restCfg = o, restCfg
 	x.events, x.recorder = newEventBroadcaster()
-	if cfg.Telemetry.Source == TelemetryPrometheus {
+	if cfg.Telemetry.Source == configv1alpha1.TelemetryPrometheus {
 		if x.prom, err = newPromTelemetry(cfg.Telemetry.Prometheus, x.ledger, x.metrics); err != nil {
 			return nil, err
 		}
@@ -139,7 +140,7 @@ func withRateLimits(restCfg *rest.Config, o Options) *rest.Config {
 
 // newExtender builds the request-serving core without informers or
 // servers: unit tests drive its ledger directly.
-func newExtender(cfg *Configuration, cs kubernetes.Interface) *Extender {
+func newExtender(cfg *configv1alpha1.ExtenderConfiguration, cs kubernetes.Interface) *Extender {
 	l := ledger.New(cfg.GPUResource())
 	m := NewMetrics(l)
 	l.OnTelemetry(m.setTelemetry)
@@ -155,7 +156,7 @@ func newExtender(cfg *Configuration, cs kubernetes.Interface) *Extender {
 	}
 	l.OnDoubleHeld(x.onDoubleHeld)
 	m.leader = x.leading.Load
-	m.topologyClock = func() (time.Time, time.Duration) { return x.now(), cfg.topologyMaxAge() }
+	m.topologyClock = func() (time.Time, time.Duration) { return x.now(), cfg.TopologyAgeLimit() }
 	return x
 }
 

@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/internal/fakeapi"
 	"github.com/gputopo/gputopo/topology"
@@ -108,10 +109,10 @@ var testNow = time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
 
 // newTestExtender is a Ready extender whose clock is testNow, on a fake
 // clientset that binds like kube-apiserver does.
-func newTestExtender(t testing.TB, cfg *Configuration, objs ...runtime.Object) (*Extender, *fake.Clientset) {
+func newTestExtender(t testing.TB, cfg *configv1alpha1.ExtenderConfiguration, objs ...runtime.Object) (*Extender, *fake.Clientset) {
 	t.Helper()
 	if cfg == nil {
-		cfg = DefaultConfiguration()
+		cfg = configv1alpha1.DefaultExtenderConfiguration()
 	}
 	cs := fake.NewClientset(objs...)
 	cs.PrependReactor("create", "pods", fakeapi.BindingReactor(cs))

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology"
 )
@@ -71,14 +72,14 @@ func filterOne(t *testing.T, x *Extender, pb *podBuilder, node string) (passed b
 // the future, with a reason a person can act on; the age check's own
 // switch (topologyMaxAge) is honoured.
 func TestFilterDistrustsObservedTime(t *testing.T) {
-	ageOff := func() *Configuration {
-		cfg := DefaultConfiguration()
+	ageOff := func() *configv1alpha1.ExtenderConfiguration {
+		cfg := configv1alpha1.DefaultExtenderConfiguration()
 		cfg.TopologyMaxAge = &metav1.Duration{Duration: -1}
 		return cfg
 	}
 	tests := []struct {
 		name     string
-		cfg      func() *Configuration
+		cfg      func() *configv1alpha1.ExtenderConfiguration
 		observed func(o *v1alpha1.NodeGPUTopology)
 		// reason is a fragment of the refusal; "" means the node passes.
 		reason string
@@ -110,7 +111,7 @@ func TestFilterDistrustsObservedTime(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			var cfg *Configuration
+			var cfg *configv1alpha1.ExtenderConfiguration
 			if tc.cfg != nil {
 				cfg = tc.cfg()
 			}

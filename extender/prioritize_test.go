@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/extender/ledger"
 	"github.com/gputopo/gputopo/topology"
 )
@@ -52,26 +53,26 @@ func scores(t *testing.T, x *Extender, args *extenderv1.ExtenderArgs) map[string
 	return out
 }
 
-func onlyWeight(u, a, h, f int32) *Configuration {
-	return only(Weights{UtilizationBalance: &u, TaskAffinity: &a, ThermalPowerHeadroom: &h, Fragmentation: &f})
+func onlyWeight(u, a, h, f int32) *configv1alpha1.ExtenderConfiguration {
+	return only(configv1alpha1.Weights{UtilizationBalance: &u, TaskAffinity: &a, ThermalPowerHeadroom: &h, Fragmentation: &f})
 }
 
 // only is a configuration with the given weights and every other weight 0.
-func only(w Weights) *Configuration {
-	c := &Configuration{Weights: w}
-	for _, f := range c.Weights.fields() {
-		if *f.p == nil {
-			*f.p = ptr[int32](0)
+func only(w configv1alpha1.Weights) *configv1alpha1.ExtenderConfiguration {
+	for _, p := range []**int32{&w.UtilizationBalance, &w.TaskAffinity, &w.ThermalPowerHeadroom, &w.Fragmentation, &w.BandwidthFit, &w.CapabilityConservation, &w.IslandBestFit} {
+		if *p == nil {
+			*p = ptr[int32](0)
 		}
 	}
-	SetDefaults(c)
+	c := &configv1alpha1.ExtenderConfiguration{Weights: w}
+	configv1alpha1.SetExtenderDefaults(c)
 	return c
 }
 
 func TestPrioritizeTerms(t *testing.T) {
 	tests := []struct {
 		name  string
-		cfg   *Configuration
+		cfg   *configv1alpha1.ExtenderConfiguration
 		setup func(t *testing.T, x *Extender)
 		args  *extenderv1.ExtenderArgs
 		want  map[string]int64
@@ -154,13 +155,13 @@ func TestPrioritizeTerms(t *testing.T) {
 		// conservation 1 (nothing left, the only node); no job, so no
 		// affinity; no bandwidth asked, so no bandwidth fit.
 		want: map[string]int64{"idle": func() int64 {
-			w := weightProfiles[WeightsPlacement]
-			u, h, f, c, i := float64(w[0]), float64(w[2]), float64(w[3]), float64(w[5]), float64(w[6])
+			w, _ := configv1alpha1.WeightProfile(configv1alpha1.WeightsPlacement)
+			u, h, f, c, i := float64(*w.UtilizationBalance), float64(*w.ThermalPowerHeadroom), float64(*w.Fragmentation), float64(*w.CapabilityConservation), float64(*w.IslandBestFit)
 			return int64(math.Round(10 * (h + f + c + i) / (u + h + f + c + i)))
 		}()},
 	}, {
 		name: "design profile combines the first four components",
-		cfg:  profile(WeightsDesign),
+		cfg:  profile(configv1alpha1.WeightsDesign),
 		setup: func(t *testing.T, x *Extender) {
 			x.ledger.UpsertTopology(withTelemetry(topo(t, "dgx1-v100", "idle"), 0, 30, 0, 300))
 		},
@@ -170,7 +171,7 @@ func TestPrioritizeTerms(t *testing.T) {
 		want: map[string]int64{"idle": 4},
 	}, {
 		name: "bandwidth fit: a model-parallel pod prefers the node with the best ring",
-		cfg:  only(Weights{BandwidthFit: ptr[int32](1)}),
+		cfg:  only(configv1alpha1.Weights{BandwidthFit: ptr[int32](1)}),
 		setup: func(t *testing.T, x *Extender) {
 			x.ledger.UpsertTopology(topo(t, "dgx-a100", "a100"))
 			x.ledger.UpsertTopology(topo(t, "pcie-8x", "pcie"))
@@ -182,7 +183,7 @@ func TestPrioritizeTerms(t *testing.T) {
 		want: map[string]int64{"a100": 10, "idle": 1, "pcie": 1},
 	}, {
 		name: "bandwidth fit does not count for a pod that does not ask for bandwidth",
-		cfg:  only(Weights{BandwidthFit: ptr[int32](1), Fragmentation: ptr[int32](0), UtilizationBalance: ptr[int32](1)}),
+		cfg:  only(configv1alpha1.Weights{BandwidthFit: ptr[int32](1), Fragmentation: ptr[int32](0), UtilizationBalance: ptr[int32](1)}),
 		setup: func(t *testing.T, x *Extender) {
 			x.ledger.UpsertTopology(topo(t, "dgx-a100", "a100"))
 		},
@@ -191,7 +192,7 @@ func TestPrioritizeTerms(t *testing.T) {
 		want: map[string]int64{"a100": 5, "idle": 5},
 	}, {
 		name: "capability conservation: a pod that needs no bandwidth prefers the plain PCIe node",
-		cfg:  only(Weights{CapabilityConservation: ptr[int32](1)}),
+		cfg:  only(configv1alpha1.Weights{CapabilityConservation: ptr[int32](1)}),
 		setup: func(t *testing.T, x *Extender) {
 			x.ledger.UpsertTopology(topo(t, "dgx-a100", "a100"))
 			x.ledger.UpsertTopology(topo(t, "pcie-8x", "pcie"))
@@ -203,7 +204,7 @@ func TestPrioritizeTerms(t *testing.T) {
 		want: map[string]int64{"a100": 0, "idle": conservationScore(t, "pcie-8x", "dgx-a100", "dgx1-v100"), "pcie": 10},
 	}, {
 		name: "island best fit: a small pod fills the partly used island",
-		cfg:  only(Weights{IslandBestFit: ptr[int32](1)}),
+		cfg:  only(configv1alpha1.Weights{IslandBestFit: ptr[int32](1)}),
 		setup: func(t *testing.T, x *Extender) {
 			x.ledger.UpsertTopology(topo(t, "pcie-8x-nvlink-pairs", "pairs"))
 			x.ledger.UpsertTopology(topo(t, "pcie-8x-nvlink-pairs", "broken"))
@@ -262,9 +263,9 @@ func TestPrioritizeMalformedRequirementIsAnError(t *testing.T) {
 	}
 }
 
-func profile(name string) *Configuration {
-	c := &Configuration{Weights: Weights{Profile: name}}
-	SetDefaults(c)
+func profile(name string) *configv1alpha1.ExtenderConfiguration {
+	c := &configv1alpha1.ExtenderConfiguration{Weights: configv1alpha1.Weights{Profile: name}}
+	configv1alpha1.SetExtenderDefaults(c)
 	return c
 }
 

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
@@ -26,7 +27,7 @@ func accelPod(name string, n string) *podBuilder {
 // extended resource: the pod's demand, the Node's allocatable and the
 // reasons all read the configured name.
 func TestConfiguredResourceName(t *testing.T) {
-	cfg := DefaultConfiguration()
+	cfg := configv1alpha1.DefaultExtenderConfiguration()
 	cfg.ResourceName = string(testAccel)
 	tests := []struct {
 		name         string
@@ -82,7 +83,7 @@ func TestConfiguredResourceName(t *testing.T) {
 // TestConfiguredResourceNameInLedger: bound pods count by the configured
 // resource; a pod of nvidia.com/gpu only is not a GPU pod there.
 func TestConfiguredResourceNameInLedger(t *testing.T) {
-	cfg := DefaultConfiguration()
+	cfg := configv1alpha1.DefaultExtenderConfiguration()
 	cfg.ResourceName = string(testAccel)
 	x, _ := newTestExtender(t, cfg)
 	x.ledger.UpsertTopology(topo(t, "dgx1-v100", "a"))

@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
@@ -27,7 +28,7 @@ type Options struct {
 	// ConfigFile is an ExtenderConfiguration; empty uses the defaults.
 	ConfigFile string
 	// Config, when set, is used instead of ConfigFile (in-process use).
-	Config *Configuration
+	Config *configv1alpha1.ExtenderConfiguration
 
 	// TLSCertFile and TLSPrivateKeyFile turn on HTTPS for the verbs.
 	TLSCertFile, TLSPrivateKeyFile string

@@ -12,6 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 )
 
 func mustJSON(t testing.TB, v any) string {
@@ -65,7 +67,7 @@ func TestBadRequests(t *testing.T) {
 		{"bind malformed", "/scheduler/bind", `{"PodName":5}`, 400, "malformed request"},
 		{"bind missing pod", "/bind", `{"PodName":"ghost","PodNamespace":"default","PodUID":"u","Node":"a"}`, 200, `"Error":"pod default/ghost not found`},
 	}
-	cfg := DefaultConfiguration()
+	cfg := configv1alpha1.DefaultExtenderConfiguration()
 	cfg.MaxRequestBytes = 1 << 20
 	x, _ := newTestExtender(t, cfg)
 	x.ledger.UpsertTopology(topo(t, "dgx1-v100", "a"))

@@ -18,13 +18,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
 // thermalOnly is a configuration that ranks by thermal headroom alone.
-func thermalOnly() *Configuration {
-	c := DefaultConfiguration()
-	c.Weights = Weights{Profile: WeightsPlacement, UtilizationBalance: ptr[int32](0), TaskAffinity: ptr[int32](0), ThermalPowerHeadroom: ptr[int32](100), Fragmentation: ptr[int32](0),
+func thermalOnly() *configv1alpha1.ExtenderConfiguration {
+	c := configv1alpha1.DefaultExtenderConfiguration()
+	c.Weights = configv1alpha1.Weights{Profile: configv1alpha1.WeightsPlacement, UtilizationBalance: ptr[int32](0), TaskAffinity: ptr[int32](0), ThermalPowerHeadroom: ptr[int32](100), Fragmentation: ptr[int32](0),
 		BandwidthFit: ptr[int32](0), CapabilityConservation: ptr[int32](0), IslandBestFit: ptr[int32](0)}
 	return c
 }
@@ -35,7 +36,7 @@ func thermalOnly() *Configuration {
 func shadowPair(t *testing.T) (serving, shadow *Extender) {
 	t.Helper()
 	// The design profile's utilization balance prefers the idle node.
-	serving, _ = newTestExtender(t, profile(WeightsDesign))
+	serving, _ = newTestExtender(t, profile(configv1alpha1.WeightsDesign))
 	shadow, _ = newTestExtender(t, thermalOnly())
 	shadow.opts.Shadow = true
 	shadow.shadowLog = &decisionLog{rate: 1}

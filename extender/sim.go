@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"k8s.io/client-go/kubernetes"
+
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 )
 
 // NewWithClient builds a ready extender core on an existing clientset,
@@ -11,10 +13,10 @@ import (
 // ledger (Ledger().UpsertTopology, UpsertNode, UpsertPod, DeletePod) as the
 // informers would, and calls Filter, Prioritize and Bind directly. The
 // simulator uses it to replay traces through the same decision code the
-// HTTP server runs. cfg nil means DefaultConfiguration.
-func NewWithClient(cfg *Configuration, cs kubernetes.Interface) *Extender {
+// HTTP server runs. cfg nil means DefaultExtenderConfiguration.
+func NewWithClient(cfg *configv1alpha1.ExtenderConfiguration, cs kubernetes.Interface) *Extender {
 	if cfg == nil {
-		cfg = DefaultConfiguration()
+		cfg = configv1alpha1.DefaultExtenderConfiguration()
 	}
 	x := newExtender(cfg, cs)
 	x.synced.Store(true)

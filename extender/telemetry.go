@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/common/model"
 	"k8s.io/klog/v2"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/extender/ledger"
 )
 
@@ -30,7 +31,7 @@ type ExternalTelemetry = ledger.ExternalTelemetry
 // promTelemetry queries DCGM exporter metrics from Prometheus every
 // interval and hands them to the ledger.
 type promTelemetry struct {
-	cfg     *PrometheusTelemetry
+	cfg     *configv1alpha1.PrometheusTelemetry
 	api     promv1.API
 	ledger  *Ledger
 	metrics *Metrics
@@ -39,7 +40,7 @@ type promTelemetry struct {
 	lastFallback int
 }
 
-func newPromTelemetry(cfg *PrometheusTelemetry, l *Ledger, m *Metrics) (*promTelemetry, error) {
+func newPromTelemetry(cfg *configv1alpha1.PrometheusTelemetry, l *Ledger, m *Metrics) (*promTelemetry, error) {
 	c, err := promapi.NewClient(promapi.Config{Address: cfg.URL})
 	if err != nil {
 		return nil, fmt.Errorf("telemetry.prometheus.url %q: %w", cfg.URL, err)
@@ -85,9 +86,9 @@ func (p *promTelemetry) round(ctx context.Context) {
 		if total > 0 {
 			log.Info("WARNING: nodes read NodeGPUTopology telemetry instead of Prometheus", "fallbackNodes", total,
 				"noData", fallback[fallbackNoData], "incomplete", fallback[fallbackIncomplete], "stale", fallback[fallbackStale],
-				"prometheusNodes", bySource[TelemetryPrometheus])
+				"prometheusNodes", bySource[configv1alpha1.TelemetryPrometheus])
 		} else {
-			log.Info("every node reads Prometheus telemetry", "nodes", bySource[TelemetryPrometheus])
+			log.Info("every node reads Prometheus telemetry", "nodes", bySource[configv1alpha1.TelemetryPrometheus])
 		}
 		p.lastFallback = total
 	}

@@ -8,6 +8,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 )
 
 func TestPrometheusTelemetryConfig(t *testing.T) {
@@ -25,13 +27,13 @@ func TestPrometheusTelemetryConfig(t *testing.T) {
 		"typo":                   {"telemetry: {source: prometheus, prometheus: {url: 'http://p:9090', intervall: 5s}}", `unknown field "telemetry.prometheus.intervall"`},
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := ParseConfiguration([]byte(head + tc.doc))
+			_, err := configv1alpha1.ParseExtender([]byte(head + tc.doc))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want it to contain %q", err, tc.want)
 			}
 		})
 	}
-	c, err := ParseConfiguration([]byte(head + "telemetry: {source: prometheus, prometheus: {url: 'http://prometheus.monitoring:9090'}}"))
+	c, err := configv1alpha1.ParseExtender([]byte(head + "telemetry: {source: prometheus, prometheus: {url: 'http://prometheus.monitoring:9090'}}"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +84,7 @@ func TestExternalTelemetryScoresAndFallback(t *testing.T) {
 	if a, b := scores(); b <= a {
 		t.Fatalf("Prometheus telemetry: a (hot, busy) scores %d, b (cool, idle) %d; want b above a", a, b)
 	}
-	if src, fb := x.ledger.NodeTelemetrySource("a"); src != TelemetryPrometheus || fb != "" {
+	if src, fb := x.ledger.NodeTelemetrySource("a"); src != configv1alpha1.TelemetryPrometheus || fb != "" {
 		t.Errorf("node a reads %q (fallback %q), want prometheus", src, fb)
 	}
 	if got := testutil.ToFloat64(x.metrics.utilization.WithLabelValues("a", "0", "compute")); got != 95 {
@@ -112,7 +114,7 @@ func TestExternalTelemetryScoresAndFallback(t *testing.T) {
 	x.ledger.SetClock(func() time.Time { return testNow.Add(61 * time.Second) })
 	x.ledger.RefreshExternalTelemetry()
 	bySource, fallback := x.ledger.TelemetrySources()
-	if bySource[TelemetryPrometheus] != 0 || fallback[fallbackStale] != 2 || fallback[fallbackNoData] != 1 {
+	if bySource[configv1alpha1.TelemetryPrometheus] != 0 || fallback[fallbackStale] != 2 || fallback[fallbackNoData] != 1 {
 		t.Errorf("after maxAge: sources %v, fallback %v; want a and b stale (stale wins over incomplete), c no_data", bySource, fallback)
 	}
 	if a, b := scores(); a <= b {

@@ -16,6 +16,7 @@ import (
 	k8stypes "k8s.io/apimachinery/pkg/types"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/topology"
@@ -65,7 +66,7 @@ func uuids(node string, idx ...int) string {
 // held by a pod whose truth differs from its plan (drift); an empty DGX
 // A100 whose topology is older than topologyMaxAge; a PCIe box.
 func cluster(t *testing.T) *Snapshot {
-	s := &Snapshot{Now: now, Config: extender.DefaultConfiguration(), ConfigSource: "defaults"}
+	s := &Snapshot{Now: now, Config: configv1alpha1.DefaultExtenderConfiguration(), ConfigSource: "defaults"}
 	s.Topologies = []v1alpha1.NodeGPUTopology{
 		topo(t, "dgx1-v100", "v100", now),
 		topo(t, "dgx-a100", "a100", now.Add(-time.Hour)),

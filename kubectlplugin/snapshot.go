@@ -15,8 +15,8 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/extender"
 )
 
 // Snapshot is the cluster as one command sees it: read once, then every
@@ -30,7 +30,7 @@ type Snapshot struct {
 	Pods []corev1.Pod
 	// Config is the extender's configuration explain decides with;
 	// ConfigSource says where it came from.
-	Config       *extender.Configuration
+	Config       *configv1alpha1.ExtenderConfiguration
 	ConfigSource string
 }
 
@@ -89,20 +89,20 @@ func LoadWith(ctx context.Context, c client.Reader, from ConfigFrom) (*Snapshot,
 	return s, nil
 }
 
-func loadConfig(ctx context.Context, c client.Reader, from ConfigFrom) (*extender.Configuration, string, error) {
+func loadConfig(ctx context.Context, c client.Reader, from ConfigFrom) (*configv1alpha1.ExtenderConfiguration, string, error) {
 	if from.File != "" {
 		b, err := os.ReadFile(from.File)
 		if err != nil {
 			return nil, "", fmt.Errorf("read extender configuration: %w", err)
 		}
-		cfg, err := extender.ParseConfiguration(b)
+		cfg, err := configv1alpha1.ParseExtender(b)
 		if err != nil {
 			return nil, "", fmt.Errorf("extender configuration %s: %w", from.File, err)
 		}
 		return cfg, from.File, nil
 	}
 	if from.ConfigMap == "" {
-		return extender.DefaultConfiguration(), "defaults", nil
+		return configv1alpha1.DefaultExtenderConfiguration(), "defaults", nil
 	}
 	ns, name, ok := strings.Cut(from.ConfigMap, "/")
 	if !ok || ns == "" || name == "" {
@@ -112,15 +112,15 @@ func loadConfig(ctx context.Context, c client.Reader, from ConfigFrom) (*extende
 	err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &cm)
 	switch {
 	case apierrors.IsNotFound(err) || apierrors.IsForbidden(err):
-		return extender.DefaultConfiguration(), "defaults (ConfigMap " + from.ConfigMap + " not readable)", nil
+		return configv1alpha1.DefaultExtenderConfiguration(), "defaults (ConfigMap " + from.ConfigMap + " not readable)", nil
 	case err != nil:
 		return nil, "", fmt.Errorf("read ConfigMap %s: %w", from.ConfigMap, err)
 	}
 	data, ok := cm.Data["config.yaml"]
 	if !ok {
-		return extender.DefaultConfiguration(), "defaults (ConfigMap " + from.ConfigMap + " has no config.yaml)", nil
+		return configv1alpha1.DefaultExtenderConfiguration(), "defaults (ConfigMap " + from.ConfigMap + " has no config.yaml)", nil
 	}
-	cfg, err := extender.ParseConfiguration([]byte(data))
+	cfg, err := configv1alpha1.ParseExtender([]byte(data))
 	if err != nil {
 		return nil, "", fmt.Errorf("ConfigMap %s config.yaml: %w", from.ConfigMap, err)
 	}

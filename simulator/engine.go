@@ -6,8 +6,8 @@ import (
 	"slices"
 	"time"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/topology"
 	"github.com/gputopo/gputopo/webhook"
 )
@@ -23,10 +23,10 @@ type Config struct {
 	// Policies to run, by name; nil means PolicyNames.
 	Policies []string
 	// Extender configures the gputopo policy's extender (weights, ...);
-	// nil means extender.DefaultConfiguration. PolicyTable is the
-	// webhook's policy table the pods' requirements come from; nil means
-	// the webhook's default.
-	Extender    *extender.Configuration
+	// nil means DefaultExtenderConfiguration. PolicyTable is the webhook's
+	// policy table the pods' requirements come from; nil means the
+	// webhook's default.
+	Extender    *configv1alpha1.ExtenderConfiguration
 	PolicyTable *webhook.PolicyTable
 }
 

@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/internal/fakeapi"
@@ -54,10 +55,10 @@ var _ Policy = (*gputopoPolicy)(nil)
 // simEpoch is simulated time 0 on the extender's clock.
 var simEpoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
-func newGputopoPolicy(nodes []Node, ext *extender.Configuration, table webhook.PolicyTable) (*gputopoPolicy, error) {
+func newGputopoPolicy(nodes []Node, ext *configv1alpha1.ExtenderConfiguration, table webhook.PolicyTable) (*gputopoPolicy, error) {
 	cs := fake.NewClientset()
 	cs.PrependReactor("create", "pods", fakeapi.BindingReactor(cs))
-	cfg := extender.DefaultConfiguration()
+	cfg := configv1alpha1.DefaultExtenderConfiguration()
 	if ext != nil {
 		c := *ext
 		cfg = &c

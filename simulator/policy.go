@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/gputopo/gputopo/extender"
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/topology"
 	"github.com/gputopo/gputopo/webhook"
 )
@@ -57,7 +57,7 @@ const PartitionLimit = 100000
 
 // newPolicy builds the named policy over nodes. ext and table configure
 // gputopo (the optimum reads the same table); nil means the defaults.
-func newPolicy(name string, nodes []Node, ext *extender.Configuration, table *webhook.PolicyTable) (Policy, error) {
+func newPolicy(name string, nodes []Node, ext *configv1alpha1.ExtenderConfiguration, table *webhook.PolicyTable) (Policy, error) {
 	t := webhook.DefaultConfig().PolicyTable
 	if table != nil {
 		t = *table

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gputopo/gputopo/extender"
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/webhook"
 )
 
@@ -43,11 +43,11 @@ type Options struct {
 }
 
 // configs loads the extender and webhook configuration files of o.
-func (o Options) configs() (*extender.Configuration, *webhook.PolicyTable, error) {
-	var ext *extender.Configuration
+func (o Options) configs() (*configv1alpha1.ExtenderConfiguration, *webhook.PolicyTable, error) {
+	var ext *configv1alpha1.ExtenderConfiguration
 	var table *webhook.PolicyTable
 	if o.ExtenderConfig != "" {
-		c, err := extender.LoadConfiguration(o.ExtenderConfig)
+		c, err := configv1alpha1.LoadExtender(o.ExtenderConfig)
 		if err != nil {
 			return nil, nil, fmt.Errorf("--extender-config: %w", err)
 		}
@@ -194,7 +194,7 @@ func writeFile(path string, write func(io.Writer) error) error {
 }
 
 // simulateSeeds runs o.Seeds generated traces and prints their summary.
-func simulateSeeds(w io.Writer, o Options, ext *extender.Configuration, table *webhook.PolicyTable) error {
+func simulateSeeds(w io.Writer, o Options, ext *configv1alpha1.ExtenderConfiguration, table *webhook.PolicyTable) error {
 	specs, err := SeedSpecs(o.Trace, o.Seeds)
 	if err != nil {
 		return err
@@ -246,7 +246,7 @@ func simulateSeeds(w io.Writer, o Options, ext *extender.Configuration, table *w
 
 // simulateSuite runs the placement suite with the extender configuration
 // of o and prints (and, with OutDir, writes) its table.
-func simulateSuite(w io.Writer, o Options, ext *extender.Configuration) error {
+func simulateSuite(w io.Writer, o Options, ext *configv1alpha1.ExtenderConfiguration) error {
 	if o.WebhookConfig != "" || o.Seeds > 1 || o.Cluster != "" {
 		return fmt.Errorf("--suite: runs fixed traces and clusters with the default policy table; drop --webhook-config, --seeds and --cluster")
 	}

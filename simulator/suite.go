@@ -8,7 +8,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/gputopo/gputopo/extender"
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/webhook"
 )
 
@@ -74,7 +74,7 @@ func (r SuiteRow) OK() bool {
 // RunSuite runs every case with ext (nil: defaults) and the default
 // policy table, once strict and once with SuiteFallbackAfter on the
 // model intent.
-func RunSuite(cases []SuiteCase, ext *extender.Configuration) ([]SuiteRow, error) {
+func RunSuite(cases []SuiteCase, ext *configv1alpha1.ExtenderConfiguration) ([]SuiteRow, error) {
 	strict := webhook.DefaultConfig().PolicyTable
 	fallback := strict
 	fallback.Model.FallbackAfter = &metav1.Duration{Duration: SuiteFallbackAfter}

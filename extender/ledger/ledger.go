@@ -70,7 +70,7 @@ type Ledger struct {
 	extMaxAge time.Duration
 	// extData is the last successful external query round.
 	extData ExternalTelemetry
-	// resource is the extended resource counted (Configuration's
+	// resource is the extended resource counted (ExtenderConfiguration's
 	// resourceName).
 	resource corev1.ResourceName
 	// onDoubleHeld, when set, is told of GPUs that became held by more

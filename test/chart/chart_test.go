@@ -24,6 +24,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/cmd/gputopo/app"
 	"github.com/gputopo/gputopo/extender"
@@ -132,7 +133,7 @@ type want struct {
 	modelPolicy            webhook.Policy
 	// prometheus is the telemetry.prometheus block as written, before the
 	// extender's defaulting; nil: source nodeGPUTopology.
-	prometheus *extender.PrometheusTelemetry
+	prometheus *configv1alpha1.PrometheusTelemetry
 	// shadow: a shadow extender runs, with shadowImage, shadowWeights and
 	// shadowLogRate.
 	shadow        bool
@@ -175,7 +176,7 @@ func wants() map[string]struct {
 			serviceMonitors: 5, excludedNamespaces: []string{"cert-manager"}, timeoutSeconds: 5, kubeletRoot: "/var/lib/kubelet",
 			image: "ghcr.io/gputopo/gputopo:0.3.0", schedulerImage: "registry.k8s.io/kube-scheduler:v1.37.2",
 			modelPolicy: webhook.DefaultConfig().PolicyTable.Model,
-			prometheus:  &extender.PrometheusTelemetry{URL: "http://prometheus.monitoring:9090", Selector: `job="dcgm-exporter"`},
+			prometheus:  &configv1alpha1.PrometheusTelemetry{URL: "http://prometheus.monitoring:9090", Selector: `job="dcgm-exporter"`},
 			shadow:      true, shadowImage: "ghcr.io/gputopo/gputopo:v0.2.0", shadowWeights: withFragmentation(placementWeights(), 40), shadowLogRate: 0.25,
 		}},
 		"plain HTTP opt-out with a shadow extender and NetworkPolicies": {rel: plainHTTPRelease, want: want{
@@ -265,10 +266,10 @@ func checkExtenderConfig(t *testing.T, r release, w want, objs []*unstructured.U
 // placementWeights are the extender's default weights (the placement
 // profile), in want.weights order.
 func placementWeights() [7]int32 {
-	return weightsOf(extender.DefaultConfiguration().Weights)
+	return weightsOf(configv1alpha1.DefaultExtenderConfiguration().Weights)
 }
 
-func weightsOf(w extender.Weights) [7]int32 {
+func weightsOf(w configv1alpha1.Weights) [7]int32 {
 	return [7]int32{*w.UtilizationBalance, *w.TaskAffinity, *w.ThermalPowerHeadroom, *w.Fragmentation,
 		*w.BandwidthFit, *w.CapabilityConservation, *w.IslandBestFit}
 }
@@ -278,9 +279,9 @@ func withFragmentation(w [7]int32, f int32) [7]int32 {
 	return w
 }
 
-func checkExtenderConfigMap(t *testing.T, objs []*unstructured.Unstructured, name string, weights [7]int32, prometheus *extender.PrometheusTelemetry, resourceName string) {
+func checkExtenderConfigMap(t *testing.T, objs []*unstructured.Unstructured, name string, weights [7]int32, prometheus *configv1alpha1.PrometheusTelemetry, resourceName string) {
 	t.Helper()
-	cfg, err := extender.ParseConfiguration(configData(t, objs, name, "config.yaml"))
+	cfg, err := configv1alpha1.ParseExtender(configData(t, objs, name, "config.yaml"))
 	if err != nil {
 		t.Fatalf("ConfigMap %s is refused by the extender: %v", name, err)
 	}
@@ -288,11 +289,11 @@ func checkExtenderConfigMap(t *testing.T, objs []*unstructured.Unstructured, nam
 	if got != weights {
 		t.Errorf("%s: weights = %v, want %v", name, got, weights)
 	}
-	def := extender.DefaultConfiguration()
+	def := configv1alpha1.DefaultExtenderConfiguration()
 	if prometheus != nil {
 		p := *prometheus
-		def = &extender.Configuration{Telemetry: extender.Telemetry{Source: extender.TelemetryPrometheus, Prometheus: &p}}
-		extender.SetDefaults(def)
+		def = &configv1alpha1.ExtenderConfiguration{Telemetry: configv1alpha1.Telemetry{Source: configv1alpha1.TelemetryPrometheus, Prometheus: &p}}
+		configv1alpha1.SetExtenderDefaults(def)
 	}
 	if cfg.ResourceName != resourceName {
 		t.Errorf("%s: resourceName = %q, want %q", name, cfg.ResourceName, resourceName)

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/internal/localcluster"
@@ -56,7 +57,7 @@ func TestPluginModeRendersNoExtender(t *testing.T) {
 	if !ok || cm != fn+"-extender" {
 		t.Errorf("plugin args configFile %s is not in the extender's ConfigMap as mounted (ConfigMap %q)", args.ConfigFile, cm)
 	}
-	if _, err := extender.ParseConfiguration(configData(t, objs, fn+"-extender", path.Base(args.ConfigFile))); err != nil {
+	if _, err := configv1alpha1.ParseExtender(configData(t, objs, fn+"-extender", path.Base(args.ConfigFile))); err != nil {
 		t.Errorf("the ExtenderConfiguration the plugin reads: %v", err)
 	}
 	var hasMetrics bool

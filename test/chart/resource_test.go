@@ -11,7 +11,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"github.com/gputopo/gputopo/extender"
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/nodeagent"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/webhook"
@@ -62,7 +62,7 @@ func renderedResourceNames(t *testing.T, r release, w want, objs []*unstructured
 		configMaps = append(configMaps, fn+"-extender-shadow")
 	}
 	for _, name := range configMaps {
-		cfg, err := extender.ParseConfiguration(configData(t, objs, name, "config.yaml"))
+		cfg, err := configv1alpha1.ParseExtender(configData(t, objs, name, "config.yaml"))
 		if err != nil {
 			t.Fatalf("ConfigMap %s: %v", name, err)
 		}

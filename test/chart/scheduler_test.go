@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/test/harness"
@@ -139,7 +140,7 @@ func TestRenderedSchedulerConfigRunsThroughExtender(t *testing.T) {
 	}
 
 	// The extender with the chart's arguments, configuration and identity.
-	cfg, err := extender.ParseConfiguration(configData(t, objs, fn+"-extender", "config.yaml"))
+	cfg, err := configv1alpha1.ParseExtender(configData(t, objs, fn+"-extender", "config.yaml"))
 	if err != nil {
 		t.Fatalf("extender ConfigMap: %v", err)
 	}

@@ -38,6 +38,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/internal/localcluster"
@@ -307,7 +308,7 @@ func (e *env) startScheduler(t *testing.T, ignorable bool) {
 // gputopo-scheduler's, as the extender's service account, serving nothing.
 func (e *env) startObserver(t *testing.T) {
 	t.Helper()
-	o := extender.Options{MetricsBindAddress: "0", Config: extender.DefaultConfiguration()}
+	o := extender.Options{MetricsBindAddress: "0", Config: configv1alpha1.DefaultExtenderConfiguration()}
 	o.Config.ResourceName = string(e.resource)
 	x, err := localcluster.StartCore(klog.NewContext(context.Background(), e.logger.WithName("observer")), e.cp.UserConfig(t, extenderUser), o)
 	if err != nil {
@@ -382,7 +383,7 @@ func (e *env) newExtender(t *testing.T, o extender.Options) (*localcluster.Exten
 	t.Helper()
 	o.BindAddress, o.MetricsBindAddress = "127.0.0.1", "0"
 	if o.Config == nil {
-		o.Config = extender.DefaultConfiguration()
+		o.Config = configv1alpha1.DefaultExtenderConfiguration()
 	}
 	o.Config.ResourceName = string(e.resource)
 	cfg := e.cp.UserConfig(t, extenderUser)

@@ -1,45 +1,34 @@
-package extender
+package v1alpha1
 
 import (
-	"bufio"
-	"bytes"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/url"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/prometheus/common/model"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	utilerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	sigsjson "sigs.k8s.io/json"
-	"sigs.k8s.io/yaml"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/extender/ledger"
 )
 
-// ConfigAPIVersion and ConfigKind identify the extender's configuration
+// ExtenderAPIVersion and ExtenderKind identify the extender's configuration
 // file. Both are optional in the file; when written they must be these.
 // The version moves when a field changes meaning, so a file written for one
 // release is never silently read with another's semantics.
 const (
-	ConfigAPIVersion = "gputopo.io/v1alpha1"
-	ConfigKind       = "ExtenderConfiguration"
+	ExtenderAPIVersion = "gputopo.io/v1alpha1"
+	ExtenderKind       = "ExtenderConfiguration"
 )
 
-// Configuration is the extender's versioned configuration file. Every field
-// is optional; the comment of each says its default. Flags cover what
-// differs per deployment (ports, TLS, leader election); this file covers
-// what shapes decisions.
-type Configuration struct {
+// ExtenderConfiguration is the extender's versioned configuration file.
+// Every field is optional; the comment of each says its default. Flags
+// cover what differs per deployment (ports, TLS, leader election); this
+// file covers what shapes decisions.
+type ExtenderConfiguration struct {
 	metav1.TypeMeta `json:",inline"`
 
 	// Weights of the prioritize components. Defaults: the placement
@@ -100,7 +89,7 @@ type Configuration struct {
 // GPUResource is the extended resource the extender manages
 // (resourceName); nvidia.com/gpu when the configuration was never
 // defaulted.
-func (c *Configuration) GPUResource() corev1.ResourceName {
+func (c *ExtenderConfiguration) GPUResource() corev1.ResourceName {
 	if c == nil || c.ResourceName == "" {
 		return v1alpha1.ResourceGPU
 	}
@@ -111,11 +100,11 @@ func (c *Configuration) GPUResource() corev1.ResourceName {
 const (
 	// TelemetryNodeGPUTopology reads the node agent's NodeGPUTopology
 	// status (the default).
-	TelemetryNodeGPUTopology = ledger.SourceNodeGPUTopology
+	TelemetryNodeGPUTopology = "nodeGPUTopology"
 	// TelemetryPrometheus reads DCGM exporter metrics from Prometheus and
 	// falls back to NodeGPUTopology, node by node, while that data is
 	// missing or stale.
-	TelemetryPrometheus = ledger.SourcePrometheus
+	TelemetryPrometheus = "prometheus"
 )
 
 // Telemetry is the telemetry source of prioritize.
@@ -256,6 +245,21 @@ func (w *Weights) fields() [numWeights]weightField {
 	}
 }
 
+// WeightProfile returns the weights of profile name, every one set, and
+// whether there is such a profile.
+func WeightProfile(name string) (Weights, bool) {
+	profile, ok := weightProfiles[name]
+	if !ok {
+		return Weights{}, false
+	}
+	w := Weights{Profile: name}
+	for i, f := range w.fields() {
+		v := profile[i]
+		*f.p = &v
+	}
+	return w, true
+}
+
 // Thermal fixes the temperature scale of the thermal headroom component.
 type Thermal struct {
 	// IdleTemperatureC scores full headroom at or below it. Default 30.
@@ -265,22 +269,23 @@ type Thermal struct {
 	LimitTemperatureC *int32 `json:"limitTemperatureC"`
 }
 
-// DefaultConfiguration returns the configuration with every default set.
-func DefaultConfiguration() *Configuration {
-	c := &Configuration{}
-	SetDefaults(c)
+// DefaultExtenderConfiguration returns the configuration with every
+// default set; testdata/extender/defaults.json pins it.
+func DefaultExtenderConfiguration() *ExtenderConfiguration {
+	c := &ExtenderConfiguration{}
+	SetExtenderDefaults(c)
 	return c
 }
 
-// SetDefaults fills the fields left unset. Weights and topologyMaxAge are
-// pointers so that an explicit 0 (switch a component or the check off)
-// differs from "not set".
-func SetDefaults(c *Configuration) {
+// SetExtenderDefaults fills the fields left unset. Weights and
+// topologyMaxAge are pointers so that an explicit 0 (switch a component or
+// the check off) differs from "not set".
+func SetExtenderDefaults(c *ExtenderConfiguration) {
 	if c.APIVersion == "" {
-		c.APIVersion = ConfigAPIVersion
+		c.APIVersion = ExtenderAPIVersion
 	}
 	if c.Kind == "" {
-		c.Kind = ConfigKind
+		c.Kind = ExtenderKind
 	}
 	setInt32 := func(p **int32, v int32) {
 		if *p == nil {
@@ -344,13 +349,13 @@ func SetDefaults(c *Configuration) {
 }
 
 // Validate reports every invalid field at once, with its path.
-func (c *Configuration) Validate() field.ErrorList {
+func (c *ExtenderConfiguration) Validate() field.ErrorList {
 	var errs field.ErrorList
-	if c.APIVersion != ConfigAPIVersion {
-		errs = append(errs, field.NotSupported(field.NewPath("apiVersion"), c.APIVersion, []string{ConfigAPIVersion}))
+	if c.APIVersion != ExtenderAPIVersion {
+		errs = append(errs, field.NotSupported(field.NewPath("apiVersion"), c.APIVersion, []string{ExtenderAPIVersion}))
 	}
-	if c.Kind != ConfigKind {
-		errs = append(errs, field.NotSupported(field.NewPath("kind"), c.Kind, []string{ConfigKind}))
+	if c.Kind != ExtenderKind {
+		errs = append(errs, field.NotSupported(field.NewPath("kind"), c.Kind, []string{ExtenderKind}))
 	}
 	wp := field.NewPath("weights")
 	if _, ok := weightProfiles[c.Weights.Profile]; !ok {
@@ -487,9 +492,9 @@ func validateExtendedResourceName(path *field.Path, name string) field.ErrorList
 // defaultTopologyMaxAge tolerates two missed 5-minute topology refreshes.
 const defaultTopologyMaxAge = 15 * time.Minute
 
-// topologyMaxAge is the age limit in force; 0 means off (0 or negative in
-// the file).
-func (c *Configuration) topologyMaxAge() time.Duration {
+// TopologyAgeLimit is the topologyMaxAge in force: the default when unset,
+// 0 (off) for 0 or a negative age in the file.
+func (c *ExtenderConfiguration) TopologyAgeLimit() time.Duration {
 	switch {
 	case c.TopologyMaxAge == nil:
 		return defaultTopologyMaxAge
@@ -499,123 +504,24 @@ func (c *Configuration) topologyMaxAge() time.Duration {
 	return c.TopologyMaxAge.Duration
 }
 
-// ParseConfiguration strictly decodes a YAML or JSON ExtenderConfiguration,
-// applies defaults and validates it. The file holds one document. Unknown
-// and duplicate fields are errors, each named by its full path (e.g.
-// weights.utilisation), and reported together with every invalid value: a
-// typo must not silently fall back to a default.
-func ParseConfiguration(data []byte) (*Configuration, error) {
-	doc, err := singleDocument(data)
-	if err != nil {
+// ParseExtender strictly decodes a YAML or JSON ExtenderConfiguration
+// (Decode), applies defaults and validates it. Every problem, unknown and
+// duplicate fields by their full path (e.g. weights.utilisation) as well as
+// every invalid value, is reported at once: a typo must not silently fall
+// back to a default.
+func ParseExtender(data []byte) (*ExtenderConfiguration, error) {
+	c := &ExtenderConfiguration{}
+	if err := parse(data, c, func() { SetExtenderDefaults(c) }); err != nil {
 		return nil, err
 	}
-	c := &Configuration{}
-	var errs []error
-	if doc != nil {
-		var numErrs field.ErrorList
-		if doc, numErrs, err = unitlessDurations(doc); err != nil {
-			return nil, fmt.Errorf("decode %s: %w", ConfigKind, err)
-		}
-		for _, e := range numErrs {
-			errs = append(errs, e)
-		}
-		strict, err := sigsjson.UnmarshalStrict(doc, c)
-		if err != nil {
-			return nil, fmt.Errorf("decode %s: %w", ConfigKind, err)
-		}
-		errs = append(errs, strict...)
-	}
-	SetDefaults(c)
-	for _, e := range c.Validate() {
-		errs = append(errs, e)
-	}
-	if len(errs) > 0 {
-		return nil, fmt.Errorf("invalid %s: %w", ConfigKind, utilerrors.NewAggregate(errs))
-	}
 	return c, nil
 }
 
-// durationFields are the top-level durations a bare number may be written
-// for: 0 needs no unit ("topologyMaxAge: 0" turns the age check off), any
-// other number is refused with a hint instead of a JSON type error.
-var durationFields = []string{"topologyMaxAge", "telemetryMaxAge", "bindTimeout", "reservationTTL"}
-
-// unitlessDurations rewrites a bare 0 in durationFields as "0s" and
-// reports other bare numbers there.
-func unitlessDurations(doc []byte) ([]byte, field.ErrorList, error) {
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(doc, &top); err != nil {
-		return doc, nil, nil // not an object: the strict decode says why
-	}
-	var errs field.ErrorList
-	changed := false
-	for _, name := range durationFields {
-		raw, ok := top[name]
-		if !ok || len(raw) == 0 || (raw[0] != '-' && (raw[0] < '0' || raw[0] > '9')) {
-			continue
-		}
-		var v float64
-		if err := json.Unmarshal(raw, &v); err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", name, err)
-		}
-		if v == 0 {
-			top[name], changed = json.RawMessage(`"0s"`), true
-			continue
-		}
-		errs = append(errs, field.Invalid(field.NewPath(name), string(raw), "a duration needs a unit, e.g. 15m, 90s or 2m30s (only 0 may be written without one)"))
-		delete(top, name)
-		changed = true
-	}
-	if !changed {
-		return doc, errs, nil
-	}
-	out, err := json.Marshal(top)
-	return out, errs, err
-}
-
-// singleDocument returns the file's one YAML (or JSON) document as JSON,
-// nil for an empty file. A second document is refused, naming its number:
-// the extender reads one configuration, and silently ignoring the rest of a
-// file (a `---` left in by an editor or a kustomize patch) would apply a
-// configuration nobody reviewed.
-func singleDocument(data []byte) ([]byte, error) {
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-	var doc []byte
-	for n := 0; ; {
-		chunk, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			return doc, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("read %s document: %w", ConfigKind, err)
-		}
-		j, err := yaml.YAMLToJSONStrict(chunk)
-		if err != nil {
-			return nil, fmt.Errorf("decode %s document %d: %w", ConfigKind, n+1, err)
-		}
-		if bytes.Equal(bytes.TrimSpace(j), []byte("null")) {
-			continue // only comments or blank lines
-		}
-		n++
-		if n > 1 {
-			return nil, fmt.Errorf("document %d: the file must hold one %s, not a multi-document YAML stream; remove the other documents or the --- separator", n, ConfigKind)
-		}
-		doc = j
-	}
-}
-
-// LoadConfiguration reads path; an empty path gives the defaults.
-func LoadConfiguration(path string) (*Configuration, error) {
+// LoadExtender reads and parses the file at path; an empty path gives the
+// defaults.
+func LoadExtender(path string) (*ExtenderConfiguration, error) {
 	if path == "" {
-		return DefaultConfiguration(), nil
+		return DefaultExtenderConfiguration(), nil
 	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("read extender config: %w", err)
-	}
-	c, err := ParseConfiguration(b)
-	if err != nil {
-		return nil, fmt.Errorf("extender config %s: %w", path, err)
-	}
-	return c, nil
+	return load(path, "extender", ParseExtender)
 }
