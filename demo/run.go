@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/internal/localcluster"
@@ -137,7 +138,7 @@ func WorkloadsFor(cluster []NodeSpec) ([]Workload, error) {
 		}
 		largest = max(largest, f.GPUs)
 	}
-	policy := webhook.DefaultConfig().PolicyTable
+	policy := configv1alpha1.DefaultWebhookConfiguration().PolicyTable
 	alloc := topology.NewAllocator(0)
 	// fit places up to pods pods of gpus GPUs on nodes of machine, first
 	// fit, and returns how many fit and the GPUs they took per node.
@@ -474,7 +475,7 @@ func printPluginCommands(w io.Writer, kubeconfig string, ex PodView, kept bool) 
 
 func startWebhook(ctx context.Context, cp *localcluster.ControlPlane, stops *[]func()) error {
 	wio := cp.Env.WebhookInstallOptions
-	mgr, err := webhook.NewManager(webhook.DefaultConfig(), cp.Config, webhook.Options{
+	mgr, err := webhook.NewManager(configv1alpha1.DefaultWebhookConfiguration(), cp.Config, webhook.Options{
 		Host: wio.LocalServingHost, Port: wio.LocalServingPort, CertDir: wio.LocalServingCertDir,
 		CertName: "tls.crt", KeyName: "tls.key", MetricsBindAddress: "0", HealthProbeBindAddress: "0",
 	})

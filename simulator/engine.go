@@ -9,7 +9,6 @@ import (
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology"
-	"github.com/gputopo/gputopo/webhook"
 )
 
 // Config is one simulation: a cluster, a trace, the queueing rule and the
@@ -27,7 +26,7 @@ type Config struct {
 	// policy table the pods' requirements come from; nil means the
 	// webhook's default.
 	Extender    *configv1alpha1.ExtenderConfiguration
-	PolicyTable *webhook.PolicyTable
+	PolicyTable *configv1alpha1.PolicyTable
 }
 
 // DefaultMaxWait is the default queue timeout.

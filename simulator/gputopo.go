@@ -21,7 +21,6 @@ import (
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/internal/fakeapi"
 	"github.com/gputopo/gputopo/topology"
-	"github.com/gputopo/gputopo/webhook"
 )
 
 // simNamespace holds the simulated pods.
@@ -42,7 +41,7 @@ type gputopoPolicy struct {
 	// this clock, so that fallbackAfter counts simulated waiting.
 	now   time.Duration
 	cs    *fake.Clientset
-	table webhook.PolicyTable
+	table configv1alpha1.PolicyTable
 	names []string
 	index map[string]int
 	pods  map[string]*corev1.Pod // pending or bound, by job ID
@@ -55,7 +54,7 @@ var _ Policy = (*gputopoPolicy)(nil)
 // simEpoch is simulated time 0 on the extender's clock.
 var simEpoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
-func newGputopoPolicy(nodes []Node, ext *configv1alpha1.ExtenderConfiguration, table webhook.PolicyTable) (*gputopoPolicy, error) {
+func newGputopoPolicy(nodes []Node, ext *configv1alpha1.ExtenderConfiguration, table configv1alpha1.PolicyTable) (*gputopoPolicy, error) {
 	cs := fake.NewClientset()
 	cs.PrependReactor("create", "pods", fakeapi.BindingReactor(cs))
 	cfg := configv1alpha1.DefaultExtenderConfiguration()

@@ -11,6 +11,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
@@ -20,14 +21,14 @@ import (
 // its pods, what PodValidator would refuse in the template: an unknown
 // intent, a malformed requirement, or a system annotation.
 type JobMutator struct {
-	cfg  Config
+	cfg  configv1alpha1.WebhookConfiguration
 	meta metadataReader
 }
 
 var _ admission.Handler = (*JobMutator)(nil)
 
 // NewJobMutator returns a JobMutator reading Namespaces through reader.
-func NewJobMutator(cfg Config, reader client.Reader) *JobMutator {
+func NewJobMutator(cfg configv1alpha1.WebhookConfiguration, reader client.Reader) *JobMutator {
 	return &JobMutator{cfg: cfg, meta: metadataReader{reader: reader}}
 }
 

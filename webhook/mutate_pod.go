@@ -15,6 +15,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
@@ -34,8 +35,8 @@ var voidEnvEntry = json.RawMessage(`{"name":"` + v1alpha1.EnvVisibleDevices + `"
 
 // PodMutator mutates pods on CREATE in opted-in namespaces: it derives the
 // topology requirement, routes GPU pods (pods that request
-// Config.ResourceName) to the gputopo scheduler, labels them with their
-// job, and hides GPUs from containers that requested none. The
+// WebhookConfiguration.ResourceName) to the gputopo scheduler, labels them
+// with their job, and hides GPUs from containers that requested none. The
 // registration's match conditions send it only pods that concern GPUs
 // (mutatingPodMatchExpression), so a pod without GPUs is left alone unless
 // it sets an NVIDIA_ variable or takes an envFrom source that could: then
@@ -45,7 +46,7 @@ var voidEnvEntry = json.RawMessage(`{"name":"` + v1alpha1.EnvVisibleDevices + `"
 // ephemeralcontainers subresource it hides GPUs from the new ephemeral
 // containers.
 type PodMutator struct {
-	cfg  Config
+	cfg  configv1alpha1.WebhookConfiguration
 	meta metadataReader
 }
 
@@ -54,7 +55,7 @@ var _ admission.Handler = (*PodMutator)(nil)
 // NewPodMutator returns a PodMutator that reads Namespaces and Jobs through
 // reader (a cache in the server; the reader is asked for
 // PartialObjectMetadata only).
-func NewPodMutator(cfg Config, reader client.Reader) *PodMutator {
+func NewPodMutator(cfg configv1alpha1.WebhookConfiguration, reader client.Reader) *PodMutator {
 	return &PodMutator{cfg: cfg, meta: metadataReader{reader: reader}}
 }
 
@@ -91,7 +92,7 @@ func (m *PodMutator) Handle(ctx context.Context, req admission.Request) admissio
 
 func (m *PodMutator) mutateCreate(ctx context.Context, pod *corev1.Pod, shape *rawPod, info namespaceInfo) []jsonpatch.JsonPatchOperation {
 	var ops []jsonpatch.JsonPatchOperation
-	res := m.cfg.gpuResource()
+	res := m.cfg.GPUResource()
 	for i := range pod.Spec.InitContainers {
 		c := &pod.Spec.InitContainers[i]
 		if !requestsResource(&c.Resources, res) {

@@ -20,6 +20,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
@@ -42,14 +43,14 @@ import (
 //     (GPUContainerEnvFrom);
 //   - in opted-in namespaces the same holds for pods without GPUs.
 type PodValidator struct {
-	cfg  Config
+	cfg  configv1alpha1.WebhookConfiguration
 	meta metadataReader
 }
 
 var _ admission.Handler = (*PodValidator)(nil)
 
 // NewPodValidator returns a PodValidator reading Namespaces through reader.
-func NewPodValidator(cfg Config, reader client.Reader) *PodValidator {
+func NewPodValidator(cfg configv1alpha1.WebhookConfiguration, reader client.Reader) *PodValidator {
 	return &PodValidator{cfg: cfg, meta: metadataReader{reader: reader}}
 }
 
@@ -73,7 +74,7 @@ func (v *PodValidator) Handle(ctx context.Context, req admission.Request) admiss
 	errs := v.systemAnnotations(req.UserInfo, pod, old)
 	errs = append(errs, validateUserAnnotations(pod, old)...)
 
-	gpus, demandErr := v1alpha1.PodGPUDemand(&pod.Spec, v.cfg.gpuResource())
+	gpus, demandErr := v1alpha1.PodGPUDemand(&pod.Spec, v.cfg.GPUResource())
 	if demandErr != nil && old == nil {
 		// Container resources are immutable, so only a create can bring
 		// a bad count.
@@ -98,7 +99,7 @@ func (v *PodValidator) Handle(ctx context.Context, req admission.Request) admiss
 		// The node agent is the device plugin of every GPU pod on its
 		// node, opted in or not: a GPU pod never chooses its devices.
 		errs = append(errs, envErrs...)
-	case !v.cfg.isExcluded(ns):
+	case !v.cfg.IsExcluded(ns):
 		// The namespace is read only when a container of a pod without
 		// GPUs sets a device variable, so the common pod costs no lookup.
 		info, err := v.meta.namespace(ctx, ns, v.cfg.NamespaceDefaultAnnotation)
@@ -121,8 +122,8 @@ func (v *PodValidator) Handle(ctx context.Context, req admission.Request) admiss
 // differs between old (nil on CREATE) and pod, unless user may write it.
 func (v *PodValidator) systemAnnotations(user authenticationv1.UserInfo, pod, old *corev1.Pod) field.ErrorList {
 	var errs field.ErrorList
-	nodeAgent := v.cfg.isNodeAgent(user.Username)
-	if !nodeAgent && v.cfg.isSystem(user.Username) {
+	nodeAgent := v.cfg.IsNodeAgent(user.Username)
+	if !nodeAgent && v.cfg.IsSystem(user.Username) {
 		return nil
 	}
 	for _, key := range v1alpha1.SystemAnnotations {
@@ -155,7 +156,7 @@ func (v *PodValidator) systemAnnotations(user authenticationv1.UserInfo, pod, ol
 		default:
 			errs = append(errs, field.Forbidden(path, fmt.Sprintf(
 				"user %q may not %s this annotation: it decides which GPUs the pod gets and only gputopo's system service accounts (%s) write it; remove it from the pod (and from any template that creates it)",
-				user.Username, verb, strings.Join(v.cfg.writers(), ", "))))
+				user.Username, verb, strings.Join(v.cfg.Writers(), ", "))))
 		}
 	}
 	return errs
@@ -245,7 +246,7 @@ func fieldErrors(err error, path *field.Path) field.ErrorList {
 // device variable in env, or by an envFrom source that could set one.
 func (v *PodValidator) envCreate(pod *corev1.Pod) field.ErrorList {
 	var errs field.ErrorList
-	res := v.cfg.gpuResource()
+	res := v.cfg.GPUResource()
 	spec := field.NewPath("spec")
 	check := func(path *field.Path, c *corev1.Container) {
 		gpu := requestsResource(&c.Resources, res)
@@ -275,7 +276,7 @@ func (v *PodValidator) envEphemeral(pod, old *corev1.Pod) field.ErrorList {
 		existing.Insert(old.Spec.EphemeralContainers[i].Name)
 	}
 	var errs field.ErrorList
-	res := v.cfg.gpuResource()
+	res := v.cfg.GPUResource()
 	path := field.NewPath("spec", "ephemeralContainers")
 	for i := range pod.Spec.EphemeralContainers {
 		c := &pod.Spec.EphemeralContainers[i]
@@ -294,7 +295,7 @@ func (v *PodValidator) envEphemeral(pod, old *corev1.Pod) field.ErrorList {
 // and hides every GPU; the mutating webhook adds it in opted-in
 // namespaces.
 func (v *PodValidator) envFrom(path *field.Path, container string, res corev1.ResourceName, gpu bool, env []corev1.EnvVar, sources []corev1.EnvFromSource) field.ErrorList {
-	if v.cfg.GPUContainerEnvFrom == EnvFromAllow {
+	if v.cfg.GPUContainerEnvFrom == configv1alpha1.EnvFromAllow {
 		return nil
 	}
 	if gpu {

@@ -14,7 +14,6 @@ import (
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/nodeagent"
 	"github.com/gputopo/gputopo/test/harness"
-	"github.com/gputopo/gputopo/webhook"
 )
 
 // checkResourceName: every component is given the one GPU resource name,
@@ -69,7 +68,7 @@ func renderedResourceNames(t *testing.T, r release, w want, objs []*unstructured
 		out["ExtenderConfiguration "+name+" (resourceName)"] = cfg.ResourceName
 	}
 
-	wh, err := webhook.ParseConfig(configData(t, objs, fn+"-webhook", "config.yaml"))
+	wh, err := configv1alpha1.ParseWebhook(configData(t, objs, fn+"-webhook", "config.yaml"))
 	if err != nil {
 		t.Fatalf("webhook ConfigMap: %v", err)
 	}

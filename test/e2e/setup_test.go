@@ -61,8 +61,8 @@ const (
 	nsPlain = "plain"
 	// The components run as the service accounts the webhook trusts with
 	// the system annotations, with exactly the RBAC each documents.
-	extenderUser = webhook.DefaultExtenderServiceAccount
-	agentUser    = webhook.DefaultNodeAgentServiceAccount
+	extenderUser = configv1alpha1.DefaultExtenderServiceAccount
+	agentUser    = configv1alpha1.DefaultNodeAgentServiceAccount
 )
 
 // env is the whole system on one machine. The extender, the webhook, the
@@ -323,7 +323,7 @@ func (e *env) startObserver(t *testing.T) {
 func (e *env) startWebhook(t *testing.T) {
 	t.Helper()
 	wio := e.cp.Env.WebhookInstallOptions
-	hookCfg := webhook.DefaultConfig()
+	hookCfg := configv1alpha1.DefaultWebhookConfiguration()
 	hookCfg.ResourceName = string(e.resource)
 	mgr, err := webhook.NewManager(hookCfg, e.cp.Config, webhook.Options{
 		Host: wio.LocalServingHost, Port: wio.LocalServingPort, CertDir: wio.LocalServingCertDir,

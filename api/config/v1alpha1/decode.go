@@ -122,6 +122,20 @@ func kindOf(obj any) string {
 	return t.Name()
 }
 
+// validateTypeMeta checks an apiVersion and kind that may be omitted but,
+// when written, must be these: a file written for another component or
+// another version is refused rather than misread.
+func validateTypeMeta(tm metav1.TypeMeta, apiVersion, kind string) field.ErrorList {
+	var errs field.ErrorList
+	if tm.APIVersion != "" && tm.APIVersion != apiVersion {
+		errs = append(errs, field.NotSupported(field.NewPath("apiVersion"), tm.APIVersion, []string{apiVersion}))
+	}
+	if tm.Kind != "" && tm.Kind != kind {
+		errs = append(errs, field.NotSupported(field.NewPath("kind"), tm.Kind, []string{kind}))
+	}
+	return errs
+}
+
 // singleDocument returns the file's one YAML (or JSON) document as JSON,
 // nil for an empty file. A second document is refused, naming its number:
 // a component reads one configuration, and silently ignoring the rest of a

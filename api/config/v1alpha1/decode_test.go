@@ -28,6 +28,9 @@ func TestDecodeRules(t *testing.T) {
 		"a nested duration needs a unit":        {&ExtenderConfiguration{}, "telemetry: {prometheus: {interval: 30}}\n", `telemetry.prometheus.interval: Invalid value: "30": a duration needs a unit`},
 		"comment-only documents and separators": {&ExtenderConfiguration{}, "---\n# extender\n---\nbindTimeout: 2s\n---\n", ""},
 		"not YAML":                              {&ExtenderConfiguration{}, "bindTimeout: [a\n", "decode ExtenderConfiguration document 1: "},
+		"a second document, webhook":            {&WebhookConfiguration{}, "schedulerName: a\n---\n{}\n", "document 2: the file must hold one WebhookConfiguration"},
+		"a key written twice, webhook":          {&WebhookConfiguration{}, `{"schedulerName": "a", "schedulerName": "b"}`, `key "schedulerName" already set in map`},
+		"an unknown field by its path, webhook": {&WebhookConfiguration{}, "policyTable: {model: {strategie: x}}\n", `unknown field "policyTable.model.strategie"`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			err := Decode([]byte(tc.in), tc.obj)

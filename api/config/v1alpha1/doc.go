@@ -7,6 +7,11 @@
 //     staleness limits, timeouts, the telemetry source, the GPU resource.
 //     DefaultExtenderConfiguration, SetExtenderDefaults, ParseExtender,
 //     LoadExtender.
+//   - WebhookConfiguration (config.gputopo.io/v1alpha1), the admission
+//     webhook's --config, with the policy table that turns a workload's
+//     intent into a requirement (PolicyTable, Policy.Requirement), which
+//     the simulator uses too. DefaultWebhookConfiguration, ParseWebhook,
+//     LoadWebhook.
 //
 // Decode states the decoder's rules. testdata/*/defaults.json pin the
 // defaults (regenerate with UPDATE_GOLDEN=1 go test ./api/config/v1alpha1).

@@ -35,3 +35,38 @@ func checkGolden(t *testing.T, component string, v any) []byte {
 	}
 	return want
 }
+
+// parseCase is a file and what parsing it gives: the defaults as want
+// changes them, or exactly the error wantErr.
+type parseCase[T any] struct {
+	in      string
+	want    func(*T)
+	wantErr string
+}
+
+// runParseCases parses each case's file over defaults.
+func runParseCases[T any](t *testing.T, parse func([]byte) (T, error), defaults func() T, tests map[string]parseCase[T]) {
+	t.Helper()
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			got, err := parse([]byte(tc.in))
+			if tc.wantErr != "" {
+				if err == nil {
+					t.Fatalf("no error, want %q", tc.wantErr)
+				}
+				if diff := cmp.Diff(tc.wantErr, err.Error()); diff != "" {
+					t.Errorf("error (-want +got):\n%s", diff)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("unexpected error: %v", err)
+			}
+			want := defaults()
+			tc.want(&want)
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("config (-want +got):\n%s", diff)
+			}
+		})
+	}
+}

@@ -3,7 +3,7 @@ Configuration files of the components, rendered from values. Each is also
 hashed into its Deployment's pod template so that a change rolls the pods.
 */}}
 
-{{/* WebhookConfiguration, decoded strictly by webhook.ParseConfig. */}}
+{{/* WebhookConfiguration, decoded strictly by configv1alpha1.ParseWebhook. */}}
 {{- define "gputopo.webhook.config" -}}
 apiVersion: config.gputopo.io/v1alpha1
 kind: WebhookConfiguration
