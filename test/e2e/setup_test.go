@@ -521,11 +521,16 @@ func (e *env) startAgent(t *testing.T) {
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: agentUser, Extra: map[string][]string{serviceaccount.NodeNameKey: {nodeName}}}
 	e.agentRn = localcluster.Go(klog.NewContext(context.Background(), e.logger.WithName("nodeagent")), func(ctx context.Context) error {
 		return nodeagent.Run(ctx, cfg, nodeagent.Options{
-			NodeName: nodeName, Simulator: e.sim, ResourceName: string(e.resource), DeviceListStrategies: e.agentStrategies,
-			DevicePluginDir: kubelet.DevicePluginDir, PodResourcesSocket: e.k.PodResourcesSocket,
-			TopologyInterval: 5 * time.Minute, TelemetryInterval: 30 * time.Second, ReconcileInterval: 2 * time.Second,
-			MetricsBindAddress: "0",
-			Ready:              func(a *nodeagent.Agent) { ready <- a },
+			NodeAgentConfiguration: configv1alpha1.NodeAgentConfiguration{
+				NodeName: nodeName, ResourceName: string(e.resource), DeviceListStrategies: e.agentStrategies,
+				DevicePluginDir: kubelet.DevicePluginDir, PodResourcesSocket: e.k.PodResourcesSocket,
+				TopologyInterval:   metav1.Duration{Duration: 5 * time.Minute},
+				TelemetryInterval:  metav1.Duration{Duration: 30 * time.Second},
+				ReconcileInterval:  metav1.Duration{Duration: 2 * time.Second},
+				MetricsBindAddress: "0",
+			},
+			Simulator: e.sim,
+			Ready:     func(a *nodeagent.Agent) { ready <- a },
 		})
 	})
 	select {

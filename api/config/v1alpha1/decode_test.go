@@ -31,6 +31,9 @@ func TestDecodeRules(t *testing.T) {
 		"a second document, webhook":            {&WebhookConfiguration{}, "schedulerName: a\n---\n{}\n", "document 2: the file must hold one WebhookConfiguration"},
 		"a key written twice, webhook":          {&WebhookConfiguration{}, `{"schedulerName": "a", "schedulerName": "b"}`, `key "schedulerName" already set in map`},
 		"an unknown field by its path, webhook": {&WebhookConfiguration{}, "policyTable: {model: {strategie: x}}\n", `unknown field "policyTable.model.strategie"`},
+		"a second document, node agent":         {&NodeAgentConfiguration{}, "nodeName: a\n---\nnodeName: b\n", "document 2: the file must hold one NodeAgentConfiguration"},
+		"a key written twice, node agent":       {&NodeAgentConfiguration{}, "nodeName: a\nnodeName: b\n", `key "nodeName" already set in map`},
+		"a case-insensitive match, node agent":  {&NodeAgentConfiguration{}, "NodeName: a\n", `unknown field "NodeName"`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			err := Decode([]byte(tc.in), tc.obj)
@@ -55,6 +58,15 @@ func TestDecodeKeepsWhatTheFileLeavesOut(t *testing.T) {
 	before := *e
 	if err := Decode([]byte("# nothing to change\n"), e); err != nil || !cmp.Equal(before, *e) {
 		t.Errorf("an empty file changed the configuration: %v, %s", err, cmp.Diff(before, *e))
+	}
+	c := DefaultNodeAgentConfiguration()
+	if err := Decode([]byte("nodeName: n1\nreconcileInterval: 0\n"), &c); err != nil {
+		t.Fatal(err)
+	}
+	want := DefaultNodeAgentConfiguration()
+	want.NodeName, want.ReconcileInterval.Duration = "n1", 0
+	if diff := cmp.Diff(want, c); diff != "" {
+		t.Errorf("node agent (-want +got):\n%s", diff)
 	}
 }
 

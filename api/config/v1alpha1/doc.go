@@ -12,6 +12,10 @@
 //     intent into a requirement (PolicyTable, Policy.Requirement), which
 //     the simulator uses too. DefaultWebhookConfiguration, ParseWebhook,
 //     LoadWebhook.
+//   - NodeAgentConfiguration (config.gputopo.io/v1alpha1), the node
+//     agent's settings, which it takes as flags (nodeagent.Options), and
+//     the device list strategies. DefaultNodeAgentConfiguration,
+//     ParseNodeAgent.
 //
 // Decode states the decoder's rules. testdata/*/defaults.json pin the
 // defaults (regenerate with UPDATE_GOLDEN=1 go test ./api/config/v1alpha1).
