@@ -43,10 +43,6 @@ type Options struct {
 	// this machine, a topology fixture or a machine file instead of the
 	// NVIDIA driver (--simulate).
 	Simulate string
-	// Simulator, when set, is the simulated node to run (tests and the demo
-	// keep a handle on it to script telemetry and inject faults); it
-	// overrides Simulate.
-	Simulator *nvmlsim.Simulator
 	// Ready, when set, is called once the first topology is published and
 	// the device plugin is serving.
 	Ready func(*Agent)
@@ -98,7 +94,7 @@ func (o *Options) Validate() error {
 			e.Field = f + rest
 		}
 	}
-	if o.Simulate != "" && o.Simulator == nil {
+	if o.Simulate != "" {
 		if _, err := topology.LoadMachine(o.Simulate); err != nil {
 			errs = append(errs, field.Invalid(field.NewPath("simulate"), o.Simulate, err.Error()))
 		}
@@ -117,47 +113,33 @@ type Agent struct {
 	Registry   *prometheus.Registry
 }
 
-// Run runs the node agent until ctx ends: discovery and publishing, the
-// device plugin, the reconciler, the health watcher and /metrics.
+// Run runs the node agent until ctx ends, on the NVIDIA driver or on the
+// simulated node o.Simulate names: discovery and publishing, the device
+// plugin, the reconciler, the health watcher and /metrics.
 func Run(ctx context.Context, restCfg *rest.Config, o Options) error {
+	return RunWithNVML(ctx, restCfg, o, nil)
+}
+
+// RunWithNVML is Run on lib, an NVML implementation such as a simulated
+// node's (nvmlsim.Simulator.NVML(): tests keep a handle on the simulator to
+// script telemetry and inject faults). lib overrides o.Simulate, and the
+// GPUs' NUMA nodes are its answers alone (sysfs is read only for the
+// driver). A nil lib is Run.
+func RunWithNVML(ctx context.Context, restCfg *rest.Config, o Options, lib nvml.Interface) error {
 	if err := o.Validate(); err != nil {
 		return fmt.Errorf("node agent options: %w", err)
 	}
 	logger := klog.FromContext(ctx).WithValues("node", o.NodeName)
 
-	var lib nvml.Interface
-	switch {
-	case o.Simulator != nil:
-		lib = o.Simulator.NVML()
-	case o.Simulate != "":
-		f, _ := topology.LoadMachine(o.Simulate)
-		lib = nvmlsim.New(f, o.NodeName).NVML()
-	default:
-		lib = nvml.New()
-	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := NewMetrics(reg, o.NodeName)
-	src := NewNVMLSource(lib, logger.WithName("nvml"), metrics)
-	if o.Simulate == "" && o.Simulator == nil {
-		src.WithSysfsNUMA()
-	}
+	src := o.source(lib, logger, metrics)
 	defer src.Close()
 
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return fmt.Errorf("scheme: %w", err)
-	}
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		return fmt.Errorf("scheme: %w", err)
-	}
-	c, err := client.New(restCfg, client.Options{Scheme: scheme})
+	scheme, c, cs, err := apiClients(restCfg)
 	if err != nil {
-		return fmt.Errorf("api client: %w", err)
-	}
-	cs, err := kubernetes.NewForConfig(restCfg)
-	if err != nil {
-		return fmt.Errorf("api clientset: %w", err)
+		return err
 	}
 	pr, err := DialPodResources(o.PodResourcesSocket)
 	if err != nil {
@@ -205,26 +187,76 @@ func Run(ctx context.Context, restCfg *rest.Config, o Options) error {
 	g.Go(func() error { return plugin.Run(ctx) })
 	g.Go(func() error { return rec.Run(ctx) })
 	g.Go(func() error { watchHealth(ctx, src, logger); return nil })
-	if o.MetricsBindAddress != "0" && o.MetricsBindAddress != "" {
-		lis, err := net.Listen("tcp", o.MetricsBindAddress)
-		if err != nil {
-			cancel()
-			_ = g.Wait()
-			return fmt.Errorf("metrics listener on %s: %w", o.MetricsBindAddress, err)
-		}
-		srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second}
-		g.Go(func() error {
-			if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				return fmt.Errorf("metrics server: %w", err)
-			}
-			return nil
-		})
-		g.Go(func() error { <-ctx.Done(); return srv.Close() })
+	if err := serveMetrics(ctx, g, o.MetricsBindAddress, reg); err != nil {
+		cancel()
+		_ = g.Wait()
+		return err
 	}
 	if o.Ready != nil {
 		o.Ready(&Agent{Source: src, Publisher: pub, Plugin: plugin, Reconciler: rec, Pods: pods, Metrics: metrics, Registry: reg})
 	}
 	return g.Wait()
+}
+
+// source is the GPUs the agent reads: lib when set, else the simulated node
+// o.Simulate names, else the NVIDIA driver, with NUMA nodes from sysfs.
+func (o *Options) source(lib nvml.Interface, logger klog.Logger, metrics *Metrics) *NVMLSource {
+	sysfs := false
+	switch {
+	case lib != nil:
+	case o.Simulate != "":
+		f, _ := topology.LoadMachine(o.Simulate) // checked by Validate
+		lib = nvmlsim.New(f, o.NodeName).NVML()
+	default:
+		lib, sysfs = nvml.New(), true
+	}
+	src := NewNVMLSource(lib, logger.WithName("nvml"), metrics)
+	if sysfs {
+		src.WithSysfsNUMA()
+	}
+	return src
+}
+
+// apiClients are the agent's API clients, over a scheme of the core and
+// gputopo types.
+func apiClients(restCfg *rest.Config) (*runtime.Scheme, client.Client, kubernetes.Interface, error) {
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, nil, nil, fmt.Errorf("scheme: %w", err)
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return nil, nil, nil, fmt.Errorf("scheme: %w", err)
+	}
+	c, err := client.New(restCfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("api client: %w", err)
+	}
+	cs, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("api clientset: %w", err)
+	}
+	return scheme, c, cs, nil
+}
+
+// serveMetrics serves reg's /metrics on addr in g until ctx ends; "0" or
+// an empty addr serves nothing.
+func serveMetrics(ctx context.Context, g *errgroup.Group, addr string, reg *prometheus.Registry) error {
+	if addr == "0" || addr == "" {
+		return nil
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics listener on %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second}
+	g.Go(func() error {
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("metrics server: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error { <-ctx.Done(); return srv.Close() })
+	return nil
 }
 
 // watchHealth waits for driver health events; the source updates health

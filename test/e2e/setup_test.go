@@ -520,7 +520,7 @@ func (e *env) startAgent(t *testing.T) {
 	cfg := rest.CopyConfig(e.cp.Config)
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: agentUser, Extra: map[string][]string{serviceaccount.NodeNameKey: {nodeName}}}
 	e.agentRn = localcluster.Go(klog.NewContext(context.Background(), e.logger.WithName("nodeagent")), func(ctx context.Context) error {
-		return nodeagent.Run(ctx, cfg, nodeagent.Options{
+		return nodeagent.RunWithNVML(ctx, cfg, nodeagent.Options{
 			NodeAgentConfiguration: configv1alpha1.NodeAgentConfiguration{
 				NodeName: nodeName, ResourceName: string(e.resource), DeviceListStrategies: e.agentStrategies,
 				DevicePluginDir: kubelet.DevicePluginDir, PodResourcesSocket: e.k.PodResourcesSocket,
@@ -529,9 +529,8 @@ func (e *env) startAgent(t *testing.T) {
 				ReconcileInterval:  metav1.Duration{Duration: 2 * time.Second},
 				MetricsBindAddress: "0",
 			},
-			Simulator: e.sim,
-			Ready:     func(a *nodeagent.Agent) { ready <- a },
-		})
+			Ready: func(a *nodeagent.Agent) { ready <- a },
+		}, e.sim.NVML())
 	})
 	select {
 	case e.agent = <-ready:

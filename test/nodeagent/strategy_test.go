@@ -53,7 +53,7 @@ func setupWithStrategies(t *testing.T, strategies []string) *env {
 	ready := make(chan *nodeagent.Agent, 1)
 	agentCtx := klog.NewContext(ctx, testr.NewWithOptions(t, testr.Options{Verbosity: 1}))
 	run := localcluster.Go(agentCtx, func(ctx context.Context) error {
-		return nodeagent.Run(ctx, cp.UserConfig(t, agentUser), nodeagent.Options{
+		return nodeagent.RunWithNVML(ctx, cp.UserConfig(t, agentUser), nodeagent.Options{
 			NodeAgentConfiguration: configv1alpha1.NodeAgentConfiguration{
 				NodeName: nodeName, ResourceName: v1alpha1.ResourceGPU,
 				DevicePluginDir: kubelet.DevicePluginDir, PodResourcesSocket: k.PodResourcesSocket,
@@ -63,9 +63,8 @@ func setupWithStrategies(t *testing.T, strategies []string) *env {
 				MetricsBindAddress:   "0",
 				DeviceListStrategies: strategies,
 			},
-			Simulator: e.sim,
-			Ready:     func(a *nodeagent.Agent) { ready <- a },
-		})
+			Ready: func(a *nodeagent.Agent) { ready <- a },
+		}, e.sim.NVML())
 	})
 	t.Cleanup(func() {
 		if err := run.Stop(); err != nil {
