@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
+
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -335,7 +337,7 @@ func printPluginCommands(w io.Writer, kubeconfig string, ex PodView, kept bool) 
 
 func startWebhook(ctx context.Context, cp *localcluster.ControlPlane, stops *[]func()) error {
 	wio := cp.Env.WebhookInstallOptions
-	mgr, err := webhook.NewManager(webhook.DefaultConfig(), cp.Config, webhook.Options{
+	mgr, err := webhook.NewManager(configv1alpha1.DefaultWebhookConfiguration(), cp.Config, webhook.Options{
 		Host: wio.LocalServingHost, Port: wio.LocalServingPort, CertDir: wio.LocalServingCertDir,
 		CertName: "tls.crt", KeyName: "tls.key", MetricsBindAddress: "0", HealthProbeBindAddress: "0",
 	})

@@ -6,9 +6,10 @@ import (
 	"strconv"
 	"strings"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
+
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology"
-	"github.com/gputopo/gputopo/webhook"
 )
 
 // NodeSpec is one simulated node of the demo cluster.
@@ -115,7 +116,7 @@ func WorkloadsFor(cluster []NodeSpec) ([]Workload, error) {
 		}
 		largest = max(largest, f.GPUs)
 	}
-	policy := webhook.DefaultConfig().PolicyTable
+	policy := configv1alpha1.DefaultWebhookConfiguration().PolicyTable
 	alloc := topology.NewAllocator(0)
 	// fit places up to pods pods of gpus GPUs on nodes of machine, first
 	// fit, and returns how many fit and the GPUs they took per node.

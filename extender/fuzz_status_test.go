@@ -93,7 +93,7 @@ func FuzzStatus(f *testing.F) {
 		timed("UpsertTopology", func() { x.ledger.UpsertTopology(obj) })
 
 		_, graphErr := topology.FromStatus(&st)
-		ahead, maxAge := st.ObservedTime.Time.Sub(testNow), x.cfg.EffectiveTopologyMaxAge()
+		ahead, maxAge := st.ObservedTime.Time.Sub(testNow), x.cfg.TopologyAgeLimit()
 		trusted := graphErr == nil && !st.Stale && !st.ObservedTime.IsZero() &&
 			(maxAge <= 0 || ahead <= ledger.ClockSkew && -ahead <= maxAge)
 

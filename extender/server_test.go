@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
 )
 
 func mustJSON(t testing.TB, v any) string {

@@ -18,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology"
 )
@@ -70,7 +71,7 @@ type DevicePluginOptions struct {
 	// the runtime; several combine as in NVIDIA's plugin. Default
 	// [envvar]. An unknown one makes every Allocate fail (the flag is
 	// checked by Options.Validate first).
-	DeviceListStrategies []DeviceListStrategy
+	DeviceListStrategies []configv1alpha1.DeviceListStrategy
 	// CDIKind is the CDI kind of the GPUs for the cdi-cri strategy.
 	// Default nvidia.com/gpu.
 	CDIKind string
@@ -87,10 +88,10 @@ func (o *DevicePluginOptions) defaults() {
 		o.WatchInterval = time.Second
 	}
 	if len(o.DeviceListStrategies) == 0 {
-		o.DeviceListStrategies = []DeviceListStrategy{DeviceListEnvvar}
+		o.DeviceListStrategies = []configv1alpha1.DeviceListStrategy{configv1alpha1.DeviceListEnvvar}
 	}
 	if o.CDIKind == "" {
-		o.CDIKind = DefaultCDIKind
+		o.CDIKind = configv1alpha1.DefaultCDIKind
 	}
 }
 

@@ -117,7 +117,7 @@ type HostInformers struct {
 func New(restCfg *rest.Config, cs kubernetes.Interface, o Options) (*Core, error) {
 	if o.Config != nil {
 		if errs := o.Config.Validate(); len(errs) > 0 {
-			return nil, fmt.Errorf("invalid %s: %w", configv1alpha1.ExtenderConfigKind, errs.ToAggregate())
+			return nil, fmt.Errorf("invalid %s: %w", configv1alpha1.ExtenderKind, errs.ToAggregate())
 		}
 	}
 	x, err := newCore(o)

@@ -211,7 +211,7 @@ func (k evalKey) slot() int {
 // cycle); it logs through ctx's logger.
 func newEvaluator(ctx context.Context, alloc *topology.Allocator, cfg *configv1alpha1.ExtenderConfiguration, pr Request, now time.Time) *evaluator {
 	log := klog.FromContext(ctx)
-	e := &evaluator{alloc: alloc, cfg: cfg, pr: pr, now: now, maxAge: cfg.EffectiveTopologyMaxAge(), log: log, trace: log.V(5).Enabled()}
+	e := &evaluator{alloc: alloc, cfg: cfg, pr: pr, now: now, maxAge: cfg.TopologyAgeLimit(), log: log, trace: log.V(5).Enabled()}
 	w := cfg.Weights
 	e.wU, e.wA, e.wH, e.wF = float64(*w.UtilizationBalance), float64(*w.TaskAffinity), float64(*w.ThermalPowerHeadroom), float64(*w.Fragmentation)
 	e.wB, e.wC, e.wI = float64(*w.BandwidthFit), float64(*w.CapabilityConservation), float64(*w.IslandBestFit)

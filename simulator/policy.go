@@ -8,7 +8,6 @@ import (
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 
 	"github.com/gputopo/gputopo/topology"
-	"github.com/gputopo/gputopo/webhook"
 )
 
 // Placement is where a policy put a job.
@@ -58,8 +57,8 @@ const PartitionLimit = 100000
 
 // newPolicy builds the named policy over nodes. ext and table configure
 // gputopo (the optimum reads the same table); nil means the defaults.
-func newPolicy(name string, nodes []Node, ext *configv1alpha1.ExtenderConfiguration, table *webhook.PolicyTable) (Policy, error) {
-	t := webhook.DefaultConfig().PolicyTable
+func newPolicy(name string, nodes []Node, ext *configv1alpha1.ExtenderConfiguration, table *configv1alpha1.PolicyTable) (Policy, error) {
+	t := configv1alpha1.DefaultWebhookConfiguration().PolicyTable
 	if table != nil {
 		t = *table
 	}
@@ -292,7 +291,7 @@ func bestPartitionGroup(g *topology.Graph, free topology.Mask, k, limit int) (to
 // clairvoyant schedule of the whole trace.
 type optimum struct {
 	nodes []Node
-	table webhook.PolicyTable
+	table configv1alpha1.PolicyTable
 }
 
 var _ Policy = (*optimum)(nil)

@@ -141,7 +141,7 @@ func TestRenderedSchedulerConfigRunsThroughExtender(t *testing.T) {
 	}
 
 	// The extender with the chart's arguments, configuration and identity.
-	cfg, err := configv1alpha1.ParseExtenderConfiguration(configData(t, objs, fn+"-extender", "config.yaml"))
+	cfg, err := configv1alpha1.ParseExtender(configData(t, objs, fn+"-extender", "config.yaml"))
 	if err != nil {
 		t.Fatalf("extender ConfigMap: %v", err)
 	}

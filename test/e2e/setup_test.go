@@ -38,6 +38,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/internal/localcluster"
@@ -60,8 +61,8 @@ const (
 	nsPlain = "plain"
 	// The components run as the service accounts the webhook trusts with
 	// the system annotations, with exactly the RBAC each documents.
-	extenderUser = webhook.DefaultExtenderServiceAccount
-	agentUser    = webhook.DefaultNodeAgentServiceAccount
+	extenderUser = configv1alpha1.DefaultExtenderServiceAccount
+	agentUser    = configv1alpha1.DefaultNodeAgentServiceAccount
 )
 
 // env is the whole system on one machine. The extender, the webhook, the
@@ -307,7 +308,7 @@ func (e *env) startScheduler(t *testing.T, ignorable bool) {
 // gputopo-scheduler's, as the extender's service account, serving nothing.
 func (e *env) startObserver(t *testing.T) {
 	t.Helper()
-	o := extender.Options{MetricsBindAddress: "0", Config: extender.DefaultConfiguration()}
+	o := extender.Options{MetricsBindAddress: "0", Config: configv1alpha1.DefaultExtenderConfiguration()}
 	o.Config.ResourceName = string(e.resource)
 	x, err := localcluster.StartCore(klog.NewContext(context.Background(), e.logger.WithName("observer")), e.cp.UserConfig(t, extenderUser), o)
 	if err != nil {
@@ -322,7 +323,7 @@ func (e *env) startObserver(t *testing.T) {
 func (e *env) startWebhook(t *testing.T) {
 	t.Helper()
 	wio := e.cp.Env.WebhookInstallOptions
-	hookCfg := webhook.DefaultConfig()
+	hookCfg := configv1alpha1.DefaultWebhookConfiguration()
 	hookCfg.ResourceName = string(e.resource)
 	mgr, err := webhook.NewManager(hookCfg, e.cp.Config, webhook.Options{
 		Host: wio.LocalServingHost, Port: wio.LocalServingPort, CertDir: wio.LocalServingCertDir,
@@ -382,7 +383,7 @@ func (e *env) newExtender(t *testing.T, o extender.Options) (*localcluster.Exten
 	t.Helper()
 	o.BindAddress, o.MetricsBindAddress = "127.0.0.1", "0"
 	if o.Config == nil {
-		o.Config = extender.DefaultConfiguration()
+		o.Config = configv1alpha1.DefaultExtenderConfiguration()
 	}
 	o.Config.ResourceName = string(e.resource)
 	cfg := e.cp.UserConfig(t, extenderUser)
@@ -519,13 +520,17 @@ func (e *env) startAgent(t *testing.T) {
 	cfg := rest.CopyConfig(e.cp.Config)
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: agentUser, Extra: map[string][]string{serviceaccount.NodeNameKey: {nodeName}}}
 	e.agentRn = localcluster.Go(klog.NewContext(context.Background(), e.logger.WithName("nodeagent")), func(ctx context.Context) error {
-		return nodeagent.Run(ctx, cfg, nodeagent.Options{
-			NodeName: nodeName, Simulator: e.sim, ResourceName: string(e.resource), DeviceListStrategies: e.agentStrategies,
-			DevicePluginDir: kubelet.DevicePluginDir, PodResourcesSocket: e.k.PodResourcesSocket,
-			TopologyInterval: 5 * time.Minute, TelemetryInterval: 30 * time.Second, ReconcileInterval: 2 * time.Second,
-			MetricsBindAddress: "0",
-			Ready:              func(a *nodeagent.Agent) { ready <- a },
-		})
+		return nodeagent.RunWithNVML(ctx, cfg, nodeagent.Options{
+			NodeAgentConfiguration: configv1alpha1.NodeAgentConfiguration{
+				NodeName: nodeName, ResourceName: string(e.resource), DeviceListStrategies: e.agentStrategies,
+				DevicePluginDir: kubelet.DevicePluginDir, PodResourcesSocket: e.k.PodResourcesSocket,
+				TopologyInterval:   metav1.Duration{Duration: 5 * time.Minute},
+				TelemetryInterval:  metav1.Duration{Duration: 30 * time.Second},
+				ReconcileInterval:  metav1.Duration{Duration: 2 * time.Second},
+				MetricsBindAddress: "0",
+			},
+			Ready: func(a *nodeagent.Agent) { ready <- a },
+		}, e.sim.NVML())
 	})
 	select {
 	case e.agent = <-ready:

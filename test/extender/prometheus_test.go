@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/test/harness"
 )
@@ -161,11 +162,11 @@ func TestPrometheusTelemetrySource(t *testing.T) {
 	exp.set("dgx-1", 0, 32)
 	prom, promURL := startPrometheus(t, strings.TrimPrefix(exp.srv.URL, "http://"))
 
-	cfg := extender.DefaultConfiguration()
-	cfg.Telemetry = extender.Telemetry{Source: extender.TelemetryPrometheus, Prometheus: &extender.PrometheusTelemetry{
+	cfg := configv1alpha1.DefaultExtenderConfiguration()
+	cfg.Telemetry = configv1alpha1.Telemetry{Source: configv1alpha1.TelemetryPrometheus, Prometheus: &configv1alpha1.PrometheusTelemetry{
 		URL: promURL, Interval: metav1.Duration{Duration: time.Second}, Timeout: metav1.Duration{Duration: time.Second}, MaxAge: metav1.Duration{Duration: 4 * time.Second},
 	}}
-	extender.SetDefaults(cfg)
+	configv1alpha1.SetExtenderDefaults(cfg)
 	x := startExtenderWith(t, e, 0, func(o *extender.Options) { o.Config = cfg })
 	waitReady(t, x)
 
@@ -199,7 +200,7 @@ func TestPrometheusTelemetrySource(t *testing.T) {
 		})
 	}
 
-	prefers("scores to follow Prometheus (dgx-1 idle and cool there)", "dgx-1", "dgx-0", extender.TelemetryPrometheus)
+	prefers("scores to follow Prometheus (dgx-1 idle and cool there)", "dgx-1", "dgx-0", configv1alpha1.TelemetryPrometheus)
 	if m := scrapeMetrics(t, x); !strings.Contains(m, `gputopo_extender_telemetry_source_nodes{source="prometheus"} 2`) ||
 		!strings.Contains(m, `gpu_extender_gpu_utilization_percent{gpu_index="0",metric="compute",node="dgx-0"} 95`) {
 		t.Errorf("/metrics does not show both nodes on Prometheus telemetry with DCGM's numbers:\n%s", grepLines(m, "telemetry_source", `node="dgx-0"`))
@@ -207,15 +208,15 @@ func TestPrometheusTelemetrySource(t *testing.T) {
 	// DCGM's numbers change; the next scrape turns the scores round.
 	exp.set("dgx-0", 0, 31)
 	exp.set("dgx-1", 97, 84)
-	prefers("scores to follow the new scrape (dgx-0 idle and cool now)", "dgx-0", "dgx-1", extender.TelemetryPrometheus)
+	prefers("scores to follow the new scrape (dgx-0 idle and cool now)", "dgx-0", "dgx-1", configv1alpha1.TelemetryPrometheus)
 	exp.set("dgx-0", 95, 83)
 	exp.set("dgx-1", 0, 32)
-	prefers("scores to follow the scrape back", "dgx-1", "dgx-0", extender.TelemetryPrometheus)
+	prefers("scores to follow the scrape back", "dgx-1", "dgx-0", configv1alpha1.TelemetryPrometheus)
 
 	// Prometheus goes down: after maxAge every node falls back to the node
 	// agent's telemetry (dgx-0 idle and cool), with the warning metric.
 	prom.Stop()
-	prefers("fallback to NodeGPUTopology telemetry", "dgx-0", "dgx-1", extender.TelemetryNodeGPUTopology)
+	prefers("fallback to NodeGPUTopology telemetry", "dgx-0", "dgx-1", configv1alpha1.TelemetryNodeGPUTopology)
 	m := scrapeMetrics(t, x)
 	for _, want := range []string{
 		`gputopo_extender_telemetry_fallback_nodes{reason="stale"} 2`,

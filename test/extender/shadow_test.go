@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/test/harness"
@@ -116,17 +117,17 @@ func TestShadowReportsDifferingDecisions(t *testing.T) {
 	setAgentTelemetry(t, e, "dgx-0", 0, 84)
 	setAgentTelemetry(t, e, "dgx-1", 60, 30)
 
-	thermal := extender.DefaultConfiguration()
+	thermal := configv1alpha1.DefaultExtenderConfiguration()
 	zero, hundred := int32(0), int32(100)
-	thermal.Weights = extender.Weights{Profile: extender.WeightsPlacement, UtilizationBalance: &zero, TaskAffinity: &zero, ThermalPowerHeadroom: &hundred, Fragmentation: &zero,
+	thermal.Weights = configv1alpha1.Weights{Profile: configv1alpha1.WeightsPlacement, UtilizationBalance: &zero, TaskAffinity: &zero, ThermalPowerHeadroom: &hundred, Fragmentation: &zero,
 		BandwidthFit: &zero, CapabilityConservation: &zero, IslandBestFit: &zero}
 	shadow := startExtenderWith(t, e, 0, func(o *extender.Options) {
 		o.Shadow, o.ShadowLogSampleRate, o.Config = true, 1, thermal
 	})
 	// The serving extender balances utilization (the design profile): it
 	// prefers the idle node, the shadow the cool one.
-	design := &extender.Configuration{Weights: extender.Weights{Profile: extender.WeightsDesign}}
-	extender.SetDefaults(design)
+	design := &configv1alpha1.ExtenderConfiguration{Weights: configv1alpha1.Weights{Profile: configv1alpha1.WeightsDesign}}
+	configv1alpha1.SetExtenderDefaults(design)
 	serving := startExtenderWith(t, e, 0, func(o *extender.Options) {
 		o.ShadowURL, o.ShadowTimeout, o.Config = shadow.url(), 4*time.Second, design
 	})

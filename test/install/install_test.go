@@ -41,6 +41,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/nodeagent"
 	"github.com/gputopo/gputopo/test/harness"
@@ -218,7 +219,7 @@ func startCluster(t *testing.T, mode string) *cluster {
 	for i := range uuids {
 		uuids[i] = topology.FixtureUUID(nodeName, i)
 	}
-	c.cdi = kubelet.WriteCDISpec(t, k.Containerd, nodeagent.DefaultCDIKind, uuids)
+	c.cdi = kubelet.WriteCDISpec(t, k.Containerd, configv1alpha1.DefaultCDIKind, uuids)
 	t.Logf("injected: CDI spec %s with %d devices %s=<UUID>, each a fake /dev/nvidiaN and %sN=<UUID>", c.cdi.Path, len(uuids), c.cdi.Kind, kubelet.CDIEnvPrefix)
 	t.Cleanup(func() {
 		if t.Failed() {

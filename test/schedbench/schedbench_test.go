@@ -33,12 +33,12 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	"k8s.io/utils/ptr"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/topology"
-	"github.com/gputopo/gputopo/webhook"
 )
 
 // Environment knobs (defaults keep one run under about five minutes on a
@@ -405,7 +405,7 @@ type podSpec struct {
 // webhook derives (fixed seed).
 func podMix(n int) []podSpec {
 	rng := rand.New(rand.NewPCG(1, 2))
-	table := webhook.DefaultConfig().PolicyTable
+	table := configv1alpha1.DefaultWebhookConfiguration().PolicyTable
 	out := make([]podSpec, n)
 	for i := range out {
 		gpus := []int{1, 1, 1, 1, 2, 2, 2, 4, 4, 8}[rng.IntN(10)]

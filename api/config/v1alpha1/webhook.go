@@ -1,10 +1,7 @@
-package webhook
+package v1alpha1
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 
@@ -14,18 +11,16 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apiserver/pkg/authentication/serviceaccount"
-	kjson "sigs.k8s.io/json"
-	"sigs.k8s.io/yaml"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
-// ConfigAPIVersion and ConfigKind identify a webhook configuration file.
+// WebhookAPIVersion and WebhookKind identify a webhook configuration file.
 // Both may be omitted; when present they must match, so a file written for
 // another component or another version is refused rather than misread.
 const (
-	ConfigAPIVersion = "config.gputopo.io/v1alpha1"
-	ConfigKind       = "WebhookConfiguration"
+	WebhookAPIVersion = "config.gputopo.io/v1alpha1"
+	WebhookKind       = "WebhookConfiguration"
 )
 
 // Default service accounts of the components that write system
@@ -41,13 +36,13 @@ const (
 // pods.
 const DefaultCertManagerNamespace = "cert-manager"
 
-// Config is the webhook's configuration file. A file states only what it
-// changes: LoadConfig decodes it over DefaultConfig, field by field.
-type Config struct {
-	// APIVersion is ConfigAPIVersion, or empty.
-	APIVersion string `json:"apiVersion,omitempty"`
-	// Kind is ConfigKind, or empty.
-	Kind string `json:"kind,omitempty"`
+// WebhookConfiguration is the webhook's configuration file. A file states
+// only what it changes: ParseWebhook decodes it over
+// DefaultWebhookConfiguration, field by field.
+type WebhookConfiguration struct {
+	// TypeMeta: apiVersion is WebhookAPIVersion and kind WebhookKind, or
+	// empty.
+	metav1.TypeMeta `json:",inline"`
 
 	// SchedulerName is written into spec.schedulerName of GPU pods whose
 	// schedulerName is empty or "default-scheduler"; pods that name another
@@ -116,7 +111,7 @@ type Config struct {
 	NamespaceDefaultAnnotation string `json:"namespaceDefaultAnnotation"`
 }
 
-// EnvFromPolicy is the value of Config.GPUContainerEnvFrom.
+// EnvFromPolicy is the value of WebhookConfiguration.GPUContainerEnvFrom.
 type EnvFromPolicy string
 
 const (
@@ -189,10 +184,10 @@ func (t PolicyTable) For(intent v1alpha1.Parallelism) Policy {
 	return t.None
 }
 
-// DefaultConfig returns the configuration used when no file is given.
-// testdata/defaults.json pins it.
-func DefaultConfig() Config {
-	return Config{
+// DefaultWebhookConfiguration returns the configuration used when no file
+// is given; testdata/webhook/defaults.json pins it.
+func DefaultWebhookConfiguration() WebhookConfiguration {
+	return WebhookConfiguration{
 		SchedulerName: v1alpha1.DefaultSchedulerName,
 		PolicyTable: PolicyTable{
 			Model: Policy{Strategy: v1alpha1.StrategyHighestBandwidth, RequireNVLinkFromGPUs: 2},
@@ -208,60 +203,29 @@ func DefaultConfig() Config {
 	}
 }
 
-// LoadConfig reads a YAML or JSON configuration file over DefaultConfig
-// and validates the result. Unknown fields are errors, so a misspelt key
-// is reported instead of silently keeping its default. An empty path
-// returns the validated defaults.
-func LoadConfig(path string) (Config, error) {
-	cfg := DefaultConfig()
-	if path == "" {
-		return cfg, nil
+// ParseWebhook strictly decodes data, a YAML or JSON WebhookConfiguration
+// (Decode), over DefaultWebhookConfiguration and validates the result,
+// reporting every problem at once. Empty data gives the defaults.
+func ParseWebhook(data []byte) (WebhookConfiguration, error) {
+	c := DefaultWebhookConfiguration()
+	if err := parse(data, &c, nil); err != nil {
+		return WebhookConfiguration{}, err
 	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return Config{}, fmt.Errorf("read webhook config: %w", err)
-	}
-	cfg, err = ParseConfig(data)
-	if err != nil {
-		return Config{}, fmt.Errorf("webhook config %s: %w", path, err)
-	}
-	return cfg, nil
+	return c, nil
 }
 
-// ParseConfig decodes data (YAML or JSON) over DefaultConfig and validates
-// the result.
-func ParseConfig(data []byte) (Config, error) {
-	cfg := DefaultConfig()
-	if len(bytes.TrimSpace(data)) > 0 {
-		js, err := yaml.YAMLToJSON(data)
-		if err != nil {
-			return Config{}, fmt.Errorf("decode: %w", err)
-		}
-		// Case-sensitive and strict, as the apiserver decodes its own
-		// objects: "schedulername" is a typo, not schedulerName.
-		strict, err := kjson.UnmarshalStrict(js, &cfg)
-		if err != nil {
-			return Config{}, fmt.Errorf("decode: %w", err)
-		}
-		if len(strict) > 0 {
-			return Config{}, fmt.Errorf("decode: %w", errors.Join(strict...))
-		}
+// LoadWebhook reads and parses the file at path; an empty path gives the
+// defaults.
+func LoadWebhook(path string) (WebhookConfiguration, error) {
+	if path == "" {
+		return DefaultWebhookConfiguration(), nil
 	}
-	if errs := cfg.Validate(); len(errs) > 0 {
-		return Config{}, errs.ToAggregate()
-	}
-	return cfg, nil
+	return load(path, "webhook", ParseWebhook)
 }
 
 // Validate reports every invalid field, with its path, at once.
-func (c Config) Validate() field.ErrorList {
-	var errs field.ErrorList
-	if c.APIVersion != "" && c.APIVersion != ConfigAPIVersion {
-		errs = append(errs, field.NotSupported(field.NewPath("apiVersion"), c.APIVersion, []string{ConfigAPIVersion}))
-	}
-	if c.Kind != "" && c.Kind != ConfigKind {
-		errs = append(errs, field.NotSupported(field.NewPath("kind"), c.Kind, []string{ConfigKind}))
-	}
+func (c WebhookConfiguration) Validate() field.ErrorList {
+	errs := validateTypeMeta(c.TypeMeta, WebhookAPIVersion, WebhookKind)
 
 	p := field.NewPath("schedulerName")
 	if c.SchedulerName == "" {
@@ -379,22 +343,24 @@ func (p Policy) validate(path *field.Path) field.ErrorList {
 	return errs
 }
 
-// gpuResource is ResourceName as a resource name.
-func (c Config) gpuResource() corev1.ResourceName { return corev1.ResourceName(c.ResourceName) }
+// GPUResource is ResourceName as a resource name.
+func (c WebhookConfiguration) GPUResource() corev1.ResourceName {
+	return corev1.ResourceName(c.ResourceName)
+}
 
-// isSystem reports whether user may write every system annotation.
-func (c Config) isSystem(user string) bool {
+// IsSystem reports whether user may write every system annotation.
+func (c WebhookConfiguration) IsSystem(user string) bool {
 	return slices.Contains(c.SystemServiceAccounts, user)
 }
 
-// isNodeAgent reports whether user is a node agent, held to its own node.
-func (c Config) isNodeAgent(user string) bool {
+// IsNodeAgent reports whether user is a node agent, held to its own node.
+func (c WebhookConfiguration) IsNodeAgent(user string) bool {
 	return slices.Contains(c.NodeAgentServiceAccounts, user)
 }
 
-// writers lists every user who may write some system annotation, each
+// Writers lists every user who may write some system annotation, each
 // once.
-func (c Config) writers() []string {
+func (c WebhookConfiguration) Writers() []string {
 	out := slices.Clone(c.SystemServiceAccounts)
 	for _, u := range c.NodeAgentServiceAccounts {
 		if !slices.Contains(out, u) {
@@ -404,7 +370,7 @@ func (c Config) writers() []string {
 	return out
 }
 
-// isExcluded reports whether namespace ns is never mutated.
-func (c Config) isExcluded(ns string) bool {
+// IsExcluded reports whether namespace ns is never mutated.
+func (c WebhookConfiguration) IsExcluded(ns string) bool {
 	return slices.Contains(c.ExcludedNamespaces, ns)
 }
