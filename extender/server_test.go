@@ -15,7 +15,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
-
 )
 
 func mustJSON(t testing.TB, v any) string {
