@@ -30,6 +30,8 @@ import (
 	"github.com/gputopo/gputopo/nodeagent"
 	"github.com/gputopo/gputopo/nodeagent/nvmlsim"
 	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/allocator"
+	topomachine "github.com/gputopo/gputopo/topology/machine"
 	"github.com/gputopo/gputopo/webhook"
 )
 
@@ -37,7 +39,7 @@ import (
 type NodeSpec struct {
 	Name string
 	// Fixture is the node's machine: a built-in fixture name or the path
-	// of a machine file (topology.LoadMachine).
+	// of a machine file (machine.Load).
 	Fixture string
 }
 
@@ -87,7 +89,7 @@ func ParseMachines(spec string) ([]NodeSpec, error) {
 		if err != nil || n < 1 || n > 50 {
 			return nil, fmt.Errorf("--machines: entry %q: count must be an integer 1..50 (every node runs its own agent)", part)
 		}
-		f, err := topology.LoadMachine(machine)
+		f, err := topomachine.Load(machine)
 		if err != nil {
 			return nil, fmt.Errorf("--machines: entry %q: %w", part, err)
 		}
@@ -126,7 +128,7 @@ func WorkloadsFor(cluster []NodeSpec) ([]Workload, error) {
 	var machines []string
 	largest := 0
 	for _, s := range cluster {
-		f, err := topology.LoadMachine(s.Fixture)
+		f, err := topomachine.Load(s.Fixture)
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", s.Name, err)
 		}
@@ -138,7 +140,7 @@ func WorkloadsFor(cluster []NodeSpec) ([]Workload, error) {
 		largest = max(largest, f.GPUs)
 	}
 	policy := webhook.DefaultConfig().PolicyTable
-	alloc := topology.NewAllocator(0)
+	alloc := allocator.New(0)
 	// fit places up to pods pods of gpus GPUs on nodes of machine, first
 	// fit, and returns how many fit and the GPUs they took per node.
 	fit := func(machine string, intent v1alpha1.Parallelism, pods, gpus int) (int, map[*planNode]topology.Mask) {
@@ -504,7 +506,7 @@ func startWebhook(ctx context.Context, cp *localcluster.ControlPlane, stops *[]f
 func startNodes(ctx context.Context, c client.Client, specs []NodeSpec, stops *[]func()) ([]NodeView, error) {
 	views := make([]NodeView, 0, len(specs))
 	for _, s := range specs {
-		f, err := topology.LoadMachine(s.Fixture)
+		f, err := topomachine.Load(s.Fixture)
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", s.Name, err)
 		}

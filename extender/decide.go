@@ -15,6 +15,7 @@ import (
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender/ledger"
 	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/allocator"
 )
 
 // ReasonPrefix starts every reason the extender gives, so that a person
@@ -138,7 +139,7 @@ type evalKey struct {
 // remembers answers for the request's lifetime (no lock, no hashing of
 // strings); the allocator's own memo carries them across requests.
 type evaluator struct {
-	alloc  *topology.Allocator
+	alloc  *allocator.Allocator
 	cfg    *Configuration
 	pr     podRequest
 	now    time.Time
@@ -183,7 +184,7 @@ func (k evalKey) slot() int {
 
 // newEvaluator decides pr for one request (an HTTP verb, a scheduling
 // cycle); it logs through ctx's logger.
-func newEvaluator(ctx context.Context, alloc *topology.Allocator, cfg *Configuration, pr podRequest, now time.Time) *evaluator {
+func newEvaluator(ctx context.Context, alloc *allocator.Allocator, cfg *Configuration, pr podRequest, now time.Time) *evaluator {
 	log := klog.FromContext(ctx)
 	e := &evaluator{alloc: alloc, cfg: cfg, pr: pr, now: now, maxAge: cfg.topologyMaxAge(), log: log, trace: log.V(5).Enabled()}
 	w := cfg.Weights

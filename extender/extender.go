@@ -28,7 +28,7 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender/ledger"
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/allocator"
 )
 
 // ErrLeadershipLost is returned by Start when another replica took the
@@ -42,7 +42,7 @@ type Extender struct {
 	cfg     *Configuration
 	opts    Options
 	ledger  *Ledger
-	alloc   *topology.Allocator
+	alloc   *allocator.Allocator
 	metrics *Metrics
 	client  kubernetes.Interface
 	restCfg *rest.Config
@@ -147,7 +147,7 @@ func newExtender(cfg *Configuration, cs kubernetes.Interface) *Extender {
 		cfg:     cfg,
 		opts:    NewOptions(), // New replaces them with the flags
 		ledger:  l,
-		alloc:   topology.NewAllocator(cfg.AllocatorMemoSize),
+		alloc:   allocator.New(cfg.AllocatorMemoSize),
 		metrics: m,
 		client:  cs,
 		now:     time.Now,

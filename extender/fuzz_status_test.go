@@ -14,6 +14,7 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // slowFilterEnv, when set to a duration (e.g. 50ms), makes FuzzStatus
@@ -36,7 +37,7 @@ func FuzzStatus(f *testing.F) {
 		}
 		f.Add(data, offsetSec, k, variant)
 	}
-	for _, fx := range topology.Fixtures() {
+	for _, fx := range machine.Fixtures() {
 		if fx.GPUs > 4 { // larger seeds (5 KB of JSON) stall the fuzzing engine
 			continue
 		}

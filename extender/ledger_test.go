@@ -15,12 +15,13 @@ import (
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender/ledger"
 	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 func uuidsOn(node string, idx ...int) []string {
 	out := make([]string, len(idx))
 	for i, j := range idx {
-		out[i] = topology.FixtureUUID(node, j)
+		out[i] = machine.FixtureUUID(node, j)
 	}
 	return out
 }
@@ -226,7 +227,7 @@ func drifted(name string, plan, got []int) *corev1.Pod {
 func TestLedgerDoubleHeldGPUs(t *testing.T) {
 	p1 := types.NamespacedName{Namespace: "default", Name: "p1"}
 	p2 := types.NamespacedName{Namespace: "default", Name: "p2"}
-	gpu1 := topology.FixtureUUID("a", 1)
+	gpu1 := machine.FixtureUUID("a", 1)
 	l := NewLedger()
 	var added, cleared []DoubleHold
 	l.OnDoubleHeld(func(a, c []DoubleHold) { added, cleared = append(added, a...), append(cleared, c...) })
@@ -292,7 +293,7 @@ func TestLedgerDoubleHeldWithAReservationCountsAsHeld(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	idx, _ := topology.FixtureByName("dgx1-v100")
+	idx, _ := machine.FixtureByName("dgx1-v100")
 	i, _ := idx.Graph("a").IndexOf(uuids[0])
 	// A pod bound elsewhere is recorded by the node agent on the reserved GPU.
 	l.UpsertPod(drifted("b", []int{(i + 1) % 8}, []int{i}))

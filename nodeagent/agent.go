@@ -28,7 +28,7 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/nodeagent/nvmlsim"
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // Options configure the node agent; each field's flag and default is in
@@ -93,7 +93,7 @@ func (o *Options) Validate() error {
 		errs = append(errs, field.Required(field.NewPath("node-name"), "set --node-name or $NODE_NAME (downward API spec.nodeName)"))
 	}
 	if o.Simulate != "" && o.Simulator == nil {
-		if _, err := topology.LoadMachine(o.Simulate); err != nil {
+		if _, err := machine.Load(o.Simulate); err != nil {
 			errs = append(errs, field.Invalid(field.NewPath("simulate"), o.Simulate, err.Error()))
 		}
 	}
@@ -143,7 +143,7 @@ func Run(ctx context.Context, restCfg *rest.Config, o Options) error {
 	case o.Simulator != nil:
 		lib = o.Simulator.NVML()
 	case o.Simulate != "":
-		f, _ := topology.LoadMachine(o.Simulate)
+		f, _ := machine.Load(o.Simulate)
 		lib = nvmlsim.New(f, o.NodeName).NVML()
 	default:
 		lib = nvml.New()

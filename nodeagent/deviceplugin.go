@@ -20,6 +20,7 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/allocator"
 )
 
 // Plan is the extender's assignment for one pod bound to this node that
@@ -106,7 +107,7 @@ type DevicePlugin struct {
 	pods    PodSource
 	metrics *Metrics
 	logger  klog.Logger
-	alloc   *topology.Allocator
+	alloc   *allocator.Allocator
 	// allocs records which pod each Allocate was for (PodResources does
 	// not report one-shot init containers' devices) and how far kubelet
 	// got through each pod's GPU containers.
@@ -143,7 +144,7 @@ func NewDevicePlugin(opts DevicePluginOptions, pods PodSource, metrics *Metrics,
 	opts.defaults()
 	devList, devListErr := opts.deviceList()
 	return &DevicePlugin{opts: opts, devList: devList, devListErr: devListErr, pods: pods, metrics: metrics, logger: logger,
-		alloc: topology.NewAllocator(64), changed: make(chan struct{}), allocs: newAllocationLog(logger)}
+		alloc: allocator.New(64), changed: make(chan struct{}), allocs: newAllocationLog(logger)}
 }
 
 // SocketPath is where the plugin serves, inside the plugin directory.

@@ -19,6 +19,7 @@ import (
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/nodeagent/internal/nvmllevel"
 	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // Source is the GPU driver as the agent needs it. NVMLSource is the one
@@ -535,7 +536,7 @@ func (s *NVMLSource) readLink(a, b *deviceInfo) (v1alpha1.Link, []issue, error) 
 		}
 		l.BandwidthGBps = l.NVLinks * min(nonZero(a.linkGBps), nonZero(b.linkGBps))
 	} else {
-		l.BandwidthGBps = topology.PCIeBandwidthGBps(min(nonZeroGen(a.pcieGen), nonZeroGen(b.pcieGen)), l.PCIe)
+		l.BandwidthGBps = machine.PCIeBandwidthGBps(min(nonZeroGen(a.pcieGen), nonZeroGen(b.pcieGen)), l.PCIe)
 	}
 	return l, issues, nil
 }

@@ -9,7 +9,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // DumpOptions configure DumpMachine.
@@ -27,14 +27,14 @@ var nvlinkGen = map[uint32]int{1: 1, 2: 2, 3: 2, 4: 3, 5: 3, 6: 4, 7: 5}
 
 // DumpMachine reads this node's GPUs through NVML, with the same discovery
 // code the agent publishes with, and describes them as a machine (written
-// with topology.Fixture.MarshalMachine): GPU model and memory, every pair's
+// with machine.Fixture.Marshal): GPU model and memory, every pair's
 // NVLinks and PCIe level, NUMA nodes, PCI bus IDs, the NVLink and PCIe
 // generations and the fabric clique. What the file format cannot say
 // exactly (P2P support that differs from the PCIe level, NVML answers that
 // disagree) is recorded in the machine's notes, so a bug report carries it.
-func DumpMachine(lib nvml.Interface, logger klog.Logger, o DumpOptions) (topology.Fixture, error) {
-	if err := topology.ValidateMachineName(o.Name); err != nil {
-		return topology.Fixture{}, fmt.Errorf("dump: %w", err)
+func DumpMachine(lib nvml.Interface, logger klog.Logger, o DumpOptions) (machine.Fixture, error) {
+	if err := machine.ValidateName(o.Name); err != nil {
+		return machine.Fixture{}, fmt.Errorf("dump: %w", err)
 	}
 	src := NewNVMLSource(lib, logger, nil)
 	if o.SysfsNUMA {
@@ -43,13 +43,13 @@ func DumpMachine(lib nvml.Interface, logger klog.Logger, o DumpOptions) (topolog
 	defer src.Close()
 	st, err := src.Topology()
 	if err != nil {
-		return topology.Fixture{}, fmt.Errorf("dump: %w", err)
+		return machine.Fixture{}, fmt.Errorf("dump: %w", err)
 	}
 	n := len(st.GPUs)
 	if n == 0 {
-		return topology.Fixture{}, errors.New("dump: NVML reports no GPUs on this node")
+		return machine.Fixture{}, errors.New("dump: NVML reports no GPUs on this node")
 	}
-	f := topology.Fixture{
+	f := machine.Fixture{
 		Name:   o.Name,
 		Model:  st.GPUs[0].Model,
 		GPUs:   n,
@@ -67,18 +67,18 @@ func DumpMachine(lib nvml.Interface, logger klog.Logger, o DumpOptions) (topolog
 	f.PCIBusIDs = make([]string, n)
 	for i, g := range st.GPUs {
 		if g.Model != f.Model {
-			return topology.Fixture{}, fmt.Errorf("dump: GPU %d is %q but GPU 0 is %q; a machine file describes one GPU model", i, g.Model, f.Model)
+			return machine.Fixture{}, fmt.Errorf("dump: GPU %d is %q but GPU 0 is %q; a machine file describes one GPU model", i, g.Model, f.Model)
 		}
 		if g.MemoryMiB != f.MemoryMiB {
 			notes = append(notes, fmt.Sprintf("GPU %d reports %d MiB, GPU 0 %d MiB; the file keeps GPU 0's", i, g.MemoryMiB, f.MemoryMiB))
 		}
 		if g.FabricClique != f.FabricClique {
-			return topology.Fixture{}, fmt.Errorf("dump: GPU %d is in NVLink fabric clique %q but GPU 0 in %q; a machine file has one clique", i, g.FabricClique, f.FabricClique)
+			return machine.Fixture{}, fmt.Errorf("dump: GPU %d is in NVLink fabric clique %q but GPU 0 in %q; a machine file has one clique", i, g.FabricClique, f.FabricClique)
 		}
 		f.NUMANodes[i] = g.NUMANode
 		f.PCIBusIDs[i] = g.PCIBusID
 		if g.PCIBusID == "" {
-			return topology.Fixture{}, fmt.Errorf("dump: GPU %d reports no PCI bus ID", i)
+			return machine.Fixture{}, fmt.Errorf("dump: GPU %d reports no PCI bus ID", i)
 		}
 	}
 
@@ -102,17 +102,17 @@ func DumpMachine(lib nvml.Interface, logger klog.Logger, o DumpOptions) (topolog
 		}
 		if l.NVSwitch {
 			if switchLinks >= 0 && switchLinks != l.NVLinks {
-				return topology.Fixture{}, fmt.Errorf("dump: GPU %d-GPU %d has %d NVLinks into the NVSwitch, other pairs %d; a machine file has one NVSwitch link count", l.A, l.B, l.NVLinks, switchLinks)
+				return machine.Fixture{}, fmt.Errorf("dump: GPU %d-GPU %d has %d NVLinks into the NVSwitch, other pairs %d; a machine file has one NVSwitch link count", l.A, l.B, l.NVLinks, switchLinks)
 			}
 			switchLinks = l.NVLinks
 			continue
 		}
 		direct++
-		f.NVLinks = append(f.NVLinks, topology.NVLinkPair{A: l.A, B: l.B, Links: l.NVLinks})
+		f.NVLinks = append(f.NVLinks, machine.NVLinkPair{A: l.A, B: l.B, Links: l.NVLinks})
 	}
 	if switchLinks > 0 {
 		if direct > 0 || countNVSwitch(st.Links) != len(st.Links) {
-			return topology.Fixture{}, errors.New("dump: some pairs go through an NVSwitch and others do not (a GPU off the fabric?); a machine file describes one or the other")
+			return machine.Fixture{}, errors.New("dump: some pairs go through an NVSwitch and others do not (a GPU off the fabric?); a machine file describes one or the other")
 		}
 		f.NVSwitchLinks, f.NVLinks = switchLinks, nil
 	}
@@ -132,11 +132,11 @@ func DumpMachine(lib nvml.Interface, logger klog.Logger, o DumpOptions) (topolog
 		}
 	}
 	if linkGBps > 0 && f.NVLinkGen == 0 {
-		if k, ok := topology.GPUKindOfName(f.Model); ok {
+		if k, ok := machine.GPUKindOfName(f.Model); ok {
 			f.NVLinkGen = k.NVLinkGen
 		}
 		if f.NVLinkGen == 0 {
-			return topology.Fixture{}, fmt.Errorf("dump: NVML does not report the NVLink version and %q is not a GPU the importer knows; the machine file needs the NVLink generation", f.Model)
+			return machine.Fixture{}, fmt.Errorf("dump: NVML does not report the NVLink version and %q is not a GPU the importer knows; the machine file needs the NVLink generation", f.Model)
 		}
 	}
 	if linkGBps == 0 {
@@ -159,7 +159,7 @@ func DumpMachine(lib nvml.Interface, logger klog.Logger, o DumpOptions) (topolog
 	}
 	f.Notes = notes
 	if err := f.Validate(); err != nil {
-		return topology.Fixture{}, fmt.Errorf("dump: %w", err)
+		return machine.Fixture{}, fmt.Errorf("dump: %w", err)
 	}
 	return f, nil
 }

@@ -23,7 +23,7 @@ import (
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/internal/fakeapi"
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // cycleState is the part of the framework's CycleState the plugin uses
@@ -93,7 +93,7 @@ func newCluster(t *testing.T, fixtures ...string) *cluster {
 // capacity and allocatable (-1: as many as the machine has).
 func (c *cluster) addNode(t *testing.T, fixture, name string, gpus int64) {
 	t.Helper()
-	fx, err := topology.FixtureByName(fixture)
+	fx, err := machine.FixtureByName(fixture)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/allocator"
 	"github.com/gputopo/gputopo/webhook"
 )
 
@@ -275,7 +276,7 @@ func bestPartitionGroup(g *topology.Graph, free topology.Mask, k, limit int) (to
 
 // optimum is the exhaustive per-decision optimum under gputopo's own
 // objective: every k-subset of every node's free GPUs that meets the
-// job's requirement (topology.BruteForce), the best by topology.Objective
+// job's requirement (allocator.BruteForce), the best by allocator.Objective
 // across nodes, first node among equals. It is greedy per decision, not a
 // clairvoyant schedule of the whole trace.
 type optimum struct {
@@ -290,12 +291,12 @@ func (*optimum) Name() string { return PolicyOptimum }
 func (o *optimum) Place(job Job, free []topology.Mask) (Placement, bool, error) {
 	req := topology.Request{Count: job.GPUs, Requirement: o.table.For(job.Parallelism).Requirement(int64(job.GPUs))}
 	best := Placement{Node: -1}
-	var bestScore topology.Score
+	var bestScore allocator.Score
 	for i, n := range o.nodes {
 		if free[i].Count() < job.GPUs || n.Graph.Len() < job.GPUs {
 			continue
 		}
-		res, err := topology.BruteForce(n.Graph, free[i], req)
+		res, err := allocator.BruteForce(n.Graph, free[i], req)
 		var inf *topology.InfeasibleError
 		switch {
 		case errors.As(err, &inf):
@@ -304,7 +305,7 @@ func (o *optimum) Place(job Job, free []topology.Mask) (Placement, bool, error) 
 			return Placement{}, false, fmt.Errorf("optimum on node %s: %w", n.Name, err)
 		}
 		set := topology.MaskOf(res.GPUs...)
-		if sc := topology.Objective(n.Graph, set, free[i], req); best.Node < 0 || keysBetter(sc, bestScore) {
+		if sc := allocator.Objective(n.Graph, set, free[i], req); best.Node < 0 || keysBetter(sc, bestScore) {
 			best, bestScore = Placement{Node: i, GPUs: set}, sc
 		}
 	}
@@ -313,7 +314,7 @@ func (o *optimum) Place(job Job, free []topology.Mask) (Placement, bool, error) 
 
 // keysBetter compares two scores' keys only: across nodes, equal keys keep
 // the earlier node rather than comparing index sets.
-func keysBetter(a, b topology.Score) bool {
+func keysBetter(a, b allocator.Score) bool {
 	for i := range a.Keys {
 		if a.Keys[i] != b.Keys[i] {
 			return a.Keys[i] > b.Keys[i]

@@ -17,20 +17,20 @@ type Graph struct {
 	gpus  []v1alpha1.GPU
 	links []v1alpha1.Link // n*n, symmetric; links[i*n+j] has A<B
 	bw    []int           // n*n pair bandwidth, GB/s bidirectional
-	// The search's view, filled on graphs of at most windowGPUs GPUs (a
-	// larger graph is searched through windows of it, wide.go).
-	nv   []bitset // nv[i]: GPUs NVLinked to i
-	rank []int8   // n*n PCIe level rank, see pcieRank
+	// The set searches' view, filled on graphs of at most WindowGPUs GPUs
+	// (a larger graph is searched through windows of it, wide.go).
+	nv   []Bitset // nv[i]: GPUs NVLinked to i
+	rank []int8   // n*n PCIe level rank, see pcieRanks
 	// domBit[t][i] is the bit of dom[t][i]; OR-ing them over a set and
 	// counting bits gives the number of domains the set spans at level t.
-	domBit  [len(domainLevels)][]bitset
-	healthy bitset
+	domBit  [DomainLevels][]Bitset
+	healthy Bitset
 	uuid    map[string]int
 	hash    string
 
 	// dom[t][i] numbers the PCIe/NUMA domain of GPU i at domain level t
 	// (see domainLevels), 0..n-1.
-	dom      [len(domainLevels)][]int
+	dom      [DomainLevels][]int
 	nvW      []Mask // nvW[i]: GPUs NVLinked to i, on graphs of any size
 	healthyW Mask
 }
@@ -56,7 +56,11 @@ var pcieLevelNames = []string{
 // t (transitively); every domain a set spans beyond the first at each level
 // is one boundary crossed. Crossing sockets crosses every level, so it costs
 // the most.
-var domainLevels = [...]int8{1, 2, 3, 4}
+var domainLevels = [DomainLevels]int8{1, 2, 3, 4}
+
+// DomainLevels is the number of domain levels: a GPU's domain at level t
+// (0 <= t < DomainLevels) is Graph.DomainBit's.
+const DomainLevels = 4
 
 // Ceilings on what one link may claim. They keep a hostile or mistaken
 // status (a figure in MB/s, an NVLink bandwidth without nvlinks) from being
@@ -256,22 +260,22 @@ func (g *Graph) index() {
 		}
 		g.dom[t] = comp
 	}
-	if n <= windowGPUs {
+	if n <= WindowGPUs {
 		g.indexBits()
 	}
 	g.hash = g.computeHash()
 }
 
-// indexBits fills the search's view of a graph of at most windowGPUs GPUs
+// indexBits fills the search's view of a graph of at most WindowGPUs GPUs
 // from its wide tables.
 func (g *Graph) indexBits() {
-	g.healthy = g.healthyW.bits()
-	g.nv = make([]bitset, g.n)
+	g.healthy = g.healthyW.Bitset()
+	g.nv = make([]Bitset, g.n)
 	for i, m := range g.nvW {
-		g.nv[i] = m.bits()
+		g.nv[i] = m.Bitset()
 	}
 	for t := range domainLevels {
-		g.domBit[t] = make([]bitset, g.n)
+		g.domBit[t] = make([]Bitset, g.n)
 		for i, c := range g.dom[t] {
 			g.domBit[t][i] = 1 << c
 		}
@@ -349,12 +353,12 @@ func (g *Graph) Hash() string { return g.hash }
 // All is the set of every GPU.
 func (g *Graph) All() Mask { return firstN(g.n) }
 
-// all is All as a bitset, on a graph of at most windowGPUs GPUs.
-func (g *Graph) all() bitset {
-	if g.n == windowGPUs {
-		return ^bitset(0)
+// all is All as a Bitset, on a graph of at most WindowGPUs GPUs.
+func (g *Graph) all() Bitset {
+	if g.n == WindowGPUs {
+		return ^Bitset(0)
 	}
-	return bitset(1)<<g.n - 1
+	return Bitset(1)<<g.n - 1
 }
 
 // Healthy is the set of GPUs whose health is Healthy or not reported.
@@ -364,4 +368,35 @@ func (g *Graph) Healthy() Mask { return g.healthyW }
 func (g *Graph) IndexOf(uuid string) (int, bool) {
 	i, ok := g.uuid[uuid]
 	return i, ok
+}
+
+// GPU returns GPU i; the zero GPU when i is out of range.
+func (g *Graph) GPU(i int) v1alpha1.GPU {
+	if i < 0 || i >= g.n {
+		return v1alpha1.GPU{}
+	}
+	return g.gpus[i]
+}
+
+// BW is Bandwidth for two GPUs of g without the range check, for the inner
+// loops of set searches: a and b must be 0..Len()-1 (a == b gives 0).
+func (g *Graph) BW(a, b int) int { return g.bw[a*g.n+b] }
+
+// NVAdjacency is, on a graph of at most WindowGPUs GPUs, each GPU's
+// NVLinked GPUs (directly or through an NVSwitch) as a Bitset; nil on a
+// larger graph. The slice is the graph's own: callers only read it.
+func (g *Graph) NVAdjacency() []Bitset { return g.nv }
+
+// DomainBit is, on a graph of at most WindowGPUs GPUs, the domain of GPU i
+// at domain level t (0 <= t < DomainLevels) as a single bit: OR-ing them
+// over a set and counting the bits gives the number of domains the set
+// spans at that level.
+func (g *Graph) DomainBit(t, i int) Bitset { return g.domBit[t][i] }
+
+// PCIeRank orders the PCIe levels from nearest (0: two GPUs on one board)
+// to farthest (5: across sockets), as NVML does; ok is false for a level
+// that is none of the API's.
+func PCIeRank(l v1alpha1.PCIeLevel) (rank int, ok bool) {
+	r, ok := pcieRanks[l]
+	return int(r), ok
 }

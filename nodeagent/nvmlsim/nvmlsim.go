@@ -18,7 +18,7 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/nodeagent/internal/nvmllevel"
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // SimulatedDriverVersion is the driver version a simulated node reports.
@@ -36,7 +36,7 @@ type Telemetry struct {
 }
 
 // Simulator is a GPU node built from a machine description (a built-in
-// topology fixture or a machine file, see topology.LoadMachine) behind
+// topology fixture or a machine file, see machine.Load) behind
 // go-nvml's mock.Interface: every NVML answer the discovery code asks for
 // (devices, common PCIe ancestors, NVLink state and remote ends, NVSwitches,
 // P2P, fabric clique, telemetry, XID events) comes from the machine, its
@@ -54,7 +54,7 @@ type Telemetry struct {
 // SetNVLinkGBps change what one GPU reports without touching the others.
 // All methods are safe for concurrent use.
 type Simulator struct {
-	fixture topology.Fixture
+	fixture machine.Fixture
 	gpus    []v1alpha1.GPU
 	lib     *mock.Interface
 	devices []*mock.Device
@@ -84,11 +84,11 @@ type heatScript struct {
 }
 
 // New builds the simulated NVML of node nodeName from fixture (any
-// machine: topology.LoadMachine's answer). UUIDs are derived from the node
-// name (topology.FixtureUUID) and PCI bus IDs are the machine's, so the
+// machine: machine.Load's answer). UUIDs are derived from the node
+// name (machine.FixtureUUID) and PCI bus IDs are the machine's, so the
 // extender and tests can name GPUs without asking the node. Idle GPUs read 30 °C, 0%
 // and 60 W with a small deterministic jitter, as real idle GPUs do.
-func New(fixture topology.Fixture, nodeName string) *Simulator {
+func New(fixture machine.Fixture, nodeName string) *Simulator {
 	gpus, _ := fixture.Parts(nodeName)
 	s := &Simulator{
 		fixture: fixture, gpus: gpus,
@@ -124,7 +124,7 @@ func New(fixture topology.Fixture, nodeName string) *Simulator {
 func (s *Simulator) NVML() nvml.Interface { return s.lib }
 
 // Fixture returns the machine the simulator was built from.
-func (s *Simulator) Fixture() topology.Fixture { return s.fixture }
+func (s *Simulator) Fixture() machine.Fixture { return s.fixture }
 
 // UUIDs returns the GPUs' UUIDs in index order.
 func (s *Simulator) UUIDs() []string {

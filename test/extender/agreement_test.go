@@ -19,6 +19,7 @@ import (
 	"github.com/gputopo/gputopo/simulator"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 	"github.com/gputopo/gputopo/webhook"
 )
 
@@ -58,7 +59,7 @@ func TestRealSchedulerAgreesWithSimulator(t *testing.T) {
 	e := newEnv(t, 0)
 	for _, n := range nodes {
 		createNode(t, e.cp, n.Name)
-		f, err := topology.FixtureByName(n.Fixture)
+		f, err := machine.FixtureByName(n.Fixture)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -35,7 +35,7 @@ import (
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/test/harness"
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 	"github.com/gputopo/gputopo/webhook"
 )
 
@@ -376,7 +376,7 @@ func createNode(ctx context.Context, cp *harness.ControlPlane, i int) error {
 	if _, err := cs.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("clear taints of node %s: %w", name, err)
 	}
-	f, err := topology.FixtureByName(fx)
+	f, err := machine.FixtureByName(fx)
 	if err != nil {
 		return err
 	}
