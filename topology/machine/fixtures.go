@@ -10,10 +10,6 @@ import (
 	"github.com/gputopo/gputopo/topology"
 )
 
-// NVLink bandwidth per link, GB/s bidirectional, by NVLink generation
-// (NVIDIA's published figures).
-var nvlinkGBpsPerLink = map[int]int{1: 40, 2: 50, 3: 50, 4: 50, 5: 100}
-
 // pcieX16GBps is a PCIe x16 link's bandwidth, GB/s bidirectional, by PCIe
 // generation.
 var pcieX16GBps = map[int]int{3: 32, 4: 64, 5: 128}

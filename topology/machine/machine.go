@@ -108,13 +108,6 @@ func smiToken(l v1alpha1.PCIeLevel) string {
 	return string(l)
 }
 
-// NVLinkGBpsPerLink is the bandwidth of one NVLink of generation gen, GB/s
-// bidirectional; 0 for an unknown generation.
-func NVLinkGBpsPerLink(gen int) int { return nvlinkGBpsPerLink[gen] }
-
-// maxNVLinksPerGPU is the most NVLinks one GPU of each generation has.
-var maxNVLinksPerGPU = map[int]int{1: 4, 2: 6, 3: 12, 4: 18, 5: 18}
-
 // Parse reads a machine file. Unknown fields are refused with their
 // path, and every problem found is reported at once, each naming its field.
 func Parse(data []byte) (Fixture, error) {

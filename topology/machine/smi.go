@@ -15,72 +15,6 @@ import (
 	"github.com/gputopo/gputopo/topology"
 )
 
-// GPUKind is what the importer knows of a GPU product that
-// `nvidia-smi topo -m` does not print: its NVLink generation (and so the
-// bandwidth of one link), memory and PCIe generation.
-type GPUKind struct {
-	// Key is the --gpu value and the text matched in a product name.
-	Key       string
-	Model     string
-	NVLinkGen int
-	MemoryMiB int64
-	PCIeGen   int
-}
-
-// gpuKinds is ordered so that the first key found in a product name is the
-// right one ("a100" before "a10", "h100" before "h10").
-var gpuKinds = []GPUKind{
-	{"gb200", "NVIDIA GB200", 5, 189471, 5},
-	{"b200", "NVIDIA B200", 5, 183359, 5},
-	{"h200", "NVIDIA H200", 4, 143771, 5},
-	{"h100", "NVIDIA H100 80GB HBM3", 4, 81559, 5},
-	{"h800", "NVIDIA H800", 4, 81559, 5},
-	{"h20", "NVIDIA H20", 4, 97871, 5},
-	{"a100", "NVIDIA A100-SXM4-40GB", 3, 40960, 4},
-	{"a800", "NVIDIA A800-SXM4-80GB", 3, 81920, 4},
-	{"a30", "NVIDIA A30", 3, 24576, 4},
-	{"a40", "NVIDIA A40", 3, 46068, 4},
-	{"a6000", "NVIDIA RTX A6000", 3, 49140, 4},
-	{"3090", "NVIDIA GeForce RTX 3090", 3, 24576, 4},
-	{"v100", "Tesla V100-SXM2-16GB", 2, 16384, 3},
-	{"p100", "Tesla P100-SXM2-16GB", 1, 16384, 3},
-	{"l40s", "NVIDIA L40S", 0, 46068, 4},
-	{"l40", "NVIDIA L40", 0, 46068, 4},
-	{"a10", "NVIDIA A10", 0, 23028, 4},
-	{"l4", "NVIDIA L4", 0, 23034, 4},
-	{"t4", "Tesla T4", 0, 15360, 3},
-	{"k80", "Tesla K80", 0, 11441, 3},
-	{"4090", "NVIDIA GeForce RTX 4090", 0, 24564, 4},
-	{"5090", "NVIDIA GeForce RTX 5090", 0, 32607, 5},
-}
-
-// GPUKinds lists the --gpu values the importer knows, in match order.
-func GPUKinds() []GPUKind { return append([]GPUKind(nil), gpuKinds...) }
-
-// GPUKindByKey finds a kind by its --gpu key (case-insensitive).
-func GPUKindByKey(key string) (GPUKind, error) {
-	var keys []string
-	for _, k := range gpuKinds {
-		if strings.EqualFold(k.Key, strings.TrimSpace(key)) {
-			return k, nil
-		}
-		keys = append(keys, k.Key)
-	}
-	return GPUKind{}, fmt.Errorf("gpu %q: unknown; known GPUs are %s", key, strings.Join(keys, ", "))
-}
-
-// GPUKindOfName finds the kind of an NVML product name such as
-// "NVIDIA A100-SXM4-80GB"; false when none matches.
-func GPUKindOfName(name string) (GPUKind, bool) {
-	l := strings.ToLower(name)
-	for _, k := range gpuKinds {
-		if strings.Contains(l, k.Key) {
-			return k, true
-		}
-	}
-	return GPUKind{}, false
-}
-
 // SMIOptions are what ImportSMI needs besides the matrix.
 type SMIOptions struct {
 	// Name is the machine's name (a DNS label; nodes are <name>-<i>).
@@ -102,41 +36,8 @@ type SMIOptions struct {
 // have hundreds of bad cells.
 const maxImportErrors = 20
 
-var (
-	gpuColRe   = regexp.MustCompile(`^GPU(\d+)$`)
-	nvRe       = regexp.MustCompile(`^NV(\d+)$`)
-	legendRe   = regexp.MustCompile(`^\s*(NIC\d+):\s*(\S+)\s*$`)
-	numaNodeRe = regexp.MustCompile(`^(\d+)(?:-(\d+))?$`)
-)
-
-// smiCell is one parsed cell of the matrix.
-type smiCell struct {
-	tok     string
-	nvlinks int // NV#
-	level   v1alpha1.PCIeLevel
-	line    int
-}
-
-// smiMatrix is a parsed `nvidia-smi topo -m` (or -mp) text.
-type smiMatrix struct {
-	headerLine int
-	cols       []string // device names as printed
-	gpus       int      // the first gpus columns are GPU0..GPUn-1
-	rows       map[int][]smiCell
-	rowLine    map[int]int
-	cpuAff     []string
-	numaAff    []string
-	gpuNUMA    []string
-	hasNUMA    bool
-	hasGPUNUMA bool
-	hasCPU     bool
-	legend     map[string]string
-}
-
-func (m *smiMatrix) cellName(row, col int) string {
-	return fmt.Sprintf("line %d, row %s, column %s", m.rowLine[row], m.cols[row], m.cols[col])
-}
-
+// errList collects an import's problems, each naming its line, up to
+// maxImportErrors (the rest are counted).
 type errList struct {
 	errs []error
 	more int
@@ -155,211 +56,6 @@ func (e *errList) err() error {
 		e.errs = append(e.errs, fmt.Errorf("and %d more problems", e.more))
 	}
 	return errors.Join(e.errs...)
-}
-
-// parseSMI reads the matrix: header, one row per device, the NIC legend.
-// Lines before the header (a shell prompt, "GPU Topology:") and after the
-// rows (the legend) are skipped.
-func parseSMI(text, what string) (*smiMatrix, error) {
-	lines := strings.Split(strings.ReplaceAll(text, "\r\n", "\n"), "\n")
-	m := &smiMatrix{rows: map[int][]smiCell{}, rowLine: map[int]int{}, legend: map[string]string{}}
-	var el errList
-	type info int
-	const (
-		infoCPU info = iota
-		infoNUMA
-		infoGPUNUMA
-	)
-	var infos []info
-	h := -1
-	for i, line := range lines {
-		f := strings.Fields(line)
-		if len(f) > 0 && f[0] == "GPU0" && (len(f) == 1 || f[1] != "X") {
-			h = i
-			break
-		}
-	}
-	if h < 0 {
-		return nil, fmt.Errorf("%s: no matrix header found (a line starting with GPU0 followed by the other device names, as `nvidia-smi topo -m` prints it)", what)
-	}
-	m.headerLine = h + 1
-	hf := strings.Fields(lines[h])
-	for i := 0; i < len(hf); i++ {
-		next := func(words ...string) bool {
-			if i+len(words) > len(hf) {
-				return false
-			}
-			for k, w := range words {
-				if hf[i+k] != w {
-					return false
-				}
-			}
-			return true
-		}
-		switch {
-		case next("CPU", "Affinity"):
-			infos, i = append(infos, infoCPU), i+1
-		case next("NUMA", "Affinity"):
-			infos, i = append(infos, infoNUMA), i+1
-		case next("GPU", "NUMA", "ID"):
-			infos, i = append(infos, infoGPUNUMA), i+2
-		case len(infos) > 0:
-			el.add("%s: line %d, header column %q after the affinity columns: not a column nvidia-smi prints", what, h+1, hf[i])
-		default:
-			if mm := gpuColRe.FindStringSubmatch(hf[i]); mm != nil {
-				if idx, _ := strconv.Atoi(mm[1]); idx != m.gpus || len(m.cols) != m.gpus {
-					el.add("%s: line %d, header column %q: GPU columns must come first and in order; want GPU%d", what, h+1, hf[i], len(m.cols))
-				}
-				m.gpus++
-			}
-			if slices.Contains(m.cols, hf[i]) {
-				el.add("%s: line %d, header column %q appears twice", what, h+1, hf[i])
-			}
-			m.cols = append(m.cols, hf[i])
-		}
-	}
-	if err := el.err(); err != nil {
-		return nil, err
-	}
-	if m.gpus < 1 || m.gpus > topology.MaxGPUs {
-		return nil, fmt.Errorf("%s: line %d: the header names %d GPUs; 1..%d are supported", what, h+1, m.gpus, topology.MaxGPUs)
-	}
-	n := m.gpus
-	m.cpuAff, m.numaAff, m.gpuNUMA = make([]string, n), make([]string, n), make([]string, n)
-	for _, in := range infos {
-		switch in {
-		case infoCPU:
-			m.hasCPU = true
-		case infoNUMA:
-			m.hasNUMA = true
-		case infoGPUNUMA:
-			m.hasGPUNUMA = true
-		}
-	}
-	colOf := map[string]int{}
-	for i, c := range m.cols {
-		colOf[c] = i
-	}
-	inRows := true
-	for i := h + 1; i < len(lines); i++ {
-		line := lines[i]
-		if mm := legendRe.FindStringSubmatch(line); mm != nil {
-			m.legend[mm[1]] = mm[2]
-			continue
-		}
-		f := strings.Fields(line)
-		if len(f) == 0 {
-			continue
-		}
-		if strings.HasPrefix(f[0], "Legend") {
-			inRows = false
-			continue
-		}
-		if !inRows {
-			continue
-		}
-		r, ok := colOf[f[0]]
-		if !ok {
-			if gpuColRe.MatchString(f[0]) {
-				el.add("%s: line %d: row %s has no column in the header (line %d names GPU0..GPU%d); the GPU counts of rows and columns disagree", what, i+1, f[0], h+1, n-1)
-			}
-			continue
-		}
-		if _, dup := m.rows[r]; dup {
-			el.add("%s: line %d: row %s again (first on line %d)", what, i+1, f[0], m.rowLine[r])
-			continue
-		}
-		m.rowLine[r] = i + 1
-		cells := f[1:]
-		if len(cells) < len(m.cols) {
-			el.add("%s: line %d: row %s has %d cells; the header (line %d) names %d devices", what, i+1, f[0], len(cells), h+1, len(m.cols))
-			continue
-		}
-		extra := cells[len(m.cols):]
-		cells = cells[:len(m.cols)]
-		if r < n {
-			if len(extra) > len(infos) {
-				el.add("%s: line %d: row %s has %d cells after the %d devices; the header names %d affinity columns", what, i+1, f[0], len(extra), len(m.cols), len(infos))
-			}
-			for k, v := range extra {
-				if k >= len(infos) {
-					break
-				}
-				switch infos[k] {
-				case infoCPU:
-					m.cpuAff[r] = v
-				case infoNUMA:
-					m.numaAff[r] = v
-				case infoGPUNUMA:
-					m.gpuNUMA[r] = v
-				}
-			}
-		}
-		row := make([]smiCell, len(m.cols))
-		for c, tok := range cells {
-			cell := smiCell{tok: tok, line: i + 1}
-			where := fmt.Sprintf("%s: line %d, row %s, column %s", what, i+1, f[0], m.cols[c])
-			switch {
-			case c == r:
-				if tok != "X" {
-					el.add("%s: %q on the diagonal; a device's cell with itself is X", where, tok)
-				}
-			case tok == "X":
-				el.add("%s: X off the diagonal; X marks a device with itself", where)
-			default:
-				if mm := nvRe.FindStringSubmatch(tok); mm != nil {
-					k, _ := strconv.Atoi(mm[1])
-					if k < 1 || k > topology.MaxNVLinks {
-						el.add("%s: %s; an NVLink bond has 1..%d links", where, tok, topology.MaxNVLinks)
-					}
-					if r >= n || c >= n {
-						el.add("%s: %s between a GPU and a NIC; NVLink joins GPUs", where, tok)
-					}
-					cell.nvlinks = k
-					break
-				}
-				l, ok := smiLevels[tok]
-				if !ok || tok == "INT" {
-					el.add("%s: unknown token %q; the legend has X, NV#, PIX, PXB, PHB, NODE, SYS (SOC on old drivers)", where, tok)
-				}
-				cell.level = l
-			}
-			row[c] = cell
-		}
-		m.rows[r] = row
-	}
-	var missing []string
-	for r := 0; r < n; r++ {
-		if _, ok := m.rows[r]; !ok {
-			missing = append(missing, m.cols[r])
-		}
-	}
-	if len(missing) > 0 {
-		el.add("%s: the header (line %d) names %d GPUs but rows are missing for %s; the GPU counts of rows and columns disagree", what, h+1, n, strings.Join(missing, ", "))
-	}
-	if err := el.err(); err != nil {
-		return nil, err
-	}
-	// Symmetry: every pair is printed twice; both must agree. Rows of NICs
-	// are optional (they repeat the GPU rows), but when present they must
-	// agree too.
-	for a := range m.cols {
-		for b := a + 1; b < len(m.cols); b++ {
-			ra, okA := m.rows[a]
-			rb, okB := m.rows[b]
-			if !okA || !okB || (a >= n && b >= n) {
-				continue
-			}
-			if ra[b].tok != rb[a].tok {
-				el.add("%s: %s says %s but %s says %s; the matrix is asymmetric and is not imported (check which is right)",
-					what, m.cellName(a, b), ra[b].tok, m.cellName(b, a), rb[a].tok)
-			}
-		}
-	}
-	if err := el.err(); err != nil {
-		return nil, err
-	}
-	return m, nil
 }
 
 // ImportSMI builds a machine from `nvidia-smi topo -m` text: GPU pairs
@@ -485,16 +181,6 @@ func ImportSMI(text string, o SMIOptions) (Fixture, error) {
 	return f, nil
 }
 
-func nvlinkKeys() string {
-	var keys []string
-	for _, k := range gpuKinds {
-		if k.NVLinkGen > 0 {
-			keys = append(keys, k.Key)
-		}
-	}
-	return strings.Join(keys, ", ")
-}
-
 // importKind resolves the GPU product from --gpu and `nvidia-smi -L`.
 func importKind(o SMIOptions, n int) (GPUKind, string, error) {
 	var kind GPUKind
@@ -564,6 +250,8 @@ func parseSMIList(text string) ([]string, error) {
 	}
 	return names, nil
 }
+
+var numaNodeRe = regexp.MustCompile(`^(\d+)(?:-(\d+))?$`)
 
 // importNUMA reads each GPU's NUMA node: "GPU NUMA ID", else "NUMA
 // Affinity" (the first node of a range), else numbered by CPU affinity.
@@ -699,61 +387,4 @@ func describeImport(f Fixture) string {
 	}
 	sort.Ints(nodes)
 	return fmt.Sprintf("%d× %s, %s, GPUs on NUMA nodes %v, %d NIC(s); imported from nvidia-smi topo -m", f.GPUs, f.Model, link, nodes, len(f.NICs))
-}
-
-// RenderSMI prints the machine as `nvidia-smi topo -m` would: the GPU and
-// NIC matrix with NV# for NVLinked pairs (with pciOnly, the PCIe level
-// instead, as `nvidia-smi topo -mp` prints it), the NUMA node of every GPU
-// and the legends. ImportSMI reads it back. NIC rows are left out: they
-// repeat the GPU rows, and the PCIe level between two NICs is not known.
-func RenderSMI(f Fixture, pciOnly bool) string {
-	var b strings.Builder
-	cell := func(s string) { fmt.Fprintf(&b, "%-8s", s) }
-	b.WriteString("        ")
-	for i := 0; i < f.GPUs; i++ {
-		cell(fmt.Sprintf("GPU%d", i))
-	}
-	for i := range f.NICs {
-		cell(fmt.Sprintf("NIC%d", i))
-	}
-	b.WriteString("CPU Affinity    NUMA Affinity   GPU NUMA ID\n")
-	for a := 0; a < f.GPUs; a++ {
-		cell(fmt.Sprintf("GPU%d", a))
-		for c := 0; c < f.GPUs; c++ {
-			switch l := f.Link(min(a, c), max(a, c)); {
-			case a == c:
-				cell(" X")
-			case l.NVLinks > 0 && !pciOnly:
-				cell(fmt.Sprintf("NV%d", l.NVLinks))
-			default:
-				cell(smiToken(l.PCIe))
-			}
-		}
-		for _, nic := range f.NICs {
-			cell(smiToken(nic.PCIe[a]))
-		}
-		numa := "N/A"
-		if v := f.NUMANode(a); v >= 0 {
-			numa = strconv.Itoa(v)
-		}
-		fmt.Fprintf(&b, "%-16s%-16sN/A\n", "N/A", numa)
-	}
-	b.WriteString(`
-Legend:
-
-  X    = Self
-  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)
-  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node
-  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)
-  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)
-  PIX  = Connection traversing at most a single PCIe bridge
-  NV#  = Connection traversing a bonded set of # NVLinks
-`)
-	if len(f.NICs) > 0 {
-		b.WriteString("\nNIC Legend:\n\n")
-		for i, nic := range f.NICs {
-			fmt.Fprintf(&b, "  NIC%d: %s\n", i, nic.Name)
-		}
-	}
-	return b.String()
 }
