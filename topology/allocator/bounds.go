@@ -150,37 +150,12 @@ func (s *search) cuts(p *partial, allowed topology.Bitset, tight bool, keys int)
 // keys bounds the completions' scores. Tight bounds are at most the cheap
 // ones.
 func (s *search) upper(k keyKind, p *partial, allowed topology.Bitset, tight bool) int64 {
-	g := s.g
 	r := s.k - p.cnt
 	switch k {
 	case keyMinPair:
 		return s.upperMinPair(p, allowed, tight)
 	case keyRing:
-		if s.k <= 3 || s.k > topology.RingExactMaxGPUs {
-			return s.upperMinPair(p, allowed, tight)
-		}
-		if !tight {
-			return s.maxBW
-		}
-		// A ring uses two links of every GPU: at most each chosen GPU's
-		// second-strongest link into the GPUs a completion may hold.
-		span := p.chosen | allowed
-		s.w.Charge(int64(2 * p.cnt * span.Count()))
-		ub := s.maxBW
-		for c := p.chosen; c != 0; c &= c - 1 {
-			a := bits.TrailingZeros64(uint64(c))
-			first, second := -1, -1
-			for x := span &^ (1 << a); x != 0; x &= x - 1 {
-				bw := g.BW(a, bits.TrailingZeros64(uint64(x)))
-				if bw > first {
-					first, second = bw, first
-				} else if bw > second {
-					second = bw
-				}
-			}
-			ub = min(ub, int64(second))
-		}
-		return ub
+		return s.upperRing(p, allowed, tight)
 	case keySum:
 		return s.upperSum(p, r)
 	case keyNegDomains:
@@ -189,70 +164,114 @@ func (s *search) upper(k keyKind, p *partial, allowed topology.Bitset, tight boo
 		}
 		return -int64(s.domainsAtLeast(p, allowed, r))
 	case keyNegUtil:
-		if !tight {
-			return -(p.util + int64(r)*s.minUtil)
-		}
-		if s.nUtil == 0 {
-			s.sortByUtil()
-		}
-		s.w.Charge(int64(s.nUtil))
-		least, taken := int64(0), 0
-		for _, u := range s.byUtil[:s.nUtil] {
-			if taken == r {
-				break
-			}
-			if allowed.Has(int(u)) {
-				least += s.utilOf(int(u))
-				taken++
-			}
-		}
-		return -(p.util + least)
+		return s.upperNegUtil(p, allowed, r, tight)
 	case keyLeftIsland, keyLeftQuads, keyLeftPairs:
-		// What is left is what is free now minus the completion: at most
-		// what p leaves, and at most everything among freeN-k GPUs.
-		m := int64(s.freeN - s.k)
-		rest := s.free &^ p.chosen
-		if s.tabs != nil {
-			switch k {
-			case keyLeftIsland:
-				return min(m, int64(s.tabs.island[rest]))
-			case keyLeftQuads:
-				return min(m*(m-1)*(m-2)*(m-3)/24, int64(s.tabs.quads[rest]))
-			}
-			return min(m*(m-1)/2, int64(s.tabs.pairs[rest]))
-		}
-		switch {
-		case k == keyLeftIsland && !tight:
-			if s.omega >= 0 {
-				return min(m, int64(s.omega))
-			}
-			return m
-		case k == keyLeftIsland:
-			s.w.Charge(int64(4 * rest.Count()))
-			ub := min(m, int64(greedyColours(g.NVAdjacency(), rest)))
-			if s.omega >= 0 {
-				ub = min(ub, int64(s.omega))
-			}
-			return ub
-		case !tight && k == keyLeftQuads:
-			return m * (m - 1) * (m - 2) * (m - 3) / 24
-		case !tight:
-			return m * (m - 1) / 2
-		}
-		s.w.Charge(int64(6 * rest.Count()))
-		pairs := int64(topology.CountPairs(g.NVAdjacency(), rest))
-		if k == keyLeftPairs {
-			return min(m*(m-1)/2, pairs)
-		}
-		// A graph with P edges has at most as many 4-cliques as a
-		// complete graph with P edges (Kruskal-Katona).
-		t := min(m, cliqueSide(pairs))
-		return t * (t - 1) * (t - 2) * (t - 3) / 24
+		return s.upperLeft(k, p, tight)
 	case keyNegCut:
 		// cut = rows of the set's GPUs - 2·sum.
 		return 2*s.upperSum(p, r) - p.row - int64(r)*s.minRow
 	}
 	return int64(maxInt)
+}
+
+// upperRing: a ring's bottleneck is at most the minimum pair's bound where
+// the ring is reported as the minimum pair, else at most the strongest
+// eligible pair; tight, also at most each chosen GPU's second-strongest
+// link into the GPUs a completion may hold, since a ring uses two links
+// of every GPU.
+func (s *search) upperRing(p *partial, allowed topology.Bitset, tight bool) int64 {
+	if s.k <= 3 || s.k > topology.RingExactMaxGPUs {
+		return s.upperMinPair(p, allowed, tight)
+	}
+	if !tight {
+		return s.maxBW
+	}
+	g := s.g
+	span := p.chosen | allowed
+	s.w.Charge(int64(2 * p.cnt * span.Count()))
+	ub := s.maxBW
+	for c := p.chosen; c != 0; c &= c - 1 {
+		a := bits.TrailingZeros64(uint64(c))
+		first, second := -1, -1
+		for x := span &^ (1 << a); x != 0; x &= x - 1 {
+			bw := g.BW(a, bits.TrailingZeros64(uint64(x)))
+			if bw > first {
+				first, second = bw, first
+			} else if bw > second {
+				second = bw
+			}
+		}
+		ub = min(ub, int64(second))
+	}
+	return ub
+}
+
+// upperNegUtil: the r GPUs still to come add at least r times the least
+// utilization; tight, at least the r least utilized GPUs of allowed.
+func (s *search) upperNegUtil(p *partial, allowed topology.Bitset, r int, tight bool) int64 {
+	if !tight {
+		return -(p.util + int64(r)*s.minUtil)
+	}
+	if s.nUtil == 0 {
+		s.sortByUtil()
+	}
+	s.w.Charge(int64(s.nUtil))
+	least, taken := int64(0), 0
+	for _, u := range s.byUtil[:s.nUtil] {
+		if taken == r {
+			break
+		}
+		if allowed.Has(int(u)) {
+			least += s.utilOf(int(u))
+			taken++
+		}
+	}
+	return -(p.util + least)
+}
+
+// upperLeft bounds the fragmentation keys (leftIsland, leftQuads,
+// leftPairs). What is left is what is free now minus the completion: at
+// most what p leaves, and at most everything among freeN-k GPUs.
+func (s *search) upperLeft(k keyKind, p *partial, tight bool) int64 {
+	g := s.g
+	m := int64(s.freeN - s.k)
+	rest := s.free &^ p.chosen
+	if s.tabs != nil {
+		switch k {
+		case keyLeftIsland:
+			return min(m, int64(s.tabs.island[rest]))
+		case keyLeftQuads:
+			return min(m*(m-1)*(m-2)*(m-3)/24, int64(s.tabs.quads[rest]))
+		}
+		return min(m*(m-1)/2, int64(s.tabs.pairs[rest]))
+	}
+	switch {
+	case k == keyLeftIsland && !tight:
+		if s.omega >= 0 {
+			return min(m, int64(s.omega))
+		}
+		return m
+	case k == keyLeftIsland:
+		s.w.Charge(int64(4 * rest.Count()))
+		ub := min(m, int64(greedyColours(g.NVAdjacency(), rest)))
+		if s.omega >= 0 {
+			ub = min(ub, int64(s.omega))
+		}
+		return ub
+	case !tight && k == keyLeftQuads:
+		return m * (m - 1) * (m - 2) * (m - 3) / 24
+	case !tight:
+		return m * (m - 1) / 2
+	}
+	s.w.Charge(int64(6 * rest.Count()))
+	pairs := int64(topology.CountPairs(g.NVAdjacency(), rest))
+	if k == keyLeftPairs {
+		return min(m*(m-1)/2, pairs)
+	}
+	// A graph with P edges has at most as many 4-cliques as a
+	// complete graph with P edges (Kruskal-Katona).
+	t := min(m, cliqueSide(pairs))
+	return t * (t - 1) * (t - 2) * (t - 3) / 24
 }
 
 // greedyColours is the number of colours a greedy colouring of set needs:
