@@ -2,7 +2,6 @@ package machine
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -152,110 +151,17 @@ func (mf machineFile) fixture() (Fixture, error) {
 		Model: mf.Model, GPUs: n, MemoryMiB: mf.MemoryMiB, PCIeGen: mf.PCIe.Generation,
 		FabricClique: mf.FabricClique,
 	}
-	if nv := mf.NVLink; nv != nil {
-		p := field.NewPath("nvlink")
-		f.NVLinkGen, f.NVLinkGBps, f.NVSwitchLinks = nv.Generation, nv.GBpsPerLink, nv.NVSwitchLinks
-		if f.NVLinkGBps == 0 {
-			f.NVLinkGBps = nvlinkGBpsPerLink[nv.Generation]
-		}
-		if _, ok := nvlinkGBpsPerLink[nv.Generation]; !ok && nv.GBpsPerLink == 0 {
-			errs = append(errs, field.Invalid(p.Child("generation"), nv.Generation, "the NVLink generation is needed for the bandwidth of a link: 1 (P100), 2 (V100), 3 (A100), 4 (H100/H200), 5 (B200); or give gbpsPerLink"))
-		}
-		if nv.GBpsPerLink < 0 || nv.GBpsPerLink > topology.MaxPairGBps {
-			errs = append(errs, field.Invalid(p.Child("gbpsPerLink"), nv.GBpsPerLink, fmt.Sprintf("must be 0 (the generation's figure) or up to %d", topology.MaxPairGBps)))
-		}
-		if nv.NVSwitchLinks < 0 || nv.NVSwitchLinks > topology.MaxNVLinks {
-			errs = append(errs, field.Invalid(p.Child("nvswitchLinks"), nv.NVSwitchLinks, fmt.Sprintf("must be 0..%d", topology.MaxNVLinks)))
-		}
-		if nv.NVSwitchLinks > 0 && len(nv.Pairs) > 0 {
-			errs = append(errs, field.Forbidden(p.Child("pairs"), "an NVSwitch joins every pair; give nvswitchLinks or pairs, not both"))
-		}
-		if nv.NVSwitchLinks == 0 && len(nv.Pairs) == 0 {
-			errs = append(errs, field.Required(p, "an nvlink section needs nvswitchLinks or pairs; drop the section for a machine without NVLink"))
-		}
-		seen := map[[2]int]int{}
-		for i, pr := range nv.Pairs {
-			pp := p.Child("pairs").Index(i)
-			switch {
-			case pr.A < 0 || pr.A >= n || pr.B < 0 || pr.B >= n:
-				errs = append(errs, field.Invalid(pp, fmt.Sprintf("%d-%d", pr.A, pr.B), fmt.Sprintf("GPU indices must be 0..%d", n-1)))
-				continue
-			case pr.A == pr.B:
-				errs = append(errs, field.Invalid(pp, fmt.Sprintf("%d-%d", pr.A, pr.B), "a link joins two different GPUs"))
-				continue
-			case pr.Links < 1 || pr.Links > topology.MaxNVLinks:
-				errs = append(errs, field.Invalid(pp.Child("links"), pr.Links, fmt.Sprintf("must be 1..%d", topology.MaxNVLinks)))
-			}
-			key := [2]int{min(pr.A, pr.B), max(pr.A, pr.B)}
-			if j, dup := seen[key]; dup {
-				errs = append(errs, field.Duplicate(pp, fmt.Sprintf("GPU %d-GPU %d is also pairs[%d]; list each pair once with its link count", key[0], key[1], j)))
-				continue
-			}
-			seen[key] = i
-			f.NVLinks = append(f.NVLinks, NVLinkPair{A: pr.A, B: pr.B, Links: pr.Links})
-		}
+	if mf.NVLink != nil {
+		errs = mf.NVLink.apply(&f, field.NewPath("nvlink"), errs)
 	}
-	pp := field.NewPath("pcie")
-	if g := mf.PCIe.Generation; g != 0 && (g < 1 || g > 6) {
-		errs = append(errs, field.Invalid(pp.Child("generation"), g, "must be 1..6 (0: unknown, modelled as Gen4)"))
-	}
-	f.PCIeSwitches, errs = groups(mf.PCIe.Switches, n, pp.Child("switches"), errs)
-	f.Sockets, errs = groups(mf.PCIe.Sockets, n, pp.Child("sockets"), errs)
-	if len(mf.PCIe.Levels) > 0 {
-		f.PCIeLevels, errs = levelMatrix(mf.PCIe.Levels, n, pp.Child("levels"), errs)
-	}
+	errs = mf.PCIe.apply(&f, field.NewPath("pcie"), errs)
 	if mf.NUMANodes != nil {
-		p := field.NewPath("numaNodes")
-		if len(mf.NUMANodes) != n {
-			errs = append(errs, field.Invalid(p, len(mf.NUMANodes), fmt.Sprintf("lists %d NUMA nodes for %d GPUs; give one per GPU (-1: unknown)", len(mf.NUMANodes), n)))
-		}
-		for i, v := range mf.NUMANodes {
-			if v < -1 {
-				errs = append(errs, field.Invalid(p.Index(i), v, "must be -1 (unknown) or a NUMA node number"))
-			}
-		}
-		f.NUMANodes = mf.NUMANodes
+		f.NUMANodes, errs = numaNodes(mf.NUMANodes, n, field.NewPath("numaNodes"), errs)
 	}
 	if mf.PCIBusIDs != nil {
-		p := field.NewPath("pciBusIDs")
-		if len(mf.PCIBusIDs) != n {
-			errs = append(errs, field.Invalid(p, len(mf.PCIBusIDs), fmt.Sprintf("lists %d bus IDs for %d GPUs; give one per GPU", len(mf.PCIBusIDs), n)))
-		}
-		seen := map[string]int{}
-		for i, id := range mf.PCIBusIDs {
-			if id == "" {
-				errs = append(errs, field.Required(p.Index(i), "a bus ID such as 00000000:07:00.0"))
-			} else if j, dup := seen[strings.ToLower(id)]; dup {
-				errs = append(errs, field.Duplicate(p.Index(i), fmt.Sprintf("%s is also GPU %d's", id, j)))
-			}
-			seen[strings.ToLower(id)] = i
-		}
-		f.PCIBusIDs = mf.PCIBusIDs
+		f.PCIBusIDs, errs = busIDs(mf.PCIBusIDs, n, field.NewPath("pciBusIDs"), errs)
 	}
-	names := map[string]int{}
-	for i, nic := range mf.NICs {
-		p := field.NewPath("nics").Index(i)
-		if nic.Name == "" {
-			errs = append(errs, field.Required(p.Child("name"), "the NIC's name, e.g. mlx5_0"))
-		} else if j, dup := names[nic.Name]; dup {
-			errs = append(errs, field.Duplicate(p.Child("name"), fmt.Sprintf("%s is also nics[%d]", nic.Name, j)))
-		}
-		names[nic.Name] = i
-		cells := strings.Fields(nic.PCIe)
-		if len(cells) != n {
-			errs = append(errs, field.Invalid(p.Child("pcie"), nic.PCIe, fmt.Sprintf("has %d cells for %d GPUs; give the NIC's level to each GPU", len(cells), n)))
-			continue
-		}
-		out := NIC{Name: nic.Name, PCIe: make([]v1alpha1.PCIeLevel, n)}
-		for g, c := range cells {
-			l, ok := smiLevels[strings.ToUpper(c)]
-			if !ok {
-				errs = append(errs, field.NotSupported(p.Child("pcie").Index(g), c, []string{"PIX", "PXB", "PHB", "NODE", "SYS"}))
-			}
-			out.PCIe[g] = l
-		}
-		f.NICs = append(f.NICs, out)
-	}
+	f.NICs, errs = nics(mf.NICs, n, field.NewPath("nics"), errs)
 	if len(errs) > 0 {
 		return Fixture{}, errs.ToAggregate()
 	}
@@ -263,6 +169,129 @@ func (mf machineFile) fixture() (Fixture, error) {
 		return Fixture{}, err
 	}
 	return f, nil
+}
+
+// apply checks the nvlink section and sets f's NVLink generation,
+// bandwidth per link, NVSwitch links and pairs.
+func (nv *nvlinkSpec) apply(f *Fixture, p *field.Path, errs field.ErrorList) field.ErrorList {
+	n := f.GPUs
+	f.NVLinkGen, f.NVLinkGBps, f.NVSwitchLinks = nv.Generation, nv.GBpsPerLink, nv.NVSwitchLinks
+	if f.NVLinkGBps == 0 {
+		f.NVLinkGBps = nvlinkGBpsPerLink[nv.Generation]
+	}
+	if _, ok := nvlinkGBpsPerLink[nv.Generation]; !ok && nv.GBpsPerLink == 0 {
+		errs = append(errs, field.Invalid(p.Child("generation"), nv.Generation, "the NVLink generation is needed for the bandwidth of a link: 1 (P100), 2 (V100), 3 (A100), 4 (H100/H200), 5 (B200); or give gbpsPerLink"))
+	}
+	if nv.GBpsPerLink < 0 || nv.GBpsPerLink > topology.MaxPairGBps {
+		errs = append(errs, field.Invalid(p.Child("gbpsPerLink"), nv.GBpsPerLink, fmt.Sprintf("must be 0 (the generation's figure) or up to %d", topology.MaxPairGBps)))
+	}
+	if nv.NVSwitchLinks < 0 || nv.NVSwitchLinks > topology.MaxNVLinks {
+		errs = append(errs, field.Invalid(p.Child("nvswitchLinks"), nv.NVSwitchLinks, fmt.Sprintf("must be 0..%d", topology.MaxNVLinks)))
+	}
+	if nv.NVSwitchLinks > 0 && len(nv.Pairs) > 0 {
+		errs = append(errs, field.Forbidden(p.Child("pairs"), "an NVSwitch joins every pair; give nvswitchLinks or pairs, not both"))
+	}
+	if nv.NVSwitchLinks == 0 && len(nv.Pairs) == 0 {
+		errs = append(errs, field.Required(p, "an nvlink section needs nvswitchLinks or pairs; drop the section for a machine without NVLink"))
+	}
+	seen := map[[2]int]int{}
+	for i, pr := range nv.Pairs {
+		pp := p.Child("pairs").Index(i)
+		switch {
+		case pr.A < 0 || pr.A >= n || pr.B < 0 || pr.B >= n:
+			errs = append(errs, field.Invalid(pp, fmt.Sprintf("%d-%d", pr.A, pr.B), fmt.Sprintf("GPU indices must be 0..%d", n-1)))
+			continue
+		case pr.A == pr.B:
+			errs = append(errs, field.Invalid(pp, fmt.Sprintf("%d-%d", pr.A, pr.B), "a link joins two different GPUs"))
+			continue
+		case pr.Links < 1 || pr.Links > topology.MaxNVLinks:
+			errs = append(errs, field.Invalid(pp.Child("links"), pr.Links, fmt.Sprintf("must be 1..%d", topology.MaxNVLinks)))
+		}
+		key := [2]int{min(pr.A, pr.B), max(pr.A, pr.B)}
+		if j, dup := seen[key]; dup {
+			errs = append(errs, field.Duplicate(pp, fmt.Sprintf("GPU %d-GPU %d is also pairs[%d]; list each pair once with its link count", key[0], key[1], j)))
+			continue
+		}
+		seen[key] = i
+		f.NVLinks = append(f.NVLinks, NVLinkPair{A: pr.A, B: pr.B, Links: pr.Links})
+	}
+	return errs
+}
+
+// apply checks the pcie section and sets f's PCIe switches, sockets and
+// level matrix (the generation is the caller's).
+func (ps pcieSpec) apply(f *Fixture, p *field.Path, errs field.ErrorList) field.ErrorList {
+	if g := ps.Generation; g != 0 && (g < 1 || g > 6) {
+		errs = append(errs, field.Invalid(p.Child("generation"), g, "must be 1..6 (0: unknown, modelled as Gen4)"))
+	}
+	f.PCIeSwitches, errs = groups(ps.Switches, f.GPUs, p.Child("switches"), errs)
+	f.Sockets, errs = groups(ps.Sockets, f.GPUs, p.Child("sockets"), errs)
+	if len(ps.Levels) > 0 {
+		f.PCIeLevels, errs = levelMatrix(ps.Levels, f.GPUs, p.Child("levels"), errs)
+	}
+	return errs
+}
+
+// numaNodes checks the NUMA node of every GPU (-1: unknown).
+func numaNodes(in []int, n int, p *field.Path, errs field.ErrorList) ([]int, field.ErrorList) {
+	if len(in) != n {
+		errs = append(errs, field.Invalid(p, len(in), fmt.Sprintf("lists %d NUMA nodes for %d GPUs; give one per GPU (-1: unknown)", len(in), n)))
+	}
+	for i, v := range in {
+		if v < -1 {
+			errs = append(errs, field.Invalid(p.Index(i), v, "must be -1 (unknown) or a NUMA node number"))
+		}
+	}
+	return in, errs
+}
+
+// busIDs checks the PCI bus ID of every GPU: one each, none empty, no two
+// alike (case aside).
+func busIDs(in []string, n int, p *field.Path, errs field.ErrorList) ([]string, field.ErrorList) {
+	if len(in) != n {
+		errs = append(errs, field.Invalid(p, len(in), fmt.Sprintf("lists %d bus IDs for %d GPUs; give one per GPU", len(in), n)))
+	}
+	seen := map[string]int{}
+	for i, id := range in {
+		if id == "" {
+			errs = append(errs, field.Required(p.Index(i), "a bus ID such as 00000000:07:00.0"))
+		} else if j, dup := seen[strings.ToLower(id)]; dup {
+			errs = append(errs, field.Duplicate(p.Index(i), fmt.Sprintf("%s is also GPU %d's", id, j)))
+		}
+		seen[strings.ToLower(id)] = i
+	}
+	return in, errs
+}
+
+// nics checks the NICs, each named once with its level to every GPU, and
+// reads their levels.
+func nics(in []nicSpec, n int, p *field.Path, errs field.ErrorList) ([]NIC, field.ErrorList) {
+	var out []NIC
+	names := map[string]int{}
+	for i, nic := range in {
+		np := p.Index(i)
+		if nic.Name == "" {
+			errs = append(errs, field.Required(np.Child("name"), "the NIC's name, e.g. mlx5_0"))
+		} else if j, dup := names[nic.Name]; dup {
+			errs = append(errs, field.Duplicate(np.Child("name"), fmt.Sprintf("%s is also nics[%d]", nic.Name, j)))
+		}
+		names[nic.Name] = i
+		cells := strings.Fields(nic.PCIe)
+		if len(cells) != n {
+			errs = append(errs, field.Invalid(np.Child("pcie"), nic.PCIe, fmt.Sprintf("has %d cells for %d GPUs; give the NIC's level to each GPU", len(cells), n)))
+			continue
+		}
+		nicOut := NIC{Name: nic.Name, PCIe: make([]v1alpha1.PCIeLevel, n)}
+		for g, c := range cells {
+			l, ok := smiLevels[strings.ToUpper(c)]
+			if !ok {
+				errs = append(errs, field.NotSupported(np.Child("pcie").Index(g), c, []string{"PIX", "PXB", "PHB", "NODE", "SYS"}))
+			}
+			nicOut.PCIe[g] = l
+		}
+		out = append(out, nicOut)
+	}
+	return out, errs
 }
 
 // Validate checks that the machine builds a valid graph: every pair's
@@ -364,126 +393,6 @@ func levelMatrix(rows []string, n int, p *field.Path, errs field.ErrorList) ([][
 		}
 	}
 	return out, errs
-}
-
-// Marshal writes the machine as a machine file: YAML, compact rows
-// for matrices, with a comment naming the format's documentation.
-func (f Fixture) Marshal() ([]byte, error) {
-	if err := f.Validate(); err != nil {
-		return nil, err
-	}
-	var b bytes.Buffer
-	q := func(s string) string {
-		out, _ := json.Marshal(s) // a JSON string is a YAML double-quoted scalar
-		return string(out)
-	}
-	ints := func(v []int) string {
-		s := make([]string, len(v))
-		for i, x := range v {
-			s[i] = fmt.Sprint(x)
-		}
-		return "[" + strings.Join(s, ", ") + "]"
-	}
-	b.WriteString("# gputopo machine file: the format is described in docs/topology.md (\"Machine files\").\n")
-	fmt.Fprintf(&b, "apiVersion: %s\nkind: %s\nname: %s\n", APIVersion, Kind, q(f.Name))
-	if f.Description != "" {
-		fmt.Fprintf(&b, "description: %s\n", q(f.Description))
-	}
-	if f.Source != "" {
-		fmt.Fprintf(&b, "source: %s\n", q(f.Source))
-	}
-	if len(f.Notes) > 0 {
-		b.WriteString("notes:\n")
-		for _, n := range f.Notes {
-			fmt.Fprintf(&b, "- %s\n", q(n))
-		}
-	}
-	fmt.Fprintf(&b, "model: %s\ngpus: %d\n", q(f.Model), f.GPUs)
-	if f.MemoryMiB != 0 {
-		fmt.Fprintf(&b, "memoryMiB: %d\n", f.MemoryMiB)
-	}
-	if f.NVSwitchLinks > 0 || len(f.NVLinks) > 0 {
-		fmt.Fprintf(&b, "nvlink:\n  generation: %d\n", f.NVLinkGen)
-		if f.NVLinkGBps != nvlinkGBpsPerLink[f.NVLinkGen] {
-			fmt.Fprintf(&b, "  gbpsPerLink: %d\n", f.NVLinkGBps)
-		}
-		if f.NVSwitchLinks > 0 {
-			fmt.Fprintf(&b, "  nvswitchLinks: %d\n", f.NVSwitchLinks)
-		} else {
-			b.WriteString("  pairs:\n")
-			for _, p := range f.NVLinks {
-				fmt.Fprintf(&b, "  - {a: %d, b: %d, links: %d}\n", p.A, p.B, p.Links)
-			}
-		}
-	}
-	b.WriteString("pcie:\n")
-	if f.PCIeGen != 0 {
-		fmt.Fprintf(&b, "  generation: %d\n", f.PCIeGen)
-	}
-	for _, g := range []struct {
-		key    string
-		groups [][]int
-	}{{"switches", f.PCIeSwitches}, {"sockets", f.Sockets}} {
-		if g.groups == nil {
-			continue
-		}
-		parts := make([]string, len(g.groups))
-		for i, m := range g.groups {
-			parts[i] = ints(m)
-		}
-		fmt.Fprintf(&b, "  %s: [%s]\n", g.key, strings.Join(parts, ", "))
-	}
-	if f.PCIeLevels != nil {
-		b.WriteString("  levels:\n")
-		for i := 0; i < f.GPUs; i++ {
-			cells := make([]string, f.GPUs)
-			for j := range cells {
-				if i == j {
-					cells[j] = "X"
-				} else {
-					cells[j] = smiToken(f.PCIeLevels[i][j])
-				}
-			}
-			fmt.Fprintf(&b, "  - %s\n", q(padCells(cells)))
-		}
-	}
-	if f.NUMANodes != nil {
-		fmt.Fprintf(&b, "numaNodes: %s\n", ints(f.NUMANodes))
-	}
-	if f.PCIBusIDs != nil {
-		ids := make([]string, len(f.PCIBusIDs))
-		for i, id := range f.PCIBusIDs {
-			ids[i] = q(id)
-		}
-		fmt.Fprintf(&b, "pciBusIDs: [%s]\n", strings.Join(ids, ", "))
-	}
-	if len(f.NICs) > 0 {
-		b.WriteString("nics:\n")
-		for _, nic := range f.NICs {
-			cells := make([]string, len(nic.PCIe))
-			for i, l := range nic.PCIe {
-				cells[i] = smiToken(l)
-			}
-			fmt.Fprintf(&b, "- {name: %s, pcie: %s}\n", q(nic.Name), q(padCells(cells)))
-		}
-	}
-	if f.FabricClique != "" {
-		fmt.Fprintf(&b, "fabricClique: %s\n", q(f.FabricClique))
-	}
-	return b.Bytes(), nil
-}
-
-// padCells joins tokens in columns of five, as nvidia-smi aligns them.
-func padCells(cells []string) string {
-	var b strings.Builder
-	for i, c := range cells {
-		if i == len(cells)-1 {
-			b.WriteString(c)
-			break
-		}
-		fmt.Fprintf(&b, "%-5s", c)
-	}
-	return b.String()
 }
 
 // Load resolves a machine: a built-in fixture name (see Fixtures) or

@@ -83,8 +83,28 @@ func ImportSMI(text string, o SMIOptions) (Fixture, error) {
 		Name: o.Name, Model: model, GPUs: n, MemoryMiB: kind.MemoryMiB, PCIeGen: kind.PCIeGen,
 		NVLinkGen: kind.NVLinkGen, NVLinkGBps: nvlinkGBpsPerLink[kind.NVLinkGen], Source: o.Source,
 	}
+	if notes, err = importNVLinks(m, kind, &f, notes); err != nil {
+		return Fixture{}, err
+	}
+	f.NUMANodes, notes = importNUMA(m, notes)
+	f.NICs = importNICs(m)
+	if notes, err = importLevels(m, o.PCIMatrix, &f, notes); err != nil {
+		return Fixture{}, err
+	}
+	f.Notes = notes
+	f.Description = describeImport(f)
+	if err := f.Validate(); err != nil {
+		return Fixture{}, fmt.Errorf("nvidia-smi topo -m: %w", err)
+	}
+	return f, nil
+}
 
-	// NVLink.
+// importNVLinks reads the NV# cells into f's NVLink pairs. A machine whose
+// every pair shows the same NV# with more links than a GPU of its
+// generation has is an NVSwitch machine, noted as such; NV# cells without
+// a known NVLink generation are an error.
+func importNVLinks(m *smiMatrix, kind GPUKind, f *Fixture, notes []string) ([]string, error) {
+	n := m.gpus
 	firstNV := ""
 	allNV, k := n > 1, -1
 	for a := 0; a < n; a++ {
@@ -106,7 +126,7 @@ func ImportSMI(text string, o SMIOptions) (Fixture, error) {
 		}
 	}
 	if firstNV != "" && kind.NVLinkGen == 0 {
-		return Fixture{}, fmt.Errorf("nvidia-smi topo -m: %s: the NVLink generation is needed for the bandwidth of a link and topo -m does not print it; pass --gpu (one of %s) or `nvidia-smi -L` output",
+		return notes, fmt.Errorf("nvidia-smi topo -m: %s: the NVLink generation is needed for the bandwidth of a link and topo -m does not print it; pass --gpu (one of %s) or `nvidia-smi -L` output",
 			firstNV, nvlinkKeys())
 	}
 	if firstNV == "" {
@@ -116,11 +136,14 @@ func ImportSMI(text string, o SMIOptions) (Fixture, error) {
 		f.NVSwitchLinks, f.NVLinks = k, nil
 		notes = append(notes, fmt.Sprintf("every pair shows NV%d and %d GPUs × %d links exceed the %d NVLinks a GPU of NVLink generation %d has, so the links go through an NVSwitch", k, n-1, k, maxNVLinksPerGPU[kind.NVLinkGen], kind.NVLinkGen))
 	}
+	return notes, nil
+}
 
-	// NUMA node of every GPU.
-	f.NUMANodes, notes = importNUMA(m, notes)
-
-	// NICs.
+// importNICs reads the NIC columns, named by the NIC legend when it has
+// them, with their level to each GPU.
+func importNICs(m *smiMatrix) []NIC {
+	n := m.gpus
+	var out []NIC
 	for c := n; c < len(m.cols); c++ {
 		name := m.cols[c]
 		if real, ok := m.legend[name]; ok {
@@ -130,18 +153,25 @@ func ImportSMI(text string, o SMIOptions) (Fixture, error) {
 		for g := 0; g < n; g++ {
 			nic.PCIe[g] = m.rows[g][c].level
 		}
-		f.NICs = append(f.NICs, nic)
+		out = append(out, nic)
 	}
+	return out
+}
 
-	// PCIe levels; NVLinked pairs print NV# instead, so theirs come from
-	// `nvidia-smi topo -mp` when given, else are inferred.
+// importLevels fills f's PCIe level of every pair. NVLinked pairs print
+// NV# instead, so theirs come from pciText, `nvidia-smi topo -mp` output,
+// when given, and are otherwise inferred (inferLevels, noted); f's NUMA
+// nodes must be read first.
+func importLevels(m *smiMatrix, pciText string, f *Fixture, notes []string) ([]string, error) {
+	n := m.gpus
 	var pci *smiMatrix
-	if strings.TrimSpace(o.PCIMatrix) != "" {
-		if pci, err = parseSMI(o.PCIMatrix, "nvidia-smi topo -mp"); err != nil {
-			return Fixture{}, err
+	if strings.TrimSpace(pciText) != "" {
+		var err error
+		if pci, err = parseSMI(pciText, "nvidia-smi topo -mp"); err != nil {
+			return notes, err
 		}
 		if pci.gpus != n {
-			return Fixture{}, fmt.Errorf("nvidia-smi topo -mp: line %d names %d GPUs; topo -m (line %d) names %d", pci.headerLine, pci.gpus, m.headerLine, n)
+			return notes, fmt.Errorf("nvidia-smi topo -mp: line %d names %d GPUs; topo -m (line %d) names %d", pci.headerLine, pci.gpus, m.headerLine, n)
 		}
 	}
 	f.PCIeLevels = make([][]v1alpha1.PCIeLevel, n)
@@ -161,7 +191,7 @@ func ImportSMI(text string, o SMIOptions) (Fixture, error) {
 			case pci != nil:
 				pc := pci.rows[a][b]
 				if pc.nvlinks > 0 {
-					return Fixture{}, fmt.Errorf("nvidia-smi topo -mp: %s: %s; the PCIe-only matrix has no NV# cells", pci.cellName(a, b), pc.tok)
+					return notes, fmt.Errorf("nvidia-smi topo -mp: %s: %s; the PCIe-only matrix has no NV# cells", pci.cellName(a, b), pc.tok)
 				}
 				f.PCIeLevels[a][b] = pc.level
 			default:
@@ -173,12 +203,7 @@ func ImportSMI(text string, o SMIOptions) (Fixture, error) {
 		inferred := inferLevels(m, f.NUMANodes, f.PCIeLevels)
 		notes = append(notes, fmt.Sprintf("topo -m prints NV# instead of the PCIe level for NVLinked pairs; %d pairs' levels were inferred (%s); import `nvidia-smi topo -mp` too (--smi-pci) for the printed levels", unknown/2, inferred))
 	}
-	f.Notes = notes
-	f.Description = describeImport(f)
-	if err := f.Validate(); err != nil {
-		return Fixture{}, fmt.Errorf("nvidia-smi topo -m: %w", err)
-	}
-	return f, nil
+	return notes, nil
 }
 
 // importKind resolves the GPU product from --gpu and `nvidia-smi -L`.
