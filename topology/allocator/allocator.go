@@ -352,6 +352,18 @@ type tables struct {
 	quads  []uint16
 }
 
+// left is the tables' value of fragmentation key k (isLeftKey) for the
+// set of GPUs set.
+func (t *tables) left(k keyKind, set topology.Bitset) int64 {
+	switch k {
+	case keyLeftIsland:
+		return int64(t.island[set])
+	case keyLeftQuads:
+		return int64(t.quads[set])
+	}
+	return int64(t.pairs[set])
+}
+
 // buildTables fills the tables in O(2^n): removing S's lowest GPU v gives
 // S', and every clique of S either avoids v (a clique of S') or is v plus a
 // clique of S' ∩ N(v). Both subsets are numerically smaller than S, so one

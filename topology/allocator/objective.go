@@ -26,6 +26,12 @@ const (
 	numKeyKinds
 )
 
+// isLeftKey reports whether k is a fragmentation key: what a set leaves
+// among the free GPUs, which the tables hold.
+func isLeftKey(k keyKind) bool {
+	return k == keyLeftIsland || k == keyLeftQuads || k == keyLeftPairs
+}
+
 var keyNames = [numKeyKinds]string{"minPair", "ring", "sum", "-domains", "-utilization", "leftIsland", "leftQuads", "leftPairs", "-cut"}
 
 // MaxScoreKeys is the length of Score.Keys.
@@ -106,7 +112,7 @@ func (s Score) String() string {
 //
 // On a graph of more than WindowGPUs GPUs it scores through the window of
 // set and the free GPUs when they fit one, and otherwise from the large
-// graph's metrics (wide.go).
+// graph's metrics (Graph.Metrics).
 func Objective(g *topology.Graph, set, free topology.Mask, req topology.Request) Score {
 	set = set.Intersect(g.All())
 	free = free.Intersect(g.Healthy())
@@ -119,39 +125,30 @@ func Objective(g *topology.Graph, set, free topology.Mask, req topology.Request)
 		s.Set = set
 		return s
 	}
+	// Every key but utilization and cut is one of the metrics.
+	m := g.Metrics(set, free)
+	vals := [numKeyKinds]int64{
+		keyMinPair:    int64(m.MinPairGBps),
+		keyRing:       int64(m.RingGBps),
+		keySum:        int64(m.SumGBps),
+		keyNegDomains: -int64(m.DomainsCrossed),
+		keyLeftIsland: int64(m.LeftLargestIsland),
+		keyLeftQuads:  int64(m.LeftNVLinkQuads),
+		keyLeftPairs:  int64(m.LeftNVLinkPairs),
+	}
+	left := free.Minus(set)
+	for _, a := range set.Indices() {
+		if a < len(req.Utilization) {
+			vals[keyNegUtil] -= int64(req.Utilization[a])
+		}
+		for _, b := range left.Indices() {
+			vals[keyNegCut] -= int64(g.BW(a, b))
+		}
+	}
 	strategy := req.Requirement.EffectiveStrategy()
 	s := Score{Strategy: strategy, Set: set}
-	m := g.Metrics(set, free)
-	left := free.Minus(set)
 	for i, k := range objectives[strategy] {
-		switch k {
-		case keyMinPair:
-			s.Keys[i] = int64(m.MinPairGBps)
-		case keyRing:
-			s.Keys[i] = int64(m.RingGBps)
-		case keySum:
-			s.Keys[i] = int64(m.SumGBps)
-		case keyNegDomains:
-			s.Keys[i] = -int64(m.DomainsCrossed)
-		case keyNegUtil:
-			for _, a := range set.Indices() {
-				if a < len(req.Utilization) {
-					s.Keys[i] -= int64(req.Utilization[a])
-				}
-			}
-		case keyLeftIsland:
-			s.Keys[i] = int64(m.LeftLargestIsland)
-		case keyLeftQuads:
-			s.Keys[i] = int64(m.LeftNVLinkQuads)
-		case keyLeftPairs:
-			s.Keys[i] = int64(m.LeftNVLinkPairs)
-		case keyNegCut:
-			for _, a := range set.Indices() {
-				for _, b := range left.Indices() {
-					s.Keys[i] -= int64(g.BW(a, b))
-				}
-			}
-		}
+		s.Keys[i] = vals[k]
 	}
 	return s
 }

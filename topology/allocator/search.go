@@ -180,15 +180,8 @@ func (s *search) fill(c *cand, k keyKind) int64 {
 // the work ran out first.
 func (s *search) compute(k keyKind, set topology.Bitset) (int64, bool) {
 	left := s.free &^ set
-	if s.tabs != nil {
-		switch k {
-		case keyLeftIsland:
-			return int64(s.tabs.island[left]), true
-		case keyLeftQuads:
-			return int64(s.tabs.quads[left]), true
-		case keyLeftPairs:
-			return int64(s.tabs.pairs[left]), true
-		}
+	if s.tabs != nil && isLeftKey(k) {
+		return s.tabs.left(k, left), true
 	}
 	g := s.g
 	c := int64(set.Count())
@@ -490,34 +483,9 @@ func (s *search) finish(budget int64) topology.Result {
 	s.w.Charge(int64(16 * k * k))
 	s.tally = topology.Work{Limit: int64(maxInt)}
 	left := s.free &^ set
-	have := func(key keyKind) bool { return s.best.have&(1<<key) != 0 }
-	var island, quads, pairs int
-	switch {
-	case have(keyLeftIsland):
-		island = int(s.best.vals[keyLeftIsland])
-	case s.tabs != nil:
-		island = int(s.tabs.island[left])
-	default:
-		m, _ := topology.LargestClique(g.NVAdjacency(), left, 0, 0, &s.tally)
-		island = m.Count()
-	}
-	switch {
-	case have(keyLeftQuads):
-		quads = int(s.best.vals[keyLeftQuads])
-	case s.tabs != nil:
-		quads = int(s.tabs.quads[left])
-	default:
-		quads, _ = topology.CountCliques(g.NVAdjacency(), left, 4, &s.tally)
-	}
-	switch {
-	case have(keyLeftPairs):
-		pairs = int(s.best.vals[keyLeftPairs])
-	case s.tabs != nil:
-		pairs = int(s.tabs.pairs[left])
-	default:
-		s.tally.Charge(int64(left.Count()))
-		pairs = topology.CountPairs(g.NVAdjacency(), left)
-	}
+	island := s.leftKey(keyLeftIsland, left)
+	quads := s.leftKey(keyLeftQuads, left)
+	pairs := s.leftKey(keyLeftPairs, left)
 	s.w.Charge(s.tally.Used)
 	res := topology.Result{GPUs: order, Metrics: topology.SetMetrics{
 		MinPairGBps:       minPair,
@@ -531,6 +499,30 @@ func (s *search) finish(budget int64) topology.Result {
 	}}
 	res.Heuristic = s.heuristic || !exact
 	return res
+}
+
+// leftKey is the best set's fragmentation key k (leftIsland, leftQuads or
+// leftPairs) over left, the free GPUs it leaves: the search's value when
+// it computed one, else the tables', else counted here and charged to
+// s.tally.
+func (s *search) leftKey(k keyKind, left topology.Bitset) int {
+	if s.best.have&(1<<k) != 0 {
+		return int(s.best.vals[k])
+	}
+	if s.tabs != nil {
+		return int(s.tabs.left(k, left))
+	}
+	adj := s.g.NVAdjacency()
+	switch k {
+	case keyLeftIsland:
+		m, _ := topology.LargestClique(adj, left, 0, 0, &s.tally)
+		return m.Count()
+	case keyLeftQuads:
+		q, _ := topology.CountCliques(adj, left, 4, &s.tally)
+		return q
+	}
+	s.tally.Charge(int64(left.Count()))
+	return topology.CountPairs(adj, left)
 }
 
 // completeRingOrder is the ring order hamiltonCycle returns when every
