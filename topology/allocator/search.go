@@ -525,7 +525,7 @@ func (s *search) leftKey(k keyKind, left topology.Bitset) int {
 	return topology.CountPairs(adj, left)
 }
 
-// completeRingOrder is the ring order hamiltonCycle returns when every
+// completeRingOrder is the ring order HamiltonCycle returns when every
 // link qualifies (each path through a subset can then end at any GPU but
 // the first, and its walk back always steps to the lowest remaining one):
 // idx[0], idx[k-2], idx[k-3], ..., idx[1], idx[k-1]. It saves a table of

@@ -16,7 +16,7 @@ import (
 )
 
 // updateGolden regenerates testdata/smi/*.yaml from the importer:
-// GPUTOPO_UPDATE_GOLDEN=1 go test ./topology -run TestImportSMIRealOutputs
+// GPUTOPO_UPDATE_GOLDEN=1 go test ./topology/machine -run TestImportSMIRealOutputs
 var updateGolden = os.Getenv("GPUTOPO_UPDATE_GOLDEN") == "1"
 
 // realOutput is one real `nvidia-smi topo -m` output in testdata/smi (the
