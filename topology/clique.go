@@ -84,31 +84,32 @@ func MaxClique(adj []Bitset, set Bitset, budget *int) int {
 	return m.Count()
 }
 
-// CountCliques counts the cliques of size vertices (2 or more) of adj
+// CountCliques counts the cliques of size vertices (2, 3 or 4) of adj
 // inside set, charging w two units per step (pairs are not charged); done
-// is false when w ran out first, and the count is then of the cliques
-// found so far.
+// is false when w ran out first, and the count is then of the cliques found
+// so far. Each clique is counted from its lowest vertex a, as the pairs (a
+// triangle) or the triangles (a 4-clique) among a's neighbours above a.
 func CountCliques(adj []Bitset, set Bitset, size int, w *Work) (count int, done bool) {
-	return countCliques(adj, set, size, 2, w)
-}
-
-// countCliques counts each clique from its lowest vertex a, as a clique of
-// one vertex fewer among a's neighbours above a, charging step plus two
-// units per neighbour for each a.
-func countCliques(adj []Bitset, set Bitset, size int, step int64, w *Work) (count int, done bool) {
 	if size <= 2 {
 		return CountPairs(adj, set), true
 	}
 	for r := set; r != 0; r &= r - 1 {
 		a := bits.TrailingZeros64(uint64(r))
 		na := adj[a] & set &^ (Bitset(2)<<a - 1)
-		if !w.Spend(step + int64(2*na.Count())) {
+		if w != nil && !w.Spend(int64(2+2*na.Count())) {
 			return count, false
 		}
-		c, ok := countCliques(adj, na, size-1, 0, w)
-		count += c
-		if !ok {
-			return count, false
+		if size == 3 {
+			count += CountPairs(adj, na)
+			continue
+		}
+		for s := na; s != 0; s &= s - 1 {
+			b := bits.TrailingZeros64(uint64(s))
+			nab := na & adj[b] &^ (Bitset(2)<<b - 1)
+			if w != nil && !w.Spend(int64(2*nab.Count())) {
+				return count, false
+			}
+			count += CountPairs(adj, nab)
 		}
 	}
 	return count, true
