@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	topomachine "github.com/gputopo/gputopo/topology/machine"
+
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -367,7 +369,7 @@ func startWebhook(ctx context.Context, cp *localcluster.ControlPlane, stops *[]f
 func startNodes(ctx context.Context, c client.Client, specs []NodeSpec, stops *[]func()) ([]NodeView, error) {
 	views := make([]NodeView, 0, len(specs))
 	for _, s := range specs {
-		f, err := topology.LoadMachine(s.Fixture)
+		f, err := topomachine.Load(s.Fixture)
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", s.Name, err)
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gputopo/gputopo/placement/ledger"
 	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // merits is each node's merit for the pod on the 0..10 scale (0 where it
@@ -269,7 +270,7 @@ func profile(name string) *configv1alpha1.ExtenderConfiguration {
 func conservationScore(t *testing.T, least, most, on string) int64 {
 	t.Helper()
 	capOf := func(name string) float64 {
-		f, err := topology.FixtureByName(name)
+		f, err := machine.FixtureByName(name)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gputopo/gputopo/topology/machine"
+
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -30,7 +32,6 @@ import (
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/nodeagent/nvmlsim"
-	"github.com/gputopo/gputopo/topology"
 )
 
 // Options configure the node agent: its configuration, each field bound to
@@ -95,7 +96,7 @@ func (o *Options) Validate() error {
 		}
 	}
 	if o.Simulate != "" {
-		if _, err := topology.LoadMachine(o.Simulate); err != nil {
+		if _, err := machine.Load(o.Simulate); err != nil {
 			errs = append(errs, field.Invalid(field.NewPath("simulate"), o.Simulate, err.Error()))
 		}
 	}
@@ -205,7 +206,7 @@ func (o *Options) source(lib nvml.Interface, logger klog.Logger, metrics *Metric
 	switch {
 	case lib != nil:
 	case o.Simulate != "":
-		f, _ := topology.LoadMachine(o.Simulate) // checked by Validate
+		f, _ := machine.Load(o.Simulate) // checked by Validate
 		lib = nvmlsim.New(f, o.NodeName).NVML()
 	default:
 		lib, sysfs = nvml.New(), true

@@ -21,6 +21,7 @@ import (
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/allocator"
 )
 
 // Plan is the extender's assignment for one pod bound to this node that
@@ -107,7 +108,7 @@ type DevicePlugin struct {
 	pods    PodSource
 	metrics *Metrics
 	logger  klog.Logger
-	alloc   *topology.Allocator
+	alloc   *allocator.Allocator
 	// allocs records which pod each Allocate was for (PodResources does
 	// not report one-shot init containers' devices) and how far kubelet
 	// got through each pod's GPU containers.
@@ -144,7 +145,7 @@ func NewDevicePlugin(opts DevicePluginOptions, pods PodSource, metrics *Metrics,
 	opts.defaults()
 	devList, devListErr := opts.deviceList()
 	return &DevicePlugin{opts: opts, devList: devList, devListErr: devListErr, pods: pods, metrics: metrics, logger: logger,
-		alloc: topology.NewAllocator(64), changed: make(chan struct{}), allocs: newAllocationLog(logger)}
+		alloc: allocator.New(64), changed: make(chan struct{}), allocs: newAllocationLog(logger)}
 }
 
 // SocketPath is where the plugin serves, inside the plugin directory.

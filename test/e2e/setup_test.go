@@ -46,7 +46,7 @@ import (
 	"github.com/gputopo/gputopo/nodeagent/nvmlsim"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/test/kubelet"
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 	"github.com/gputopo/gputopo/webhook"
 )
 
@@ -239,7 +239,7 @@ func setupEnv(t *testing.T, resource corev1.ResourceName, plugin, containerd boo
 		kopts.Containerd = &kubelet.ContainerdOptions{SandboxImage: pause, Aliases: map[string]string{trainImage: ref}}
 	}
 	e.k = kubelet.Start(t, e.cp, kopts)
-	f, err := topology.FixtureByName(fixtureName)
+	f, err := machine.FixtureByName(fixtureName)
 	if err != nil {
 		t.Fatal(err)
 	}

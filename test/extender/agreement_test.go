@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gputopo/gputopo/topology/machine"
+
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -58,7 +60,7 @@ func TestRealSchedulerAgreesWithSimulator(t *testing.T) {
 	e := newEnv(t, 0)
 	for _, n := range nodes {
 		createNode(t, e.cp, n.Name)
-		f, err := topology.FixtureByName(n.Fixture)
+		f, err := machine.FixtureByName(n.Fixture)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -23,7 +23,7 @@ import (
 	"github.com/gputopo/gputopo/nodeagent/nvmlsim"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/test/kubelet"
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // setupWithStrategies starts a control plane, a real kubelet and the node
@@ -45,7 +45,7 @@ func setupWithStrategies(t *testing.T, strategies []string) *env {
 			t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
 		}
 	}
-	f, err := topology.FixtureByName("dgx-a100")
+	f, err := machine.FixtureByName("dgx-a100")
 	if err != nil {
 		t.Fatal(err)
 	}

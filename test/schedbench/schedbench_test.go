@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gputopo/gputopo/topology/machine"
+
 	"github.com/gputopo/gputopo/placement/ledger"
 
 	corev1 "k8s.io/api/core/v1"
@@ -38,7 +40,6 @@ import (
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/test/harness"
-	"github.com/gputopo/gputopo/topology"
 )
 
 // Environment knobs (defaults keep one run under about five minutes on a
@@ -378,7 +379,7 @@ func createNode(ctx context.Context, cp *harness.ControlPlane, i int) error {
 	if _, err := cs.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("clear taints of node %s: %w", name, err)
 	}
-	f, err := topology.FixtureByName(fx)
+	f, err := machine.FixtureByName(fx)
 	if err != nil {
 		return err
 	}
