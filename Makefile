@@ -113,7 +113,7 @@ test-security: tools gputopo-scheduler image ## The security suite alone (real c
 bench: ## Benchmarks (allocator, extender, webhook), the simulator on the bundled traces and the placement suite; regenerates docs/benchmarks.md
 	@mkdir -p _out
 	{ echo "cores: $$(nproc)"; grep MemTotal /proc/meminfo; $(GO) version; echo "run: $$(date -u +%FT%TZ)"; } > _out/machine.txt
-	$(GO) test -run '^$$' -bench . -benchmem ./topology/ ./extender/ ./webhook/ | tee _out/bench.txt
+	$(GO) test -run '^$$' -bench . -benchmem ./topology/allocator/ ./extender/ ./webhook/ | tee _out/bench.txt
 	$(GO) run ./cmd/gputopo simulate --trace bundled:mixed --out _out/sim-mixed
 	$(GO) run ./cmd/gputopo simulate --trace bundled:fragment --out _out/sim-fragment
 	$(GO) run ./cmd/gputopo simulate --suite --out _out/sim-suite

@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // `gputopo demo --machines` on machines imported from real
@@ -76,7 +76,7 @@ func checkPublishedMachines(ctx context.Context, kubeconfig string, cluster []No
 		return err
 	}
 	for _, s := range cluster {
-		f, err := topology.LoadMachine(s.Fixture)
+		f, err := machine.Load(s.Fixture)
 		if err != nil {
 			return err
 		}

@@ -9,10 +9,12 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/allocator"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
-var importedV100 = filepath.Join("..", "topology", "testdata", "smi", "dgx1-v100.yaml")
-var importedA30 = filepath.Join("..", "topology", "testdata", "smi", "a30-nvlink-pairs.yaml")
+var importedV100 = filepath.Join("..", "topology", "machine", "testdata", "smi", "dgx1-v100.yaml")
+var importedA30 = filepath.Join("..", "topology", "machine", "testdata", "smi", "a30-nvlink-pairs.yaml")
 
 func TestParseMachinesNamesNodesAfterTheirMachine(t *testing.T) {
 	got, err := ParseMachines(importedA30 + "=2,dgx-a100=1")
@@ -64,7 +66,7 @@ func TestWorkloadsForFitTheCluster(t *testing.T) {
 			capacity := map[string]int{}
 			graphs := map[string]*topology.Graph{}
 			for _, s := range cluster {
-				f, err := topology.LoadMachine(s.Fixture)
+				f, err := machine.Load(s.Fixture)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -81,7 +83,7 @@ func TestWorkloadsForFitTheCluster(t *testing.T) {
 				used[w.Machine] += w.Pods * w.GPUs
 				if w.Intent == v1alpha1.ParallelismModel && w.GPUs > 1 {
 					req := topology.Request{Count: w.GPUs, Requirement: v1alpha1.Requirement{RequireNVLink: true}}
-					if _, err := topology.NewAllocator(0).Allocate(g, g.All(), req); err != nil {
+					if _, err := allocator.New(0).Allocate(g, g.All(), req); err != nil {
 						t.Errorf("%s: %d all-NVLink GPUs do not exist on %s: %v", w.Name, w.GPUs, w.Machine, err)
 					}
 				}

@@ -10,12 +10,12 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 func fixtureNode(t *testing.T, fixture, name string) NodeView {
 	t.Helper()
-	f, err := topology.FixtureByName(fixture)
+	f, err := machine.FixtureByName(fixture)
 	if err != nil {
 		t.Fatal(err)
 	}

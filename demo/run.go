@@ -13,6 +13,10 @@ import (
 	"strings"
 	"time"
 
+	topomachine "github.com/gputopo/gputopo/topology/machine"
+
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
+
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -335,7 +339,7 @@ func printPluginCommands(w io.Writer, kubeconfig string, ex PodView, kept bool) 
 
 func startWebhook(ctx context.Context, cp *localcluster.ControlPlane, stops *[]func()) error {
 	wio := cp.Env.WebhookInstallOptions
-	mgr, err := webhook.NewManager(webhook.DefaultConfig(), cp.Config, webhook.Options{
+	mgr, err := webhook.NewManager(configv1alpha1.DefaultWebhookConfiguration(), cp.Config, webhook.Options{
 		Host: wio.LocalServingHost, Port: wio.LocalServingPort, CertDir: wio.LocalServingCertDir,
 		CertName: "tls.crt", KeyName: "tls.key", MetricsBindAddress: "0", HealthProbeBindAddress: "0",
 	})
@@ -365,7 +369,7 @@ func startWebhook(ctx context.Context, cp *localcluster.ControlPlane, stops *[]f
 func startNodes(ctx context.Context, c client.Client, specs []NodeSpec, stops *[]func()) ([]NodeView, error) {
 	views := make([]NodeView, 0, len(specs))
 	for _, s := range specs {
-		f, err := topology.LoadMachine(s.Fixture)
+		f, err := topomachine.Load(s.Fixture)
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", s.Name, err)
 		}

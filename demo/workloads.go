@@ -6,16 +6,20 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/gputopo/gputopo/topology/allocator"
+	topomachine "github.com/gputopo/gputopo/topology/machine"
+
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
+
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology"
-	"github.com/gputopo/gputopo/webhook"
 )
 
 // NodeSpec is one simulated node of the demo cluster.
 type NodeSpec struct {
 	Name string
 	// Fixture is the node's machine: a built-in fixture name or the path
-	// of a machine file (topology.LoadMachine).
+	// of a machine file (machine.Load).
 	Fixture string
 }
 
@@ -65,7 +69,7 @@ func ParseMachines(spec string) ([]NodeSpec, error) {
 		if err != nil || n < 1 || n > 50 {
 			return nil, fmt.Errorf("--machines: entry %q: count must be an integer 1..50 (every node runs its own agent)", part)
 		}
-		f, err := topology.LoadMachine(machine)
+		f, err := topomachine.Load(machine)
 		if err != nil {
 			return nil, fmt.Errorf("--machines: entry %q: %w", part, err)
 		}
@@ -104,7 +108,7 @@ func WorkloadsFor(cluster []NodeSpec) ([]Workload, error) {
 	var machines []string
 	largest := 0
 	for _, s := range cluster {
-		f, err := topology.LoadMachine(s.Fixture)
+		f, err := topomachine.Load(s.Fixture)
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", s.Name, err)
 		}
@@ -115,8 +119,8 @@ func WorkloadsFor(cluster []NodeSpec) ([]Workload, error) {
 		}
 		largest = max(largest, f.GPUs)
 	}
-	policy := webhook.DefaultConfig().PolicyTable
-	alloc := topology.NewAllocator(0)
+	policy := configv1alpha1.DefaultWebhookConfiguration().PolicyTable
+	alloc := allocator.New(0)
 	// fit places up to pods pods of gpus GPUs on nodes of machine, first
 	// fit, and returns how many fit and the GPUs they took per node.
 	fit := func(machine string, intent v1alpha1.Parallelism, pods, gpus int) (int, map[*planNode]topology.Mask) {

@@ -8,7 +8,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"k8s.io/client-go/tools/record"
 
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // drainEvents returns the Events recorded so far.
@@ -48,7 +48,7 @@ func TestDoubleHeldGPUReportedOnBothPods(t *testing.T) {
 	x.ledger.UpsertPod(makePod("p1").gpus(2).node("a").assigned(uuidsOn("a", 0, 1)...).obj())
 	x.ledger.UpsertPod(drifted("p2", []int{2, 3}, []int{1, 2}))
 
-	gpu := topology.FixtureUUID("a", 1)
+	gpu := machine.FixtureUUID("a", 1)
 	events := drainEvents(rec)
 	if len(events) != 2 {
 		t.Fatalf("events %q, want one on each pod", events)

@@ -58,7 +58,7 @@ func New(restCfg *rest.Config, o Options) (*Extender, error) {
 	cfg := o.Config
 	if cfg == nil {
 		var err error
-		if cfg, err = configv1alpha1.LoadExtenderConfiguration(o.ConfigFile); err != nil {
+		if cfg, err = configv1alpha1.LoadExtender(o.ConfigFile); err != nil {
 			return nil, err
 		}
 	}
@@ -96,7 +96,7 @@ func build(cfg *configv1alpha1.ExtenderConfiguration, o Options, newCore func(pl
 	x.core, x.ledger = core, core.Ledger()
 	x.metrics = metrics.New(x.ledger)
 	x.metrics.Leader = core.Leading
-	x.metrics.TopologyClock = func() (time.Time, time.Duration) { return core.Now(), cfg.EffectiveTopologyMaxAge() }
+	x.metrics.TopologyClock = func() (time.Time, time.Duration) { return core.Now(), cfg.TopologyAgeLimit() }
 	return x, nil
 }
 

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gputopo/gputopo/topology/machine"
+
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -13,7 +15,6 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/placement"
-	"github.com/gputopo/gputopo/topology"
 )
 
 const modelParallel = `{"requireNVLink":true,"strategy":"highest_bandwidth"}`
@@ -22,7 +23,7 @@ const modelParallel = `{"requireNVLink":true,"strategy":"highest_bandwidth"}`
 func holdOn(x *Extender, name, node string, idx ...int) {
 	uuids := make([]string, len(idx))
 	for i, j := range idx {
-		uuids[i] = topology.FixtureUUID(node, j)
+		uuids[i] = machine.FixtureUUID(node, j)
 	}
 	x.ledger.UpsertPod(makePod(name).gpus(int64(len(idx))).node(node).assigned(uuids...).obj())
 }
@@ -177,12 +178,12 @@ func TestFilter(t *testing.T) {
 		setup: func(t *testing.T, x *Extender) {
 			x.ledger.TopologiesListed()
 			o := topo(t, "dgx1-v100", "c")
-			o.Status.GPUs[0].UUID = topology.FixtureUUID("a", 6)
+			o.Status.GPUs[0].UUID = machine.FixtureUUID("a", 6)
 			x.ledger.UpsertTopology(o)
 		},
 		pod:   makePod("p").gpus(1).obj(),
 		nodes: []string{"a", "c"},
-		want: want{passed: []string{"a"}, failed: map[string]string{"c": "lists GPU " + topology.FixtureUUID("a", 6) +
+		want: want{passed: []string{"a"}, failed: map[string]string{"c": "lists GPU " + machine.FixtureUUID("a", 6) +
 			", which node a's NodeGPUTopology listed first; the topology is not trusted while both list it"}},
 	}}
 	for _, tc := range tests {

@@ -16,6 +16,7 @@ import (
 	"github.com/gputopo/gputopo/placement"
 	"github.com/gputopo/gputopo/placement/ledger"
 	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // slowFilterEnv, when set to a duration (e.g. 50ms), makes FuzzStatus
@@ -38,7 +39,7 @@ func FuzzStatus(f *testing.F) {
 		}
 		f.Add(data, offsetSec, k, variant)
 	}
-	for _, fx := range topology.Fixtures() {
+	for _, fx := range machine.Fixtures() {
 		if fx.GPUs > 4 { // larger seeds (5 KB of JSON) stall the fuzzing engine
 			continue
 		}
@@ -93,7 +94,7 @@ func FuzzStatus(f *testing.F) {
 		timed("UpsertTopology", func() { x.ledger.UpsertTopology(obj) })
 
 		_, graphErr := topology.FromStatus(&st)
-		ahead, maxAge := st.ObservedTime.Time.Sub(testNow), x.cfg.EffectiveTopologyMaxAge()
+		ahead, maxAge := st.ObservedTime.Time.Sub(testNow), x.cfg.TopologyAgeLimit()
 		trusted := graphErr == nil && !st.Stale && !st.ObservedTime.IsZero() &&
 			(maxAge <= 0 || ahead <= ledger.ClockSkew && -ahead <= maxAge)
 

@@ -19,6 +19,7 @@ import (
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/internal/fakeapi"
 	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // podBuilder builds GPU pods for tests.
@@ -72,7 +73,7 @@ func (b *podBuilder) obj() *corev1.Pod { return b.p.DeepCopy() }
 // topo returns a fresh NodeGPUTopology for a fixture machine.
 func topo(t testing.TB, fixture, node string) *v1alpha1.NodeGPUTopology {
 	t.Helper()
-	f, err := topology.FixtureByName(fixture)
+	f, err := machine.FixtureByName(fixture)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +138,7 @@ func newTestExtender(t testing.TB, cfg *configv1alpha1.ExtenderConfiguration, ob
 // indicesOf maps UUIDs back to GPU indices on a fixture node.
 func indicesOf(t testing.TB, fixture, node string, uuids []string) topology.Mask {
 	t.Helper()
-	f, _ := topology.FixtureByName(fixture)
+	f, _ := machine.FixtureByName(fixture)
 	g := f.Graph(node)
 	var m topology.Mask
 	for _, u := range uuids {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // nvswitchTopo is a NodeGPUTopology of n GPUs joined by NVSwitch at gbps
@@ -23,7 +24,7 @@ import (
 func nvswitchTopo(node string, n, gbps int) *v1alpha1.NodeGPUTopology {
 	st := v1alpha1.NodeGPUTopologyStatus{ObservedTime: metav1.NewTime(testNow)}
 	for i := 0; i < n; i++ {
-		st.GPUs = append(st.GPUs, v1alpha1.GPU{Index: i, UUID: topology.FixtureUUID(node, i), Model: "NVIDIA H100 80GB HBM3",
+		st.GPUs = append(st.GPUs, v1alpha1.GPU{Index: i, UUID: machine.FixtureUUID(node, i), Model: "NVIDIA H100 80GB HBM3",
 			MemoryMiB: 81559, NUMANode: i * 2 / n, PCIBusID: fmt.Sprintf("00000000:%02X:00.0", 0x07+i*0x10), Health: v1alpha1.GPUHealthy})
 		for j := i + 1; j < n; j++ {
 			level := v1alpha1.PCIeSameNUMA
@@ -152,7 +153,7 @@ func TestHostileTopologyThroughFilter(t *testing.T) {
 			o := topo(t, "pcie-8x-nvlink-pairs", "n")
 			for _, p := range [][2]int{{0, 1}, {2, 3}, {4, 5}} {
 				l := linkOf(t, o, p[0], p[1])
-				l.NVLinks, l.BandwidthGBps = 0, topology.PCIeBandwidthGBps(4, l.PCIe)
+				l.NVLinks, l.BandwidthGBps = 0, machine.PCIeBandwidthGBps(4, l.PCIe)
 			}
 			o.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionTopologyConsistent, Status: metav1.ConditionFalse,
 				Reason: v1alpha1.ReasonAsymmetricLink, Message: "GPU 0 reports 12 NVLinks to GPU 1, GPU 1 reports 0 to GPU 0; publishing 0"}}
@@ -169,7 +170,7 @@ func TestHostileTopologyThroughFilter(t *testing.T) {
 		topo: func(t *testing.T) *v1alpha1.NodeGPUTopology {
 			o := topo(t, "pcie-8x-nvlink-pairs", "n")
 			l := linkOf(t, o, 0, 1)
-			l.NVLinks, l.BandwidthGBps = 0, topology.PCIeBandwidthGBps(4, l.PCIe)
+			l.NVLinks, l.BandwidthGBps = 0, machine.PCIeBandwidthGBps(4, l.PCIe)
 			o.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionTopologyConsistent, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonAsymmetricLink, Message: "x"}}
 			return o
 		},

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gputopo/gputopo/topology/machine"
+
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -21,7 +23,7 @@ import (
 func uuidsOn(node string, idx ...int) []string {
 	out := make([]string, len(idx))
 	for i, j := range idx {
-		out[i] = topology.FixtureUUID(node, j)
+		out[i] = machine.FixtureUUID(node, j)
 	}
 	return out
 }
@@ -228,7 +230,7 @@ func drifted(name string, plan, got []int) *corev1.Pod {
 func TestLedgerDoubleHeldGPUs(t *testing.T) {
 	p1 := types.NamespacedName{Namespace: "default", Name: "p1"}
 	p2 := types.NamespacedName{Namespace: "default", Name: "p2"}
-	gpu1 := topology.FixtureUUID("a", 1)
+	gpu1 := machine.FixtureUUID("a", 1)
 	l := ledger.New("")
 	var added, cleared []ledger.DoubleHold
 	l.OnDoubleHeld(func(a, c []ledger.DoubleHold) { added, cleared = append(added, a...), append(cleared, c...) })
@@ -295,7 +297,7 @@ func TestLedgerDoubleHeldWithAReservationCountsAsHeld(t *testing.T) {
 		t.Fatal(res.Err)
 	}
 	uuids := res.UUIDs
-	idx, _ := topology.FixtureByName("dgx1-v100")
+	idx, _ := machine.FixtureByName("dgx1-v100")
 	i, _ := idx.Graph("a").IndexOf(uuids[0])
 	// A pod bound elsewhere is recorded by the node agent on the reserved GPU.
 	l.UpsertPod(drifted("b", []int{(i + 1) % 8}, []int{i}))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gputopo/gputopo/placement/ledger"
 	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // merits is each node's merit for the pod on the 0..10 scale (0 where it
@@ -54,8 +55,12 @@ func onlyWeight(u, a, h, f int32) *configv1alpha1.ExtenderConfiguration {
 
 // only is a configuration with the given weights and every other weight 0.
 func only(w configv1alpha1.Weights) *configv1alpha1.ExtenderConfiguration {
+	for _, p := range []**int32{&w.UtilizationBalance, &w.TaskAffinity, &w.ThermalPowerHeadroom, &w.Fragmentation, &w.BandwidthFit, &w.CapabilityConservation, &w.IslandBestFit} {
+		if *p == nil {
+			*p = ptr[int32](0)
+		}
+	}
 	c := &configv1alpha1.ExtenderConfiguration{Weights: w}
-	c.Weights.ZeroUnset()
 	configv1alpha1.SetExtenderDefaults(c)
 	return c
 }
@@ -146,8 +151,8 @@ func TestPrioritizeTerms(t *testing.T) {
 		// conservation 1 (nothing left, the only node); no job, so no
 		// affinity; no bandwidth asked, so no bandwidth fit.
 		want: map[string]int64{"idle": func() int64 {
-			w := profileWeights(configv1alpha1.WeightsPlacement)
-			u, h, f, c, i := float64(w[0]), float64(w[2]), float64(w[3]), float64(w[5]), float64(w[6])
+			w, _ := configv1alpha1.WeightProfile(configv1alpha1.WeightsPlacement)
+			u, h, f, c, i := float64(*w.UtilizationBalance), float64(*w.ThermalPowerHeadroom), float64(*w.Fragmentation), float64(*w.CapabilityConservation), float64(*w.IslandBestFit)
 			return int64(math.Round(10 * (h + f + c + i) / (u + h + f + c + i)))
 		}()},
 	}, {
@@ -265,7 +270,7 @@ func profile(name string) *configv1alpha1.ExtenderConfiguration {
 func conservationScore(t *testing.T, least, most, on string) int64 {
 	t.Helper()
 	capOf := func(name string) float64 {
-		f, err := topology.FixtureByName(name)
+		f, err := machine.FixtureByName(name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -277,9 +282,4 @@ func conservationScore(t *testing.T, least, most, on string) int64 {
 		t.Fatalf("%s scores %.2f between %s and %s; the test needs a machine strictly between", on, s, least, most)
 	}
 	return int64(math.Round(10 * s))
-}
-
-func profileWeights(name string) [7]int32 {
-	w, _ := configv1alpha1.ProfileWeights(name)
-	return w
 }

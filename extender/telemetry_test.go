@@ -28,13 +28,13 @@ func TestPrometheusTelemetryConfig(t *testing.T) {
 		"typo":                   {"telemetry: {source: prometheus, prometheus: {url: 'http://p:9090', intervall: 5s}}", `unknown field "telemetry.prometheus.intervall"`},
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := configv1alpha1.ParseExtenderConfiguration([]byte(head + tc.doc))
+			_, err := configv1alpha1.ParseExtender([]byte(head + tc.doc))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want it to contain %q", err, tc.want)
 			}
 		})
 	}
-	c, err := configv1alpha1.ParseExtenderConfiguration([]byte(head + "telemetry: {source: prometheus, prometheus: {url: 'http://prometheus.monitoring:9090'}}"))
+	c, err := configv1alpha1.ParseExtender([]byte(head + "telemetry: {source: prometheus, prometheus: {url: 'http://prometheus.monitoring:9090'}}"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	topomachine "github.com/gputopo/gputopo/topology/machine"
+
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 
 	"github.com/google/go-cmp/cmp"
@@ -19,7 +21,6 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/placement"
-	"github.com/gputopo/gputopo/topology"
 )
 
 // now is the tests' clock: the views measure ages from it, so the golden
@@ -30,7 +31,7 @@ var now = time.Now().Truncate(time.Second)
 
 func topo(t *testing.T, fixture, node string, observed time.Time) v1alpha1.NodeGPUTopology {
 	t.Helper()
-	f, err := topology.FixtureByName(fixture)
+	f, err := topomachine.FixtureByName(fixture)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +58,7 @@ func pod(name, nodeName string, gpus int64, ann map[string]string) corev1.Pod {
 func uuids(node string, idx ...int) string {
 	out := make([]string, len(idx))
 	for i, g := range idx {
-		out[i] = topology.FixtureUUID(node, g)
+		out[i] = topomachine.FixtureUUID(node, g)
 	}
 	return strings.Join(out, ",")
 }

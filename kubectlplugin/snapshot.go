@@ -95,7 +95,7 @@ func loadConfig(ctx context.Context, c client.Reader, from ConfigFrom) (*configv
 		if err != nil {
 			return nil, "", fmt.Errorf("read extender configuration: %w", err)
 		}
-		cfg, err := configv1alpha1.ParseExtenderConfiguration(b)
+		cfg, err := configv1alpha1.ParseExtender(b)
 		if err != nil {
 			return nil, "", fmt.Errorf("extender configuration %s: %w", from.File, err)
 		}
@@ -120,7 +120,7 @@ func loadConfig(ctx context.Context, c client.Reader, from ConfigFrom) (*configv
 	if !ok {
 		return configv1alpha1.DefaultExtenderConfiguration(), "defaults (ConfigMap " + from.ConfigMap + " has no config.yaml)", nil
 	}
-	cfg, err := configv1alpha1.ParseExtenderConfiguration([]byte(data))
+	cfg, err := configv1alpha1.ParseExtender([]byte(data))
 	if err != nil {
 		return nil, "", fmt.Errorf("ConfigMap %s config.yaml: %w", from.ConfigMap, err)
 	}

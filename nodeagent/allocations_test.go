@@ -25,7 +25,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // kubeletModel follows kubelet's device manager for one resource
@@ -351,7 +351,7 @@ func drainEvents(r *record.FakeRecorder) []string {
 func TestReconcilerWholePodAccounting(t *testing.T) {
 	gpus := make([]string, 8)
 	for i := range gpus {
-		gpus[i] = topology.FixtureUUID(testNode, i)
+		gpus[i] = machine.FixtureUUID(testNode, i)
 	}
 	type podCase struct {
 		name string
@@ -507,7 +507,7 @@ func gpuNames(list string) []string {
 func TestAllocationLogFollowsEndedPods(t *testing.T) {
 	gpus := make([]string, 8)
 	for i := range gpus {
-		gpus[i] = topology.FixtureUUID(testNode, i)
+		gpus[i] = machine.FixtureUUID(testNode, i)
 	}
 	base := time.Now().Add(-time.Hour).Truncate(time.Second)
 	first := shapedPod("first", shape{init: []ctr{{gpus: 4}}, app: []int{2}}, pick(gpus, 0, 1, 2, 3), base)
@@ -691,7 +691,7 @@ func (failingPodResources) List(context.Context) ([]*podresourcesapi.PodResource
 func TestConcurrentAdmissionEveryInterleaving(t *testing.T) {
 	gpus := make([]string, 8)
 	for i := range gpus {
-		gpus[i] = topology.FixtureUUID(testNode, i)
+		gpus[i] = machine.FixtureUUID(testNode, i)
 	}
 	base := time.Now().Add(-time.Hour).Truncate(time.Second)
 	for _, mix := range mixes {

@@ -18,8 +18,10 @@ import (
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/allocator"
 )
 
 // Plan is the extender's assignment for one pod bound to this node that
@@ -70,7 +72,7 @@ type DevicePluginOptions struct {
 	// the runtime; several combine as in NVIDIA's plugin. Default
 	// [envvar]. An unknown one makes every Allocate fail (the flag is
 	// checked by Options.Validate first).
-	DeviceListStrategies []DeviceListStrategy
+	DeviceListStrategies []configv1alpha1.DeviceListStrategy
 	// CDIKind is the CDI kind of the GPUs for the cdi-cri strategy.
 	// Default nvidia.com/gpu.
 	CDIKind string
@@ -87,10 +89,10 @@ func (o *DevicePluginOptions) defaults() {
 		o.WatchInterval = time.Second
 	}
 	if len(o.DeviceListStrategies) == 0 {
-		o.DeviceListStrategies = []DeviceListStrategy{DeviceListEnvvar}
+		o.DeviceListStrategies = []configv1alpha1.DeviceListStrategy{configv1alpha1.DeviceListEnvvar}
 	}
 	if o.CDIKind == "" {
-		o.CDIKind = DefaultCDIKind
+		o.CDIKind = configv1alpha1.DefaultCDIKind
 	}
 }
 
@@ -106,7 +108,7 @@ type DevicePlugin struct {
 	pods    PodSource
 	metrics *Metrics
 	logger  klog.Logger
-	alloc   *topology.Allocator
+	alloc   *allocator.Allocator
 	// allocs records which pod each Allocate was for (PodResources does
 	// not report one-shot init containers' devices) and how far kubelet
 	// got through each pod's GPU containers.
@@ -143,7 +145,7 @@ func NewDevicePlugin(opts DevicePluginOptions, pods PodSource, metrics *Metrics,
 	opts.defaults()
 	devList, devListErr := opts.deviceList()
 	return &DevicePlugin{opts: opts, devList: devList, devListErr: devListErr, pods: pods, metrics: metrics, logger: logger,
-		alloc: topology.NewAllocator(64), changed: make(chan struct{}), allocs: newAllocationLog(logger)}
+		alloc: allocator.New(64), changed: make(chan struct{}), allocs: newAllocationLog(logger)}
 }
 
 // SocketPath is where the plugin serves, inside the plugin directory.

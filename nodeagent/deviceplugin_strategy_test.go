@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/pflag"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
@@ -76,7 +77,7 @@ func TestAllocateAnswersInEachDeviceListStrategy(t *testing.T) {
 	// Two containers: GPUs 7 and 2 (kubelet's order), and GPU 0.
 	tests := []struct {
 		name       string
-		strategies []DeviceListStrategy
+		strategies []configv1alpha1.DeviceListStrategy
 		cdiKind    string
 		want       []answer
 	}{
@@ -86,38 +87,38 @@ func TestAllocateAnswersInEachDeviceListStrategy(t *testing.T) {
 		},
 		{
 			name:       "envvar lists the GPUs in NVIDIA_VISIBLE_DEVICES in kubelet's order",
-			strategies: []DeviceListStrategy{DeviceListEnvvar},
+			strategies: []configv1alpha1.DeviceListStrategy{configv1alpha1.DeviceListEnvvar},
 			want:       []answer{{Env: envvar(7, 2)}, {Env: envvar(0)}},
 		},
 		{
 			name:       "volume-mounts mounts /dev/null per GPU and points NVIDIA_VISIBLE_DEVICES at the mount root",
-			strategies: []DeviceListStrategy{DeviceListVolumeMounts},
+			strategies: []configv1alpha1.DeviceListStrategy{configv1alpha1.DeviceListVolumeMounts},
 			want:       []answer{{Env: mountRoot, Mounts: mounts(7, 2)}, {Env: mountRoot, Mounts: mounts(0)}},
 		},
 		{
 			name:       "cdi-cri names CDI devices and sets no environment",
-			strategies: []DeviceListStrategy{DeviceListCDICRI},
+			strategies: []configv1alpha1.DeviceListStrategy{configv1alpha1.DeviceListCDICRI},
 			want:       []answer{{CDI: cdi("nvidia.com/gpu", 7, 2)}, {CDI: cdi("nvidia.com/gpu", 0)}},
 		},
 		{
 			name:       "cdi-cri uses the configured CDI kind",
-			strategies: []DeviceListStrategy{DeviceListCDICRI}, cdiKind: "example.com/accelerator",
+			strategies: []configv1alpha1.DeviceListStrategy{configv1alpha1.DeviceListCDICRI}, cdiKind: "example.com/accelerator",
 			want: []answer{{CDI: cdi("example.com/accelerator", 7, 2)}, {CDI: cdi("example.com/accelerator", 0)}},
 		},
 		{
 			// As NVIDIA's plugin: the mount root replaces the UUID list.
 			name:       "envvar with volume-mounts leaves the mounts to decide",
-			strategies: []DeviceListStrategy{DeviceListEnvvar, DeviceListVolumeMounts},
+			strategies: []configv1alpha1.DeviceListStrategy{configv1alpha1.DeviceListEnvvar, configv1alpha1.DeviceListVolumeMounts},
 			want:       []answer{{Env: mountRoot, Mounts: mounts(7, 2)}, {Env: mountRoot, Mounts: mounts(0)}},
 		},
 		{
 			name:       "envvar with cdi-cri carries the list and the CDI devices",
-			strategies: []DeviceListStrategy{DeviceListCDICRI, DeviceListEnvvar},
+			strategies: []configv1alpha1.DeviceListStrategy{configv1alpha1.DeviceListCDICRI, configv1alpha1.DeviceListEnvvar},
 			want:       []answer{{Env: envvar(7, 2), CDI: cdi("nvidia.com/gpu", 7, 2)}, {Env: envvar(0), CDI: cdi("nvidia.com/gpu", 0)}},
 		},
 		{
 			name:       "all three combine and a repeated strategy counts once",
-			strategies: []DeviceListStrategy{DeviceListVolumeMounts, DeviceListCDICRI, DeviceListEnvvar, DeviceListCDICRI},
+			strategies: []configv1alpha1.DeviceListStrategy{configv1alpha1.DeviceListVolumeMounts, configv1alpha1.DeviceListCDICRI, configv1alpha1.DeviceListEnvvar, configv1alpha1.DeviceListCDICRI},
 			want: []answer{
 				{Env: mountRoot, Mounts: mounts(7, 2), CDI: cdi("nvidia.com/gpu", 7, 2)},
 				{Env: mountRoot, Mounts: mounts(0), CDI: cdi("nvidia.com/gpu", 0)},
@@ -146,15 +147,15 @@ func TestAllocateAnswersInEachDeviceListStrategy(t *testing.T) {
 
 // named is the set of GPUs an answer names through one strategy, read the
 // way the NVIDIA container toolkit or the CDI runtime reads it.
-func named(t *testing.T, s DeviceListStrategy, r *pluginapi.ContainerAllocateResponse) []string {
+func named(t *testing.T, s configv1alpha1.DeviceListStrategy, r *pluginapi.ContainerAllocateResponse) []string {
 	t.Helper()
 	var out []string
 	switch s {
-	case DeviceListEnvvar:
+	case configv1alpha1.DeviceListEnvvar:
 		if v := r.Envs[v1alpha1.EnvVisibleDevices]; v != "" {
 			out = strings.Split(v, ",")
 		}
-	case DeviceListVolumeMounts:
+	case configv1alpha1.DeviceListVolumeMounts:
 		for _, m := range r.Mounts {
 			dir, id := path.Split(m.ContainerPath)
 			if m.HostPath != "/dev/null" || path.Clean(dir) != DeviceListMountRoot {
@@ -162,11 +163,11 @@ func named(t *testing.T, s DeviceListStrategy, r *pluginapi.ContainerAllocateRes
 			}
 			out = append(out, id)
 		}
-	case DeviceListCDICRI:
+	case configv1alpha1.DeviceListCDICRI:
 		for _, d := range r.CdiDevices {
-			id, ok := strings.CutPrefix(d.Name, DefaultCDIKind+"=")
+			id, ok := strings.CutPrefix(d.Name, configv1alpha1.DefaultCDIKind+"=")
 			if !ok {
-				t.Errorf("CDI device %q is not of kind %s", d.Name, DefaultCDIKind)
+				t.Errorf("CDI device %q is not of kind %s", d.Name, configv1alpha1.DefaultCDIKind)
 			}
 			out = append(out, id)
 		}
@@ -176,9 +177,9 @@ func named(t *testing.T, s DeviceListStrategy, r *pluginapi.ContainerAllocateRes
 }
 
 func TestEveryStrategyNamesExactlyTheAllocatedGPUs(t *testing.T) {
-	for _, s := range DeviceListStrategies {
+	for _, s := range configv1alpha1.DeviceListStrategies {
 		t.Run(string(s), func(t *testing.T) {
-			p, ids := strategyPlugin(t, DevicePluginOptions{DeviceListStrategies: []DeviceListStrategy{s}})
+			p, ids := strategyPlugin(t, DevicePluginOptions{DeviceListStrategies: []configv1alpha1.DeviceListStrategy{s}})
 			// Every non-empty subset of the node's 8 GPUs, in a scrambled order.
 			for set := uint(1); set < 1<<len(ids); set++ {
 				var req []string
@@ -201,7 +202,7 @@ func TestEveryStrategyNamesExactlyTheAllocatedGPUs(t *testing.T) {
 }
 
 func TestAllocateRefusesWhenNoUsableStrategyIsConfigured(t *testing.T) {
-	p, ids := strategyPlugin(t, DevicePluginOptions{DeviceListStrategies: []DeviceListStrategy{"cdi-annotations"}})
+	p, ids := strategyPlugin(t, DevicePluginOptions{DeviceListStrategies: []configv1alpha1.DeviceListStrategy{"cdi-annotations"}})
 	_, err := p.Allocate(context.Background(), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: pick(ids, 0)}}})
 	if err == nil || !strings.Contains(err.Error(), `DeviceListStrategies[0]: Unsupported value: "cdi-annotations"`) {
 		t.Errorf("Allocate with an unknown strategy: got %v, want an error naming the option and value", err)

@@ -21,7 +21,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // fakePods is a PodSource with separate cached and live answers.
@@ -56,7 +56,7 @@ func newPlugin(t *testing.T, fixtureName string, pods PodSource) (*DevicePlugin,
 	p.SetTopology(f.Graph(testNode).Status())
 	ids := make([]string, f.GPUs)
 	for i := range ids {
-		ids[i] = topology.FixtureUUID(testNode, i)
+		ids[i] = machine.FixtureUUID(testNode, i)
 	}
 	return p, ids
 }

@@ -7,12 +7,13 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/gputopo/gputopo/topology/machine"
+
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/nodeagent/internal/nvmllevel"
-	"github.com/gputopo/gputopo/topology"
 )
 
 // issue is one inconsistency in NVML's answers: a Reason* of
@@ -256,7 +257,7 @@ func (s *NVMLSource) readLink(a, b *deviceInfo) (v1alpha1.Link, []issue, error) 
 		}
 		l.BandwidthGBps = l.NVLinks * min(nonZero(a.linkGBps), nonZero(b.linkGBps))
 	} else {
-		l.BandwidthGBps = topology.PCIeBandwidthGBps(min(nonZeroGen(a.pcieGen), nonZeroGen(b.pcieGen)), l.PCIe)
+		l.BandwidthGBps = machine.PCIeBandwidthGBps(min(nonZeroGen(a.pcieGen), nonZeroGen(b.pcieGen)), l.PCIe)
 	}
 	return l, issues, nil
 }

@@ -20,6 +20,8 @@ import (
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/nodeagent/nvmlsim"
 	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/allocator"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 const testNode = "gpu-node-1"
@@ -50,18 +52,18 @@ func (c *logCapture) count(substr string) int {
 	return n
 }
 
-func fixture(t *testing.T, name string) topology.Fixture { return fixtureB(t, name) }
+func fixture(t *testing.T, name string) machine.Fixture { return fixtureB(t, name) }
 
-func fixtureB(t testing.TB, name string) topology.Fixture {
+func fixtureB(t testing.TB, name string) machine.Fixture {
 	t.Helper()
-	f, err := topology.FixtureByName(name)
+	f, err := machine.FixtureByName(name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return f
 }
 
-func wantStatus(f topology.Fixture) v1alpha1.NodeGPUTopologyStatus {
+func wantStatus(f machine.Fixture) v1alpha1.NodeGPUTopologyStatus {
 	st := f.Graph(testNode).Status()
 	st.DriverVersion = nvmlsim.SimulatedDriverVersion
 	st.Conditions = []metav1.Condition{consistentCondition()}
@@ -72,7 +74,7 @@ func wantStatus(f topology.Fixture) v1alpha1.NodeGPUTopologyStatus {
 // publish exactly the fixture: GPUs, every link (NVLink count, NVSwitch,
 // PCIe level, P2P, bandwidth), fabric clique and the topology hash.
 func TestTopologyEqualsFixture(t *testing.T) {
-	for _, f := range topology.Fixtures() {
+	for _, f := range machine.Fixtures() {
 		t.Run(f.Name, func(t *testing.T) {
 			src := NewNVMLSource(nvmlsim.New(f, testNode).NVML(), logr.Discard(), nil)
 			defer src.Close()
@@ -187,7 +189,7 @@ func TestNotSupportedDegrades(t *testing.T) {
 			for i := range st.Links {
 				l := &st.Links[i]
 				l.NVLinks, l.NVSwitch = 0, false
-				l.BandwidthGBps = topology.PCIeBandwidthGBps(f.PCIeGen, l.PCIe)
+				l.BandwidthGBps = machine.PCIeBandwidthGBps(f.PCIeGen, l.PCIe)
 				// P2P stays as NVML reports it: the fabric is there.
 			}
 			st.Conditions[0].Status, st.Conditions[0].Reason = metav1.ConditionFalse, v1alpha1.ReasonUnknownRemoteBusID
@@ -205,14 +207,14 @@ func TestNotSupportedDegrades(t *testing.T) {
 			for i := range st.Links {
 				l := &st.Links[i]
 				l.NVLinks, l.NVSwitch = 0, false
-				l.BandwidthGBps = topology.PCIeBandwidthGBps(f.PCIeGen, l.PCIe)
+				l.BandwidthGBps = machine.PCIeBandwidthGBps(f.PCIeGen, l.PCIe)
 				l.P2P = l.PCIe != v1alpha1.PCIeCrossSocket
 			}
 		}},
 		{"unknown common ancestor counts as cross-socket", "pcie-8x", []string{"GetTopologyCommonAncestor"}, func(st *v1alpha1.NodeGPUTopologyStatus) {
 			for i := range st.Links {
 				st.Links[i].PCIe = v1alpha1.PCIeCrossSocket
-				st.Links[i].BandwidthGBps = topology.PCIeBandwidthGBps(4, v1alpha1.PCIeCrossSocket)
+				st.Links[i].BandwidthGBps = machine.PCIeBandwidthGBps(4, v1alpha1.PCIeCrossSocket)
 			}
 		}},
 		{"no fabric info means no clique", "gb200-nvl72-tray", []string{"GetGpuFabricInfo"}, func(st *v1alpha1.NodeGPUTopologyStatus) {
@@ -336,7 +338,7 @@ func TestXIDClassification(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			uuid := topology.FixtureUUID(testNode, 2)
+			uuid := machine.FixtureUUID(testNode, 2)
 			_, wantReason := ClassifyXID(tc.xid)
 			if diff := cmp.Diff([]HealthEvent{{Index: 2, UUID: uuid, XID: tc.xid, Class: tc.class, Reason: wantReason}}, evs); diff != "" {
 				t.Errorf("health events (-want +got):\n%s", diff)
@@ -373,9 +375,9 @@ func TestWaitHealthTimesOutQuietly(t *testing.T) {
 func linkAt(n, a, b int) int { return a*n - a*(a+1)/2 + (b - a - 1) }
 
 // withoutNVLink is the fixture's link between a and b had they no NVLink.
-func withoutNVLink(f topology.Fixture, l v1alpha1.Link) v1alpha1.Link {
+func withoutNVLink(f machine.Fixture, l v1alpha1.Link) v1alpha1.Link {
 	l.NVLinks, l.NVSwitch = 0, false
-	l.BandwidthGBps = topology.PCIeBandwidthGBps(f.PCIeGen, l.PCIe)
+	l.BandwidthGBps = machine.PCIeBandwidthGBps(f.PCIeGen, l.PCIe)
 	return l
 }
 
@@ -424,14 +426,14 @@ func TestHostileTopologyDiscovery(t *testing.T) {
 		fixture string
 		script  func(t *testing.T, sim *nvmlsim.Simulator)
 		// want changes the fixture's status into the one to publish.
-		want func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus)
+		want func(f machine.Fixture, st *v1alpha1.NodeGPUTopologyStatus)
 		// reason is the condition's reason; "" means Consistent.
 		reason  string
 		message []string
 	}{{
 		name: "NVLink only the lower GPU reports is not published", fixture: "dgx1-v100",
 		script: func(t *testing.T, sim *nvmlsim.Simulator) { dropLinkTo(t, sim, 1, mustBus(t, sim, 0)) },
-		want: func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
+		want: func(f machine.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
 			st.Links[linkAt(8, 0, 1)] = withoutNVLink(f, st.Links[linkAt(8, 0, 1)])
 		},
 		reason:  v1alpha1.ReasonAsymmetricLink,
@@ -439,7 +441,7 @@ func TestHostileTopologyDiscovery(t *testing.T) {
 	}, {
 		name: "NVLink only the higher GPU reports is not published", fixture: "dgx1-v100",
 		script: func(t *testing.T, sim *nvmlsim.Simulator) { dropLinkTo(t, sim, 0, mustBus(t, sim, 1)) },
-		want: func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
+		want: func(f machine.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
 			st.Links[linkAt(8, 0, 1)] = withoutNVLink(f, st.Links[linkAt(8, 0, 1)])
 		},
 		reason:  v1alpha1.ReasonAsymmetricLink,
@@ -447,7 +449,7 @@ func TestHostileTopologyDiscovery(t *testing.T) {
 	}, {
 		name: "double link seen single from one end is published single", fixture: "dgx1-v100",
 		script: func(t *testing.T, sim *nvmlsim.Simulator) { dropLinkTo(t, sim, 3, mustBus(t, sim, 0)) },
-		want: func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
+		want: func(f machine.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
 			l := &st.Links[linkAt(8, 0, 3)]
 			l.NVLinks, l.BandwidthGBps = 1, 50
 		},
@@ -456,25 +458,25 @@ func TestHostileTopologyDiscovery(t *testing.T) {
 	}, {
 		name: "PCIe levels that disagree publish the farther", fixture: "pcie-8x",
 		script: func(t *testing.T, sim *nvmlsim.Simulator) { must(t, sim.SetPCIeLevel(1, 0, v1alpha1.PCIeCrossSocket)) },
-		want: func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
+		want: func(f machine.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
 			l := &st.Links[linkAt(8, 0, 1)]
-			l.PCIe, l.BandwidthGBps = v1alpha1.PCIeCrossSocket, topology.PCIeBandwidthGBps(f.PCIeGen, v1alpha1.PCIeCrossSocket)
+			l.PCIe, l.BandwidthGBps = v1alpha1.PCIeCrossSocket, machine.PCIeBandwidthGBps(f.PCIeGen, v1alpha1.PCIeCrossSocket)
 		},
 		reason:  v1alpha1.ReasonAsymmetricLink,
 		message: []string{"GPU 0 sees GPU 1 at PCIe level SameSwitch, GPU 1 sees GPU 0 at CrossSocket; publishing CrossSocket"},
 	}, {
 		name: "PCIe level the lower GPU puts farther is published too", fixture: "pcie-8x",
 		script: func(t *testing.T, sim *nvmlsim.Simulator) { must(t, sim.SetPCIeLevel(2, 3, v1alpha1.PCIeSameNUMA)) },
-		want: func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
+		want: func(f machine.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
 			l := &st.Links[linkAt(8, 2, 3)]
-			l.PCIe, l.BandwidthGBps = v1alpha1.PCIeSameNUMA, topology.PCIeBandwidthGBps(f.PCIeGen, v1alpha1.PCIeSameNUMA)
+			l.PCIe, l.BandwidthGBps = v1alpha1.PCIeSameNUMA, machine.PCIeBandwidthGBps(f.PCIeGen, v1alpha1.PCIeSameNUMA)
 		},
 		reason:  v1alpha1.ReasonAsymmetricLink,
 		message: []string{"GPU 2 sees GPU 3 at PCIe level SameNUMA, GPU 3 sees GPU 2 at SameSwitch; publishing SameNUMA"},
 	}, {
 		name: "P2P one end refuses is published unsupported", fixture: "pcie-8x",
 		script: func(t *testing.T, sim *nvmlsim.Simulator) { must(t, sim.SetP2P(5, 4, false)) },
-		want: func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
+		want: func(f machine.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
 			st.Links[linkAt(8, 4, 5)].P2P = false
 		},
 		reason:  v1alpha1.ReasonAsymmetricLink,
@@ -482,7 +484,7 @@ func TestHostileTopologyDiscovery(t *testing.T) {
 	}, {
 		name: "per-link speeds that disagree publish the slower", fixture: "hgx-h100",
 		script: func(t *testing.T, sim *nvmlsim.Simulator) { must(t, sim.SetNVLinkGBps(3, 25)) },
-		want: func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
+		want: func(f machine.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
 			for i := range st.Links {
 				if l := &st.Links[i]; l.A == 3 || l.B == 3 {
 					l.BandwidthGBps = l.NVLinks * 25
@@ -541,7 +543,7 @@ func TestHostileTopologyDiscovery(t *testing.T) {
 			must(t, sim.SetNVLinks(0, []nvmlsim.NVLink{{RemoteBusID: phantomBus, RemoteType: nvml.NVLINK_DEVICE_TYPE_SWITCH}, {RemoteBusID: phantomBus, RemoteType: nvml.NVLINK_DEVICE_TYPE_SWITCH}}))
 			must(t, sim.SetNVLinks(1, []nvmlsim.NVLink{{RemoteBusID: "", RemoteType: nvml.NVLINK_DEVICE_TYPE_SWITCH}}))
 		},
-		want: func(f topology.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
+		want: func(f machine.Fixture, st *v1alpha1.NodeGPUTopologyStatus) {
 			l := &st.Links[linkAt(8, 0, 1)]
 			// pcie-8x has no NVLink generation: one link counts 50 GB/s.
 			l.NVLinks, l.NVSwitch, l.BandwidthGBps = 1, true, 50
@@ -652,7 +654,7 @@ func TestDuplicateBusIDIsRefused(t *testing.T) {
 
 // bigFixture is an NVSwitch machine of n GPUs, two sockets, a PCIe switch
 // per pair; beyond topology.MaxGPUs it is a machine the model cannot hold.
-func bigFixture(n int) topology.Fixture {
+func bigFixture(n int) machine.Fixture {
 	var switches, sockets [][]int
 	sockets = make([][]int, 2)
 	for i := 0; i < n; i++ {
@@ -661,7 +663,7 @@ func bigFixture(n int) topology.Fixture {
 		}
 		sockets[i*2/n] = append(sockets[i*2/n], i)
 	}
-	return topology.Fixture{Name: fmt.Sprintf("nvswitch-%d", n), Model: "NVIDIA H100 80GB HBM3", GPUs: n, MemoryMiB: 81559,
+	return machine.Fixture{Name: fmt.Sprintf("nvswitch-%d", n), Model: "NVIDIA H100 80GB HBM3", GPUs: n, MemoryMiB: 81559,
 		NVLinkGen: 4, NVLinkGBps: 50, NVSwitchLinks: 18, PCIeGen: 5, PCIeSwitches: switches, Sockets: sockets}
 }
 
@@ -691,7 +693,7 @@ func TestDiscoveryAtTheGPULimit(t *testing.T) {
 				t.Fatalf("FromStatus: %v", err)
 			}
 			for _, k := range []int{8, n} {
-				res, err := topology.NewAllocator(0).Allocate(g, g.All(), topology.Request{Count: k, Requirement: v1alpha1.Requirement{RequireNVLink: true}})
+				res, err := allocator.New(0).Allocate(g, g.All(), topology.Request{Count: k, Requirement: v1alpha1.Requirement{RequireNVLink: true}})
 				if err != nil || len(res.GPUs) != k || res.Metrics.Tier != v1alpha1.TierNVSwitch {
 					t.Errorf("allocate %d of %d: %v, %+v; want %d GPUs over NVSwitch", k, n, err, res, k)
 				}

@@ -6,11 +6,12 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/gputopo/gputopo/topology/machine"
+
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/klog/v2"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/topology"
 )
 
 // DumpOptions configure DumpMachine.
@@ -28,14 +29,14 @@ var nvlinkGen = map[uint32]int{1: 1, 2: 2, 3: 2, 4: 3, 5: 3, 6: 4, 7: 5}
 
 // DumpMachine reads this node's GPUs through NVML, with the same discovery
 // code the agent publishes with, and describes them as a machine (written
-// with topology.Fixture.MarshalMachine): GPU model and memory, every pair's
+// with machine.Fixture.MarshalMachine): GPU model and memory, every pair's
 // NVLinks and PCIe level, NUMA nodes, PCI bus IDs, the NVLink and PCIe
 // generations and the fabric clique. What the file format cannot say
 // exactly (P2P support that differs from the PCIe level, NVML answers that
 // disagree) is recorded in the machine's notes, so a bug report carries it.
-func DumpMachine(lib nvml.Interface, logger klog.Logger, o DumpOptions) (topology.Fixture, error) {
-	if err := topology.ValidateMachineName(o.Name); err != nil {
-		return topology.Fixture{}, fmt.Errorf("dump: %w", err)
+func DumpMachine(lib nvml.Interface, logger klog.Logger, o DumpOptions) (machine.Fixture, error) {
+	if err := machine.ValidateName(o.Name); err != nil {
+		return machine.Fixture{}, fmt.Errorf("dump: %w", err)
 	}
 	src := NewNVMLSource(lib, logger, nil)
 	if o.SysfsNUMA {
@@ -44,13 +45,13 @@ func DumpMachine(lib nvml.Interface, logger klog.Logger, o DumpOptions) (topolog
 	defer src.Close()
 	st, err := src.Topology()
 	if err != nil {
-		return topology.Fixture{}, fmt.Errorf("dump: %w", err)
+		return machine.Fixture{}, fmt.Errorf("dump: %w", err)
 	}
 	n := len(st.GPUs)
 	if n == 0 {
-		return topology.Fixture{}, errors.New("dump: NVML reports no GPUs on this node")
+		return machine.Fixture{}, errors.New("dump: NVML reports no GPUs on this node")
 	}
-	f := topology.Fixture{
+	f := machine.Fixture{
 		Name:   o.Name,
 		Model:  st.GPUs[0].Model,
 		GPUs:   n,
@@ -64,14 +65,14 @@ func DumpMachine(lib nvml.Interface, logger klog.Logger, o DumpOptions) (topolog
 	}
 	gpuNotes, err := dumpGPUs(&f, st.GPUs)
 	if err != nil {
-		return topology.Fixture{}, err
+		return machine.Fixture{}, err
 	}
 	linkNotes, err := dumpLinks(&f, st.Links)
 	if err != nil {
-		return topology.Fixture{}, err
+		return machine.Fixture{}, err
 	}
 	if err := dumpGenerations(&f, lib); err != nil {
-		return topology.Fixture{}, err
+		return machine.Fixture{}, err
 	}
 	f.Description = fmt.Sprintf("%d× %s dumped from NVML", n, f.Model)
 	notes = slices.Concat(notes, gpuNotes, linkNotes,
@@ -79,7 +80,7 @@ func DumpMachine(lib nvml.Interface, logger klog.Logger, o DumpOptions) (topolog
 		pairNotes(f, st.Links))
 	f.Notes = notes
 	if err := f.Validate(); err != nil {
-		return topology.Fixture{}, fmt.Errorf("dump: %w", err)
+		return machine.Fixture{}, fmt.Errorf("dump: %w", err)
 	}
 	return f, nil
 }
@@ -87,7 +88,7 @@ func DumpMachine(lib nvml.Interface, logger klog.Logger, o DumpOptions) (topolog
 // dumpGPUs fills in what the machine says of its GPUs: memory, fabric
 // clique, NUMA nodes and PCI bus IDs. A machine file describes one GPU
 // model in one clique; a memory size that differs is noted.
-func dumpGPUs(f *topology.Fixture, gpus []v1alpha1.GPU) (notes []string, err error) {
+func dumpGPUs(f *machine.Fixture, gpus []v1alpha1.GPU) (notes []string, err error) {
 	f.MemoryMiB = gpus[0].MemoryMiB
 	f.FabricClique = gpus[0].FabricClique
 	f.NUMANodes = make([]int, len(gpus))
@@ -114,7 +115,7 @@ func dumpGPUs(f *topology.Fixture, gpus []v1alpha1.GPU) (notes []string, err err
 // dumpLinks fills in the links: one PCIe matrix, and either one NVSwitch
 // fabric or direct pairs, at the slowest NVLink speed read (noted when
 // they differ).
-func dumpLinks(f *topology.Fixture, links []v1alpha1.Link) (notes []string, err error) {
+func dumpLinks(f *machine.Fixture, links []v1alpha1.Link) (notes []string, err error) {
 	f.PCIeLevels = make([][]v1alpha1.PCIeLevel, f.GPUs)
 	for i := range f.PCIeLevels {
 		f.PCIeLevels[i] = make([]v1alpha1.PCIeLevel, f.GPUs)
@@ -140,7 +141,7 @@ func dumpLinks(f *topology.Fixture, links []v1alpha1.Link) (notes []string, err 
 			continue
 		}
 		direct++
-		f.NVLinks = append(f.NVLinks, topology.NVLinkPair{A: l.A, B: l.B, Links: l.NVLinks})
+		f.NVLinks = append(f.NVLinks, machine.NVLinkPair{A: l.A, B: l.B, Links: l.NVLinks})
 	}
 	if switchLinks > 0 {
 		if direct > 0 || countNVSwitch(links) != len(links) {
@@ -155,7 +156,7 @@ func dumpLinks(f *topology.Fixture, links []v1alpha1.Link) (notes []string, err 
 // dumpGenerations fills in the PCIe and NVLink generations: NVML asked
 // directly (the status keeps bandwidths, not generations); the model's
 // known generation when NVML will not say.
-func dumpGenerations(f *topology.Fixture, lib nvml.Interface) error {
+func dumpGenerations(f *machine.Fixture, lib nvml.Interface) error {
 	nvlinked := f.NVLinkGBps > 0
 	dev, ret := lib.DeviceGetHandleByIndex(0)
 	if ret == nvml.SUCCESS {
@@ -169,7 +170,7 @@ func dumpGenerations(f *topology.Fixture, lib nvml.Interface) error {
 		}
 	}
 	if nvlinked && f.NVLinkGen == 0 {
-		if k, ok := topology.GPUKindOfName(f.Model); ok {
+		if k, ok := machine.GPUKindOfName(f.Model); ok {
 			f.NVLinkGen = k.NVLinkGen
 		}
 		if f.NVLinkGen == 0 {
@@ -184,7 +185,7 @@ func dumpGenerations(f *topology.Fixture, lib nvml.Interface) error {
 
 // pairNotes names, pair by pair, what the format models differently from
 // what NVML said: P2P, the bandwidth of a PCIe pair.
-func pairNotes(f topology.Fixture, got []v1alpha1.Link) []string {
+func pairNotes(f machine.Fixture, got []v1alpha1.Link) []string {
 	var notes []string
 	_, links := f.Parts("dump")
 	for i, l := range links {

@@ -12,21 +12,21 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/nodeagent/nvmlsim"
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // dumpMachines are the simulated machines the dump is tested on: every
 // built-in fixture and every machine imported from a real
 // `nvidia-smi topo -m` (explicit PCIe levels, NUMA nodes such as 3 and 7).
-func dumpMachines(t *testing.T) []topology.Fixture {
+func dumpMachines(t *testing.T) []machine.Fixture {
 	t.Helper()
-	machines := topology.Fixtures()
-	files, err := filepath.Glob(filepath.Join("..", "topology", "testdata", "smi", "*.yaml"))
+	machines := machine.Fixtures()
+	files, err := filepath.Glob(filepath.Join("..", "topology", "machine", "testdata", "smi", "*.yaml"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no imported machines: %v", err)
 	}
 	for _, file := range files {
-		f, err := topology.LoadMachine(file)
+		f, err := machine.Load(file)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -67,11 +67,11 @@ func TestDumpRoundTripsEverySimulatedMachine(t *testing.T) {
 			if err != nil {
 				t.Fatalf("dump: %v", err)
 			}
-			data, err := dumped.MarshalMachine()
+			data, err := dumped.Marshal()
 			if err != nil {
 				t.Fatal(err)
 			}
-			back, err := topology.ParseMachine(data)
+			back, err := machine.Parse(data)
 			if err != nil {
 				t.Fatalf("the dump does not re-import: %v\n%s", err, data)
 			}
@@ -93,7 +93,7 @@ func TestDumpRoundTripsEverySimulatedMachine(t *testing.T) {
 }
 
 func TestDumpRecordsWhatNVMLGotWrong(t *testing.T) {
-	f, err := topology.FixtureByName("dgx1-v100")
+	f, err := machine.FixtureByName("dgx1-v100")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func TestDumpRecordsWhatNVMLGotWrong(t *testing.T) {
 }
 
 func TestDumpFailsClearly(t *testing.T) {
-	f, err := topology.FixtureByName("dgx-a100")
+	f, err := machine.FixtureByName("dgx-a100")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +156,7 @@ func TestDumpName(t *testing.T) {
 // `gputopo nodeagent --simulate mybox.yaml` is validated like a fixture
 // name: a machine file is accepted, a broken one refused naming the flag.
 func TestOptionsSimulateTakesMachineFiles(t *testing.T) {
-	file := filepath.Join("..", "topology", "testdata", "smi", "a30-nvlink-pairs.yaml")
+	file := filepath.Join("..", "topology", "machine", "testdata", "smi", "a30-nvlink-pairs.yaml")
 	fs := pflag.NewFlagSet("nodeagent", pflag.ContinueOnError)
 	var o Options
 	o.AddFlags(fs)

@@ -18,6 +18,7 @@ import (
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 	"k8s.io/utils/ptr"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
@@ -138,7 +139,7 @@ func TestPendingFromPodsKeepsPendingGPUPods(t *testing.T) {
 }
 
 func TestOptionsValidateNamesEveryBadField(t *testing.T) {
-	o := Options{Simulate: "dgx-9000", TelemetryInterval: -1}
+	o := Options{Simulate: "dgx-9000", NodeAgentConfiguration: configv1alpha1.NodeAgentConfiguration{TelemetryInterval: metav1.Duration{Duration: -1}}}
 	err := o.Validate()
 	if err == nil {
 		t.Fatal("Validate of bad options: got nil")

@@ -9,13 +9,9 @@ import (
 	"strings"
 
 	"k8s.io/klog/v2"
-)
 
-// DefaultToolkitConfig is where the NVIDIA container toolkit (the
-// nvidia-container-runtime and its hook) reads its configuration on a
-// node installed from NVIDIA's packages. The GPU operator's toolkit
-// container writes its own copy elsewhere (see docs/install.md).
-const DefaultToolkitConfig = "/etc/nvidia-container-runtime/config.toml"
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
+)
 
 // The toolkit settings that decide whether a container's environment can
 // select GPUs. Both are top-level keys of the toolkit's config.toml.
@@ -168,12 +164,12 @@ type EnvIsolation struct {
 // check) and judges it against the device list strategies. It never
 // fails: a file that cannot be read or parsed gives the reason
 // config_error and Err.
-func CheckEnvIsolation(path string, strategies []DeviceListStrategy) EnvIsolation {
+func CheckEnvIsolation(path string, strategies []configv1alpha1.DeviceListStrategy) EnvIsolation {
 	r := EnvIsolation{Path: path, Settings: ToolkitSettings{EnvvarWhenUnprivileged: true}}
 	if len(strategies) == 0 {
-		strategies = []DeviceListStrategy{DeviceListEnvvar}
+		strategies = []configv1alpha1.DeviceListStrategy{configv1alpha1.DeviceListEnvvar}
 	}
-	envOnly := !slices.Contains(strategies, DeviceListVolumeMounts) && !slices.Contains(strategies, DeviceListCDICRI)
+	envOnly := !slices.Contains(strategies, configv1alpha1.DeviceListVolumeMounts) && !slices.Contains(strategies, configv1alpha1.DeviceListCDICRI)
 	if path != "" {
 		s, err := ReadToolkitConfig(path)
 		switch {
@@ -208,7 +204,7 @@ func CheckEnvIsolation(path string, strategies []DeviceListStrategy) EnvIsolatio
 
 // log writes the outcome at start: what weakens isolation at V(0) (the
 // structured form of a warning), an unknown outcome at V(1).
-func (r EnvIsolation) log(logger klog.Logger, strategies []DeviceListStrategy) {
+func (r EnvIsolation) log(logger klog.Logger, strategies []configv1alpha1.DeviceListStrategy) {
 	kv := []any{"reason", r.Reason, "toolkitConfig", r.Path, "strategies", strategies}
 	envvarKV := slices.Concat(kv, []any{"key", ToolkitKeyEnvvarWhenUnprivileged, "value", r.Settings.EnvvarWhenUnprivileged})
 	switch r.Reason {
@@ -234,7 +230,7 @@ func (r EnvIsolation) log(logger klog.Logger, strategies []DeviceListStrategy) {
 	case EnvIsolationConfigError:
 		logger.Error(r.Err, "Environment isolation unknown: reading the NVIDIA container toolkit configuration failed; the agent runs on", kv...)
 	}
-	if slices.Contains(strategies, DeviceListVolumeMounts) && r.Err == nil && !r.Settings.VolumeMounts && r.Reason != EnvIsolationUnknown {
+	if slices.Contains(strategies, configv1alpha1.DeviceListVolumeMounts) && r.Err == nil && !r.Settings.VolumeMounts && r.Reason != EnvIsolationUnknown {
 		logger.Info("Warning: the volume-mounts strategy needs the NVIDIA container toolkit to read the device list from volume mounts; set it true",
 			"toolkitConfig", r.Path, "key", ToolkitKeyVolumeMounts, "value", r.Settings.VolumeMounts)
 	}

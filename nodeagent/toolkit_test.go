@@ -11,6 +11,8 @@ import (
 	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 )
 
 // toolkitDefaults is the config.toml the NVIDIA container toolkit's
@@ -107,9 +109,9 @@ func TestReadToolkitConfigRefusesMalformedSettings(t *testing.T) {
 }
 
 func TestCheckEnvIsolation(t *testing.T) {
-	cdi := []DeviceListStrategy{DeviceListCDICRI}
-	mounts := []DeviceListStrategy{DeviceListVolumeMounts}
-	envvar := []DeviceListStrategy{DeviceListEnvvar}
+	cdi := []configv1alpha1.DeviceListStrategy{configv1alpha1.DeviceListCDICRI}
+	mounts := []configv1alpha1.DeviceListStrategy{configv1alpha1.DeviceListVolumeMounts}
+	envvar := []configv1alpha1.DeviceListStrategy{configv1alpha1.DeviceListEnvvar}
 	hardened := writeToolkitConfig(t, "accept-nvidia-visible-devices-envvar-when-unprivileged = false\n"+toolkitDefaults)
 	hardenedMounts := writeToolkitConfig(t, "accept-nvidia-visible-devices-envvar-when-unprivileged = false\naccept-nvidia-visible-devices-as-volume-mounts = true\n")
 	explicitTrue := writeToolkitConfig(t, "accept-nvidia-visible-devices-envvar-when-unprivileged = true\n")
@@ -118,7 +120,7 @@ func TestCheckEnvIsolation(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		path       string
-		strategies []DeviceListStrategy
+		strategies []configv1alpha1.DeviceListStrategy
 		isolated   bool
 		reason     string
 		// logV0 must be in the V(0) log (warnings and errors), logV1 only
@@ -144,7 +146,7 @@ func TestCheckEnvIsolation(t *testing.T) {
 		{name: "volume-mounts, mounts not accepted: isolated and warned that the mounts are ignored", path: hardened, strategies: mounts,
 			isolated: true, reason: EnvIsolationEnvvarIgnored,
 			logV0: []string{"Warning: the volume-mounts strategy needs", `"key"="accept-nvidia-visible-devices-as-volume-mounts"`}},
-		{name: "envvar with volume-mounts counts as volume-mounts", path: hardenedMounts, strategies: []DeviceListStrategy{DeviceListEnvvar, DeviceListVolumeMounts},
+		{name: "envvar with volume-mounts counts as volume-mounts", path: hardenedMounts, strategies: []configv1alpha1.DeviceListStrategy{configv1alpha1.DeviceListEnvvar, configv1alpha1.DeviceListVolumeMounts},
 			isolated: true, reason: EnvIsolationEnvvarIgnored},
 		{name: "a malformed file: an error naming the file and the key, the check does not fail", path: malformed, strategies: cdi,
 			reason: EnvIsolationConfigError,

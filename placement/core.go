@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gputopo/gputopo/topology/allocator"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -23,7 +25,6 @@ import (
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/placement/ledger"
-	"github.com/gputopo/gputopo/topology"
 )
 
 // Core is the decision core of one gputopo scheduler: the GPU ledger fed
@@ -36,7 +37,7 @@ type Core struct {
 	cfg    *configv1alpha1.ExtenderConfiguration
 	opts   Options
 	ledger *ledger.Ledger
-	alloc  *topology.Allocator
+	alloc  *allocator.Allocator
 	obs    Observer
 	// client talks to the API server (rebuild, the decider Lease, Events,
 	// reads bind cannot answer from a cache); nil without a cluster.
@@ -117,7 +118,7 @@ type HostInformers struct {
 func New(restCfg *rest.Config, cs kubernetes.Interface, o Options) (*Core, error) {
 	if o.Config != nil {
 		if errs := o.Config.Validate(); len(errs) > 0 {
-			return nil, fmt.Errorf("invalid %s: %w", configv1alpha1.ExtenderConfigKind, errs.ToAggregate())
+			return nil, fmt.Errorf("invalid %s: %w", configv1alpha1.ExtenderKind, errs.ToAggregate())
 		}
 	}
 	x, err := newCore(o)
@@ -154,7 +155,7 @@ func newCore(o Options) (*Core, error) {
 		cfg:    cfg,
 		opts:   o,
 		ledger: l,
-		alloc:  topology.NewAllocator(cfg.AllocatorMemoSize),
+		alloc:  allocator.New(cfg.AllocatorMemoSize),
 		obs:    o.Observer,
 		now:    time.Now,
 		log:    klog.Background().WithName("placement"),

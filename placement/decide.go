@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gputopo/gputopo/topology/allocator"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
@@ -162,7 +164,7 @@ type evalKey struct {
 // goroutines asking the same question at once may both compute the
 // answer, which is the same.
 type evaluator struct {
-	alloc  *topology.Allocator
+	alloc  *allocator.Allocator
 	cfg    *configv1alpha1.ExtenderConfiguration
 	pr     Request
 	now    time.Time
@@ -209,9 +211,9 @@ func (k evalKey) slot() int {
 
 // newEvaluator decides pr for one request (an HTTP verb, a scheduling
 // cycle); it logs through ctx's logger.
-func newEvaluator(ctx context.Context, alloc *topology.Allocator, cfg *configv1alpha1.ExtenderConfiguration, pr Request, now time.Time) *evaluator {
+func newEvaluator(ctx context.Context, alloc *allocator.Allocator, cfg *configv1alpha1.ExtenderConfiguration, pr Request, now time.Time) *evaluator {
 	log := klog.FromContext(ctx)
-	e := &evaluator{alloc: alloc, cfg: cfg, pr: pr, now: now, maxAge: cfg.EffectiveTopologyMaxAge(), log: log, trace: log.V(5).Enabled()}
+	e := &evaluator{alloc: alloc, cfg: cfg, pr: pr, now: now, maxAge: cfg.TopologyAgeLimit(), log: log, trace: log.V(5).Enabled()}
 	w := cfg.Weights
 	e.wU, e.wA, e.wH, e.wF = float64(*w.UtilizationBalance), float64(*w.TaskAffinity), float64(*w.ThermalPowerHeadroom), float64(*w.Fragmentation)
 	e.wB, e.wC, e.wI = float64(*w.BandwidthFit), float64(*w.CapabilityConservation), float64(*w.IslandBestFit)

@@ -168,7 +168,7 @@ func start(ctx context.Context, cfg *rest.Config, args Args, host *placement.Hos
 		}
 	}
 	var err error
-	if o.Config, err = configv1alpha1.LoadExtenderConfiguration(args.ConfigFile); err != nil {
+	if o.Config, err = configv1alpha1.LoadExtender(args.ConfigFile); err != nil {
 		return nil, fmt.Errorf("plugin %s: %w", Name, err)
 	}
 	// kube-scheduler's clientConnection (qps, burst) rules its client.
@@ -184,7 +184,7 @@ func start(ctx context.Context, cfg *rest.Config, args Args, host *placement.Hos
 	}
 	m = metrics.New(x.Ledger())
 	m.Leader = x.Leading
-	m.TopologyClock = func() (time.Time, time.Duration) { return x.Now(), o.Config.EffectiveTopologyMaxAge() }
+	m.TopologyClock = func() (time.Time, time.Duration) { return x.Now(), o.Config.TopologyAgeLimit() }
 	p := &Plugin{x: x}
 	addr := args.MetricsBindAddress
 	if addr == "" {

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gputopo/gputopo/topology/machine"
+
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -24,7 +26,6 @@ import (
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/internal/fakeapi"
 	"github.com/gputopo/gputopo/placement"
-	"github.com/gputopo/gputopo/topology"
 )
 
 // cycleState is the part of the framework's CycleState the plugin uses
@@ -97,7 +98,7 @@ func newCluster(t *testing.T, fixtures ...string) *cluster {
 // capacity and allocatable (-1: as many as the machine has).
 func (c *cluster) addNode(t *testing.T, fixture, name string, gpus int64) {
 	t.Helper()
-	fx, err := topology.FixtureByName(fixture)
+	fx, err := machine.FixtureByName(fixture)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // Node is one simulated GPU node: a machine (a built-in fixture or a
@@ -28,7 +29,7 @@ const (
 
 // ParseCluster reads "machine=count,machine=count,...", where a machine is
 // a built-in fixture name or the path of a machine file
-// (topology.LoadMachine), e.g. "mybox.yaml=8,dgx-a100=4". Nodes are named
+// (machine.Load), e.g. "mybox.yaml=8,dgx-a100=4". Nodes are named
 // "<machine name>-<i>" (a machine file's name field) and kept in the spec's
 // order, which is the order every policy scans them in.
 func ParseCluster(spec string) ([]Node, error) {
@@ -47,7 +48,7 @@ func ParseCluster(spec string) ([]Node, error) {
 		if err != nil || n < 1 || n > 10000 {
 			return nil, fmt.Errorf("cluster: entry %q: count must be an integer 1..10000", part)
 		}
-		f, err := topology.LoadMachine(name)
+		f, err := machine.Load(name)
 		if err != nil {
 			return nil, fmt.Errorf("cluster: entry %q: %w", part, err)
 		}

@@ -8,12 +8,12 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // importedMachine is a real DGX-1 V100's `nvidia-smi topo -m`, imported by
 // the topology package's golden test.
-var importedMachine = filepath.Join("..", "topology", "testdata", "smi", "dgx1-v100.yaml")
+var importedMachine = filepath.Join("..", "topology", "machine", "testdata", "smi", "dgx1-v100.yaml")
 
 func TestParseClusterTakesMachineFiles(t *testing.T) {
 	nodes, err := ParseCluster(importedMachine + "=2,dgx-a100=1")
@@ -30,7 +30,7 @@ func TestParseClusterTakesMachineFiles(t *testing.T) {
 	if diff := cmp.Diff([]string{"dgx1-v100", "dgx1-v100", "dgx-a100"}, machines); diff != "" {
 		t.Errorf("machines (-want +got):\n%s", diff)
 	}
-	f, err := topology.LoadMachine(importedMachine)
+	f, err := machine.Load(importedMachine)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,8 +8,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/webhook"
 )
 
 func TestSeedSpecs(t *testing.T) {
@@ -83,7 +83,7 @@ func TestFallbackAfterInSimulatedTime(t *testing.T) {
 		"d1,60,600,1,data\n" + // events at 60 s, ...
 		"d2,1300,600,1,data\n" // ... and 1300 s, after the 20 min fallback
 	nodes, jobs := mustCluster(t, "pcie-8x=1"), mustJobs(t, trace)
-	strict := webhook.DefaultConfig().PolicyTable
+	strict := configv1alpha1.DefaultWebhookConfiguration().PolicyTable
 	fallback := strict
 	fallback.Model.FallbackAfter = &metav1.Duration{Duration: 20 * time.Minute}
 

@@ -10,7 +10,6 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology"
-	"github.com/gputopo/gputopo/webhook"
 )
 
 // Config is one simulation: a cluster, a trace, the queueing rule and the
@@ -28,7 +27,7 @@ type Config struct {
 	// webhook's policy table the pods' requirements come from; nil means
 	// the webhook's default.
 	Extender    *configv1alpha1.ExtenderConfiguration
-	PolicyTable *webhook.PolicyTable
+	PolicyTable *configv1alpha1.PolicyTable
 }
 
 // DefaultMaxWait is the default queue timeout.

@@ -8,10 +8,12 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
-	"github.com/gputopo/gputopo/webhook"
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 )
 
-func defaultTable() webhook.PolicyTable { return webhook.DefaultConfig().PolicyTable }
+func defaultTable() configv1alpha1.PolicyTable {
+	return configv1alpha1.DefaultWebhookConfiguration().PolicyTable
+}
 
 func mustJobs(t *testing.T, csv string) []Job {
 	t.Helper()

@@ -17,7 +17,6 @@ import (
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/placement"
 	"github.com/gputopo/gputopo/topology"
-	"github.com/gputopo/gputopo/webhook"
 )
 
 // simNamespace holds the simulated pods.
@@ -37,7 +36,7 @@ type gputopoPolicy struct {
 	// this clock, so that fallbackAfter counts simulated waiting.
 	now   time.Duration
 	api   *simAPI
-	table webhook.PolicyTable
+	table configv1alpha1.PolicyTable
 	names []string
 	index map[string]int
 	pods  map[string]*corev1.Pod // pending or bound, by job ID
@@ -50,7 +49,7 @@ var _ Policy = (*gputopoPolicy)(nil)
 // simEpoch is simulated time 0 on the extender's clock.
 var simEpoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
-func newGputopoPolicy(nodes []Node, ext *configv1alpha1.ExtenderConfiguration, table webhook.PolicyTable) (*gputopoPolicy, error) {
+func newGputopoPolicy(nodes []Node, ext *configv1alpha1.ExtenderConfiguration, table configv1alpha1.PolicyTable) (*gputopoPolicy, error) {
 	api := newSimAPI()
 	cfg := configv1alpha1.DefaultExtenderConfiguration()
 	if ext != nil {

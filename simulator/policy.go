@@ -5,10 +5,11 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gputopo/gputopo/topology/allocator"
+
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 
 	"github.com/gputopo/gputopo/topology"
-	"github.com/gputopo/gputopo/webhook"
 )
 
 // Placement is where a policy put a job.
@@ -58,8 +59,8 @@ const PartitionLimit = 100000
 
 // newPolicy builds the named policy over nodes. ext and table configure
 // gputopo (the optimum reads the same table); nil means the defaults.
-func newPolicy(name string, nodes []Node, ext *configv1alpha1.ExtenderConfiguration, table *webhook.PolicyTable) (Policy, error) {
-	t := webhook.DefaultConfig().PolicyTable
+func newPolicy(name string, nodes []Node, ext *configv1alpha1.ExtenderConfiguration, table *configv1alpha1.PolicyTable) (Policy, error) {
+	t := configv1alpha1.DefaultWebhookConfiguration().PolicyTable
 	if table != nil {
 		t = *table
 	}
@@ -287,12 +288,12 @@ func bestPartitionGroup(g *topology.Graph, free topology.Mask, k, limit int) (to
 
 // optimum is the exhaustive per-decision optimum under gputopo's own
 // objective: every k-subset of every node's free GPUs that meets the
-// job's requirement (topology.BruteForce), the best by topology.Objective
+// job's requirement (allocator.BruteForce), the best by allocator.Objective
 // across nodes, first node among equals. It is greedy per decision, not a
 // clairvoyant schedule of the whole trace.
 type optimum struct {
 	nodes []Node
-	table webhook.PolicyTable
+	table configv1alpha1.PolicyTable
 }
 
 var _ Policy = (*optimum)(nil)
@@ -302,12 +303,12 @@ func (*optimum) Name() string { return PolicyOptimum }
 func (o *optimum) Place(job Job, free []topology.Mask) (Placement, bool, error) {
 	req := topology.Request{Count: job.GPUs, Requirement: o.table.For(job.Parallelism).Requirement(int64(job.GPUs))}
 	best := Placement{Node: -1}
-	var bestScore topology.Score
+	var bestScore allocator.Score
 	for i, n := range o.nodes {
 		if free[i].Count() < job.GPUs || n.Graph.Len() < job.GPUs {
 			continue
 		}
-		res, err := topology.BruteForce(n.Graph, free[i], req)
+		res, err := allocator.BruteForce(n.Graph, free[i], req)
 		var inf *topology.InfeasibleError
 		switch {
 		case errors.As(err, &inf):
@@ -316,7 +317,7 @@ func (o *optimum) Place(job Job, free []topology.Mask) (Placement, bool, error) 
 			return Placement{}, false, fmt.Errorf("optimum on node %s: %w", n.Name, err)
 		}
 		set := topology.MaskOf(res.GPUs...)
-		if sc := topology.Objective(n.Graph, set, free[i], req); best.Node < 0 || keysBetter(sc, bestScore) {
+		if sc := allocator.Objective(n.Graph, set, free[i], req); best.Node < 0 || keysBetter(sc, bestScore) {
 			best, bestScore = Placement{Node: i, GPUs: set}, sc
 		}
 	}
@@ -325,7 +326,7 @@ func (o *optimum) Place(job Job, free []topology.Mask) (Placement, bool, error) 
 
 // keysBetter compares two scores' keys only: across nodes, equal keys keep
 // the earlier node rather than comparing index sets.
-func keysBetter(a, b topology.Score) bool {
+func keysBetter(a, b allocator.Score) bool {
 	for i := range a.Keys {
 		if a.Keys[i] != b.Keys[i] {
 			return a.Keys[i] > b.Keys[i]

@@ -7,6 +7,7 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 func mustCluster(t *testing.T, spec string) []Node {
@@ -92,7 +93,7 @@ func TestBaselineSelectionRules(t *testing.T) {
 }
 
 func TestPartitionStopsAtTheLimitWithAValidGroup(t *testing.T) {
-	f, err := topology.FixtureByName("dgx2")
+	f, err := machine.FixtureByName("dgx2")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,8 +10,6 @@ import (
 	"time"
 
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
-
-	"github.com/gputopo/gputopo/webhook"
 )
 
 // Options are the inputs of one `gputopo simulate` run.
@@ -44,18 +42,18 @@ type Options struct {
 }
 
 // configs loads the extender and webhook configuration files of o.
-func (o Options) configs() (*configv1alpha1.ExtenderConfiguration, *webhook.PolicyTable, error) {
+func (o Options) configs() (*configv1alpha1.ExtenderConfiguration, *configv1alpha1.PolicyTable, error) {
 	var ext *configv1alpha1.ExtenderConfiguration
-	var table *webhook.PolicyTable
+	var table *configv1alpha1.PolicyTable
 	if o.ExtenderConfig != "" {
-		c, err := configv1alpha1.LoadExtenderConfiguration(o.ExtenderConfig)
+		c, err := configv1alpha1.LoadExtender(o.ExtenderConfig)
 		if err != nil {
 			return nil, nil, fmt.Errorf("--extender-config: %w", err)
 		}
 		ext = c
 	}
 	if o.WebhookConfig != "" {
-		c, err := webhook.LoadConfig(o.WebhookConfig)
+		c, err := configv1alpha1.LoadWebhook(o.WebhookConfig)
 		if err != nil {
 			return nil, nil, fmt.Errorf("--webhook-config: %w", err)
 		}
@@ -195,7 +193,7 @@ func writeFile(path string, write func(io.Writer) error) error {
 }
 
 // simulateSeeds runs o.Seeds generated traces and prints their summary.
-func simulateSeeds(w io.Writer, o Options, ext *configv1alpha1.ExtenderConfiguration, table *webhook.PolicyTable) error {
+func simulateSeeds(w io.Writer, o Options, ext *configv1alpha1.ExtenderConfiguration, table *configv1alpha1.PolicyTable) error {
 	specs, err := SeedSpecs(o.Trace, o.Seeds)
 	if err != nil {
 		return err

@@ -9,8 +9,6 @@ import (
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/gputopo/gputopo/webhook"
 )
 
 // SuiteCase is one trace on one cluster of the placement suite.
@@ -76,7 +74,7 @@ func (r SuiteRow) OK() bool {
 // policy table, once strict and once with SuiteFallbackAfter on the
 // model intent.
 func RunSuite(cases []SuiteCase, ext *configv1alpha1.ExtenderConfiguration) ([]SuiteRow, error) {
-	strict := webhook.DefaultConfig().PolicyTable
+	strict := configv1alpha1.DefaultWebhookConfiguration().PolicyTable
 	fallback := strict
 	fallback.Model.FallbackAfter = &metav1.Duration{Duration: SuiteFallbackAfter}
 	rows := make([]SuiteRow, 0, len(cases))

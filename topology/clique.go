@@ -2,7 +2,7 @@ package topology
 
 import "math/bits"
 
-// largestClique returns a largest clique of adj inside set if it has at
+// LargestClique returns a largest clique of adj inside set if it has at
 // least floor vertices, and the empty set otherwise. With stop > 0 it
 // returns as soon as it holds a clique of stop vertices. It is branch
 // and bound in the manner of Tomita's MCQ: the candidates are coloured
@@ -14,7 +14,7 @@ import "math/bits"
 //
 // w is charged for every vertex coloured; done is false when it ran out,
 // and the clique returned is then only the largest one found.
-func largestClique(adj []bitset, set bitset, floor, stop int, w *work) (members bitset, done bool) {
+func LargestClique(adj []Bitset, set Bitset, floor, stop int, w *Work) (members Bitset, done bool) {
 	c := cliqueSearch{adj: adj, stop: stop, w: w, bestN: max(floor-1, 0)}
 	if set != 0 {
 		c.expand(0, 0, set)
@@ -23,16 +23,16 @@ func largestClique(adj []bitset, set bitset, floor, stop int, w *work) (members 
 }
 
 type cliqueSearch struct {
-	adj   []bitset
-	best  bitset
+	adj   []Bitset
+	best  Bitset
 	bestN int
 	stop  int
-	w     *work
+	w     *Work
 	out   bool
 }
 
-func (c *cliqueSearch) expand(in bitset, size int, p bitset) {
-	var order, color [windowGPUs]uint8
+func (c *cliqueSearch) expand(in Bitset, size int, p Bitset) {
+	var order, color [WindowGPUs]uint8
 	n, col := 0, 0
 	for unc := p; unc != 0; {
 		col++
@@ -46,7 +46,7 @@ func (c *cliqueSearch) expand(in bitset, size int, p bitset) {
 	}
 	// A coloured vertex costs about four steps (calibrated against the
 	// ring table, docs/topology.md).
-	if !c.w.spend(int64(4*(n+col) + 8)) {
+	if !c.w.Spend(int64(4*(n+col) + 8)) {
 		c.out = true
 		return
 	}
@@ -70,72 +70,47 @@ func (c *cliqueSearch) expand(in bitset, size int, p bitset) {
 	}
 }
 
-// maxClique is the size of the largest clique of adj inside set. When
-// budget is not nil it is charged in work units (see SearchBudget) and the
-// search stops when it reaches zero; the answer is then a lower bound.
-func maxClique(adj []bitset, set bitset, budget *int) int {
+// MaxClique is the size of the largest clique of adj inside set. When
+// budget is not nil it is charged in work units (see Work) and the search
+// stops when it reaches zero; the answer is then a lower bound.
+func MaxClique(adj []Bitset, set Bitset, budget *int) int {
 	if budget == nil {
-		m, _ := largestClique(adj, set, 0, 0, nil)
+		m, _ := LargestClique(adj, set, 0, 0, nil)
 		return m.Count()
 	}
-	w := newWork(int64(*budget))
-	m, _ := largestClique(adj, set, 0, 0, w)
-	*budget = int(max(w.limit-w.used, 0))
+	w := &Work{Limit: int64(*budget)}
+	m, _ := LargestClique(adj, set, 0, 0, w)
+	*budget = int(max(w.Limit-w.Used, 0))
 	return m.Count()
 }
 
-// greedyColours is the number of colours a greedy colouring of set needs:
-// an upper bound on its largest clique, in O(|set|) mask operations.
-func greedyColours(adj []bitset, set bitset) int {
-	col := 0
-	for unc := set; unc != 0; {
-		col++
-		for q := unc; q != 0; {
-			v := bits.TrailingZeros64(uint64(q))
-			q &^= 1<<v | adj[v]
-			unc &^= 1 << v
-		}
+// CountCliques counts the cliques of size vertices (2, 3 or 4) of adj
+// inside set, charging w two units per step (pairs are not charged); done
+// is false when w ran out first, and the count is then of the cliques found
+// so far. Each clique is counted from its lowest vertex a, as the pairs (a
+// triangle) or the triangles (a 4-clique) among a's neighbours above a.
+func CountCliques(adj []Bitset, set Bitset, size int, w *Work) (count int, done bool) {
+	if size <= 2 {
+		return CountPairs(adj, set), true
 	}
-	return col
-}
-
-// quadsWithin counts the 4-cliques of adj inside set like countQuads,
-// charging w two units per step; done is false when w ran out first.
-func quadsWithin(adj []bitset, set bitset, w *work) (quads int, done bool) {
 	for r := set; r != 0; r &= r - 1 {
 		a := bits.TrailingZeros64(uint64(r))
-		na := adj[a] & set &^ (bitset(2)<<a - 1)
-		if !w.spend(int64(2 + 2*na.Count())) {
-			return quads, false
+		na := adj[a] & set &^ (Bitset(2)<<a - 1)
+		if w != nil && !w.Spend(int64(2+2*na.Count())) {
+			return count, false
+		}
+		if size == 3 {
+			count += CountPairs(adj, na)
+			continue
 		}
 		for s := na; s != 0; s &= s - 1 {
 			b := bits.TrailingZeros64(uint64(s))
-			nab := na & adj[b] &^ (bitset(2)<<b - 1)
-			if !w.spend(int64(2 * nab.Count())) {
-				return quads, false
+			nab := na & adj[b] &^ (Bitset(2)<<b - 1)
+			if w != nil && !w.Spend(int64(2*nab.Count())) {
+				return count, false
 			}
-			for t := nab; t != 0; t &= t - 1 {
-				d := bits.TrailingZeros64(uint64(t))
-				quads += (nab & adj[d] &^ (bitset(2)<<d - 1)).Count()
-			}
+			count += CountPairs(adj, nab)
 		}
 	}
-	return quads, true
-}
-
-// trianglesWithin counts the triangles of adj inside set, charging w two
-// units per step; done is false when w ran out first.
-func trianglesWithin(adj []bitset, set bitset, w *work) (triangles int, done bool) {
-	for r := set; r != 0; r &= r - 1 {
-		a := bits.TrailingZeros64(uint64(r))
-		na := adj[a] & set &^ (bitset(2)<<a - 1)
-		if !w.spend(int64(2 + 2*na.Count())) {
-			return triangles, false
-		}
-		for s := na; s != 0; s &= s - 1 {
-			b := bits.TrailingZeros64(uint64(s))
-			triangles += (na & adj[b] &^ (bitset(2)<<b - 1)).Count()
-		}
-	}
-	return triangles, true
+	return count, true
 }

@@ -4,13 +4,13 @@ import (
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
-// This file fixes the package's exported contract, which the extender, the
-// node agent, the simulator and the demo are written against. The
-// implementation lives in the other files of the package.
+// This file fixes the contract of an allocation, which topology/allocator
+// answers and the extender, the node agent, the simulator and the demo are
+// written against.
 
 // MaxGPUs is the largest number of GPUs one Graph may hold (one Mask).
-// Graphs of up to windowGPUs GPUs are searched directly; larger ones
-// through a window of their free GPUs (wide.go).
+// Graphs of up to WindowGPUs GPUs are searched directly; larger ones
+// through a window of their free GPUs (wide.go, allocator/wide.go).
 const MaxGPUs = 128
 
 // Request asks for Count GPUs under a requirement.
@@ -50,12 +50,12 @@ type SetMetrics struct {
 type Result struct {
 	GPUs    []int
 	Metrics SetMetrics
-	// Heuristic is true when the exact search's work budget (SearchBudget)
-	// ran out before it proved its set optimal, and the set (or, rarely,
-	// only its ring order and RingGBps) is the documented heuristic's
-	// instead: it still meets every constraint of the request, but a better
-	// set may exist. False means the answer is the exact optimum that
-	// BruteForce would give.
+	// Heuristic is true when the exact search's work budget
+	// (allocator.SearchBudget) ran out before it proved its set optimal,
+	// and the set (or, rarely, only its ring order and RingGBps) is the
+	// documented heuristic's instead: it still meets every constraint of
+	// the request, but a better set may exist. False means the answer is
+	// the exact optimum that allocator.BruteForce would give.
 	Heuristic bool
 }
 

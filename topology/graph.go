@@ -17,20 +17,20 @@ type Graph struct {
 	gpus  []v1alpha1.GPU
 	links []v1alpha1.Link // n*n, symmetric; links[i*n+j] has A<B
 	bw    []int           // n*n pair bandwidth, GB/s bidirectional
-	// The search's view, filled on graphs of at most windowGPUs GPUs (a
-	// larger graph is searched through windows of it, wide.go).
-	nv   []bitset // nv[i]: GPUs NVLinked to i
-	rank []int8   // n*n PCIe level rank, see pcieRank
+	// The set searches' view, filled on graphs of at most WindowGPUs GPUs
+	// (a larger graph is searched through windows of it, wide.go).
+	nv   []Bitset // nv[i]: GPUs NVLinked to i
+	rank []int8   // n*n PCIe level rank, see pcieRanks
 	// domBit[t][i] is the bit of dom[t][i]; OR-ing them over a set and
 	// counting bits gives the number of domains the set spans at level t.
-	domBit  [len(domainLevels)][]bitset
-	healthy bitset
+	domBit  [DomainLevels][]Bitset
+	healthy Bitset
 	uuid    map[string]int
 	hash    string
 
 	// dom[t][i] numbers the PCIe/NUMA domain of GPU i at domain level t
 	// (see domainLevels), 0..n-1.
-	dom      [len(domainLevels)][]int
+	dom      [DomainLevels][]int
 	nvW      []Mask // nvW[i]: GPUs NVLinked to i, on graphs of any size
 	healthyW Mask
 }
@@ -56,7 +56,11 @@ var pcieLevelNames = []string{
 // t (transitively); every domain a set spans beyond the first at each level
 // is one boundary crossed. Crossing sockets crosses every level, so it costs
 // the most.
-var domainLevels = [...]int8{1, 2, 3, 4}
+var domainLevels = [DomainLevels]int8{1, 2, 3, 4}
+
+// DomainLevels is the number of domain levels: a GPU's domain at level t
+// (0 <= t < DomainLevels) is Graph.DomainBit's.
+const DomainLevels = 4
 
 // Ceilings on what one link may claim. They keep a hostile or mistaken
 // status (a figure in MB/s, an NVLink bandwidth without nvlinks) from being
@@ -88,52 +92,77 @@ func NewGraph(gpus []v1alpha1.GPU, links []v1alpha1.Link) (*Graph, error) {
 	if n > MaxGPUs {
 		return nil, fmt.Errorf("gpus: %d GPUs listed; at most %d are supported per node", n, MaxGPUs)
 	}
-	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-
+	var bad problems
 	g := &Graph{n: n, gpus: make([]v1alpha1.GPU, n), uuid: make(map[string]int, n)}
-	seen := make([]int, n) // position in input + 1
+	seen := g.addGPUs(gpus, &bad)
+	linkPos := g.addLinks(links, &bad)
+	missingLinks(n, seen, linkPos, &bad)
+	if len(bad) > 0 {
+		return nil, errors.Join(bad...)
+	}
+	g.index()
+	return g, nil
+}
+
+// problems collects what NewGraph finds wrong, in the order it finds it.
+type problems []error
+
+func (p *problems) add(format string, args ...any) {
+	*p = append(*p, fmt.Errorf(format, args...))
+}
+
+// addGPUs checks and places every GPU at its index; seen[i] is the
+// position in gpus of GPU i, plus one (0: no GPU has index i).
+func (g *Graph) addGPUs(gpus []v1alpha1.GPU, bad *problems) (seen []int) {
+	n := g.n
+	seen = make([]int, n)
 	for pos, gpu := range gpus {
 		switch {
 		case gpu.Index < 0 || gpu.Index >= n:
-			bad("gpus[%d].index: %d is out of range; indices must be 0..%d, one per GPU", pos, gpu.Index, n-1)
+			bad.add("gpus[%d].index: %d is out of range; indices must be 0..%d, one per GPU", pos, gpu.Index, n-1)
 			continue
 		case seen[gpu.Index] != 0:
-			bad("gpus[%d].index: %d is also used by gpus[%d]; indices must be unique", pos, gpu.Index, seen[gpu.Index]-1)
+			bad.add("gpus[%d].index: %d is also used by gpus[%d]; indices must be unique", pos, gpu.Index, seen[gpu.Index]-1)
 			continue
 		}
 		seen[gpu.Index] = pos + 1
 		if gpu.UUID == "" {
-			bad("gpus[%d].uuid: must not be empty (GPU %d)", pos, gpu.Index)
+			bad.add("gpus[%d].uuid: must not be empty (GPU %d)", pos, gpu.Index)
 		} else if other, dup := g.uuid[gpu.UUID]; dup {
-			bad("gpus[%d].uuid: %q is also the UUID of GPU %d; UUIDs must be unique", pos, gpu.UUID, other)
+			bad.add("gpus[%d].uuid: %q is also the UUID of GPU %d; UUIDs must be unique", pos, gpu.UUID, other)
 		} else {
 			g.uuid[gpu.UUID] = gpu.Index
 		}
 		if gpu.MemoryMiB < 0 {
-			bad("gpus[%d].memoryMiB: %d must not be negative", pos, gpu.MemoryMiB)
+			bad.add("gpus[%d].memoryMiB: %d must not be negative", pos, gpu.MemoryMiB)
 		}
 		if gpu.NUMANode < -1 {
-			bad("gpus[%d].numaNode: %d must be -1 (unknown) or a NUMA node number", pos, gpu.NUMANode)
+			bad.add("gpus[%d].numaNode: %d must be -1 (unknown) or a NUMA node number", pos, gpu.NUMANode)
 		}
 		switch gpu.Health {
 		case "", v1alpha1.GPUHealthy, v1alpha1.GPUUnhealthy:
 		default:
-			bad("gpus[%d].health: %q is not one of %q, %q", pos, gpu.Health, v1alpha1.GPUHealthy, v1alpha1.GPUUnhealthy)
+			bad.add("gpus[%d].health: %q is not one of %q, %q", pos, gpu.Health, v1alpha1.GPUHealthy, v1alpha1.GPUUnhealthy)
 		}
 		g.gpus[gpu.Index] = gpu
 	}
+	return seen
+}
 
+// addLinks checks and places every link, both ways; linkPos[a*n+b] (a<b)
+// is the position in links of the pair's link, plus one.
+func (g *Graph) addLinks(links []v1alpha1.Link, bad *problems) (linkPos []int) {
+	n := g.n
 	g.links = make([]v1alpha1.Link, n*n)
-	linkPos := make([]int, n*n) // position in input + 1
+	linkPos = make([]int, n*n)
 	for pos, l := range links {
 		a, b := l.A, l.B
 		switch {
 		case a < 0 || a >= n || b < 0 || b >= n:
-			bad("links[%d]: GPU %d-GPU %d names a GPU that does not exist; indices must be 0..%d", pos, a, b, n-1)
+			bad.add("links[%d]: GPU %d-GPU %d names a GPU that does not exist; indices must be 0..%d", pos, a, b, n-1)
 			continue
 		case a == b:
-			bad("links[%d]: links GPU %d to itself; a link joins two different GPUs", pos, a)
+			bad.add("links[%d]: links GPU %d to itself; a link joins two different GPUs", pos, a)
 			continue
 		}
 		if a > b {
@@ -145,54 +174,61 @@ func NewGraph(gpus []v1alpha1.GPU, links []v1alpha1.Link) (*Graph, error) {
 			if links[p-1].A != links[pos].A {
 				what = "describes the same pair in the other direction"
 			}
-			bad("links[%d]: GPU %d-GPU %d %s as links[%d]; list every pair once", pos, a, b, what, p-1)
+			bad.add("links[%d]: GPU %d-GPU %d %s as links[%d]; list every pair once", pos, a, b, what, p-1)
 			continue
 		}
 		linkPos[a*n+b] = pos + 1
-		if _, ok := pcieRanks[l.PCIe]; !ok {
-			bad("links[%d].pcie: %q is not a known PCIe level; want one of %v", pos, l.PCIe, pcieLevelNames)
-		}
-		switch {
-		case l.NVLinks < 0:
-			bad("links[%d].nvlinks: %d must not be negative", pos, l.NVLinks)
-		case l.NVLinks > MaxNVLinks:
-			bad("links[%d].nvlinks: %d; a GPU has at most %d NVLinks (NVML's NVLINK_MAX_LINKS)", pos, l.NVLinks, MaxNVLinks)
-		}
-		if l.NVSwitch && l.NVLinks <= 0 {
-			bad("links[%d].nvswitch: set but nvlinks is %d; an NVSwitch path needs the GPU's NVLink count", pos, l.NVLinks)
-		}
-		switch {
-		case l.BandwidthGBps < 0:
-			bad("links[%d].bandwidthGBps: %d must not be negative", pos, l.BandwidthGBps)
-		case l.BandwidthGBps > MaxPairGBps:
-			bad("links[%d].bandwidthGBps: %d; a GPU pair carries at most %d GB/s (NVLink5 through NVSwitch, the fastest, gives 1,800)", pos, l.BandwidthGBps, MaxPairGBps)
-		case l.NVLinks > 0 && l.BandwidthGBps == 0:
-			bad("links[%d].bandwidthGBps: 0 with %d NVLinks; an NVLinked pair needs its bandwidth (nvlinks × GB/s per link)", pos, l.NVLinks)
-		case l.NVLinks <= 0 && l.BandwidthGBps > MaxPCIeGBps:
-			bad("links[%d].bandwidthGBps: %d; a PCIe link carries at most %d GB/s (PCIe Gen6 x16, bidirectional); a faster pair needs its nvlinks", pos, l.BandwidthGBps, MaxPCIeGBps)
-		}
+		checkLink(pos, l, bad)
 		g.links[a*n+b] = l
 		g.links[b*n+a] = l
 	}
+	return linkPos
+}
+
+// checkLink checks what one link claims: its PCIe level, NVLinks and
+// bandwidth, against each other and the ceilings.
+func checkLink(pos int, l v1alpha1.Link, bad *problems) {
+	if _, ok := pcieRanks[l.PCIe]; !ok {
+		bad.add("links[%d].pcie: %q is not a known PCIe level; want one of %v", pos, l.PCIe, pcieLevelNames)
+	}
+	switch {
+	case l.NVLinks < 0:
+		bad.add("links[%d].nvlinks: %d must not be negative", pos, l.NVLinks)
+	case l.NVLinks > MaxNVLinks:
+		bad.add("links[%d].nvlinks: %d; a GPU has at most %d NVLinks (NVML's NVLINK_MAX_LINKS)", pos, l.NVLinks, MaxNVLinks)
+	}
+	if l.NVSwitch && l.NVLinks <= 0 {
+		bad.add("links[%d].nvswitch: set but nvlinks is %d; an NVSwitch path needs the GPU's NVLink count", pos, l.NVLinks)
+	}
+	switch {
+	case l.BandwidthGBps < 0:
+		bad.add("links[%d].bandwidthGBps: %d must not be negative", pos, l.BandwidthGBps)
+	case l.BandwidthGBps > MaxPairGBps:
+		bad.add("links[%d].bandwidthGBps: %d; a GPU pair carries at most %d GB/s (NVLink5 through NVSwitch, the fastest, gives 1,800)", pos, l.BandwidthGBps, MaxPairGBps)
+	case l.NVLinks > 0 && l.BandwidthGBps == 0:
+		bad.add("links[%d].bandwidthGBps: 0 with %d NVLinks; an NVLinked pair needs its bandwidth (nvlinks × GB/s per link)", pos, l.NVLinks)
+	case l.NVLinks <= 0 && l.BandwidthGBps > MaxPCIeGBps:
+		bad.add("links[%d].bandwidthGBps: %d; a PCIe link carries at most %d GB/s (PCIe Gen6 x16, bidirectional); a faster pair needs its nvlinks", pos, l.BandwidthGBps, MaxPCIeGBps)
+	}
+}
+
+// missingLinks reports the pairs of listed GPUs that no link describes,
+// the first five by name.
+func missingLinks(n int, seen, linkPos []int, bad *problems) {
 	missing := 0
 	for a := 0; a < n; a++ {
 		for b := a + 1; b < n; b++ {
 			if linkPos[a*n+b] == 0 && seen[a] != 0 && seen[b] != 0 {
 				if missing < 5 {
-					bad("links: no link between GPU %d and GPU %d; every pair of GPUs needs exactly one link", a, b)
+					bad.add("links: no link between GPU %d and GPU %d; every pair of GPUs needs exactly one link", a, b)
 				}
 				missing++
 			}
 		}
 	}
 	if missing > 5 {
-		bad("links: %d more pairs have no link", missing-5)
+		bad.add("links: %d more pairs have no link", missing-5)
 	}
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
-	}
-	g.index()
-	return g, nil
 }
 
 // FromStatus builds a Graph from a NodeGPUTopology status. Telemetry, times
@@ -256,22 +292,22 @@ func (g *Graph) index() {
 		}
 		g.dom[t] = comp
 	}
-	if n <= windowGPUs {
+	if n <= WindowGPUs {
 		g.indexBits()
 	}
 	g.hash = g.computeHash()
 }
 
-// indexBits fills the search's view of a graph of at most windowGPUs GPUs
+// indexBits fills the search's view of a graph of at most WindowGPUs GPUs
 // from its wide tables.
 func (g *Graph) indexBits() {
-	g.healthy = g.healthyW.bits()
-	g.nv = make([]bitset, g.n)
+	g.healthy = g.healthyW.Bitset()
+	g.nv = make([]Bitset, g.n)
 	for i, m := range g.nvW {
-		g.nv[i] = m.bits()
+		g.nv[i] = m.Bitset()
 	}
 	for t := range domainLevels {
-		g.domBit[t] = make([]bitset, g.n)
+		g.domBit[t] = make([]Bitset, g.n)
 		for i, c := range g.dom[t] {
 			g.domBit[t][i] = 1 << c
 		}
@@ -349,12 +385,12 @@ func (g *Graph) Hash() string { return g.hash }
 // All is the set of every GPU.
 func (g *Graph) All() Mask { return firstN(g.n) }
 
-// all is All as a bitset, on a graph of at most windowGPUs GPUs.
-func (g *Graph) all() bitset {
-	if g.n == windowGPUs {
-		return ^bitset(0)
+// all is All as a Bitset, on a graph of at most WindowGPUs GPUs.
+func (g *Graph) all() Bitset {
+	if g.n == WindowGPUs {
+		return ^Bitset(0)
 	}
-	return bitset(1)<<g.n - 1
+	return Bitset(1)<<g.n - 1
 }
 
 // Healthy is the set of GPUs whose health is Healthy or not reported.
@@ -364,4 +400,35 @@ func (g *Graph) Healthy() Mask { return g.healthyW }
 func (g *Graph) IndexOf(uuid string) (int, bool) {
 	i, ok := g.uuid[uuid]
 	return i, ok
+}
+
+// GPU returns GPU i; the zero GPU when i is out of range.
+func (g *Graph) GPU(i int) v1alpha1.GPU {
+	if i < 0 || i >= g.n {
+		return v1alpha1.GPU{}
+	}
+	return g.gpus[i]
+}
+
+// BW is Bandwidth for two GPUs of g without the range check, for the inner
+// loops of set searches: a and b must be 0..Len()-1 (a == b gives 0).
+func (g *Graph) BW(a, b int) int { return g.bw[a*g.n+b] }
+
+// NVAdjacency is, on a graph of at most WindowGPUs GPUs, each GPU's
+// NVLinked GPUs (directly or through an NVSwitch) as a Bitset; nil on a
+// larger graph. The slice is the graph's own: callers only read it.
+func (g *Graph) NVAdjacency() []Bitset { return g.nv }
+
+// DomainBit is, on a graph of at most WindowGPUs GPUs, the domain of GPU i
+// at domain level t (0 <= t < DomainLevels) as a single bit: OR-ing them
+// over a set and counting the bits gives the number of domains the set
+// spans at that level.
+func (g *Graph) DomainBit(t, i int) Bitset { return g.domBit[t][i] }
+
+// PCIeRank orders the PCIe levels from nearest (0: two GPUs on one board)
+// to farthest (5: across sockets), as NVML does; ok is false for a level
+// that is none of the API's.
+func PCIeRank(l v1alpha1.PCIeLevel) (rank int, ok bool) {
+	r, ok := pcieRanks[l]
+	return int(r), ok
 }

@@ -1,21 +1,26 @@
-package topology
+package topology_test
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
+)
 
 func TestIslandsFollowNVLinkComponents(t *testing.T) {
 	cases := map[string]struct {
 		fixture string
-		want    []Mask
+		want    []topology.Mask
 		peak    int
 	}{
-		"nvswitch machine is one island":     {fixture: "dgx-a100", want: []Mask{MaskOf(0, 1, 2, 3, 4, 5, 6, 7)}, peak: 600},
-		"cube mesh is connected":             {fixture: "dgx1-v100", want: []Mask{MaskOf(0, 1, 2, 3, 4, 5, 6, 7)}},
-		"bridged pairs are islands of two":   {fixture: "pcie-8x-nvlink-pairs", want: []Mask{MaskOf(0, 1), MaskOf(2, 3), MaskOf(4, 5), MaskOf(6, 7)}},
-		"plain pcie gpus are islands of one": {fixture: "pcie-8x", want: []Mask{MaskOf(0), MaskOf(1), MaskOf(2), MaskOf(3), MaskOf(4), MaskOf(5), MaskOf(6), MaskOf(7)}},
+		"nvswitch machine is one island":     {fixture: "dgx-a100", want: []topology.Mask{topology.MaskOf(0, 1, 2, 3, 4, 5, 6, 7)}, peak: 600},
+		"cube mesh is connected":             {fixture: "dgx1-v100", want: []topology.Mask{topology.MaskOf(0, 1, 2, 3, 4, 5, 6, 7)}},
+		"bridged pairs are islands of two":   {fixture: "pcie-8x-nvlink-pairs", want: []topology.Mask{topology.MaskOf(0, 1), topology.MaskOf(2, 3), topology.MaskOf(4, 5), topology.MaskOf(6, 7)}},
+		"plain pcie gpus are islands of one": {fixture: "pcie-8x", want: []topology.Mask{topology.MaskOf(0), topology.MaskOf(1), topology.MaskOf(2), topology.MaskOf(3), topology.MaskOf(4), topology.MaskOf(5), topology.MaskOf(6), topology.MaskOf(7)}},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			f, err := FixtureByName(tc.fixture)
+			f, err := machine.FixtureByName(tc.fixture)
 			if err != nil {
 				t.Fatal(err)
 			}

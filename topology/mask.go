@@ -125,34 +125,36 @@ func (m Mask) String() string {
 	return string(append(b, '}'))
 }
 
-// bitset is the search's set of GPU indices over a graph of at most
-// windowGPUs GPUs: bit i set means GPU i is in the set. It is one machine
-// word so that the inner loops stay single instructions.
-type bitset uint64
+// Bitset is a set of GPU indices over a graph of at most WindowGPUs GPUs,
+// the form set searches (the allocator, the metrics) work in: bit i set
+// means GPU i is in the set. It is one machine word so that the inner
+// loops stay single instructions.
+type Bitset uint64
 
-// windowGPUs is the most GPUs a bitset holds: the largest graph the
-// search works on directly.
-const windowGPUs = 64
+// WindowGPUs is the most GPUs a Bitset holds: the largest graph a set
+// search works on directly. A larger graph is seen through windows of at
+// most WindowGPUs of its GPUs (Graph.Window).
+const WindowGPUs = 64
 
-// bits is the bitset of m's GPUs 0..windowGPUs-1 (all of m on a graph of at
-// most windowGPUs GPUs).
-func (m Mask) bits() bitset { return bitset(m.w[0]) }
+// Bitset is the Bitset of m's GPUs 0..WindowGPUs-1 (all of m on a graph of
+// at most WindowGPUs GPUs).
+func (m Mask) Bitset() Bitset { return Bitset(m.w[0]) }
 
-// mask is b as a Mask.
-func (b bitset) mask() Mask {
+// Mask is b as a Mask.
+func (b Bitset) Mask() Mask {
 	var m Mask
 	m.w[0] = uint64(b)
 	return m
 }
 
 // Count is the number of GPUs in the set.
-func (b bitset) Count() int { return bits.OnesCount64(uint64(b)) }
+func (b Bitset) Count() int { return bits.OnesCount64(uint64(b)) }
 
 // Has reports whether GPU i is in the set.
-func (b bitset) Has(i int) bool { return i >= 0 && i < windowGPUs && b&(1<<i) != 0 }
+func (b Bitset) Has(i int) bool { return i >= 0 && i < WindowGPUs && b&(1<<i) != 0 }
 
 // Indices lists the set's GPU indices in increasing order.
-func (b bitset) Indices() []int {
+func (b Bitset) Indices() []int {
 	out := make([]int, 0, b.Count())
 	for r := b; r != 0; r &= r - 1 {
 		out = append(out, bits.TrailingZeros64(uint64(r)))
@@ -161,4 +163,4 @@ func (b bitset) Indices() []int {
 }
 
 // String renders the set as "{0,3,4}".
-func (b bitset) String() string { return b.mask().String() }
+func (b Bitset) String() string { return b.Mask().String() }

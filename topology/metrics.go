@@ -15,45 +15,56 @@ const RingExactMaxGPUs = 16
 // Metrics describes set as a placement: its bandwidths, the boundaries it
 // crosses, its weakest tier, and what it leaves behind among free &^ set.
 func (g *Graph) Metrics(set, free Mask) SetMetrics {
+	return g.MetricsWithRing(set, free, -1)
+}
+
+// MetricsWithRing is Metrics with the set's ring bandwidth given by the
+// caller, a search that has it (possibly only the best ring its work budget
+// found), instead of computed; ring < 0 computes it.
+func (g *Graph) MetricsWithRing(set, free Mask, ring int) SetMetrics {
 	set, free = set.Intersect(g.All()), free.Intersect(g.All())
-	if g.wide() {
-		return g.wideMetrics(set, free, -1)
+	if g.Wide() {
+		return g.wideMetrics(set, free, ring)
 	}
-	return g.metricsOf(set.bits(), free.bits())
+	if ring < 0 {
+		ring, _ = g.ringAtLeast(set.Bitset(), 0)
+	}
+	return g.metrics(set.Bitset(), free.Bitset()&g.all(), ring)
 }
 
-func (g *Graph) metricsOf(set, free bitset) SetMetrics {
-	ring, _ := g.ringAtLeast(set, 0)
-	return g.metrics(set, free&g.all(), ring)
-}
-
-func (g *Graph) metrics(set, free bitset, ring int) SetMetrics {
-	minPair, sum := g.pairStats(set)
+func (g *Graph) metrics(set, free Bitset, ring int) SetMetrics {
+	minPair, sum := g.PairStats(set)
 	left := free &^ set
 	return SetMetrics{
 		MinPairGBps:       minPair,
 		RingGBps:          ring,
 		SumGBps:           sum,
-		DomainsCrossed:    g.domains(set),
-		Tier:              g.tier(set),
-		LeftLargestIsland: maxClique(g.nv, left, nil),
-		LeftNVLinkPairs:   countPairs(g.nv, left),
+		DomainsCrossed:    g.Domains(set),
+		Tier:              g.Tier(set),
+		LeftLargestIsland: MaxClique(g.nv, left, nil),
+		LeftNVLinkPairs:   CountPairs(g.nv, left),
 		LeftNVLinkQuads:   countQuads(g.nv, left),
 	}
+}
+
+// countQuads counts the 4-cliques of adj inside set.
+func countQuads(adj []Bitset, set Bitset) int {
+	q, _ := CountCliques(adj, set, 4, nil)
+	return q
 }
 
 // RingOrder returns the set's GPUs in the order of its best ring (the one
 // whose weakest link is strongest), starting at the lowest index.
 func (g *Graph) RingOrder(set Mask) []int {
 	set = set.Intersect(g.All())
-	if !g.wide() {
-		_, order := g.ring(set.bits())
+	if !g.Wide() {
+		_, order := g.ring(set.Bitset())
 		return order
 	}
 	if c := set.Count(); c <= 3 || c > RingExactMaxGPUs {
 		return set.Indices()
 	}
-	w, idx := g.window(set)
+	w, idx := g.Window(set)
 	_, order := w.ring(w.all())
 	for i, l := range order {
 		order[i] = idx[l]
@@ -61,9 +72,9 @@ func (g *Graph) RingOrder(set Mask) []int {
 	return order
 }
 
-// pairStats is the minimum and the sum of pair bandwidths inside set (0, 0
-// for fewer than two GPUs).
-func (g *Graph) pairStats(set bitset) (minPair, sum int) {
+// PairStats is the minimum and the sum of pair bandwidths inside set (0, 0
+// for fewer than two GPUs), on a graph of at most WindowGPUs GPUs.
+func (g *Graph) PairStats(set Bitset) (minPair, sum int) {
 	if set.Count() < 2 {
 		return 0, 0
 	}
@@ -82,12 +93,13 @@ func (g *Graph) pairStats(set bitset) (minPair, sum int) {
 	return minPair, sum
 }
 
-// domains counts the domain boundaries set crosses: at each domain level,
-// the number of domains it spans minus one.
-func (g *Graph) domains(set bitset) int {
+// Domains counts the domain boundaries set crosses, on a graph of at most
+// WindowGPUs GPUs: at each domain level, the number of domains it spans
+// minus one (SetMetrics.DomainsCrossed).
+func (g *Graph) Domains(set Bitset) int {
 	total := 0
 	for t := range domainLevels {
-		var spanned bitset
+		var spanned Bitset
 		for r := set; r != 0; r &= r - 1 {
 			spanned |= g.domBit[t][bits.TrailingZeros64(uint64(r))]
 		}
@@ -98,8 +110,9 @@ func (g *Graph) domains(set bitset) int {
 	return total
 }
 
-// tier is the weakest link tier inside set.
-func (g *Graph) tier(set bitset) v1alpha1.LinkTier {
+// Tier is the weakest link tier inside set, on a graph of at most
+// WindowGPUs GPUs.
+func (g *Graph) Tier(set Bitset) v1alpha1.LinkTier {
 	switch set.Count() {
 	case 0:
 		return ""
@@ -140,7 +153,7 @@ func (g *Graph) pairTier(a, b int) v1alpha1.LinkTier {
 // ring finds the best ring through set: the cyclic order whose weakest link
 // is strongest (bottleneck travelling salesman), and that order starting at
 // the lowest index.
-func (g *Graph) ring(set bitset) (int, []int) {
+func (g *Graph) ring(set Bitset) (int, []int) {
 	v, _ := g.ringAtLeast(set, 0)
 	idx := set.Indices()
 	if len(idx) <= 3 || len(idx) > RingExactMaxGPUs {
@@ -154,10 +167,10 @@ func (g *Graph) ring(set bitset) (int, []int) {
 
 // ringAtLeast computes the best ring's bottleneck when it is at least floor
 // (ok), and otherwise only reports that it is below floor (!ok), without a
-// work limit (see ringWithin). It does not allocate for sets of up to 12
+// work limit (see RingWithin). It does not allocate for sets of up to 12
 // GPUs.
-func (g *Graph) ringAtLeast(set bitset, floor int) (int, bool) {
-	v, ok, _ := g.ringWithin(set, floor, nil)
+func (g *Graph) ringAtLeast(set Bitset, floor int) (int, bool) {
+	v, ok, _ := g.RingWithin(set, floor, nil)
 	return v, ok
 }
 
@@ -182,6 +195,14 @@ func (g *Graph) ringUpperBound(idx []int) int {
 		}
 	}
 	return upper
+}
+
+// HamiltonCycle returns a ring order through idx (at most RingExactMaxGPUs
+// GPUs of a graph of at most WindowGPUs) using only links of at least
+// minBW, starting at idx[0] with the smaller of its neighbours second; nil
+// when there is none. It builds the table RingTableCost(len(idx)) prices.
+func (g *Graph) HamiltonCycle(idx []int, minBW int) []int {
+	return g.hamiltonCycle(idx, minBW, true)
 }
 
 // found is hamiltonCycle's non-nil answer when the order is not wanted.
@@ -212,7 +233,7 @@ func (g *Graph) hamiltonCycle(idx []int, minBW int, wantOrder bool) []int {
 	full := uint32(1)<<k - 1
 	// A path through mask (bit 0 always set) can end at u when one through
 	// mask without u ends at a neighbour of u: 2^(k-1)·(k-1) steps whatever
-	// the links (ringTableCost).
+	// the links (RingTableCost).
 	for mask := uint32(3); mask <= full; mask += 2 {
 		var ends uint16
 		for m := mask &^ 1; m != 0; m &= m - 1 {
@@ -255,30 +276,13 @@ func (g *Graph) hamiltonCycle(idx []int, minBW int, wantOrder bool) []int {
 	return order
 }
 
-// countPairs counts the edges of adj inside set.
-func countPairs(adj []bitset, set bitset) int {
+// CountPairs counts the edges of adj inside set: for an NVLink adjacency,
+// the NVLinked pairs.
+func CountPairs(adj []Bitset, set Bitset) int {
 	c := 0
 	for r := set; r != 0; r &= r - 1 {
 		a := bits.TrailingZeros64(uint64(r))
-		c += (adj[a] & set &^ (bitset(2)<<a - 1)).Count()
-	}
-	return c
-}
-
-// countQuads counts the 4-cliques of adj inside set.
-func countQuads(adj []bitset, set bitset) int {
-	c := 0
-	for r := set; r != 0; r &= r - 1 {
-		a := bits.TrailingZeros64(uint64(r))
-		na := adj[a] & set &^ (bitset(2)<<a - 1)
-		for s := na; s != 0; s &= s - 1 {
-			b := bits.TrailingZeros64(uint64(s))
-			nab := na & adj[b] &^ (bitset(2)<<b - 1)
-			for t := nab; t != 0; t &= t - 1 {
-				d := bits.TrailingZeros64(uint64(t))
-				c += (nab & adj[d] &^ (bitset(2)<<d - 1)).Count()
-			}
-		}
+		c += (adj[a] & set &^ (Bitset(2)<<a - 1)).Count()
 	}
 	return c
 }

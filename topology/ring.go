@@ -5,22 +5,22 @@ import (
 	"slices"
 )
 
-// ringTourMinGPUs is the smallest set for which ringWithin first tries
+// ringTourMinGPUs is the smallest set for which RingWithin first tries
 // nearest-neighbour tours (O(k^3)) for a lower bound: below it a ring table
 // (O(2^k·k)) costs less than the tours.
 const ringTourMinGPUs = 9
 
-// ringTableCost is the work of one Hamiltonian-cycle table over k GPUs
+// RingTableCost is the work of one Hamiltonian-cycle table over k GPUs
 // (hamiltonCycle): 2^(k-1) subsets, k-1 steps each, two units a step (one
 // unit is about a nanosecond; 16 GPUs take about 1 M units).
-func ringTableCost(k int) int64 {
+func RingTableCost(k int) int64 {
 	if k < 2 {
 		return 1
 	}
 	return 2*int64(1)<<(k-1)*int64(k-1) + int64(k*k)
 }
 
-// ringWithin computes the best ring's bottleneck through set when it is at
+// RingWithin computes the best ring's bottleneck through set when it is at
 // least floor (ok), and otherwise only reports that it is below floor (!ok).
 // The answer lies between a lower bound, the minimum pair (any order of a
 // complete graph is a ring) or, from ringTourMinGPUs GPUs, the best
@@ -33,8 +33,8 @@ func ringTableCost(k int) int64 {
 // pair. w is charged and asked before each Hamiltonian-cycle table; done
 // is false when it could not pay for one, and v is then the best ring
 // found so far.
-func (g *Graph) ringWithin(set bitset, floor int, w *work) (v int, ok, done bool) {
-	var buf [windowGPUs]int
+func (g *Graph) RingWithin(set Bitset, floor int, w *Work) (v int, ok, done bool) {
+	var buf [WindowGPUs]int
 	idx := buf[:0]
 	for r := set; r != 0; r &= r - 1 {
 		idx = append(idx, bits.TrailingZeros64(uint64(r)))
@@ -47,8 +47,8 @@ func (g *Graph) ringWithin(set bitset, floor int, w *work) (v int, ok, done bool
 		v = g.bw[idx[0]*g.n+idx[1]]
 		return v, v >= floor, true
 	}
-	w.charge(int64(2 * k * k))
-	minPair, _ := g.pairStats(set)
+	w.Charge(int64(2 * k * k))
+	minPair, _ := g.PairStats(set)
 	if k == 3 || k > RingExactMaxGPUs {
 		return minPair, minPair >= floor, true
 	}
@@ -61,8 +61,8 @@ func (g *Graph) ringWithin(set bitset, floor int, w *work) (v int, ok, done bool
 	}
 	lower := minPair
 	if k >= ringTourMinGPUs {
-		w.charge(int64(3 * k * k))
-		lower = max(g.greedyRing(idx, nil, 1), minPair)
+		w.Charge(int64(3 * k * k))
+		lower = max(g.GreedyRing(idx, nil, 1), minPair)
 		if lower >= upper {
 			return upper, upper >= floor, true
 		}
@@ -78,7 +78,7 @@ func (g *Graph) ringWithin(set bitset, floor int, w *work) (v int, ok, done bool
 			}
 		}
 	}
-	w.charge(int64(8 * len(levels)))
+	w.Charge(int64(8 * len(levels)))
 	slices.Sort(levels)
 	levels = slices.Compact(levels)
 	// levels[lo] has a cycle (lo = -1: lower has one), levels[hi] has none
@@ -115,12 +115,12 @@ func (g *Graph) ringWithin(set bitset, floor int, w *work) (v int, ok, done bool
 	return levels[lo], true, true
 }
 
-// greedyRing is the best bottleneck among the nearest-neighbour tours
+// GreedyRing is the best bottleneck among the nearest-neighbour tours
 // through idx from its first starts GPUs (all of them when starts >= k),
 // each step taking the strongest link to a GPU not yet visited (the lowest
 // index among equals). When order is not nil it receives the best tour,
 // rotated to start at idx[0]. O(starts·k^2).
-func (g *Graph) greedyRing(idx []int, order []int, starts int) int {
+func (g *Graph) GreedyRing(idx []int, order []int, starts int) int {
 	k := len(idx)
 	best := -1
 	var tour [RingExactMaxGPUs]int
@@ -172,7 +172,7 @@ func (g *Graph) greedyRing(idx []int, order []int, starts int) int {
 // first, usually finds a ring when there is one; only when both are
 // inconclusive does it build the Hamiltonian-cycle table, which w must
 // afford (done is false when it cannot).
-func (g *Graph) cycleAtLeast(idx []int, t int, w *work) (cycle, done bool) {
+func (g *Graph) cycleAtLeast(idx []int, t int, w *Work) (cycle, done bool) {
 	k := len(idx)
 	if k >= ringTourMinGPUs {
 		var adj [RingExactMaxGPUs]uint32
@@ -183,22 +183,22 @@ func (g *Graph) cycleAtLeast(idx []int, t int, w *work) (cycle, done bool) {
 				}
 			}
 		}
-		w.charge(int64(3 * k * k))
+		w.Charge(int64(3 * k * k))
 		if !biconnected(&adj, k) {
 			return false, true
 		}
 		h := hamiltonSearch{adj: &adj, k: k, full: uint32(1)<<k - 1, left: 64 * k}
 		found := h.extend(0, 1)
-		w.charge(int64((64*k - h.left) * 3 * k))
+		w.Charge(int64((64*k - h.left) * 3 * k))
 		if found || h.left > 0 {
 			return found, true
 		}
 	}
-	cost := ringTableCost(k)
-	if !w.afford(cost) {
+	cost := RingTableCost(k)
+	if !w.Afford(cost) {
 		return false, false
 	}
-	w.charge(cost)
+	w.Charge(cost)
 	return g.hamiltonCycle(idx, t, false) != nil, true
 }
 

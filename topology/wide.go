@@ -1,49 +1,34 @@
 package topology
 
 import (
-	"errors"
-	"fmt"
 	"math/bits"
 	"slices"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
-// Graphs of more than windowGPUs GPUs (up to MaxGPUs) are not searched
-// directly: the search's sets are one machine word. Instead a decision
-// looks at a window, the graph induced on at most windowGPUs of the node's
-// GPUs, with the same links, domains and health:
-//
-//   - With at most windowGPUs free GPUs (a large node in use), the window is
-//     the free GPUs. Every set the node could give is inside it and every
-//     key of the objective depends only on free GPUs, so the answer is the
-//     same as a direct search would give (exact unless the work budget ran
-//     out, as on any node).
-//   - With more free GPUs, shrink drops free GPUs until windowGPUs remain
-//     (those that cannot be chosen first, then those with the most partners
-//     they may not be chosen with, then the least connected, then the
-//     highest index), and the window is the rest. A better set may use a
-//     dropped GPU, so the answer is marked Heuristic. A request for more
-//     than windowGPUs GPUs takes what shrink leaves of the free GPUs at that
-//     count, checked against the requirement.
-//
-// The metrics of a set on a large graph come from windows of the set and of
-// the free GPUs it leaves; where those leave more than windowGPUs GPUs,
-// LeftLargestIsland is a greedy clique (a lower bound, exact on NVSwitch
-// machines). docs/topology.md has the figures.
+// A graph of more than WindowGPUs GPUs (up to MaxGPUs) is wide: set
+// searches, whose sets are one machine word, see it through windows, the
+// graphs induced on at most WindowGPUs of its GPUs with the same links,
+// domains and health (the allocator's choice of window is
+// allocator/wide.go's). The metrics of a set on a wide graph come from
+// windows of the set and of the free GPUs it leaves; where those leave more
+// than WindowGPUs GPUs, LeftLargestIsland is a greedy clique (a lower bound,
+// exact on NVSwitch machines). docs/topology.md has the figures.
 
 // wideWindowBudget is the work allowed to the metrics of a large graph's
-// set (its left cliques), in SearchBudget units.
+// set (its left cliques), in work units (see Work).
 const wideWindowBudget = 400_000
 
-// wide reports whether g is searched through windows.
-func (g *Graph) wide() bool { return g.n > windowGPUs }
+// Wide reports whether g has more than WindowGPUs GPUs, so that set
+// searches see it through windows (Window).
+func (g *Graph) Wide() bool { return g.n > WindowGPUs }
 
-// window is the graph induced on the GPUs of u (at most windowGPUs of
+// Window is the graph induced on the GPUs of u (at most WindowGPUs of
 // them), numbered in increasing order of their index in g; idx maps each
 // window index to g's. Domains are g's: two GPUs of the window share a
-// domain when they share it in g.
-func (g *Graph) window(u Mask) (w *Graph, idx []int) {
+// domain when they share it in g. The window's hash is g's and u's.
+func (g *Graph) Window(u Mask) (w *Graph, idx []int) {
 	idx = u.Indices()
 	n := len(idx)
 	w = &Graph{n: n, gpus: make([]v1alpha1.GPU, n), links: make([]v1alpha1.Link, n*n),
@@ -90,148 +75,6 @@ func (g *Graph) window(u Mask) (w *Graph, idx []int) {
 	return w, idx
 }
 
-// windowBits is m's GPUs among idx (a window's index map) as the window's
-// bitset.
-func windowBits(m Mask, idx []int) bitset {
-	var b bitset
-	for i, gi := range idx {
-		if m.Has(gi) {
-			b |= 1 << i
-		}
-	}
-	return b
-}
-
-// windowRequest is req with its utilization renumbered for the window.
-func windowRequest(req Request, idx []int) Request {
-	if req.Utilization != nil {
-		u := make([]int32, len(idx))
-		for i, gi := range idx {
-			u[i] = req.Utilization[gi]
-		}
-		req.Utilization = u
-	}
-	return req
-}
-
-// allocateWide answers a request on a graph of more than windowGPUs GPUs;
-// free is already limited to healthy GPUs.
-func (a *Allocator) allocateWide(g *Graph, free Mask, req Request) (Result, error) {
-	k, r := req.Count, req.Requirement
-	if c := free.Count(); c < k {
-		return Result{}, g.tooFewFree(k, c)
-	}
-	if c := free.Count(); c == k && c > windowGPUs {
-		// Only one set: every free GPU.
-		if !meets(g, free, r) {
-			return Result{}, &InfeasibleError{Reason: fmt.Sprintf("needs %d GPUs meeting the requirement; the only %d free GPUs do not meet it", k, c)}
-		}
-		return Result{GPUs: g.RingOrder(free), Metrics: g.wideMetrics(free, free, -1)}, nil
-	}
-	if free.Count() <= windowGPUs {
-		w, idx := g.window(free)
-		res, err := a.allocate(w, w.all(), windowRequest(req, idx))
-		if err != nil {
-			return Result{}, err
-		}
-		for i, l := range res.GPUs {
-			res.GPUs[i] = idx[l]
-		}
-		return res, nil
-	}
-	if k > windowGPUs {
-		set := g.shrink(free, k, r)
-		if !meets(g, set, r) {
-			return Result{}, &InfeasibleError{Reason: fmt.Sprintf(
-				"needs %d GPUs meeting the requirement; none found among %d free GPUs within the search bound of a node of more than %d GPUs",
-				k, free.Count(), windowGPUs)}
-		}
-		m := g.wideMetrics(set, free, -1)
-		return Result{GPUs: g.RingOrder(set), Metrics: m, Heuristic: true}, nil
-	}
-	pool := g.shrink(free, windowGPUs, r)
-	w, idx := g.window(pool)
-	res, err := a.allocate(w, w.all(), windowRequest(req, idx))
-	if err != nil {
-		var inf *InfeasibleError
-		if errors.As(err, &inf) {
-			inf.Reason += fmt.Sprintf(" (among the %d best-placed of %d free GPUs)", windowGPUs, free.Count())
-		}
-		return Result{}, err
-	}
-	var set Mask
-	for i, l := range res.GPUs {
-		res.GPUs[i] = idx[l]
-		set = set.With(idx[l])
-	}
-	res.Metrics = g.wideMetrics(set, free, res.Metrics.RingGBps)
-	res.Heuristic = true
-	return res, nil
-}
-
-// shrink drops GPUs of free until target remain, worst first: a GPU with
-// too little memory, then the one with the most partners it may not be
-// chosen with (no NVLink under requireNVLink, a pair below
-// minPairBandwidthGBps), then the one with the least bandwidth to the
-// others, then the highest index. O(|free|^2).
-func (g *Graph) shrink(free Mask, target int, r v1alpha1.Requirement) Mask {
-	idx := free.Indices()
-	n := len(idx)
-	conflicts := make([]int, n)
-	sum := make([]int64, n)
-	alive := make([]bool, n)
-	for i, a := range idx {
-		alive[i] = true
-		if r.GPUMemoryMiB > 0 && g.gpus[a].MemoryMiB < r.GPUMemoryMiB {
-			conflicts[i] = n * n // below every GPU that may be chosen
-		}
-		for _, b := range idx {
-			if a == b {
-				continue
-			}
-			sum[i] += int64(g.bw[a*g.n+b])
-			if !pairAllowed(g, a, b, r) {
-				conflicts[i]++
-			}
-		}
-	}
-	for left := n; left > target; left-- {
-		worst := -1
-		for i := n - 1; i >= 0; i-- {
-			if !alive[i] {
-				continue
-			}
-			if worst < 0 || conflicts[i] > conflicts[worst] ||
-				(conflicts[i] == conflicts[worst] && sum[i] < sum[worst]) {
-				worst = i
-			}
-		}
-		alive[worst] = false
-		a := idx[worst]
-		for i, b := range idx {
-			if !alive[i] {
-				continue
-			}
-			sum[i] -= int64(g.bw[a*g.n+b])
-			if !pairAllowed(g, a, b, r) {
-				conflicts[i]--
-			}
-		}
-	}
-	var out Mask
-	for i, a := range idx {
-		if alive[i] {
-			out = out.With(a)
-		}
-	}
-	return out
-}
-
-// pairAllowed reports whether a and b may be chosen together under r.
-func pairAllowed(g *Graph, a, b int, r v1alpha1.Requirement) bool {
-	return (!r.RequireNVLink || g.NVLinked(a, b)) && g.bw[a*g.n+b] >= r.MinPairBandwidthGBps
-}
-
 // wideMetrics is Metrics on a large graph. ring is the set's ring
 // bandwidth when the caller has it (-1: compute it).
 func (g *Graph) wideMetrics(set, free Mask, ring int) SetMetrics {
@@ -258,7 +101,7 @@ func (g *Graph) wideMetrics(set, free Mask, ring int) SetMetrics {
 	if ring < 0 {
 		ring = minPair
 		if len(idx) > 3 && len(idx) <= RingExactMaxGPUs {
-			w, _ := g.window(set)
+			w, _ := g.Window(set)
 			ring, _ = w.ringAtLeast(w.all(), 0)
 		}
 	}
@@ -286,10 +129,10 @@ func (g *Graph) wideDomains(idx []int) int {
 // among left on a large graph: through a window when left fits one, and
 // otherwise counted directly, the clique greedily.
 func (g *Graph) wideLeft(left Mask) (island, pairs, quads int) {
-	if left.Count() <= windowGPUs {
-		w, _ := g.window(left)
+	if left.Count() <= WindowGPUs {
+		w, _ := g.Window(left)
 		budget := wideWindowBudget
-		return maxClique(w.nv, w.all(), &budget), countPairs(w.nv, w.all()), countQuads(w.nv, w.all())
+		return MaxClique(w.nv, w.all(), &budget), CountPairs(w.nv, w.all()), countQuads(w.nv, w.all())
 	}
 	// Each pair and 4-clique is counted once, from its lowest GPU: adj[v]
 	// is v's NVLinked GPUs in left after v. Word by word, without calls:
@@ -339,14 +182,4 @@ func (g *Graph) greedyClique(left Mask) int {
 		}
 	}
 	return size
-}
-
-// lowerIndicesMask is lowerIndices over Masks.
-func lowerIndicesMask(a, b Mask) bool {
-	for i := range a.w {
-		if a.w[i] != b.w[i] {
-			return bits.Reverse64(a.w[i]) > bits.Reverse64(b.w[i])
-		}
-	}
-	return false
 }

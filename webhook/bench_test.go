@@ -12,6 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 )
 
 // typicalGPUPod is a Job-created training pod: 4 GPUs, a logging sidecar,
@@ -33,7 +35,7 @@ func typicalGPUPod() *corev1.Pod {
 //
 //	go test ./webhook -run '^$' -bench BenchmarkPodAdmission -benchmem -count 5
 func BenchmarkPodAdmission(b *testing.B) {
-	cfg := DefaultConfig()
+	cfg := configv1alpha1.DefaultWebhookConfiguration()
 	reader := cacheLikeReader{
 		{Name: nsOptedIn}:                     MakeNamespace(nsOptedIn, true, "").ObjectMeta,
 		{Namespace: nsOptedIn, Name: "train"}: MakeJob("train", nsOptedIn, 4).Intent("model").ObjectMeta,

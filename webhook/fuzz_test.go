@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 	kjson "sigs.k8s.io/json"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
@@ -46,7 +47,7 @@ func FuzzHandler(f *testing.F) {
 	f.Add(byte(0), []byte(`{"request":{"uid":"u","operation":"CREATE","namespace":"team-a","object":{"spec":{"containers":[{"resources":{"limits":{"nvidia.com/gpu":"1"}}}]}}}}`))
 	f.Add(byte(2), []byte(`{"request":{"uid":"u","operation":"CREATE","namespace":"team-a","object":{"metadata":{"annotations":{"gputopo.io/parallelism":"model"}},"spec":{"template":{}}}}}`))
 
-	cfg := DefaultConfig()
+	cfg := configv1alpha1.DefaultWebhookConfiguration()
 	reader := fakeReader(f, MakeJob("train", nsOptedIn, 4).Intent("model").Obj())
 	handlers := []*admission.Webhook{
 		{Handler: NewPodMutator(cfg, reader)},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -14,28 +15,28 @@ import (
 // configuration and the reader of the Namespace and Job metadata it
 // consults.
 type handler struct {
-	cfg  Config
+	cfg  configv1alpha1.WebhookConfiguration
 	meta metadataReader
 }
 
-func newHandler(cfg Config, reader client.Reader) handler {
+func newHandler(cfg configv1alpha1.WebhookConfiguration, reader client.Reader) handler {
 	return handler{cfg: cfg, meta: metadataReader{reader: reader}}
 }
 
 // NewPodMutator returns a PodMutator that reads Namespaces and Jobs through
 // reader (a cache in the server; the reader is asked for
 // PartialObjectMetadata only).
-func NewPodMutator(cfg Config, reader client.Reader) *PodMutator {
+func NewPodMutator(cfg configv1alpha1.WebhookConfiguration, reader client.Reader) *PodMutator {
 	return &PodMutator{newHandler(cfg, reader)}
 }
 
 // NewJobMutator returns a JobMutator reading Namespaces through reader.
-func NewJobMutator(cfg Config, reader client.Reader) *JobMutator {
+func NewJobMutator(cfg configv1alpha1.WebhookConfiguration, reader client.Reader) *JobMutator {
 	return &JobMutator{newHandler(cfg, reader)}
 }
 
 // NewPodValidator returns a PodValidator reading Namespaces through reader.
-func NewPodValidator(cfg Config, reader client.Reader) *PodValidator {
+func NewPodValidator(cfg configv1alpha1.WebhookConfiguration, reader client.Reader) *PodValidator {
 	return &PodValidator{newHandler(cfg, reader)}
 }
 

@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
@@ -68,7 +69,7 @@ func startEnv(t *testing.T) *testEnv {
 	})
 
 	wio := env.WebhookInstallOptions
-	mgr, err := NewManager(DefaultConfig(), restCfg, Options{
+	mgr, err := NewManager(configv1alpha1.DefaultWebhookConfiguration(), restCfg, Options{
 		Host: wio.LocalServingHost, Port: wio.LocalServingPort, CertDir: wio.LocalServingCertDir,
 		CertName: "tls.crt", KeyName: "tls.key", MetricsBindAddress: "0", HealthProbeBindAddress: "0",
 	})
@@ -279,7 +280,7 @@ func TestIntegration(t *testing.T) {
 		// impersonation stands in for it here (test/security uses real
 		// tokens).
 		agentCfg := rest.CopyConfig(e.cfg)
-		agentCfg.Impersonate = rest.ImpersonationConfig{UserName: DefaultNodeAgentServiceAccount,
+		agentCfg.Impersonate = rest.ImpersonationConfig{UserName: configv1alpha1.DefaultNodeAgentServiceAccount,
 			Extra: map[string][]string{serviceaccount.NodeNameKey: {"gpu-node-1"}}}
 		agent, err := client.New(agentCfg, client.Options{})
 		if err != nil {

@@ -8,6 +8,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	batchv1 "k8s.io/api/batch/v1"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
@@ -61,7 +62,7 @@ func TestJobMutator(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			m := NewJobMutator(DefaultConfig(), fakeReader(t))
+			m := NewJobMutator(configv1alpha1.DefaultWebhookConfiguration(), fakeReader(t))
 			req := request(t, admissionv1.Create, "jobs", "", tc.job, nil, userAlice)
 			resp := handle(m, req)
 			got := verdict{Allowed: resp.Allowed}
@@ -90,7 +91,7 @@ func TestJobMutator(t *testing.T) {
 }
 
 func TestJobMutatorTemplateWithoutMetadata(t *testing.T) {
-	m := NewJobMutator(DefaultConfig(), fakeReader(t))
+	m := NewJobMutator(configv1alpha1.DefaultWebhookConfiguration(), fakeReader(t))
 	req := request(t, admissionv1.Create, "jobs", "", MakeJob("train", nsOptedIn, 1).Obj(), nil, userAlice)
 	req.Object.Raw = []byte(`{"metadata":{"name":"train","annotations":{"gputopo.io/parallelism":"model"}},"spec":{"template":{"spec":{"containers":[{"name":"c"}]}}}}`)
 	resp := handle(m, req)

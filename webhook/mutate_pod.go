@@ -74,7 +74,7 @@ func (m *PodMutator) Handle(ctx context.Context, req admission.Request) admissio
 
 func (m *PodMutator) mutateCreate(ctx context.Context, pod *corev1.Pod, shape *rawPod, info namespaceInfo) []jsonpatch.JsonPatchOperation {
 	var ops []jsonpatch.JsonPatchOperation
-	res := m.cfg.gpuResource()
+	res := m.cfg.GPUResource()
 	for i := range pod.Spec.InitContainers {
 		c := &pod.Spec.InitContainers[i]
 		if !requestsResource(&c.Resources, res) {

@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
@@ -198,7 +199,7 @@ func TestPodMutator(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			m := NewPodMutator(DefaultConfig(), fakeReader(t, tc.objs...))
+			m := NewPodMutator(configv1alpha1.DefaultWebhookConfiguration(), fakeReader(t, tc.objs...))
 			req := podCreate(t, tc.pod, userAlice)
 			resp := handle(m, req)
 			if !resp.Allowed {
@@ -233,7 +234,7 @@ func TestPodMutatorEphemeralContainers(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			m := NewPodMutator(DefaultConfig(), fakeReader(t))
+			m := NewPodMutator(configv1alpha1.DefaultWebhookConfiguration(), fakeReader(t))
 			req := request(t, admissionv1.Update, "pods", "ephemeralcontainers", tc.pod, old, userAlice)
 			resp := handle(m, req)
 			if !resp.Allowed {
@@ -249,7 +250,7 @@ func TestPodMutatorEphemeralContainers(t *testing.T) {
 }
 
 func TestPodMutatorLeavesOtherOperationsAlone(t *testing.T) {
-	m := NewPodMutator(DefaultConfig(), fakeReader(t))
+	m := NewPodMutator(configv1alpha1.DefaultWebhookConfiguration(), fakeReader(t))
 	pod := MakePod("p", nsOptedIn).GPU(4).Obj()
 	for name, req := range map[string]admission.Request{
 		"UPDATE":        request(t, admissionv1.Update, "pods", "", pod, pod, userAlice),
@@ -287,7 +288,7 @@ func TestPodMutatorRawDocuments(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			m := NewPodMutator(DefaultConfig(), fakeReader(t))
+			m := NewPodMutator(configv1alpha1.DefaultWebhookConfiguration(), fakeReader(t))
 			req := podCreate(t, MakePod("p", nsOptedIn).Obj(), userAlice)
 			req.Object.Raw = []byte(tc.raw)
 			resp := handle(m, req)
@@ -310,7 +311,7 @@ func TestPodMutatorRawDocuments(t *testing.T) {
 }
 
 func TestPodMutatorBadObject(t *testing.T) {
-	m := NewPodMutator(DefaultConfig(), fakeReader(t))
+	m := NewPodMutator(configv1alpha1.DefaultWebhookConfiguration(), fakeReader(t))
 	req := podCreate(t, MakePod("p", nsOptedIn).Obj(), userAlice)
 	req.Object.Raw = []byte(`{"spec":{"containers":"not a list"}}`)
 	resp := handle(m, req)
@@ -320,9 +321,9 @@ func TestPodMutatorBadObject(t *testing.T) {
 }
 
 func TestPodMutatorConfiguredPolicy(t *testing.T) {
-	cfg := DefaultConfig()
+	cfg := configv1alpha1.DefaultWebhookConfiguration()
 	cfg.SchedulerName = "gpu-sched"
-	cfg.PolicyTable.Data = Policy{Strategy: v1alpha1.StrategyBalancedUtilization, RequireNVLinkFromGPUs: 8, MinPairBandwidthGBps: 100}
+	cfg.PolicyTable.Data = configv1alpha1.Policy{Strategy: v1alpha1.StrategyBalancedUtilization, RequireNVLinkFromGPUs: 8, MinPairBandwidthGBps: 100}
 	m := NewPodMutator(cfg, fakeReader(t))
 	tests := map[string]struct {
 		pod  *corev1.Pod
@@ -354,7 +355,7 @@ func TestPodMutatorConfiguredPolicy(t *testing.T) {
 }
 
 func TestPodMutatorResourceName(t *testing.T) {
-	cfg := DefaultConfig()
+	cfg := configv1alpha1.DefaultWebhookConfiguration()
 	cfg.ResourceName = "example.com/gpu"
 	m := NewPodMutator(cfg, fakeReader(t))
 	other := corev1.ResourceList{"example.com/gpu": resource.MustParse("4")}

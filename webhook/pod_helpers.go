@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
@@ -165,13 +166,13 @@ func (m metadataReader) namespace(ctx context.Context, name, defaultAnnotation s
 // returns the namespace's info, or the response to give instead: allowed
 // unchanged when the namespace is excluded or has not opted in, an error
 // when it cannot be read.
-func (m metadataReader) mutatedNamespace(ctx context.Context, cfg Config, reqNS, objNS string) (namespaceInfo, *admission.Response) {
+func (m metadataReader) mutatedNamespace(ctx context.Context, cfg configv1alpha1.WebhookConfiguration, reqNS, objNS string) (namespaceInfo, *admission.Response) {
 	ns := reqNS
 	if ns == "" {
 		ns = objNS
 	}
 	var resp admission.Response
-	if cfg.isExcluded(ns) {
+	if cfg.IsExcluded(ns) {
 		resp = admission.Allowed("namespace is excluded from gputopo")
 		return namespaceInfo{}, &resp
 	}

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/ptr"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
@@ -53,18 +54,18 @@ type RegistrationOptions struct {
 	// ServiceNamespace.
 	ReleaseNamespace string
 	// ExcludedNamespaces are left out besides kube-system and the release
-	// namespace (Config.ExcludedNamespaces).
+	// namespace (WebhookConfiguration.ExcludedNamespaces).
 	ExcludedNamespaces []string
 	// TimeoutSeconds for each webhook, 1 to MaxTimeoutSeconds. Default 5.
 	TimeoutSeconds int32
 	// ResourceName is the GPU resource the match conditions look for
-	// (Config.ResourceName). Default nvidia.com/gpu.
+	// (WebhookConfiguration.ResourceName). Default nvidia.com/gpu.
 	ResourceName string
 }
 
 // ForConfig returns o with what the registration takes from the webhook's
 // own configuration: its resource name and excluded namespaces.
-func (o RegistrationOptions) ForConfig(cfg Config) RegistrationOptions {
+func (o RegistrationOptions) ForConfig(cfg configv1alpha1.WebhookConfiguration) RegistrationOptions {
 	o.ResourceName = cfg.ResourceName
 	o.ExcludedNamespaces = slices.Clone(cfg.ExcludedNamespaces)
 	return o

@@ -9,6 +9,8 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 )
 
 // hookSummary is what the chart and the apiserver rely on, per webhook.
@@ -141,7 +143,7 @@ func expressions(m *admissionregistrationv1.MutatingWebhookConfiguration, v *adm
 }
 
 func TestRegistrationResourceNameFromConfig(t *testing.T) {
-	cfg := DefaultConfig()
+	cfg := configv1alpha1.DefaultWebhookConfiguration()
 	cfg.ResourceName = "example.com/gpu"
 	cfg.ExcludedNamespaces = []string{"cert-manager", "monitoring"}
 	m, v, err := Registration(RegistrationOptions{URL: "https://127.0.0.1:9443", ReleaseNamespace: "gpu"}.ForConfig(cfg))

@@ -18,10 +18,12 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 )
 
 // Options are the process-level settings of `gputopo webhook`; policy lives
-// in the Config file.
+// in the WebhookConfiguration file.
 type Options struct {
 	// Host the webhook server binds to. Default "" (all addresses).
 	Host string
@@ -35,7 +37,7 @@ type Options struct {
 	CertName string
 	// KeyName is the key file in CertDir. Default "tls.key".
 	KeyName string
-	// ConfigFile is the Config file; empty uses DefaultConfig.
+	// ConfigFile is the WebhookConfiguration file; empty uses the defaults.
 	ConfigFile string
 	// MetricsBindAddress serves Prometheus metrics; "0" disables it.
 	// Default ":8080".
@@ -87,7 +89,7 @@ func (o Options) Validate() error {
 // (certwatcher, through CertDir/CertName/KeyName), metadata-only caches of
 // Namespaces and Jobs for the handlers, metrics and health probes. It is
 // Ready once the server listens and the caches have synced.
-func NewManager(cfg Config, restConfig *rest.Config, opts Options) (manager.Manager, error) {
+func NewManager(cfg configv1alpha1.WebhookConfiguration, restConfig *rest.Config, opts Options) (manager.Manager, error) {
 	if errs := cfg.Validate(); len(errs) > 0 {
 		return nil, fmt.Errorf("webhook config: %w", errs.ToAggregate())
 	}
@@ -120,7 +122,7 @@ func NewManager(cfg Config, restConfig *rest.Config, opts Options) (manager.Mana
 
 // Setup registers the handlers on mgr's webhook server, reading through
 // mgr's cache, and adds health checks.
-func Setup(mgr manager.Manager, cfg Config) error {
+func Setup(mgr manager.Manager, cfg configv1alpha1.WebhookConfiguration) error {
 	ctx := context.Background()
 	// Asking for the informers now starts them with the manager, so the
 	// first admission request does not wait for a sync.
@@ -161,7 +163,7 @@ func cacheSynced(c cache.Cache) healthz.Checker {
 }
 
 // Run serves the webhook until ctx is cancelled.
-func Run(ctx context.Context, cfg Config, restConfig *rest.Config, opts Options) error {
+func Run(ctx context.Context, cfg configv1alpha1.WebhookConfiguration, restConfig *rest.Config, opts Options) error {
 	mgr, err := NewManager(cfg, restConfig, opts)
 	if err != nil {
 		return err

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strings"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
+
 	admissionv1 "k8s.io/api/admission/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -62,7 +64,7 @@ func (v *PodValidator) Handle(ctx context.Context, req admission.Request) admiss
 	errs := v.systemAnnotations(req.UserInfo, pod, old)
 	errs = append(errs, validateUserAnnotations(pod, old)...)
 
-	gpus, demandErr := v1alpha1.PodGPUDemand(&pod.Spec, v.cfg.gpuResource())
+	gpus, demandErr := v1alpha1.PodGPUDemand(&pod.Spec, v.cfg.GPUResource())
 	if demandErr != nil && old == nil {
 		// Container resources are immutable, so only a create can bring
 		// a bad count.
@@ -87,7 +89,7 @@ func (v *PodValidator) Handle(ctx context.Context, req admission.Request) admiss
 		// The node agent is the device plugin of every GPU pod on its
 		// node, opted in or not: a GPU pod never chooses its devices.
 		errs = append(errs, envErrs...)
-	case !v.cfg.isExcluded(ns):
+	case !v.cfg.IsExcluded(ns):
 		// The namespace is read only when a container of a pod without
 		// GPUs sets a device variable, so the common pod costs no lookup.
 		info, err := v.meta.namespace(ctx, ns, v.cfg.NamespaceDefaultAnnotation)
@@ -110,8 +112,8 @@ func (v *PodValidator) Handle(ctx context.Context, req admission.Request) admiss
 // differs between old (nil on CREATE) and pod, unless user may write it.
 func (v *PodValidator) systemAnnotations(user authenticationv1.UserInfo, pod, old *corev1.Pod) field.ErrorList {
 	var errs field.ErrorList
-	nodeAgent := v.cfg.isNodeAgent(user.Username)
-	if !nodeAgent && v.cfg.isSystem(user.Username) {
+	nodeAgent := v.cfg.IsNodeAgent(user.Username)
+	if !nodeAgent && v.cfg.IsSystem(user.Username) {
 		return nil
 	}
 	for _, key := range v1alpha1.SystemAnnotations {
@@ -144,7 +146,7 @@ func (v *PodValidator) systemAnnotations(user authenticationv1.UserInfo, pod, ol
 		default:
 			errs = append(errs, field.Forbidden(path, fmt.Sprintf(
 				"user %q may not %s this annotation: it decides which GPUs the pod gets and only gputopo's system service accounts (%s) write it; remove it from the pod (and from any template that creates it)",
-				user.Username, verb, strings.Join(v.cfg.writers(), ", "))))
+				user.Username, verb, strings.Join(v.cfg.Writers(), ", "))))
 		}
 	}
 	return errs
@@ -234,7 +236,7 @@ func fieldErrors(err error, path *field.Path) field.ErrorList {
 // device variable in env, or by an envFrom source that could set one.
 func (v *PodValidator) envCreate(pod *corev1.Pod) field.ErrorList {
 	var errs field.ErrorList
-	res := v.cfg.gpuResource()
+	res := v.cfg.GPUResource()
 	spec := field.NewPath("spec")
 	check := func(path *field.Path, c *corev1.Container) {
 		gpu := requestsResource(&c.Resources, res)
@@ -264,7 +266,7 @@ func (v *PodValidator) envEphemeral(pod, old *corev1.Pod) field.ErrorList {
 		existing.Insert(old.Spec.EphemeralContainers[i].Name)
 	}
 	var errs field.ErrorList
-	res := v.cfg.gpuResource()
+	res := v.cfg.GPUResource()
 	path := field.NewPath("spec", "ephemeralContainers")
 	for i := range pod.Spec.EphemeralContainers {
 		c := &pod.Spec.EphemeralContainers[i]
@@ -283,7 +285,7 @@ func (v *PodValidator) envEphemeral(pod, old *corev1.Pod) field.ErrorList {
 // and hides every GPU; the mutating webhook adds it in opted-in
 // namespaces.
 func (v *PodValidator) envFrom(path *field.Path, container string, res corev1.ResourceName, gpu bool, env []corev1.EnvVar, sources []corev1.EnvFromSource) field.ErrorList {
-	if v.cfg.GPUContainerEnvFrom == EnvFromAllow {
+	if v.cfg.GPUContainerEnvFrom == configv1alpha1.EnvFromAllow {
 		return nil
 	}
 	if gpu {

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
@@ -93,13 +94,13 @@ func secretEnvFrom(name, prefix string) corev1.EnvFromSource {
 }
 
 func TestPodValidator(t *testing.T) {
-	nodeAgent := DefaultNodeAgentServiceAccount
+	nodeAgent := configv1alpha1.DefaultNodeAgentServiceAccount
 	tests := map[string]struct {
 		op          admissionv1.Operation
 		subresource string
 		user        string
 		extra       map[string]authenticationv1.ExtraValue
-		cfg         func(*Config)
+		cfg         func(*configv1alpha1.WebhookConfiguration)
 		objs        []client.Object
 		pod, old    *corev1.Pod
 		want        verdict
@@ -128,7 +129,7 @@ func TestPodValidator(t *testing.T) {
 			want: forbidden(protectedBy(v1alpha1.AnnotationAssignedGPUs, userAlice, "set")),
 		},
 		"create with assigned-gpus by a system service account is allowed": {
-			user: DefaultExtenderServiceAccount,
+			user: configv1alpha1.DefaultExtenderServiceAccount,
 			pod:  MakePod("p", nsOptedIn).GPU(1).Annotation(v1alpha1.AnnotationAssignedGPUs, uuidA).Obj(),
 			want: allowed,
 		},
@@ -228,8 +229,8 @@ func TestPodValidator(t *testing.T) {
 		"a node agent listed among the system accounts too is still held to its node": {
 			op:   admissionv1.Update,
 			user: nodeAgent, extra: onNode("gpu-node-a"),
-			cfg: func(c *Config) {
-				c.SystemServiceAccounts = []string{DefaultExtenderServiceAccount, nodeAgent}
+			cfg: func(c *configv1alpha1.WebhookConfiguration) {
+				c.SystemServiceAccounts = []string{configv1alpha1.DefaultExtenderServiceAccount, nodeAgent}
 			},
 			old:  MakePod("p", nsOptedIn).GPU(1).Node("gpu-node-b").Obj(),
 			pod:  MakePod("p", nsOptedIn).GPU(1).Node("gpu-node-b").Annotation(v1alpha1.AnnotationAllocatedGPUs, uuidA).Obj(),
@@ -244,7 +245,7 @@ func TestPodValidator(t *testing.T) {
 		},
 		"an extender system account is not held to a node": {
 			op:   admissionv1.Update,
-			user: DefaultExtenderServiceAccount,
+			user: configv1alpha1.DefaultExtenderServiceAccount,
 			old:  MakePod("p", nsOptedIn).GPU(1).Node("gpu-node-b").Obj(),
 			pod:  MakePod("p", nsOptedIn).GPU(1).Node("gpu-node-b").Annotation(v1alpha1.AnnotationAllocatedGPUs, uuidA).Obj(),
 			want: allowed,
@@ -407,17 +408,17 @@ func TestPodValidator(t *testing.T) {
 			want: allowed,
 		},
 		"envFrom in containers without GPUs is allowed when the device list does not travel through env": {
-			cfg:  func(c *Config) { c.GPUContainerEnvFrom = EnvFromAllow },
+			cfg:  func(c *configv1alpha1.WebhookConfiguration) { c.GPUContainerEnvFrom = configv1alpha1.EnvFromAllow },
 			pod:  MakePod("p", nsOptedIn).GPU(1).Container("logger", 0).EnvFrom("logger", configMapEnvFrom("c", "")).Obj(),
 			want: allowed,
 		},
 		"envFrom in a GPU container is allowed when the device list does not travel through env": {
-			cfg:  func(c *Config) { c.GPUContainerEnvFrom = EnvFromAllow },
+			cfg:  func(c *configv1alpha1.WebhookConfiguration) { c.GPUContainerEnvFrom = configv1alpha1.EnvFromAllow },
 			pod:  MakePod("p", nsOptedIn).GPU(1).EnvFrom("main", configMapEnvFrom("c", "")).Obj(),
 			want: allowed,
 		},
 		"literal device variables stay denied when envFrom is allowed": {
-			cfg:  func(c *Config) { c.GPUContainerEnvFrom = EnvFromAllow },
+			cfg:  func(c *configv1alpha1.WebhookConfiguration) { c.GPUContainerEnvFrom = configv1alpha1.EnvFromAllow },
 			pod:  MakePod("p", nsPlain).GPU(1).Env("main", envVar(v1alpha1.EnvVisibleDevices, "all")).Obj(),
 			want: forbidden(gpuEnvMsg("spec.containers[0].env[0]", "main", "NVIDIA_VISIBLE_DEVICES")),
 		},
@@ -430,13 +431,13 @@ func TestPodValidator(t *testing.T) {
 			want: invalid(`spec.initContainers[0].resources.limits[nvidia.com/gpu]: Invalid value: "-1": must not be negative`),
 		},
 		"the configured resource name decides what a GPU container is": {
-			cfg: func(c *Config) { c.ResourceName = "example.com/gpu" },
+			cfg: func(c *configv1alpha1.WebhookConfiguration) { c.ResourceName = "example.com/gpu" },
 			pod: MakePod("p", nsPlain).Resources("main", corev1.ResourceList{"example.com/gpu": resource.MustParse("2")}).
 				Container("logger", 1).Env("main", envVar(v1alpha1.EnvVisibleDevices, "all")).Obj(),
 			want: forbidden(`spec.containers[0].env[0]: Forbidden: container "main" requests example.com/gpu, so NVIDIA_VISIBLE_DEVICES must not be set there: the node agent gives the container exactly the devices kubelet allocated; remove this entry`),
 		},
 		"another resource name's count is not the pod's GPU count": {
-			cfg:  func(c *Config) { c.ResourceName = "example.com/gpu" },
+			cfg:  func(c *configv1alpha1.WebhookConfiguration) { c.ResourceName = "example.com/gpu" },
 			pod:  MakePod("p", nsPlain).GPU(1).Env("main", envVar(v1alpha1.EnvVisibleDevices, "all")).Obj(),
 			want: allowed,
 		},
@@ -474,7 +475,7 @@ func TestPodValidator(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			cfg := DefaultConfig()
+			cfg := configv1alpha1.DefaultWebhookConfiguration()
 			if tc.cfg != nil {
 				tc.cfg(&cfg)
 			}
@@ -514,7 +515,7 @@ func TestPodValidator(t *testing.T) {
 }
 
 func TestPodValidatorConfiguredServiceAccounts(t *testing.T) {
-	cfg := DefaultConfig()
+	cfg := configv1alpha1.DefaultWebhookConfiguration()
 	cfg.SystemServiceAccounts = []string{"system:serviceaccount:gpu:agent"}
 	cfg.NodeAgentServiceAccounts = []string{"system:serviceaccount:gpu:nodeagent"}
 	v := NewPodValidator(cfg, fakeReader(t))
@@ -524,7 +525,7 @@ func TestPodValidatorConfiguredServiceAccounts(t *testing.T) {
 		allowed bool
 	}{
 		"the configured account may write":               {"system:serviceaccount:gpu:agent", true},
-		"a default account no longer configured may not": {DefaultNodeAgentServiceAccount, false},
+		"a default account no longer configured may not": {configv1alpha1.DefaultNodeAgentServiceAccount, false},
 		"a look-alike user name may not":                 {"system:serviceaccount:gpu:agent2", false},
 	} {
 		t.Run(name, func(t *testing.T) {

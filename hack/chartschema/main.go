@@ -93,7 +93,7 @@ var (
 	one  = ptr(1.0)
 	port = integer(one, ptr(65535.0))
 	// strategies are the node agent's device list strategies
-	// (nodeagent.DeviceListStrategies).
+	// (DeviceListStrategies in api/config/v1alpha1).
 	strategies = []string{"envvar", "volume-mounts", "cdi-cri"}
 	// policyStrategies are the allocator's strategies a policy names.
 	policyStrategies = []string{"highest_bandwidth", "numa_local", "balanced_utilization", "lowest_fragmentation"}

@@ -9,11 +9,12 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/gputopo/gputopo/topology/machine"
+
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/topology"
 )
 
 // SimulatedDriverVersion is the driver version a simulated node reports.
@@ -31,7 +32,7 @@ type Telemetry struct {
 }
 
 // Simulator is a GPU node built from a machine description (a built-in
-// topology fixture or a machine file, see topology.LoadMachine) behind
+// topology fixture or a machine file, see machine.Load) behind
 // go-nvml's mock.Interface: every NVML answer the discovery code asks for
 // (devices, common PCIe ancestors, NVLink state and remote ends, NVSwitches,
 // P2P, fabric clique, telemetry, XID events) comes from the machine, its
@@ -49,7 +50,7 @@ type Telemetry struct {
 // SetNVLinkGBps change what one GPU reports without touching the others.
 // All methods are safe for concurrent use.
 type Simulator struct {
-	fixture topology.Fixture
+	fixture machine.Fixture
 	gpus    []v1alpha1.GPU
 	lib     *mock.Interface
 	devices []*mock.Device
@@ -79,11 +80,11 @@ type heatScript struct {
 }
 
 // New builds the simulated NVML of node nodeName from fixture (any
-// machine: topology.LoadMachine's answer). UUIDs are derived from the node
-// name (topology.FixtureUUID) and PCI bus IDs are the machine's, so the
+// machine: machine.Load's answer). UUIDs are derived from the node
+// name (machine.FixtureUUID) and PCI bus IDs are the machine's, so the
 // extender and tests can name GPUs without asking the node. Idle GPUs read 30 °C, 0%
 // and 60 W with a small deterministic jitter, as real idle GPUs do.
-func New(fixture topology.Fixture, nodeName string) *Simulator {
+func New(fixture machine.Fixture, nodeName string) *Simulator {
 	gpus, _ := fixture.Parts(nodeName)
 	s := &Simulator{
 		fixture: fixture, gpus: gpus,
@@ -119,7 +120,7 @@ func New(fixture topology.Fixture, nodeName string) *Simulator {
 func (s *Simulator) NVML() nvml.Interface { return s.lib }
 
 // Fixture returns the machine the simulator was built from.
-func (s *Simulator) Fixture() topology.Fixture { return s.fixture }
+func (s *Simulator) Fixture() machine.Fixture { return s.fixture }
 
 // UUIDs returns the GPUs' UUIDs in index order.
 func (s *Simulator) UUIDs() []string {

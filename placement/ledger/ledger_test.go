@@ -15,6 +15,7 @@ import (
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/placement/ledger"
 	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 var now = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -23,7 +24,7 @@ var now = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 // per name.
 func newLedger(t testing.TB, nodes ...string) *ledger.Ledger {
 	t.Helper()
-	f, err := topology.FixtureByName("dgx-a100")
+	f, err := machine.FixtureByName("dgx-a100")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +149,7 @@ func TestReserveHoldsNothingOnError(t *testing.T) {
 
 func TestReserveRefusesAPodBoundElsewhere(t *testing.T) {
 	l := newLedger(t, "a", "b")
-	l.UpsertPod(pod("p", "a", "", 1, topology.FixtureUUID("a", 0)))
+	l.UpsertPod(pod("p", "a", "", 1, machine.FixtureUUID("a", 0)))
 	_, err := l.Reserve("uid-p", key("p"), "b", firstFree(1))
 	var held *ledger.AlreadyHeldError
 	if !errors.As(err, &held) || held.Node != "a" {
@@ -207,7 +208,7 @@ func TestConcurrentReservesNeverShareAGPU(t *testing.T) {
 
 func TestViewAffinityAndWithout(t *testing.T) {
 	l := newLedger(t, "a", "b")
-	self := pod("w0", "a", "train", 2, topology.FixtureUUID("a", 0), topology.FixtureUUID("a", 1))
+	self := pod("w0", "a", "train", 2, machine.FixtureUUID("a", 0), machine.FixtureUUID("a", 1))
 	l.UpsertPod(self)
 	l.Read(func(v ledger.View) {
 		nodes := v.Lookup("", []string{"a", "missing", "b"}, nil)
@@ -266,7 +267,7 @@ func TestNodeForSeesTheGPUsAPodHasReserved(t *testing.T) {
 	if _, err := l.Reserve("uid-p", key("p"), "a", firstFree(2)); err != nil {
 		t.Fatal(err)
 	}
-	l.UpsertPod(pod("q", "a", "", 2, topology.FixtureUUID("a", 2), topology.FixtureUUID("a", 3)))
+	l.UpsertPod(pod("q", "a", "", 2, machine.FixtureUUID("a", 2), machine.FixtureUUID("a", 3)))
 	l.Read(func(v ledger.View) {
 		if got := v.NodeFor("a", "uid-p").Free(); got != topology.MaskOf(0, 1, 4, 5, 6, 7) {
 			t.Errorf("NodeFor the reserving pod: free %v, want its own 0,1 and 4-7", got.Indices())
@@ -296,7 +297,7 @@ func TestNodeForSeesTheGPUsAPodHasReserved(t *testing.T) {
 		t.Fatalf("NodeFor changed the ledger: free %v", got.Indices())
 	}
 	// Confirmed: the holding is the pod's GPUs, no longer handed back.
-	l.Confirm("uid-p", "a", []string{topology.FixtureUUID("a", 0), topology.FixtureUUID("a", 1)})
+	l.Confirm("uid-p", "a", []string{machine.FixtureUUID("a", 0), machine.FixtureUUID("a", 1)})
 	l.Read(func(v ledger.View) {
 		if got := v.NodeFor("a", "uid-p").Free(); got != topology.MaskOf(4, 5, 6, 7) {
 			t.Errorf("NodeFor after Confirm: free %v, want 4-7", got.Indices())
@@ -309,11 +310,11 @@ func TestNodeForSeesTheGPUsAPodHasReserved(t *testing.T) {
 // must not hold its GPUs again.
 func TestAStaleCopyOfADeletedPodDoesNotHoldGPUsAgain(t *testing.T) {
 	l := ledger.New(v1alpha1.ResourceGPU)
-	f, _ := topology.FixtureByName("dgx-a100")
+	f, _ := machine.FixtureByName("dgx-a100")
 	l.UpsertTopology(&v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: "n"}, Status: f.Graph("n").Status()})
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "uid-p",
-			Annotations: map[string]string{v1alpha1.AnnotationAssignedGPUs: topology.FixtureUUID("n", 0)}},
+			Annotations: map[string]string{v1alpha1.AnnotationAssignedGPUs: machine.FixtureUUID("n", 0)}},
 		Spec: corev1.PodSpec{NodeName: "n", Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{
 			Limits: corev1.ResourceList{v1alpha1.ResourceGPU: resource.MustParse("1")}}}}},
 	}

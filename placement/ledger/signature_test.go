@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // TestSignatureCoversEveryFieldOfGPUsAndLinks: changing any field of any
@@ -13,7 +13,7 @@ import (
 // later cannot be left out of the rebuild decision unnoticed; the stored
 // topologyHash, telemetry and times do not.
 func TestSignatureCoversEveryFieldOfGPUsAndLinks(t *testing.T) {
-	f, err := topology.FixtureByName("dgx1-v100")
+	f, err := machine.FixtureByName("dgx1-v100")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func TestSignatureCoversEveryFieldOfGPUsAndLinks(t *testing.T) {
 // BenchmarkSignature is the cost a telemetry round adds per node: the
 // signature of an 8-GPU topology (28 links).
 func BenchmarkSignature(b *testing.B) {
-	f, err := topology.FixtureByName("dgx-a100")
+	f, err := machine.FixtureByName("dgx-a100")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package ledger
 import (
 	"time"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology"
 )
@@ -10,8 +11,8 @@ import (
 // Telemetry sources: where prioritize reads a node's telemetry from (the
 // configuration's telemetry.source values).
 const (
-	SourceNodeGPUTopology = "nodeGPUTopology"
-	SourcePrometheus      = "prometheus"
+	SourceNodeGPUTopology = configv1alpha1.TelemetryNodeGPUTopology
+	SourcePrometheus      = configv1alpha1.TelemetryPrometheus
 )
 
 // Telemetry fallback reasons: why a node reads its NodeGPUTopology

@@ -12,13 +12,14 @@ import (
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/placement/ledger"
 	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // fixtureTopology is node's NodeGPUTopology of a fixture machine, observed
 // now, as the node agent publishes it.
 func fixtureTopology(t testing.TB, fixture, node string) *v1alpha1.NodeGPUTopology {
 	t.Helper()
-	f, err := topology.FixtureByName(fixture)
+	f, err := machine.FixtureByName(fixture)
 	if err != nil {
 		t.Fatal(err)
 	}

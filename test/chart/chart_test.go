@@ -131,7 +131,7 @@ type want struct {
 	kubeletRoot            string
 	image                  string
 	schedulerImage         string
-	modelPolicy            webhook.Policy
+	modelPolicy            configv1alpha1.Policy
 	// prometheus is the telemetry.prometheus block as written, before the
 	// extender's defaulting; nil: source nodeGPUTopology.
 	prometheus *configv1alpha1.PrometheusTelemetry
@@ -157,7 +157,7 @@ func wants() map[string]struct {
 			issuerName: "gputopo-ca", issuerKind: "Issuer", ownCA: true,
 			excludedNamespaces: []string{"cert-manager"}, timeoutSeconds: 5, kubeletRoot: "/var/lib/kubelet",
 			image: "ghcr.io/gputopo/gputopo:0.3.0", schedulerImage: "registry.k8s.io/kube-scheduler:v1.37.2",
-			modelPolicy: webhook.DefaultConfig().PolicyTable.Model,
+			modelPolicy: configv1alpha1.DefaultWebhookConfiguration().PolicyTable.Model,
 		}},
 		"existing issuer, ServiceMonitors, NetworkPolicies, other resource name, other weights, ignorable, 3 extenders": {rel: customRelease, want: want{
 			tls: true, networkPolicy: true, scrapers: true, extenderFrom: true, resourceName: "example.com/gpu",
@@ -167,7 +167,7 @@ func wants() map[string]struct {
 			extraSystemUsers: []string{"system:serviceaccount:ops:gpu-admin"},
 			privilegedAgent:  true, kubeletRoot: "/var/lib/k0s/kubelet",
 			image: "registry.example/gputopo:v9.9.9", schedulerImage: "registry.k8s.io/kube-scheduler:v1.36.4",
-			modelPolicy: webhook.Policy{Strategy: v1alpha1.StrategyHighestBandwidth, RequireNVLinkFromGPUs: 4, MinPairBandwidthGBps: 300,
+			modelPolicy: configv1alpha1.Policy{Strategy: v1alpha1.StrategyHighestBandwidth, RequireNVLinkFromGPUs: 4, MinPairBandwidthGBps: 300,
 				FallbackAfter: &metav1.Duration{Duration: 45 * time.Minute}},
 		}},
 		"shadow extender with other weights and Prometheus telemetry": {rel: shadowRelease, want: want{
@@ -176,7 +176,7 @@ func wants() map[string]struct {
 			issuerName: "rollout-gputopo-ca", issuerKind: "Issuer", ownCA: true,
 			serviceMonitors: 5, excludedNamespaces: []string{"cert-manager"}, timeoutSeconds: 5, kubeletRoot: "/var/lib/kubelet",
 			image: "ghcr.io/gputopo/gputopo:0.3.0", schedulerImage: "registry.k8s.io/kube-scheduler:v1.37.2",
-			modelPolicy: webhook.DefaultConfig().PolicyTable.Model,
+			modelPolicy: configv1alpha1.DefaultWebhookConfiguration().PolicyTable.Model,
 			prometheus:  &configv1alpha1.PrometheusTelemetry{URL: "http://prometheus.monitoring:9090", Selector: `job="dcgm-exporter"`},
 			shadow:      true, shadowImage: "ghcr.io/gputopo/gputopo:v0.2.0", shadowWeights: withFragmentation(placementWeights(), 40), shadowLogRate: 0.25,
 		}},
@@ -186,7 +186,7 @@ func wants() map[string]struct {
 			issuerName: "gputopo-plain-ca", issuerKind: "Issuer", ownCA: true,
 			excludedNamespaces: []string{"cert-manager"}, timeoutSeconds: 5, kubeletRoot: "/var/lib/kubelet",
 			image: "ghcr.io/gputopo/gputopo:0.3.0", schedulerImage: "registry.k8s.io/kube-scheduler:v1.37.2",
-			modelPolicy: webhook.DefaultConfig().PolicyTable.Model,
+			modelPolicy: configv1alpha1.DefaultWebhookConfiguration().PolicyTable.Model,
 			shadow:      true, shadowImage: "ghcr.io/gputopo/gputopo:0.3.0", shadowWeights: placementWeights(), shadowLogRate: 0.1,
 		}},
 	}
@@ -282,7 +282,7 @@ func withFragmentation(w [7]int32, f int32) [7]int32 {
 
 func checkExtenderConfigMap(t *testing.T, objs []*unstructured.Unstructured, name string, weights [7]int32, prometheus *configv1alpha1.PrometheusTelemetry, resourceName string) {
 	t.Helper()
-	cfg, err := configv1alpha1.ParseExtenderConfiguration(configData(t, objs, name, "config.yaml"))
+	cfg, err := configv1alpha1.ParseExtender(configData(t, objs, name, "config.yaml"))
 	if err != nil {
 		t.Fatalf("ConfigMap %s is refused by the extender: %v", name, err)
 	}
@@ -309,7 +309,7 @@ func checkExtenderConfigMap(t *testing.T, objs []*unstructured.Unstructured, nam
 
 func checkWebhookConfig(t *testing.T, r release, w want, objs []*unstructured.Unstructured) {
 	fn := r.fullname()
-	cfg, err := webhook.ParseConfig(configData(t, objs, fn+"-webhook", "config.yaml"))
+	cfg, err := configv1alpha1.ParseWebhook(configData(t, objs, fn+"-webhook", "config.yaml"))
 	if err != nil {
 		t.Fatalf("webhook ConfigMap is refused by the webhook: %v", err)
 	}
@@ -330,7 +330,7 @@ func checkWebhookConfig(t *testing.T, r release, w want, objs []*unstructured.Un
 	if diff := cmp.Diff(w.modelPolicy, cfg.PolicyTable.Model); diff != "" {
 		t.Errorf("policyTable.model (-want +got):\n%s", diff)
 	}
-	def := webhook.DefaultConfig().PolicyTable
+	def := configv1alpha1.DefaultWebhookConfiguration().PolicyTable
 	if diff := cmp.Diff(def.Data, cfg.PolicyTable.Data); diff != "" {
 		t.Errorf("policyTable.data differs from the webhook default (-want +got):\n%s", diff)
 	}

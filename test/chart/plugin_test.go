@@ -58,7 +58,7 @@ func TestPluginModeRendersNoExtender(t *testing.T) {
 	if !ok || cm != fn+"-extender" {
 		t.Errorf("plugin args configFile %s is not in the extender's ConfigMap as mounted (ConfigMap %q)", args.ConfigFile, cm)
 	}
-	if _, err := configv1alpha1.ParseExtenderConfiguration(configData(t, objs, fn+"-extender", path.Base(args.ConfigFile))); err != nil {
+	if _, err := configv1alpha1.ParseExtender(configData(t, objs, fn+"-extender", path.Base(args.ConfigFile))); err != nil {
 		t.Errorf("the ExtenderConfiguration the plugin reads: %v", err)
 	}
 	var hasMetrics bool

@@ -15,7 +15,6 @@ import (
 
 	"github.com/gputopo/gputopo/nodeagent"
 	"github.com/gputopo/gputopo/test/harness"
-	"github.com/gputopo/gputopo/webhook"
 )
 
 // checkResourceName: every component is given the one GPU resource name,
@@ -63,14 +62,14 @@ func renderedResourceNames(t *testing.T, r release, w want, objs []*unstructured
 		configMaps = append(configMaps, fn+"-extender-shadow")
 	}
 	for _, name := range configMaps {
-		cfg, err := configv1alpha1.ParseExtenderConfiguration(configData(t, objs, name, "config.yaml"))
+		cfg, err := configv1alpha1.ParseExtender(configData(t, objs, name, "config.yaml"))
 		if err != nil {
 			t.Fatalf("ConfigMap %s: %v", name, err)
 		}
 		out["ExtenderConfiguration "+name+" (resourceName)"] = cfg.ResourceName
 	}
 
-	wh, err := webhook.ParseConfig(configData(t, objs, fn+"-webhook", "config.yaml"))
+	wh, err := configv1alpha1.ParseWebhook(configData(t, objs, fn+"-webhook", "config.yaml"))
 	if err != nil {
 		t.Fatalf("webhook ConfigMap: %v", err)
 	}

@@ -36,7 +36,7 @@ import (
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/test/harness"
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // serviceAccountUser returns the user name and groups the apiserver gives
@@ -141,7 +141,7 @@ func TestRenderedSchedulerConfigRunsThroughExtender(t *testing.T) {
 	}
 
 	// The extender with the chart's arguments, configuration and identity.
-	cfg, err := configv1alpha1.ParseExtenderConfiguration(configData(t, objs, fn+"-extender", "config.yaml"))
+	cfg, err := configv1alpha1.ParseExtender(configData(t, objs, fn+"-extender", "config.yaml"))
 	if err != nil {
 		t.Fatalf("extender ConfigMap: %v", err)
 	}
@@ -284,7 +284,7 @@ func createGPUNodes(t *testing.T, cp *harness.ControlPlane) map[string]string {
 	nodes := map[string]string{"dgx-a100-0": "dgx-a100", "hgx-h100-0": "hgx-h100"}
 	for nodeName, fixture := range nodes {
 		cp.CreateGPUNode(t, nodeName, 8, map[string]string{"nvidia.com/gpu.present": "true"})
-		fx, err := topology.FixtureByName(fixture)
+		fx, err := machine.FixtureByName(fixture)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -323,7 +323,7 @@ func waitBoundByExtender(t *testing.T, cp *harness.ControlPlane, pod *corev1.Pod
 	}
 	known := map[string]bool{}
 	for i := range 8 {
-		known[topology.FixtureUUID(nodeName, i)] = true
+		known[machine.FixtureUUID(nodeName, i)] = true
 	}
 	for _, u := range uuids {
 		if !known[u] {

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gputopo/gputopo/topology"
+	topomachine "github.com/gputopo/gputopo/topology/machine"
 )
 
 // documents are the files whose commands are checked.
@@ -159,7 +159,7 @@ func TestMain(m *testing.M) {
 }
 
 // scratchDir is where commands run: every top-level entry of the
-// repository linked in (so that topology/testdata/... resolves as in the
+// repository linked in (so that topology/machine/testdata/... resolves as in the
 // docs), and what they write stays there.
 func scratchDir(t *testing.T, root string) string {
 	t.Helper()
@@ -363,7 +363,7 @@ func (r *runner) realRun(h *helpInfo, args []string) ([]string, bool) {
 		return args, true
 	case "gputopo machine show":
 		m := args[len(args)-1]
-		if _, err := topology.FixtureByName(m); err == nil || exists(m) {
+		if _, err := topomachine.FixtureByName(m); err == nil || exists(m) {
 			return args, true
 		}
 	case "gputopo machine import":
@@ -385,7 +385,7 @@ func (r *runner) realRun(h *helpInfo, args []string) ([]string, bool) {
 		if i, ok := value("--cluster"); ok {
 			for _, entry := range strings.Split(args[i], ",") {
 				machine, _, _ := strings.Cut(entry, "=")
-				if _, err := topology.FixtureByName(machine); err != nil && !exists(machine) {
+				if _, err := topomachine.FixtureByName(machine); err != nil && !exists(machine) {
 					return nil, false
 				}
 			}

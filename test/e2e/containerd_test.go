@@ -9,8 +9,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/nodeagent"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/test/kubelet"
 )
@@ -55,11 +55,11 @@ func TestEndToEndContainerd(t *testing.T) {
 // a GPU pod's process has exactly its assigned GPUs' device nodes and
 // variables, and no NVIDIA_VISIBLE_DEVICES to choose others with.
 func (e *env) cdiDevices(t *testing.T, train *corev1.Pod) {
-	spec := kubelet.WriteCDISpec(t, e.k.Containerd, nodeagent.DefaultCDIKind, e.sim.UUIDs())
+	spec := kubelet.WriteCDISpec(t, e.k.Containerd, configv1alpha1.DefaultCDIKind, e.sim.UUIDs())
 	t.Logf("injected: CDI spec %s with %d devices %s=<UUID>, each a fake /dev/nvidiaN and %sN=<UUID>", spec.Path, len(spec.UUIDs), spec.Kind, kubelet.CDIEnvPrefix)
 
 	e.stopAgent(t)
-	e.agentStrategies = []string{string(nodeagent.DeviceListCDICRI)}
+	e.agentStrategies = []string{string(configv1alpha1.DeviceListCDICRI)}
 	e.startAgent(t)
 	t.Cleanup(func() {
 		// The scenarios after this one expect the default strategy.

@@ -19,9 +19,9 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/test/harness"
-	"github.com/gputopo/gputopo/webhook"
 )
 
 // TestEndToEnd runs the scenarios in order on one system: they share the
@@ -199,7 +199,7 @@ func (e *env) fullFlow(t *testing.T) *corev1.Pod {
 		SchedulerName string
 		JobLabel      string
 	}
-	want := mutation{webhook.DefaultConfig().PolicyTable.Model.Requirement(gpus), v1alpha1.DefaultSchedulerName, job.Name}
+	want := mutation{configv1alpha1.DefaultWebhookConfiguration().PolicyTable.Model.Requirement(gpus), v1alpha1.DefaultSchedulerName, job.Name}
 	if diff := cmp.Diff(want, mutation{req, pod.Spec.SchedulerName, pod.Labels[v1alpha1.LabelJob]}); diff != "" {
 		t.Fatalf("pod %s as mutated by the webhook (-want +got):\n%s", pod.Name, diff)
 	}

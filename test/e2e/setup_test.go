@@ -47,7 +47,7 @@ import (
 	"github.com/gputopo/gputopo/nodeagent/nvmlsim"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/test/kubelet"
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 	"github.com/gputopo/gputopo/webhook"
 )
 
@@ -62,8 +62,8 @@ const (
 	nsPlain = "plain"
 	// The components run as the service accounts the webhook trusts with
 	// the system annotations, with exactly the RBAC each documents.
-	extenderUser = webhook.DefaultExtenderServiceAccount
-	agentUser    = webhook.DefaultNodeAgentServiceAccount
+	extenderUser = configv1alpha1.DefaultExtenderServiceAccount
+	agentUser    = configv1alpha1.DefaultNodeAgentServiceAccount
 )
 
 // env is the whole system on one machine. The extender, the webhook, the
@@ -240,7 +240,7 @@ func setupEnv(t *testing.T, resource corev1.ResourceName, plugin, containerd boo
 		kopts.Containerd = &kubelet.ContainerdOptions{SandboxImage: pause, Aliases: map[string]string{trainImage: ref}}
 	}
 	e.k = kubelet.Start(t, e.cp, kopts)
-	f, err := topology.FixtureByName(fixtureName)
+	f, err := machine.FixtureByName(fixtureName)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,7 +324,7 @@ func (e *env) startObserver(t *testing.T) {
 func (e *env) startWebhook(t *testing.T) {
 	t.Helper()
 	wio := e.cp.Env.WebhookInstallOptions
-	hookCfg := webhook.DefaultConfig()
+	hookCfg := configv1alpha1.DefaultWebhookConfiguration()
 	hookCfg.ResourceName = string(e.resource)
 	mgr, err := webhook.NewManager(hookCfg, e.cp.Config, webhook.Options{
 		Host: wio.LocalServingHost, Port: wio.LocalServingPort, CertDir: wio.LocalServingCertDir,
@@ -521,13 +521,17 @@ func (e *env) startAgent(t *testing.T) {
 	cfg := rest.CopyConfig(e.cp.Config)
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: agentUser, Extra: map[string][]string{serviceaccount.NodeNameKey: {nodeName}}}
 	e.agentRn = localcluster.Go(klog.NewContext(context.Background(), e.logger.WithName("nodeagent")), func(ctx context.Context) error {
-		return nodeagent.Run(ctx, cfg, nodeagent.Options{
-			NodeName: nodeName, Simulator: e.sim, ResourceName: string(e.resource), DeviceListStrategies: e.agentStrategies,
-			DevicePluginDir: kubelet.DevicePluginDir, PodResourcesSocket: e.k.PodResourcesSocket,
-			TopologyInterval: 5 * time.Minute, TelemetryInterval: 30 * time.Second, ReconcileInterval: 2 * time.Second,
-			MetricsBindAddress: "0",
-			Ready:              func(a *nodeagent.Agent) { ready <- a },
-		})
+		return nodeagent.RunWithNVML(ctx, cfg, nodeagent.Options{
+			NodeAgentConfiguration: configv1alpha1.NodeAgentConfiguration{
+				NodeName: nodeName, ResourceName: string(e.resource), DeviceListStrategies: e.agentStrategies,
+				DevicePluginDir: kubelet.DevicePluginDir, PodResourcesSocket: e.k.PodResourcesSocket,
+				TopologyInterval:   metav1.Duration{Duration: 5 * time.Minute},
+				TelemetryInterval:  metav1.Duration{Duration: 30 * time.Second},
+				ReconcileInterval:  metav1.Duration{Duration: 2 * time.Second},
+				MetricsBindAddress: "0",
+			},
+			Ready: func(a *nodeagent.Agent) { ready <- a },
+		}, e.sim.NVML())
 	})
 	select {
 	case e.agent = <-ready:

@@ -10,16 +10,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gputopo/gputopo/topology/machine"
+
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/simulator"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/topology"
-	"github.com/gputopo/gputopo/webhook"
 )
 
 // agreementCluster is the real-scheduler replay's cluster: two nodes of
@@ -58,7 +60,7 @@ func TestRealSchedulerAgreesWithSimulator(t *testing.T) {
 	e := newEnv(t, 0)
 	for _, n := range nodes {
 		createNode(t, e.cp, n.Name)
-		f, err := topology.FixtureByName(n.Fixture)
+		f, err := machine.FixtureByName(n.Fixture)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -74,7 +76,7 @@ func TestRealSchedulerAgreesWithSimulator(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rp := &realPolicy{t: t, e: e, x: x, nodes: nodes, table: webhook.DefaultConfig().PolicyTable, tried: map[string]string{}}
+	rp := &realPolicy{t: t, e: e, x: x, nodes: nodes, table: configv1alpha1.DefaultWebhookConfiguration().PolicyTable, tried: map[string]string{}}
 	real, err := simulator.RunPolicy(cfg, rp)
 	if err != nil {
 		t.Fatalf("replay on the real scheduler: %v\nscheduler log:\n%s", err, sched.Tail(30))
@@ -138,7 +140,7 @@ type realPolicy struct {
 	e     *env
 	x     *runningExtender
 	nodes []simulator.Node
-	table webhook.PolicyTable
+	table configv1alpha1.PolicyTable
 	// tried remembers, per waiting job, the free GPUs it last failed on:
 	// kube-scheduler decides the same on the same cluster, so the pod is
 	// not created again until something changed.

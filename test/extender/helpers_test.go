@@ -26,7 +26,7 @@ import (
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/test/harness"
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 const (
@@ -60,7 +60,7 @@ func newEnv(t *testing.T, nodes int) *env {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create ClusterRoleBinding: %v", err)
 	}
-	f, err := topology.FixtureByName(fixture)
+	f, err := machine.FixtureByName(fixture)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,9 +279,9 @@ func auditPods(t *testing.T, pods []corev1.Pod) map[string]string {
 	return owner
 }
 
-func mustFixture(t *testing.T) topology.Fixture {
+func mustFixture(t *testing.T) machine.Fixture {
 	t.Helper()
-	f, err := topology.FixtureByName(fixture)
+	f, err := machine.FixtureByName(fixture)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/internal/localcluster"
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // CreateGPUNode creates a Ready Node with gpus nvidia.com/gpu and no
@@ -54,7 +54,7 @@ func (cp *ControlPlane) WaitForPod(ctx context.Context, namespace, name string, 
 
 // PublishTopology creates the NodeGPUTopology of node name with a fixture's
 // machine, observed now, as the node agent publishes it.
-func (cp *ControlPlane) PublishTopology(t testing.TB, name string, f topology.Fixture) {
+func (cp *ControlPlane) PublishTopology(t testing.TB, name string, f machine.Fixture) {
 	t.Helper()
 	ctx := context.Background()
 	obj := &v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: name}}

@@ -41,11 +41,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/nodeagent"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/test/kubelet"
-	"github.com/gputopo/gputopo/topology"
+	topomachine "github.com/gputopo/gputopo/topology/machine"
 )
 
 const (
@@ -210,15 +211,15 @@ func startCluster(t *testing.T, mode string) *cluster {
 	// The node's CDI spec, as nvidia-ctk cdi generate (or the GPU
 	// operator) writes it on a real node, for the GPUs the node agent
 	// simulates (their UUIDs follow from the node's name).
-	f, err := topology.FixtureByName(machine)
+	f, err := topomachine.FixtureByName(machine)
 	if err != nil {
 		t.Fatal(err)
 	}
 	uuids := make([]string, f.GPUs)
 	for i := range uuids {
-		uuids[i] = topology.FixtureUUID(nodeName, i)
+		uuids[i] = topomachine.FixtureUUID(nodeName, i)
 	}
-	c.cdi = kubelet.WriteCDISpec(t, k.Containerd, nodeagent.DefaultCDIKind, uuids)
+	c.cdi = kubelet.WriteCDISpec(t, k.Containerd, configv1alpha1.DefaultCDIKind, uuids)
 	t.Logf("injected: CDI spec %s with %d devices %s=<UUID>, each a fake /dev/nvidiaN and %sN=<UUID>", c.cdi.Path, len(uuids), c.cdi.Kind, kubelet.CDIEnvPrefix)
 	t.Cleanup(func() {
 		if t.Failed() {

@@ -19,7 +19,7 @@ import (
 	"github.com/gputopo/gputopo/nodeagent/nvmlsim"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/test/kubelet"
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 const (
@@ -184,7 +184,7 @@ func TestNodeAgentWithRealKubelet(t *testing.T) {
 		if err := e.cp.Client.Get(ctx, client.ObjectKey{Name: nodeName}, obj); err != nil {
 			t.Fatal(err)
 		}
-		f, _ := topology.FixtureByName("dgx-a100")
+		f, _ := machine.FixtureByName("dgx-a100")
 		if obj.Status.TopologyHash != f.Graph(nodeName).Hash() || len(obj.Status.GPUs) != 8 {
 			t.Errorf("NodeGPUTopology: hash %q with %d GPUs, want the dgx-a100 hash %q with 8", obj.Status.TopologyHash, len(obj.Status.GPUs), f.Graph(nodeName).Hash())
 		}

@@ -16,13 +16,14 @@ import (
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/nodeagent"
 	"github.com/gputopo/gputopo/nodeagent/nvmlsim"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/test/kubelet"
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // setupWithStrategies starts a control plane, a real kubelet and the node
@@ -44,7 +45,7 @@ func setupWithStrategies(t *testing.T, strategies []string) *env {
 			t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
 		}
 	}
-	f, err := topology.FixtureByName("dgx-a100")
+	f, err := machine.FixtureByName("dgx-a100")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,14 +53,18 @@ func setupWithStrategies(t *testing.T, strategies []string) *env {
 	ready := make(chan *nodeagent.Agent, 1)
 	agentCtx := klog.NewContext(ctx, testr.NewWithOptions(t, testr.Options{Verbosity: 1}))
 	run := localcluster.Go(agentCtx, func(ctx context.Context) error {
-		return nodeagent.Run(ctx, cp.UserConfig(t, agentUser), nodeagent.Options{
-			NodeName: nodeName, Simulator: e.sim, ResourceName: v1alpha1.ResourceGPU,
-			DevicePluginDir: kubelet.DevicePluginDir, PodResourcesSocket: k.PodResourcesSocket,
-			TopologyInterval: 5 * time.Minute, TelemetryInterval: 30 * time.Second, ReconcileInterval: 2 * time.Second,
-			MetricsBindAddress:   "0",
-			DeviceListStrategies: strategies,
-			Ready:                func(a *nodeagent.Agent) { ready <- a },
-		})
+		return nodeagent.RunWithNVML(ctx, cp.UserConfig(t, agentUser), nodeagent.Options{
+			NodeAgentConfiguration: configv1alpha1.NodeAgentConfiguration{
+				NodeName: nodeName, ResourceName: v1alpha1.ResourceGPU,
+				DevicePluginDir: kubelet.DevicePluginDir, PodResourcesSocket: k.PodResourcesSocket,
+				TopologyInterval:     metav1.Duration{Duration: 5 * time.Minute},
+				TelemetryInterval:    metav1.Duration{Duration: 30 * time.Second},
+				ReconcileInterval:    metav1.Duration{Duration: 2 * time.Second},
+				MetricsBindAddress:   "0",
+				DeviceListStrategies: strategies,
+			},
+			Ready: func(a *nodeagent.Agent) { ready <- a },
+		}, e.sim.NVML())
 	})
 	t.Cleanup(func() {
 		if err := run.Stop(); err != nil {
@@ -128,7 +133,7 @@ func mountedGPUs(c kubelet.Container) []string {
 // kind nvidia.com/gpu, and the devices of any other kind. Sorted.
 func cdiGPUs(c kubelet.Container) (gpus, other []string) {
 	for _, d := range c.CDIDevices {
-		if id, ok := strings.CutPrefix(d, nodeagent.DefaultCDIKind+"="); ok {
+		if id, ok := strings.CutPrefix(d, configv1alpha1.DefaultCDIKind+"="); ok {
 			gpus = append(gpus, id)
 		} else {
 			other = append(other, d)
@@ -171,7 +176,7 @@ func TestDeviceListStrategyWithRealKubelet(t *testing.T) {
 			check: func(t *testing.T, c kubelet.Container, allocated []string, _ string) {
 				gpus, other := cdiGPUs(c)
 				if !slices.Equal(allocated, gpus) || len(other) != 0 {
-					t.Errorf("CDI devices %v, want exactly %s=<UUID> for the allocated %v", c.CDIDevices, nodeagent.DefaultCDIKind, allocated)
+					t.Errorf("CDI devices %v, want exactly %s=<UUID> for the allocated %v", c.CDIDevices, configv1alpha1.DefaultCDIKind, allocated)
 				}
 				if got := mountedGPUs(c); len(got) != 0 {
 					t.Errorf("device list mounts %v, want none with cdi-cri", got)

@@ -20,7 +20,7 @@ import (
 	"github.com/gputopo/gputopo/nodeagent"
 	"github.com/gputopo/gputopo/nodeagent/nvmlsim"
 	"github.com/gputopo/gputopo/test/harness"
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // countingTransport counts the requests that change something.
@@ -49,7 +49,7 @@ func idleWrites(t *testing.T, cp *harness.ControlPlane, prefix string, n int, al
 	if err != nil {
 		t.Fatal(err)
 	}
-	fixtures := topology.Fixtures()
+	fixtures := machine.Fixtures()
 	pubs := make([]*nodeagent.Publisher, n)
 	for i := range pubs {
 		name := fmt.Sprintf("%s-%02d", prefix, i)

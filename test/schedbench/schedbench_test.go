@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gputopo/gputopo/topology/machine"
+
 	"github.com/gputopo/gputopo/placement/ledger"
 
 	corev1 "k8s.io/api/core/v1"
@@ -33,12 +35,11 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	"k8s.io/utils/ptr"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/test/harness"
-	"github.com/gputopo/gputopo/topology"
-	"github.com/gputopo/gputopo/webhook"
 )
 
 // Environment knobs (defaults keep one run under about five minutes on a
@@ -378,7 +379,7 @@ func createNode(ctx context.Context, cp *harness.ControlPlane, i int) error {
 	if _, err := cs.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("clear taints of node %s: %w", name, err)
 	}
-	f, err := topology.FixtureByName(fx)
+	f, err := machine.FixtureByName(fx)
 	if err != nil {
 		return err
 	}
@@ -405,7 +406,7 @@ type podSpec struct {
 // webhook derives (fixed seed).
 func podMix(n int) []podSpec {
 	rng := rand.New(rand.NewPCG(1, 2))
-	table := webhook.DefaultConfig().PolicyTable
+	table := configv1alpha1.DefaultWebhookConfiguration().PolicyTable
 	out := make([]podSpec, n)
 	for i := range out {
 		gpus := []int{1, 1, 1, 1, 2, 2, 2, 4, 4, 8}[rng.IntN(10)]

@@ -27,7 +27,7 @@ import (
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/test/harness"
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 const extenderUser = "gputopo-extender"
@@ -139,7 +139,7 @@ func post(c *http.Client, url string, body any) (int, string) {
 // gpuCluster creates GPU nodes with a DGX A100 topology each.
 func gpuCluster(t *testing.T, cp *harness.ControlPlane, nodes map[string]map[string]string) {
 	t.Helper()
-	f, err := topology.FixtureByName("dgx-a100")
+	f, err := machine.FixtureByName("dgx-a100")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,7 @@ import (
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/nodeagent"
 	"github.com/gputopo/gputopo/test/harness"
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // A compromised GPU node, attempted with its node agent's real credential
@@ -145,7 +145,7 @@ func TestNodeAgentTokenIsHeldToItsNode(t *testing.T) {
 		refusedByPolicy(t, "create a topology for a node that does not exist", agent.Create(ctx, topologyOf(t, "gpu-node-ghost")), agentSA+nodeagent.PolicyTopologiesSuffix, wrongNode+`gpu-node-ghost"`)
 
 		// Node B's own topology, published by its agent (here, the admin).
-		dgx, err := topology.FixtureByName("dgx-a100")
+		dgx, err := machine.FixtureByName("dgx-a100")
 		if err != nil {
 			t.Fatal(err)
 		}

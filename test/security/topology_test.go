@@ -22,7 +22,7 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/test/harness"
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // As a compromised node agent (it writes its own node's NodeGPUTopology):
@@ -36,11 +36,11 @@ import (
 func TestTopologyThatDisagreesWithItsNodeIsRefused(t *testing.T) {
 	cp := harness.Start(t, harness.Options{})
 	ctx := harness.Context(t)
-	a100, err := topology.FixtureByName("dgx-a100")
+	a100, err := machine.FixtureByName("dgx-a100")
 	if err != nil {
 		t.Fatal(err)
 	}
-	h100, err := topology.FixtureByName("hgx-h100")
+	h100, err := machine.FixtureByName("hgx-h100")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,12 +166,12 @@ func TestTopologyThatDisagreesWithItsNodeIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	copyTopology.Status = a100.Graph("copycat").Status()
-	copyTopology.Status.GPUs[7].UUID = topology.FixtureUUID("honest", 7)
+	copyTopology.Status.GPUs[7].UUID = machine.FixtureUUID("honest", 7)
 	copyTopology.Status.ObservedTime = metav1.Now()
 	if err := cp.Client.Status().Update(ctx, copyTopology); err != nil {
 		t.Fatal(err)
 	}
-	wantCopy := "lists GPU " + topology.FixtureUUID("honest", 7) + ", which node honest's NodeGPUTopology listed first"
+	wantCopy := "lists GPU " + machine.FixtureUUID("honest", 7) + ", which node honest's NodeGPUTopology listed first"
 	harness.Poll(t, 30*time.Second, "filter to refuse the copying node", func() (bool, string) {
 		status, msg := post(te.client(t, te.ca), te.base+"/filter", extenderv1.ExtenderArgs{Pod: probe, NodeNames: &[]string{"honest", "copycat"}})
 		return status == http.StatusOK && strings.Contains(msg, `"NodeNames":["honest"]`) && strings.Contains(msg, wantCopy), fmt.Sprintf("%d %s", status, msg)

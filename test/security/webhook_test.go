@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/nodeagent"
@@ -59,7 +60,7 @@ const (
 // stopped) served in-process.
 type whEnv struct {
 	cp  *harness.ControlPlane
-	cfg webhook.Config
+	cfg configv1alpha1.WebhookConfiguration
 	mut *admissionregistrationv1.MutatingWebhookConfiguration
 	val *admissionregistrationv1.ValidatingWebhookConfiguration
 	run *localcluster.Running
@@ -67,7 +68,7 @@ type whEnv struct {
 
 func startWebhookEnv(t *testing.T) *whEnv {
 	t.Helper()
-	cfg := webhook.DefaultConfig()
+	cfg := configv1alpha1.DefaultWebhookConfiguration()
 	mut, val, err := webhook.Registration(webhook.RegistrationOptions{ServiceName: "gputopo-webhook", ServiceNamespace: whRelease}.ForConfig(cfg))
 	if err != nil {
 		t.Fatal(err)
@@ -82,12 +83,12 @@ func startWebhookEnv(t *testing.T) *whEnv {
 	e := &whEnv{cp: cp, cfg: cfg, mut: mut, val: val}
 	ctx := context.Background()
 	objs := []client.Object{
-		namespace(whOptedIn, true), namespace(whPlain, false), namespace(webhook.DefaultCertManagerNamespace, false),
+		namespace(whOptedIn, true), namespace(whPlain, false), namespace(configv1alpha1.DefaultCertManagerNamespace, false),
 		namespace(whMonitoring, false), namespace(whRelease, false),
 	}
 	objs = append(objs, agentAccount()...)
 	// No service account controller runs: pods need the account.
-	for _, ns := range []string{whOptedIn, whPlain, webhook.DefaultCertManagerNamespace, whMonitoring, whRelease} {
+	for _, ns := range []string{whOptedIn, whPlain, configv1alpha1.DefaultCertManagerNamespace, whMonitoring, whRelease} {
 		objs = append(objs, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"}})
 	}
 	for _, obj := range objs {
@@ -337,7 +338,7 @@ func TestWebhook(t *testing.T) {
 		}
 
 		refusedBy(t, "the agent of node A annotating a pod on node B", record(bound, onB, uuidOther), webhook.WebhookValidatePod,
-			`metadata.annotations[gputopo.io/allocated-gpus]: Forbidden: node agent "`+webhook.DefaultNodeAgentServiceAccount+
+			`metadata.annotations[gputopo.io/allocated-gpus]: Forbidden: node agent "`+configv1alpha1.DefaultNodeAgentServiceAccount+
 				`" runs on node "`+nodeA+`" but this pod is bound to node "`+nodeB+`"`)
 		if err := record(bound, onA, uuidOwn); err != nil {
 			t.Fatalf("the agent of node A annotating a pod on node A: %v", err)
@@ -364,7 +365,7 @@ func TestWebhook(t *testing.T) {
 	// Pods of every kind, created while the webhook serves, to be updated
 	// while it is down.
 	existing := map[string]*corev1.Pod{}
-	for _, ns := range []string{whOptedIn, whPlain, webhook.DefaultCertManagerNamespace, whMonitoring} {
+	for _, ns := range []string{whOptedIn, whPlain, configv1alpha1.DefaultCertManagerNamespace, whMonitoring} {
 		p := cpuPod(ns, "web-before")
 		if err := c.Create(ctx, p); err != nil {
 			t.Fatalf("create %s/%s: %v", ns, p.Name, err)
@@ -384,7 +385,7 @@ func TestWebhook(t *testing.T) {
 
 	t.Run("with the webhook down only what concerns GPUs waits", func(t *testing.T) {
 		e.stop(t)
-		for _, ns := range []string{whOptedIn, whPlain, webhook.DefaultCertManagerNamespace, whMonitoring} {
+		for _, ns := range []string{whOptedIn, whPlain, configv1alpha1.DefaultCertManagerNamespace, whMonitoring} {
 			p := cpuPod(ns, "web-during")
 			p.Annotations = map[string]string{v1alpha1.AnnotationParallelism: "data", "team": "web"}
 			if err := c.Create(ctx, p); err != nil {

@@ -1,43 +1,33 @@
 package v1alpha1
 
 import (
-	"bufio"
-	"bytes"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/url"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/prometheus/common/model"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	utilerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	sigsjson "sigs.k8s.io/json"
-	"sigs.k8s.io/yaml"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
-// ConfigAPIVersion and ExtenderConfigKind identify the extender's configuration
+// ExtenderAPIVersion and ExtenderKind identify the extender's configuration
 // file. Both are optional in the file; when written they must be these.
 // The version moves when a field changes meaning, so a file written for one
 // release is never silently read with another's semantics.
 const (
-	ConfigAPIVersion   = "gputopo.io/v1alpha1"
-	ExtenderConfigKind = "ExtenderConfiguration"
+	ExtenderAPIVersion = "gputopo.io/v1alpha1"
+	ExtenderKind       = "ExtenderConfiguration"
 )
 
-// ExtenderConfiguration is the extender's versioned configuration file. Every field
-// is optional; the comment of each says its default. Flags cover what
-// differs per deployment (ports, TLS, leader election); this file covers
-// what shapes decisions.
+// ExtenderConfiguration is the extender's versioned configuration file.
+// Every field is optional; the comment of each says its default. Flags
+// cover what differs per deployment (ports, TLS, leader election); this
+// file covers what shapes decisions.
 type ExtenderConfiguration struct {
 	metav1.TypeMeta `json:",inline"`
 
@@ -255,6 +245,21 @@ func (w *Weights) fields() [numWeights]weightField {
 	}
 }
 
+// WeightProfile returns the weights of profile name, every one set, and
+// whether there is such a profile.
+func WeightProfile(name string) (Weights, bool) {
+	profile, ok := weightProfiles[name]
+	if !ok {
+		return Weights{}, false
+	}
+	w := Weights{Profile: name}
+	for i, f := range w.fields() {
+		v := profile[i]
+		*f.p = &v
+	}
+	return w, true
+}
+
 // Thermal fixes the temperature scale of the thermal headroom component.
 type Thermal struct {
 	// IdleTemperatureC scores full headroom at or below it. Default 30.
@@ -264,22 +269,23 @@ type Thermal struct {
 	LimitTemperatureC *int32 `json:"limitTemperatureC"`
 }
 
-// DefaultExtenderConfiguration returns the configuration with every default set.
+// DefaultExtenderConfiguration returns the configuration with every
+// default set; testdata/extender/defaults.json pins it.
 func DefaultExtenderConfiguration() *ExtenderConfiguration {
 	c := &ExtenderConfiguration{}
 	SetExtenderDefaults(c)
 	return c
 }
 
-// SetExtenderDefaults fills the fields left unset. Weights and topologyMaxAge are
-// pointers so that an explicit 0 (switch a component or the check off)
-// differs from "not set".
+// SetExtenderDefaults fills the fields left unset. Weights and
+// topologyMaxAge are pointers so that an explicit 0 (switch a component or
+// the check off) differs from "not set".
 func SetExtenderDefaults(c *ExtenderConfiguration) {
 	if c.APIVersion == "" {
-		c.APIVersion = ConfigAPIVersion
+		c.APIVersion = ExtenderAPIVersion
 	}
 	if c.Kind == "" {
-		c.Kind = ExtenderConfigKind
+		c.Kind = ExtenderKind
 	}
 	setInt32 := func(p **int32, v int32) {
 		if *p == nil {
@@ -345,11 +351,11 @@ func SetExtenderDefaults(c *ExtenderConfiguration) {
 // Validate reports every invalid field at once, with its path.
 func (c *ExtenderConfiguration) Validate() field.ErrorList {
 	var errs field.ErrorList
-	if c.APIVersion != ConfigAPIVersion {
-		errs = append(errs, field.NotSupported(field.NewPath("apiVersion"), c.APIVersion, []string{ConfigAPIVersion}))
+	if c.APIVersion != ExtenderAPIVersion {
+		errs = append(errs, field.NotSupported(field.NewPath("apiVersion"), c.APIVersion, []string{ExtenderAPIVersion}))
 	}
-	if c.Kind != ExtenderConfigKind {
-		errs = append(errs, field.NotSupported(field.NewPath("kind"), c.Kind, []string{ExtenderConfigKind}))
+	if c.Kind != ExtenderKind {
+		errs = append(errs, field.NotSupported(field.NewPath("kind"), c.Kind, []string{ExtenderKind}))
 	}
 	wp := field.NewPath("weights")
 	if _, ok := weightProfiles[c.Weights.Profile]; !ok {
@@ -486,9 +492,9 @@ func validateExtendedResourceName(path *field.Path, name string) field.ErrorList
 // defaultTopologyMaxAge tolerates two missed 5-minute topology refreshes.
 const defaultTopologyMaxAge = 15 * time.Minute
 
-// EffectiveTopologyMaxAge is the age limit in force; 0 means off (0 or negative in
-// the file).
-func (c *ExtenderConfiguration) EffectiveTopologyMaxAge() time.Duration {
+// TopologyAgeLimit is the topologyMaxAge in force: the default when unset,
+// 0 (off) for 0 or a negative age in the file.
+func (c *ExtenderConfiguration) TopologyAgeLimit() time.Duration {
 	switch {
 	case c.TopologyMaxAge == nil:
 		return defaultTopologyMaxAge
@@ -498,141 +504,24 @@ func (c *ExtenderConfiguration) EffectiveTopologyMaxAge() time.Duration {
 	return c.TopologyMaxAge.Duration
 }
 
-// ParseExtenderConfiguration strictly decodes a YAML or JSON ExtenderConfiguration,
-// applies defaults and validates it. The file holds one document. Unknown
-// and duplicate fields are errors, each named by its full path (e.g.
-// weights.utilisation), and reported together with every invalid value: a
-// typo must not silently fall back to a default.
-func ParseExtenderConfiguration(data []byte) (*ExtenderConfiguration, error) {
-	doc, err := singleDocument(data)
-	if err != nil {
-		return nil, err
-	}
+// ParseExtender strictly decodes a YAML or JSON ExtenderConfiguration
+// (Decode), applies defaults and validates it. Every problem, unknown and
+// duplicate fields by their full path (e.g. weights.utilisation) as well as
+// every invalid value, is reported at once: a typo must not silently fall
+// back to a default.
+func ParseExtender(data []byte) (*ExtenderConfiguration, error) {
 	c := &ExtenderConfiguration{}
-	var errs []error
-	if doc != nil {
-		var numErrs field.ErrorList
-		if doc, numErrs, err = unitlessDurations(doc); err != nil {
-			return nil, fmt.Errorf("decode %s: %w", ExtenderConfigKind, err)
-		}
-		for _, e := range numErrs {
-			errs = append(errs, e)
-		}
-		strict, err := sigsjson.UnmarshalStrict(doc, c)
-		if err != nil {
-			return nil, fmt.Errorf("decode %s: %w", ExtenderConfigKind, err)
-		}
-		errs = append(errs, strict...)
-	}
-	SetExtenderDefaults(c)
-	for _, e := range c.Validate() {
-		errs = append(errs, e)
-	}
-	if len(errs) > 0 {
-		return nil, fmt.Errorf("invalid %s: %w", ExtenderConfigKind, utilerrors.NewAggregate(errs))
+	if err := parse(data, c, func() { SetExtenderDefaults(c) }); err != nil {
+		return nil, err
 	}
 	return c, nil
 }
 
-// durationFields are the top-level durations a bare number may be written
-// for: 0 needs no unit ("topologyMaxAge: 0" turns the age check off), any
-// other number is refused with a hint instead of a JSON type error.
-var durationFields = []string{"topologyMaxAge", "telemetryMaxAge", "bindTimeout", "reservationTTL"}
-
-// unitlessDurations rewrites a bare 0 in durationFields as "0s" and
-// reports other bare numbers there.
-func unitlessDurations(doc []byte) ([]byte, field.ErrorList, error) {
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(doc, &top); err != nil {
-		return doc, nil, nil // not an object: the strict decode says why
-	}
-	var errs field.ErrorList
-	changed := false
-	for _, name := range durationFields {
-		raw, ok := top[name]
-		if !ok || len(raw) == 0 || (raw[0] != '-' && (raw[0] < '0' || raw[0] > '9')) {
-			continue
-		}
-		var v float64
-		if err := json.Unmarshal(raw, &v); err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", name, err)
-		}
-		if v == 0 {
-			top[name], changed = json.RawMessage(`"0s"`), true
-			continue
-		}
-		errs = append(errs, field.Invalid(field.NewPath(name), string(raw), "a duration needs a unit, e.g. 15m, 90s or 2m30s (only 0 may be written without one)"))
-		delete(top, name)
-		changed = true
-	}
-	if !changed {
-		return doc, errs, nil
-	}
-	out, err := json.Marshal(top)
-	return out, errs, err
-}
-
-// singleDocument returns the file's one YAML (or JSON) document as JSON,
-// nil for an empty file. A second document is refused, naming its number:
-// the extender reads one configuration, and silently ignoring the rest of a
-// file (a `---` left in by an editor or a kustomize patch) would apply a
-// configuration nobody reviewed.
-func singleDocument(data []byte) ([]byte, error) {
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-	var doc []byte
-	for n := 0; ; {
-		chunk, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			return doc, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("read %s document: %w", ExtenderConfigKind, err)
-		}
-		j, err := yaml.YAMLToJSONStrict(chunk)
-		if err != nil {
-			return nil, fmt.Errorf("decode %s document %d: %w", ExtenderConfigKind, n+1, err)
-		}
-		if bytes.Equal(bytes.TrimSpace(j), []byte("null")) {
-			continue // only comments or blank lines
-		}
-		n++
-		if n > 1 {
-			return nil, fmt.Errorf("document %d: the file must hold one %s, not a multi-document YAML stream; remove the other documents or the --- separator", n, ExtenderConfigKind)
-		}
-		doc = j
-	}
-}
-
-// LoadExtenderConfiguration reads path; an empty path gives the defaults.
-func LoadExtenderConfiguration(path string) (*ExtenderConfiguration, error) {
+// LoadExtender reads and parses the file at path; an empty path gives the
+// defaults.
+func LoadExtender(path string) (*ExtenderConfiguration, error) {
 	if path == "" {
 		return DefaultExtenderConfiguration(), nil
 	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("read extender config: %w", err)
-	}
-	c, err := ParseExtenderConfiguration(b)
-	if err != nil {
-		return nil, fmt.Errorf("extender config %s: %w", path, err)
-	}
-	return c, nil
-}
-
-// ProfileWeights are profile name's weights in the order utilizationBalance,
-// taskAffinity, thermalPowerHeadroom, fragmentation, bandwidthFit,
-// capabilityConservation, islandBestFit; false for an unknown profile.
-func ProfileWeights(name string) ([numWeights]int32, bool) {
-	w, ok := weightProfiles[name]
-	return w, ok
-}
-
-// ZeroUnset sets every weight not given to 0, so that only the given ones
-// count.
-func (w *Weights) ZeroUnset() {
-	for _, f := range w.fields() {
-		if *f.p == nil {
-			*f.p = new(int32)
-		}
-	}
+	return load(path, "extender", ParseExtender)
 }

@@ -1,7 +1,6 @@
 package v1alpha1
 
 import (
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,34 +10,16 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
-// TestDefaultsGolden pins every default: a change shows up as a diff of
-// testdata/defaults.json in review. Regenerate with UPDATE_GOLDEN=1.
-func TestDefaultsGolden(t *testing.T) {
-	got, err := json.MarshalIndent(DefaultExtenderConfiguration(), "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	got = append(got, '\n')
-	path := filepath.Join("testdata", "extender-defaults.json")
-	if os.Getenv("UPDATE_GOLDEN") == "1" {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("read golden (run with UPDATE_GOLDEN=1 to create it): %v", err)
-	}
-	if diff := cmp.Diff(string(want), string(got)); diff != "" {
-		t.Errorf("defaults changed (-golden +now); if intended, run UPDATE_GOLDEN=1 go test ./extender/ -run TestDefaultsGolden:\n%s", diff)
-	}
+// TestExtenderDefaultsGolden pins every default.
+func TestExtenderDefaultsGolden(t *testing.T) {
+	want := checkGolden(t, "extender", DefaultExtenderConfiguration())
 	// The golden file must itself be a valid configuration.
-	if _, err := ParseExtenderConfiguration(want); err != nil {
+	if _, err := ParseExtender(want); err != nil {
 		t.Errorf("golden defaults do not parse: %v", err)
 	}
 }
 
-func TestParseConfiguration(t *testing.T) {
+func TestParseExtender(t *testing.T) {
 	tests := []struct {
 		name    string
 		doc     string
@@ -64,40 +45,40 @@ func TestParseConfiguration(t *testing.T) {
 		name: "negative topologyMaxAge turns the age check off",
 		doc:  "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\ntopologyMaxAge: -1s\n",
 		check: func(t *testing.T, c *ExtenderConfiguration) {
-			if c.EffectiveTopologyMaxAge() != 0 {
-				t.Errorf("topologyMaxAge in force = %s, want 0 (off)", c.EffectiveTopologyMaxAge())
+			if c.TopologyAgeLimit() != 0 {
+				t.Errorf("topologyMaxAge in force = %s, want 0 (off)", c.TopologyAgeLimit())
 			}
 		},
 	}, {
 		name: "topologyMaxAge 0 turns the age check off",
 		doc:  "topologyMaxAge: 0\n",
 		check: func(t *testing.T, c *ExtenderConfiguration) {
-			if c.TopologyMaxAge == nil || c.TopologyMaxAge.Duration != 0 || c.EffectiveTopologyMaxAge() != 0 {
-				t.Errorf("topologyMaxAge = %v, in force %s; want 0 (off)", c.TopologyMaxAge, c.EffectiveTopologyMaxAge())
+			if c.TopologyMaxAge == nil || c.TopologyMaxAge.Duration != 0 || c.TopologyAgeLimit() != 0 {
+				t.Errorf("topologyMaxAge = %v, in force %s; want 0 (off)", c.TopologyMaxAge, c.TopologyAgeLimit())
 			}
 		},
 	}, {
 		name: "topologyMaxAge 0s turns the age check off",
 		doc:  "topologyMaxAge: 0s\n",
 		check: func(t *testing.T, c *ExtenderConfiguration) {
-			if c.EffectiveTopologyMaxAge() != 0 {
-				t.Errorf("topologyMaxAge in force = %s, want 0 (off)", c.EffectiveTopologyMaxAge())
+			if c.TopologyAgeLimit() != 0 {
+				t.Errorf("topologyMaxAge in force = %s, want 0 (off)", c.TopologyAgeLimit())
 			}
 		},
 	}, {
 		name: "topologyMaxAge unset takes the default 15m",
 		doc:  "bindTimeout: 3s\n",
 		check: func(t *testing.T, c *ExtenderConfiguration) {
-			if c.EffectiveTopologyMaxAge() != 15*time.Minute {
-				t.Errorf("topologyMaxAge in force = %s, want 15m", c.EffectiveTopologyMaxAge())
+			if c.TopologyAgeLimit() != 15*time.Minute {
+				t.Errorf("topologyMaxAge in force = %s, want 15m", c.TopologyAgeLimit())
 			}
 		},
 	}, {
 		name: "topologyMaxAge set is kept",
 		doc:  "topologyMaxAge: 40m\n",
 		check: func(t *testing.T, c *ExtenderConfiguration) {
-			if c.EffectiveTopologyMaxAge() != 40*time.Minute {
-				t.Errorf("topologyMaxAge in force = %s, want 40m", c.EffectiveTopologyMaxAge())
+			if c.TopologyAgeLimit() != 40*time.Minute {
+				t.Errorf("topologyMaxAge in force = %s, want 40m", c.TopologyAgeLimit())
 			}
 		},
 	}, {
@@ -132,7 +113,7 @@ func TestParseConfiguration(t *testing.T) {
 		name: "apiVersion and kind may be omitted",
 		doc:  "weights: {taskAffinity: 5}\n",
 		check: func(t *testing.T, c *ExtenderConfiguration) {
-			if c.APIVersion != ConfigAPIVersion || c.Kind != ExtenderConfigKind || *c.Weights.TaskAffinity != 5 {
+			if c.APIVersion != ExtenderAPIVersion || c.Kind != ExtenderKind || *c.Weights.TaskAffinity != 5 {
 				t.Errorf("apiVersion %q kind %q taskAffinity %d", c.APIVersion, c.Kind, *c.Weights.TaskAffinity)
 			}
 		},
@@ -228,7 +209,7 @@ func TestParseConfiguration(t *testing.T) {
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := ParseExtenderConfiguration([]byte(tc.doc))
+			c, err := ParseExtender([]byte(tc.doc))
 			if len(tc.wantErr) > 0 {
 				if err == nil {
 					t.Fatalf("no error; want %q", tc.wantErr)
@@ -248,7 +229,7 @@ func TestParseConfiguration(t *testing.T) {
 	}
 }
 
-func TestLoadConfigurationNamesTheFile(t *testing.T) {
+func TestLoadExtenderNamesTheFile(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, doc string) string {
 		p := filepath.Join(dir, name)
@@ -258,15 +239,15 @@ func TestLoadConfigurationNamesTheFile(t *testing.T) {
 		return p
 	}
 	multi := write("multi.yaml", "bindTimeout: 2s\n---\nbindTimeout: 3s\n---\nbindTimeout: 4s\n")
-	if _, err := LoadExtenderConfiguration(multi); err == nil || !strings.Contains(err.Error(), "extender config "+multi+": document 2: ") {
-		t.Errorf("LoadExtenderConfiguration(multi-document) = %v, want the file and document 2 named", err)
+	if _, err := LoadExtender(multi); err == nil || !strings.Contains(err.Error(), "extender config "+multi+": document 2: ") {
+		t.Errorf("LoadExtender(multi-document) = %v, want the file and document 2 named", err)
 	}
 	typo := write("typo.yaml", "weights: {utilisation: 1}\n")
-	if _, err := LoadExtenderConfiguration(typo); err == nil || !strings.Contains(err.Error(), "extender config "+typo+": ") || !strings.Contains(err.Error(), `unknown field "weights.utilisation"`) {
-		t.Errorf("LoadExtenderConfiguration(typo) = %v, want the file and the field's path named", err)
+	if _, err := LoadExtender(typo); err == nil || !strings.Contains(err.Error(), "extender config "+typo+": ") || !strings.Contains(err.Error(), `unknown field "weights.utilisation"`) {
+		t.Errorf("LoadExtender(typo) = %v, want the file and the field's path named", err)
 	}
-	c, err := LoadExtenderConfiguration(write("ok.yaml", "topologyMaxAge: 0s\n"))
-	if err != nil || c.EffectiveTopologyMaxAge() != 0 {
-		t.Errorf("LoadExtenderConfiguration(topologyMaxAge: 0s) = %v, %v; want the age check off", c, err)
+	c, err := LoadExtender(write("ok.yaml", "topologyMaxAge: 0s\n"))
+	if err != nil || c.TopologyAgeLimit() != 0 {
+		t.Errorf("LoadExtender(topologyMaxAge: 0s) = %v, %v; want the age check off", c, err)
 	}
 }

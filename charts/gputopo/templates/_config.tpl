@@ -3,7 +3,7 @@ Configuration files of the components, rendered from values. Each is also
 hashed into its Deployment's pod template so that a change rolls the pods.
 */}}
 
-{{/* WebhookConfiguration, decoded strictly by webhook.ParseConfig. */}}
+{{/* WebhookConfiguration, decoded strictly by configv1alpha1.ParseWebhook. */}}
 {{- define "gputopo.webhook.config" -}}
 apiVersion: config.gputopo.io/v1alpha1
 kind: WebhookConfiguration
@@ -34,9 +34,10 @@ namespaceDefaultAnnotation: {{ .Values.webhook.namespaceDefaultAnnotation | quot
 {{- end }}
 
 {{/*
-ExtenderConfiguration, decoded strictly by extender.ParseConfiguration.
-Call with (dict "v" <extender values> "resourceName" <the GPU resource
-name>): .Values.extender for the serving extender, or those values with
+ExtenderConfiguration, decoded strictly by configv1alpha1.ParseExtender
+(package api/config/v1alpha1). Call with (dict "v" <extender values>
+"resourceName" <the GPU resource name>):
+.Values.extender for the serving extender, or those values with
 shadowExtender.overrides merged over them for the shadow
 (gputopo.shadowExtender.values). gputopo.validate checks both before
 anything is rendered.

@@ -10,6 +10,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/nodeagent"
 	"github.com/gputopo/gputopo/webhook"
@@ -53,10 +54,10 @@ The Helm chart runs it as a Deployment and registers the webhook
 configurations. See docs/webhook.md.`,
 		opts.AddFlags, func() error { return opts.Validate() },
 		func(ctx context.Context, rc *rest.Config) error {
-			cfg := webhook.DefaultConfig()
+			cfg := configv1alpha1.DefaultWebhookConfiguration()
 			if opts.ConfigFile != "" {
 				var err error
-				if cfg, err = webhook.LoadConfig(opts.ConfigFile); err != nil {
+				if cfg, err = configv1alpha1.LoadWebhook(opts.ConfigFile); err != nil {
 					return err
 				}
 			}

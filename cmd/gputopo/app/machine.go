@@ -14,7 +14,7 @@ import (
 
 	"github.com/gputopo/gputopo/nodeagent"
 	"github.com/gputopo/gputopo/nodeagent/nvmlsim"
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 func init() { subcommands = append(subcommands, newMachineCommand) }
@@ -78,7 +78,7 @@ the line and the cell; nothing is guessed silently.`,
 
 func gpuKeys() string {
 	var keys []string
-	for _, k := range topology.GPUKinds() {
+	for _, k := range machine.GPUKinds() {
 		keys = append(keys, k.Key)
 	}
 	return strings.Join(keys, "|")
@@ -137,12 +137,12 @@ func (o machineImport) run(stdin io.Reader, stdout io.Writer) error {
 	if input != "-" {
 		source += " (" + filepath.Base(input) + ")"
 	}
-	opts := topology.SMIOptions{Name: name, GPU: o.gpu, List: list, PCIMatrix: pci, Source: source}
-	var f topology.Fixture
+	opts := machine.SMIOptions{Name: name, GPU: o.gpu, List: list, PCIMatrix: pci, Source: source}
+	var f machine.Fixture
 	if o.ncclTopo != "" {
-		f, err = topology.ImportNCCLTopo(text, opts)
+		f, err = machine.ImportNCCLTopo(text, opts)
 	} else {
-		f, err = topology.ImportSMI(text, opts)
+		f, err = machine.ImportSMI(text, opts)
 	}
 	if err != nil {
 		return err
@@ -151,8 +151,8 @@ func (o machineImport) run(stdin io.Reader, stdout io.Writer) error {
 }
 
 // writeMachine writes f as a machine file to path, or stdout when empty.
-func writeMachine(f topology.Fixture, path string, stdout io.Writer) error {
-	data, err := f.MarshalMachine()
+func writeMachine(f machine.Fixture, path string, stdout io.Writer) error {
+	data, err := f.Marshal()
 	if err != nil {
 		return err
 	}
@@ -178,7 +178,7 @@ func newMachineShowCommand() *cobra.Command {
   gputopo machine show dgx1-v100`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			f, err := topology.LoadMachine(args[0])
+			f, err := machine.Load(args[0])
 			if err != nil {
 				return err
 			}
@@ -187,7 +187,7 @@ func newMachineShowCommand() *cobra.Command {
 	}
 }
 
-func showMachine(w io.Writer, f topology.Fixture) error {
+func showMachine(w io.Writer, f machine.Fixture) error {
 	fmt.Fprintf(w, "machine %s: %s\n", f.Name, f.Description)
 	if f.Source != "" {
 		fmt.Fprintf(w, "source: %s\n", f.Source)
@@ -205,10 +205,10 @@ func showMachine(w io.Writer, f topology.Fixture) error {
 	}
 	fmt.Fprintf(w, "%d× %s, %d MiB each; %s; PCIe Gen%d; topology hash %s\n\n", f.GPUs, f.Model, f.MemoryMiB, link, f.PCIeGen, g.Hash())
 	fmt.Fprintln(w, "nvidia-smi topo -m:")
-	fmt.Fprint(w, topology.RenderSMI(f, false))
+	fmt.Fprint(w, machine.RenderSMI(f, false))
 	if f.NVSwitchLinks > 0 || len(f.NVLinks) > 0 {
 		fmt.Fprintln(w, "\nPCIe levels (nvidia-smi topo -mp):")
-		fmt.Fprint(w, topology.RenderSMI(f, true))
+		fmt.Fprint(w, machine.RenderSMI(f, true))
 	}
 	return nil
 }
@@ -254,7 +254,7 @@ func (o nodeAgentDump) run(stdout io.Writer) error {
 	var lib nvml.Interface
 	sysfs := false
 	if o.simulate != "" {
-		f, err := topology.LoadMachine(o.simulate)
+		f, err := machine.Load(o.simulate)
 		if err != nil {
 			return fmt.Errorf("--simulate: %w", err)
 		}

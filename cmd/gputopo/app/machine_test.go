@@ -6,12 +6,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 var (
-	realTopo = filepath.Join("..", "..", "..", "topology", "testdata", "smi", "dgx1-v100.txt")
-	ncclDump = filepath.Join("..", "..", "..", "topology", "testdata", "nccl", "azure-ncv4.xml")
+	realTopo = filepath.Join("..", "..", "..", "topology", "machine", "testdata", "smi", "dgx1-v100.txt")
+	ncclDump = filepath.Join("..", "..", "..", "topology", "machine", "testdata", "nccl", "azure-ncv4.xml")
 )
 
 func TestMachineImportReadsAnNCCLTopologyDump(t *testing.T) {
@@ -19,7 +19,7 @@ func TestMachineImportReadsAnNCCLTopologyDump(t *testing.T) {
 	if out, err := run(t, "machine", "import", "--nccl-topo", ncclDump, "-o", file); err != nil {
 		t.Fatalf("import: %v\n%s", err, out)
 	}
-	f, err := topology.LoadMachine(file)
+	f, err := machine.Load(file)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +39,7 @@ func TestMachineImportShowAndDumpRoundTrip(t *testing.T) {
 	if !strings.Contains(out, "wrote "+file) || !strings.Contains(out, "note:") {
 		t.Errorf("import output does not name the file and its notes:\n%s", out)
 	}
-	f, err := topology.LoadMachine(file)
+	f, err := machine.Load(file)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func TestMachineImportShowAndDumpRoundTrip(t *testing.T) {
 	if out, err := run(t, "nodeagent", "dump", "--simulate", file, "--name", "lab-v100", "-o", dumped); err != nil {
 		t.Fatalf("dump: %v\n%s", err, out)
 	}
-	back, err := topology.LoadMachine(dumped)
+	back, err := machine.Load(dumped)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestMachineImportReadsStdinAndWritesStdout(t *testing.T) {
 	if err := cmd.Execute(); err != nil {
 		t.Fatal(err)
 	}
-	f, err := topology.ParseMachine([]byte(out.String()))
+	f, err := machine.Parse([]byte(out.String()))
 	if err != nil || f.Name != "piped" {
 		t.Fatalf("stdout is not the machine file: %v\n%s", err, out.String())
 	}

@@ -1,9 +1,0 @@
-//go:build !linux
-
-package topology
-
-import "time"
-
-// threadCPU falls back to wall time where the thread's CPU clock is not
-// read.
-func threadCPU() time.Duration { return time.Duration(time.Now().UnixNano()) }
