@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -334,7 +333,7 @@ func (e *evaluator) allocate(n *ledger.Node, free topology.Mask, pristine bool) 
 		v.reason, v.code = err.Error(), ReasonInfeasible
 		var inf *topology.InfeasibleError
 		if errors.As(err, &inf) {
-			v.reason, v.code = inf.Reason, classify(inf.Reason)
+			v.reason, v.code = inf.Reason, classify(inf.Kind)
 		}
 	}
 	if shared && !slot.CompareAndSwap(nil, &evalSlot{key: key, v: v}) {
@@ -343,18 +342,20 @@ func (e *evaluator) allocate(n *ledger.Node, free topology.Mask, pristine bool) 
 	return v
 }
 
-// classify maps the allocator's reasons (docs/topology.md, "Feasibility
-// reasons") to metric labels.
-func classify(reason string) Reason {
-	switch {
-	case strings.Contains(reason, "MiB"):
-		return ReasonMemory
-	case strings.Contains(reason, "GB/s"):
-		return ReasonBandwidth
-	case strings.Contains(reason, "NVLink between"):
-		return ReasonNVLink
-	case strings.HasPrefix(reason, "needs ") && strings.Contains(reason, " are free"):
-		return ReasonNotEnoughFree
+// reasonOf is the metric label of the allocator's kind of infeasibility
+// (docs/topology.md, "Feasibility reasons").
+var reasonOf = [...]Reason{
+	topology.InfeasibleOther:      ReasonInfeasible,
+	topology.InfeasibleTooFewFree: ReasonNotEnoughFree,
+	topology.InfeasibleMemory:     ReasonMemory,
+	topology.InfeasibleNVLink:     ReasonNVLink,
+	topology.InfeasibleBandwidth:  ReasonBandwidth,
+}
+
+// classify is the Reason of an infeasibility of kind k.
+func classify(k topology.InfeasibleKind) Reason {
+	if int(k) < len(reasonOf) {
+		return reasonOf[k]
 	}
 	return ReasonInfeasible
 }

@@ -61,9 +61,27 @@ type Result struct {
 
 // InfeasibleError is returned when no set of the free GPUs satisfies the
 // request. Reason is written for a person ("needs NVLink between 4 GPUs;
-// largest free NVLink-connected set has 2").
+// largest free NVLink-connected set has 2"); Kind says which part of the
+// request failed, for code that counts reasons without reading them.
 type InfeasibleError struct {
+	Kind   InfeasibleKind
 	Reason string
 }
+
+// InfeasibleKind is the part of a request that no free set meets.
+type InfeasibleKind uint8
+
+const (
+	// InfeasibleOther: no set meets the requirement as a whole.
+	InfeasibleOther InfeasibleKind = iota
+	// InfeasibleTooFewFree: fewer free healthy GPUs than requested.
+	InfeasibleTooFewFree
+	// InfeasibleMemory: too few free GPUs with the memory asked for.
+	InfeasibleMemory
+	// InfeasibleNVLink: no NVLink-connected set that large.
+	InfeasibleNVLink
+	// InfeasibleBandwidth: no set with the pair bandwidth asked for.
+	InfeasibleBandwidth
+)
 
 func (e *InfeasibleError) Error() string { return e.Reason }

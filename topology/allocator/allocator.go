@@ -194,9 +194,9 @@ func checkFeasible(g *topology.Graph, free topology.Bitset, req topology.Request
 		}
 		switch c := eligible.Count(); {
 		case c == 0:
-			return feasibility{}, &topology.InfeasibleError{Reason: fmt.Sprintf("needs %d MiB per GPU; free GPUs have at most %d MiB", r.GPUMemoryMiB, most)}
+			return feasibility{}, &topology.InfeasibleError{Kind: topology.InfeasibleMemory, Reason: fmt.Sprintf("needs %d MiB per GPU; free GPUs have at most %d MiB", r.GPUMemoryMiB, most)}
 		case c < k:
-			return feasibility{}, &topology.InfeasibleError{Reason: fmt.Sprintf("needs %d GPUs with %d MiB each; %d free GPUs have that much", k, r.GPUMemoryMiB, c)}
+			return feasibility{}, &topology.InfeasibleError{Kind: topology.InfeasibleMemory, Reason: fmt.Sprintf("needs %d GPUs with %d MiB each; %d free GPUs have that much", k, r.GPUMemoryMiB, c)}
 		}
 	}
 	f := feasibility{eligible: eligible}
@@ -207,7 +207,7 @@ func checkFeasible(g *topology.Graph, free topology.Bitset, req topology.Request
 	if r.RequireNVLink {
 		clique, done := topology.LargestClique(g.NVAdjacency(), eligible, 0, k, w)
 		if c := clique.Count(); c < k {
-			return feasibility{}, &topology.InfeasibleError{Reason: fmt.Sprintf("needs NVLink between %d GPUs; largest free NVLink-connected set has %d%s", k, c, unfinished(done))}
+			return feasibility{}, &topology.InfeasibleError{Kind: topology.InfeasibleNVLink, Reason: fmt.Sprintf("needs NVLink between %d GPUs; largest free NVLink-connected set has %d%s", k, c, unfinished(done))}
 		}
 	}
 	f.ok = make([]topology.Bitset, g.Len())
@@ -232,7 +232,7 @@ func checkFeasible(g *topology.Graph, free topology.Bitset, req topology.Request
 		if r.RequireNVLink {
 			what = "free NVLink-connected GPUs"
 		}
-		return feasibility{}, &topology.InfeasibleError{Reason: fmt.Sprintf(
+		return feasibility{}, &topology.InfeasibleError{Kind: topology.InfeasibleBandwidth, Reason: fmt.Sprintf(
 			"needs at least %d GB/s between every pair of %d GPUs; largest set of %s meeting it has %d (best pair: %d GB/s)%s",
 			r.MinPairBandwidthGBps, k, what, c, bestPair, unfinished(done))}
 	}
@@ -247,7 +247,7 @@ func tooFewFree(g *topology.Graph, k, c int) *topology.InfeasibleError {
 	if unhealthy := g.All().Minus(g.Healthy()).Count(); unhealthy > 0 {
 		reason += fmt.Sprintf(" and healthy (%d unhealthy)", unhealthy)
 	}
-	return &topology.InfeasibleError{Reason: reason}
+	return &topology.InfeasibleError{Kind: topology.InfeasibleTooFewFree, Reason: reason}
 }
 
 // unfinished qualifies a largest-clique figure whose search ran out of
