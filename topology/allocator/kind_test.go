@@ -22,7 +22,7 @@ func TestInfeasibleErrorsCarryTheirKind(t *testing.T) {
 		want topology.InfeasibleKind
 	}{
 		{"too few free", dgx, topology.MaskOf(0, 1), topology.Request{Count: 4}, topology.InfeasibleTooFewFree},
-		{"memory", dgx, dgx.All(), topology.Request{Count: 2, Requirement: v1alpha1.Requirement{GPUMemoryMiB: 1 << 30}}, topology.InfeasibleMemory},
+		{"memory", dgx, dgx.All(), topology.Request{Count: 2, Requirement: v1alpha1.Requirement{GPUMemoryMiB: 1 << 20}}, topology.InfeasibleMemory},
 		{"nvlink", pcie, pcie.All(), topology.Request{Count: 2, Requirement: v1alpha1.Requirement{RequireNVLink: true}}, topology.InfeasibleNVLink},
 		{"bandwidth", dgx, dgx.All(), topology.Request{Count: 4, Requirement: v1alpha1.Requirement{MinPairBandwidthGBps: 10000}}, topology.InfeasibleBandwidth},
 	} {
