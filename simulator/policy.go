@@ -179,31 +179,14 @@ func bestPairSum(g *topology.Graph, free topology.Mask, k int) topology.Mask {
 
 // forEachSubset calls f with every k-subset of idx in lexicographic order.
 func forEachSubset(idx []int, k int, f func(topology.Mask)) {
-	if k > len(idx) || k < 1 {
-		return
-	}
-	pos := make([]int, k)
-	for i := range pos {
-		pos[i] = i
-	}
-	for {
+	topology.Combinations(len(idx), k, func(pos []int) bool {
 		var set topology.Mask
 		for _, p := range pos {
-			set = set.Union(topology.MaskOf(idx[p]))
+			set = set.With(idx[p])
 		}
 		f(set)
-		i := k - 1
-		for i >= 0 && pos[i] == len(idx)-k+i {
-			i--
-		}
-		if i < 0 {
-			return
-		}
-		pos[i]++
-		for j := i + 1; j < k; j++ {
-			pos[j] = pos[j-1] + 1
-		}
-	}
+		return true
+	})
 }
 
 // partition is the best-effort policy as described for NVIDIA's

@@ -164,3 +164,29 @@ func (b Bitset) Indices() []int {
 
 // String renders the set as "{0,3,4}".
 func (b Bitset) String() string { return b.Mask().String() }
+
+// Combinations calls f with every k-combination of 0..n-1, as strictly
+// increasing positions in lexicographic order, until f returns false; pos
+// is reused between calls. Nothing is called for k < 1 or k > n.
+func Combinations(n, k int, f func(pos []int) bool) {
+	if k < 1 || k > n {
+		return
+	}
+	pos := make([]int, k)
+	for i := range pos {
+		pos[i] = i
+	}
+	for f(pos) {
+		i := k - 1
+		for i >= 0 && pos[i] == n-k+i {
+			i--
+		}
+		if i < 0 {
+			return
+		}
+		pos[i]++
+		for j := i + 1; j < k; j++ {
+			pos[j] = pos[j-1] + 1
+		}
+	}
+}

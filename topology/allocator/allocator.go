@@ -420,35 +420,18 @@ func bruteForce(g *topology.Graph, free topology.Bitset, req topology.Request) (
 	k := req.Count
 	var best Score
 	found := false
-	if k <= len(idx) {
-		pos := make([]int, k)
-		for i := range pos {
-			pos[i] = i
+	topology.Combinations(len(idx), k, func(pos []int) bool {
+		var set topology.Bitset
+		for _, p := range pos {
+			set |= 1 << idx[p]
 		}
-		for {
-			var set topology.Bitset
-			for _, p := range pos {
-				set |= 1 << idx[p]
-			}
-			if meets(g, set.Mask(), r) {
-				if sc := objective(g, set, free, req); !found || sc.Better(best) {
-					best, found = sc, true
-				}
-			}
-			// Next combination in lexicographic order.
-			i := k - 1
-			for i >= 0 && pos[i] == len(idx)-k+i {
-				i--
-			}
-			if i < 0 {
-				break
-			}
-			pos[i]++
-			for j := i + 1; j < k; j++ {
-				pos[j] = pos[j-1] + 1
+		if meets(g, set.Mask(), r) {
+			if sc := objective(g, set, free, req); !found || sc.Better(best) {
+				best, found = sc, true
 			}
 		}
-	}
+		return true
+	})
 	if !found {
 		if _, err := checkFeasible(g, free, req, nil); err != nil {
 			return topology.Result{}, err
