@@ -5,13 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"sync"
 	"testing"
 
 	"github.com/gputopo/gputopo/placement"
+	"k8s.io/client-go/util/workqueue"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 )
 
@@ -158,16 +159,47 @@ func BenchmarkBaselineDecodeEncode(b *testing.B) {
 }
 
 // BenchmarkCycleFilterNode is the plugin build's filter for one pod: a
-// cycle, then FilterNode on every node from 1 or 16 goroutines (the
-// framework's filter parallelism), then Score over the passed nodes.
-// Compare with BenchmarkFilterPrioritize, the same decisions in one pass;
-// with more goroutines than cores, 16 shows whether filter scales.
+// cycle, then FilterNode on every node from 1 or 16 goroutines through
+// the parallelizer kube-scheduler filters with (client-go's
+// workqueue.ParallelizeUntil, its chunk size), then Score over the
+// passed nodes.
+// Compare with BenchmarkFilterPrioritize, the same decisions in one pass.
 func BenchmarkCycleFilterNode(b *testing.B) {
-	for _, n := range benchSizes {
-		for _, workers := range []int{1, 16} {
-			b.Run(fmt.Sprintf("nodes=%d/goroutines=%d", n, workers), func(b *testing.B) {
+	benchCycle(b, true)
+}
+
+// BenchmarkCycleFilter is BenchmarkCycleFilterNode without Score: the part
+// the framework runs in parallel, so that 16 goroutines against 1 show
+// whether filter scales (at most by the machine's cores).
+func BenchmarkCycleFilter(b *testing.B) {
+	benchCycle(b, false)
+}
+
+func benchCycle(b *testing.B, score bool) {
+	pods := []struct{ name, req string }{
+		// Nodes of one machine type with the same free GPUs share one
+		// answer: most of a node's filter is the lookup.
+		{"model", modelParallel},
+		// balanced_utilization reads each node's telemetry: the
+		// allocator decides every node.
+		{"balanced", `{"strategy":"balanced_utilization"}`},
+	}
+	for _, pod := range pods {
+		for _, n := range benchSizes {
+			for _, workers := range []int{1, 16} {
+				benchCycleOne(b, score, pod.name, pod.req, n, workers)
+			}
+		}
+	}
+}
+
+func benchCycleOne(b *testing.B, score bool, podName, req string, n, workers int) {
+	{
+		{
+			b.Run(fmt.Sprintf("pod=%s/nodes=%d/goroutines=%d", podName, n, workers), func(b *testing.B) {
 				x, names := benchCluster(b, n)
 				args := benchArgs(names)
+				args.Pod = makePod("bench").gpus(4).req(req).job("train").obj()
 				ctx := context.Background()
 				b.ReportAllocs()
 				for b.Loop() {
@@ -177,15 +209,12 @@ func BenchmarkCycleFilterNode(b *testing.B) {
 					}
 					c := x.core.NewCycle(ctx, pr)
 					passed := make([]bool, len(names))
-					var wg sync.WaitGroup
-					for w := range workers {
-						wg.Go(func() {
-							for i := w; i < len(names); i += workers {
-								passed[i], _, _ = c.FilterNode(names[i])
-							}
-						})
+					workqueue.ParallelizeUntil(ctx, workers, len(names), func(i int) {
+						passed[i], _, _ = c.FilterNode(names[i])
+					}, workqueue.WithChunkSize(chunkSize(len(names), workers)))
+					if !score {
+						continue
 					}
-					wg.Wait()
 					feasible := make([]string, 0, len(names))
 					for i, ok := range passed {
 						if ok {
@@ -197,4 +226,14 @@ func BenchmarkCycleFilterNode(b *testing.B) {
 			})
 		}
 	}
+}
+
+// chunkSize is kube-scheduler's parallelizer's chunk for n pieces over
+// workers: the square root of n, at most n/workers + 1, at least 1.
+func chunkSize(n, workers int) int {
+	s := int(math.Sqrt(float64(n)))
+	if r := n/workers + 1; r < s {
+		s = r
+	}
+	return max(s, 1)
 }

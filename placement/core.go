@@ -72,6 +72,9 @@ type Core struct {
 	// Binding's outcome: the decider Lease is released only once none is
 	// in flight (decider.drain).
 	binding atomic.Int64
+	// lastCycle is the newest Cycle, whose filter counts are flushed when
+	// the next one starts unless Score flushed them.
+	lastCycle atomic.Pointer[Cycle]
 	// startCtx is Sync's context, for a decider started later (the
 	// plugin build's, on the first GPU pod's cycle).
 	startCtx atomic.Pointer[context.Context]

@@ -2,6 +2,9 @@ package placement
 
 import (
 	"context"
+	"sync/atomic"
+
+	"github.com/gputopo/gputopo/placement/ledger"
 )
 
 // Cycle is one pod's filter in progress for a front end that asks node by
@@ -16,11 +19,48 @@ type Cycle struct {
 	x  *Core
 	pr Request
 	e  *evaluator
+	// counts are FilterNode's verdicts by reason, striped as the ledger's
+	// lock is (by node) so that parallel filters do not contend on one
+	// counter; flush hands them to the observer once.
+	counts  [countStripes]cycleCounts
+	flushed atomic.Bool
+}
+
+// countStripes spreads a cycle's counts over cache lines.
+const countStripes = 8
+
+type cycleCounts struct {
+	n [NumReasons]atomic.Int32
+	_ [64 - (4*int(NumReasons))%64]byte
 }
 
 // NewCycle starts the cycle of pr, a pod that requests GPUs.
+// The previous cycle's counts, if it was never scored (no node passed),
+// are handed to the observer now.
 func (x *Core) NewCycle(ctx context.Context, pr Request) *Cycle {
-	return &Cycle{x: x, pr: pr, e: newEvaluator(ctx, x.alloc, x.cfg, pr, x.now())}
+	c := &Cycle{x: x, pr: pr, e: newEvaluator(ctx, x.alloc, x.cfg, pr, x.now())}
+	if prev := x.lastCycle.Swap(c); prev != nil {
+		prev.flush()
+	}
+	return c
+}
+
+// flush hands the cycle's filter counts to the observer, once.
+func (c *Cycle) flush() {
+	if c.flushed.Swap(true) {
+		return
+	}
+	var total [NumReasons]int
+	for i := range c.counts {
+		for r := range c.counts[i].n {
+			total[r] += int(c.counts[i].n[r].Load())
+		}
+	}
+	for r, n := range total {
+		if n > 0 {
+			c.x.obs.Filtered(Reason(r), n)
+		}
+	}
 }
 
 // Request is the cycle's pod request.
@@ -30,12 +70,12 @@ func (c *Cycle) Request() Request { return c.pr }
 // ReasonPrefix) and whether no change of the node's GPU use could fix it
 // (unresolvable).
 func (c *Cycle) FilterNode(node string) (passed, unresolvable bool, reason string) {
-	v := c.x.checkNode(c.e, node, c.pr)
+	stripe := ledger.StripeOf(node)
+	v := c.x.checkNode(c.e, node, stripe, c.pr)
+	c.counts[stripe%countStripes].n[v.code].Add(1)
 	if v.ok {
-		c.x.obs.Filtered(ReasonNone, 1)
 		return true, false, ""
 	}
-	c.x.obs.Filtered(v.code, 1)
 	return false, v.unresolvable, filterReason(c.pr, v)
 }
 
@@ -43,6 +83,7 @@ func (c *Cycle) FilterNode(node string) (passed, unresolvable bool, reason strin
 // nodes), with the cycle's evaluator: the verdicts Filter reached are not
 // recomputed.
 func (c *Cycle) Score(names []string) []int64 {
+	c.flush()
 	scores, _ := c.x.score(c.e, c.pr, names, false)
 	return scores
 }

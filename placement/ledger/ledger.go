@@ -25,7 +25,6 @@ package ledger
 
 import (
 	"hash/maphash"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -47,7 +46,7 @@ import (
 // finishes: binding cannot be undone, so no reordering of events can free a
 // GPU that a live pod holds.
 type Ledger struct {
-	mu       sync.RWMutex
+	mu       stripedLock
 	nodes    map[string]*Node
 	topos    map[string]*Topo
 	holdings map[types.UID]*holding

@@ -183,6 +183,17 @@ func (l *Ledger) Read(fn func(v View)) {
 	fn(View{l})
 }
 
+// ReadNode is Read for a question about one node, under the read lock's
+// stripe StripeOf(node): readers of different nodes mostly take different
+// stripes, so that the parallel filters of one pod do not contend on one
+// reader count.
+func (l *Ledger) ReadNode(stripe int, fn func(v View)) {
+	st := &l.mu.stripes[stripe&(readStripes-1)]
+	st.RLock()
+	defer st.RUnlock()
+	fn(View{l})
+}
+
 // Node is the named node, nil when the ledger knows nothing of it.
 func (v View) Node(name string) *Node { return v.l.nodes[name] }
 

@@ -4,8 +4,10 @@ import (
 	"container/list"
 	"errors"
 	"fmt"
+	"maps"
 	"math/bits"
 	"sync"
+	"sync/atomic"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology"
@@ -28,13 +30,35 @@ type Allocator struct {
 	// small machines.
 	budget int64
 
+	// memo is split into shards (memoShards, or one for a memo smaller
+	// than minShardedMemo), each with its own lock and LRU list, so that
+	// the parallel filters of one pod do not queue on one lock; a key
+	// always goes to the same shard, and the shards' sizes add up to at
+	// most memoSize.
+	memo      []memoShard
+	shardBits uint
+
+	// tabs is the per-topology tables by graph hash, an immutable map
+	// replaced whole under tabMu when a topology is added: reads take no
+	// lock.
+	tabMu    sync.Mutex
+	tabs     atomic.Pointer[map[string]*tableEntry]
+	tabOrder []string
+}
+
+// memoShards is how many shards a large memo has (a power of two), and
+// minShardedMemo the smallest memo that is sharded.
+const (
+	memoShards     = 16
+	minShardedMemo = 64 * memoShards
+)
+
+type memoShard struct {
 	mu   sync.Mutex
+	size int // the shard's share of memoSize
 	memo map[memoKey]*list.Element
 	lru  *list.List // of *memoEntry, most recent first
-
-	tabMu    sync.Mutex
-	tabs     map[string]*tableEntry
-	tabOrder []string
+	_    [24]byte   // keep shards' locks on separate cache lines
 }
 
 type memoKey struct {
@@ -57,15 +81,47 @@ type tableEntry struct {
 }
 
 // New returns an Allocator remembering up to memoSize answers
-// (least recently used first out); memoSize <= 0 disables the memo.
+// (least recently used first out, within each of its shards); memoSize
+// <= 0 disables the memo.
 func New(memoSize int) *Allocator {
-	return &Allocator{
+	a := &Allocator{
 		memoSize: memoSize,
 		budget:   SearchBudget,
-		memo:     make(map[memoKey]*list.Element),
-		lru:      list.New(),
-		tabs:     make(map[string]*tableEntry),
 	}
+	a.tabs.Store(&map[string]*tableEntry{})
+	n := 1
+	if memoSize >= minShardedMemo {
+		n, a.shardBits = memoShards, 4
+	}
+	a.memo = make([]memoShard, n)
+	for i := range a.memo {
+		a.memo[i] = memoShard{size: max(memoSize/n, 1), memo: make(map[memoKey]*list.Element), lru: list.New()}
+	}
+	return a
+}
+
+// shard is the memo shard of k.
+func (a *Allocator) shard(k *memoKey) *memoShard {
+	h := (k.free.Word(0) ^ k.free.Word(1)*0xD6E8FEB86659FD93) * 0x9E3779B97F4A7C15
+	h ^= uint64(k.count) * 0xC2B2AE3D27D4EB4F
+	for i := max(len(k.hash)-8, 0); i < len(k.hash); i++ {
+		h = (h ^ uint64(k.hash[i])) * 0x100000001B3
+	}
+	for i := 0; i < len(k.util); i++ {
+		h = (h ^ uint64(k.util[i])) * 0x100000001B3
+	}
+	return &a.memo[h>>(64-a.shardBits)&(uint64(len(a.memo))-1)]
+}
+
+// memoLen is how many answers the memo holds.
+func (a *Allocator) memoLen() int {
+	n := 0
+	for i := range a.memo {
+		a.memo[i].mu.Lock()
+		n += a.memo[i].lru.Len()
+		a.memo[i].mu.Unlock()
+	}
+	return n
 }
 
 // Allocate chooses req.Count GPUs among free (ANDed with g.Healthy()) that
@@ -97,24 +153,25 @@ func (a *Allocator) Allocate(g *topology.Graph, free topology.Mask, req topology
 	if key.req.Strategy == v1alpha1.StrategyBalancedUtilization {
 		key.util = utilKey(req.Utilization)
 	}
-	a.mu.Lock()
-	if el, ok := a.memo[key]; ok {
-		a.lru.MoveToFront(el)
+	sh := a.shard(&key)
+	sh.mu.Lock()
+	if el, ok := sh.memo[key]; ok {
+		sh.lru.MoveToFront(el)
 		e := el.Value.(*memoEntry)
-		a.mu.Unlock()
+		sh.mu.Unlock()
 		return copyResult(e.res), e.err
 	}
-	a.mu.Unlock()
+	sh.mu.Unlock()
 
 	res, err := a.allocateAny(g, free, req)
 
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if _, ok := a.memo[key]; !ok {
-		a.memo[key] = a.lru.PushFront(&memoEntry{key: key, res: copyResult(res), err: err})
-		for a.lru.Len() > a.memoSize {
-			old := a.lru.Remove(a.lru.Back()).(*memoEntry)
-			delete(a.memo, old.key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if _, ok := sh.memo[key]; !ok {
+		sh.memo[key] = sh.lru.PushFront(&memoEntry{key: key, res: copyResult(res), err: err})
+		for sh.lru.Len() > sh.size {
+			old := sh.lru.Remove(sh.lru.Back()).(*memoEntry)
+			delete(sh.memo, old.key)
 		}
 	}
 	return res, err
@@ -328,18 +385,22 @@ func (a *Allocator) tables(g *topology.Graph) *tables {
 	if g.Len() > tablesMaxGPUs {
 		return nil
 	}
-	a.tabMu.Lock()
-	e, ok := a.tabs[g.Hash()]
+	e, ok := (*a.tabs.Load())[g.Hash()]
 	if !ok {
-		e = &tableEntry{}
-		a.tabs[g.Hash()] = e
-		a.tabOrder = append(a.tabOrder, g.Hash())
-		if len(a.tabOrder) > maxTables {
-			delete(a.tabs, a.tabOrder[0])
-			a.tabOrder = a.tabOrder[1:]
+		a.tabMu.Lock()
+		if e, ok = (*a.tabs.Load())[g.Hash()]; !ok {
+			next := maps.Clone(*a.tabs.Load())
+			e = &tableEntry{}
+			next[g.Hash()] = e
+			a.tabOrder = append(a.tabOrder, g.Hash())
+			if len(a.tabOrder) > maxTables {
+				delete(next, a.tabOrder[0])
+				a.tabOrder = a.tabOrder[1:]
+			}
+			a.tabs.Store(&next)
 		}
+		a.tabMu.Unlock()
 	}
-	a.tabMu.Unlock()
 	e.once.Do(func() { e.t = buildTables(g.NVAdjacency(), g.Len()) })
 	return e.t
 }

@@ -3,6 +3,7 @@ package allocator
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -291,16 +292,16 @@ func TestMemoReturnsTheSameAnswerAndIsBounded(t *testing.T) {
 	if _, err := a.Allocate(other, g.All(), req(4, v1alpha1.StrategyHighestBandwidth)); err != nil {
 		t.Fatal(err)
 	}
-	if a.lru.Len() != 1 {
-		t.Errorf("memo holds %d entries after two identical questions on identical nodes; want 1", a.lru.Len())
+	if a.memoLen() != 1 {
+		t.Errorf("memo holds %d entries after two identical questions on identical nodes; want 1", a.memoLen())
 	}
 	for k := 1; k <= 3; k++ {
 		if _, err := a.Allocate(g, g.All(), req(k, v1alpha1.StrategyHighestBandwidth)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if a.lru.Len() != 2 {
-		t.Errorf("memo holds %d entries; want its bound 2", a.lru.Len())
+	if a.memoLen() != 2 {
+		t.Errorf("memo holds %d entries; want its bound 2", a.memoLen())
 	}
 	// Infeasible answers are remembered too, with their reason.
 	_, err = a.Allocate(g, topology.MaskOf(0), req(2, ""))
@@ -409,6 +410,44 @@ func TestFragmentationTablesMatchDirectCounts(t *testing.T) {
 			if diff := cmp.Diff(want, got); diff != "" {
 				t.Fatalf("%s mask %s (-direct +table):\n%s", name, m, diff)
 			}
+		}
+	}
+}
+
+// TestShardedMemoKeepsItsBound: a memo large enough to be sharded still
+// holds at most memoSize answers, and answers a repeated question as the
+// search did.
+func TestShardedMemoKeepsItsBound(t *testing.T) {
+	a := New(minShardedMemo)
+	if len(a.memo) != memoShards {
+		t.Fatalf("a memo of %d has %d shards, want %d", minShardedMemo, len(a.memo), memoShards)
+	}
+	g := mustFixture(t, "dgx-a100")
+	first := map[topology.Mask]topology.Result{}
+	for m := 1; m < 256; m++ {
+		free := topology.Mask{}
+		for i := range 8 {
+			if m&(1<<i) != 0 {
+				free = free.With(i)
+			}
+		}
+		for k := 1; k <= min(free.Count(), 8); k++ {
+			res, err := a.Allocate(g, free, req(k, v1alpha1.StrategyHighestBandwidth))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if k == 2 {
+				first[free] = res
+			}
+		}
+	}
+	if n := a.memoLen(); n > minShardedMemo || n < minShardedMemo/2 {
+		t.Errorf("memo holds %d answers after 1020 questions; want at most %d and most of them", n, minShardedMemo)
+	}
+	for free, want := range first {
+		got, err := a.Allocate(g, free, req(2, v1alpha1.StrategyHighestBandwidth))
+		if err != nil || !slices.Equal(got.GPUs, want.GPUs) {
+			t.Fatalf("free %s: %v, %v; want %v as first answered", free, got.GPUs, err, want.GPUs)
 		}
 	}
 }
