@@ -3,6 +3,7 @@ package extender
 import (
 	"context"
 	"errors"
+	"sync"
 
 	"k8s.io/apimachinery/pkg/types"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
@@ -61,11 +62,14 @@ func (x *Extender) prioritize(ctx context.Context, args *extenderv1.ExtenderArgs
 		return nil, nil, err
 	}
 	names := nodeNames(args)
-	scores, top := x.core.Score(ctx, pr, names, track)
+	buf := scoreBuffers.Get().(*[]int64)
+	scores, top := x.core.Score(ctx, pr, names, track, *buf)
 	list := make(extenderv1.HostPriorityList, len(names))
 	for i, name := range names {
 		list[i] = extenderv1.HostPriority{Host: name, Score: scores[i]}
 	}
+	*buf = scores
+	scoreBuffers.Put(buf)
 	return list, top, nil
 }
 
@@ -81,3 +85,6 @@ func (x *Extender) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArg
 	}
 	return &extenderv1.ExtenderBindingResult{}
 }
+
+// scoreBuffers hold the core's scores between prioritize's calls.
+var scoreBuffers = sync.Pool{New: func() any { return new([]int64) }}

@@ -93,24 +93,35 @@ type Pick struct {
 }
 
 // Score is prioritize's 0..MaxScore for the placement bind would make on
-// each of names; nodes that would not pass filter score 0. With track it
-// also returns the top node (ties broken by name) and the GPUs bind would
-// take there.
-func (x *Core) Score(ctx context.Context, pr Request, names []string, track bool) ([]int64, *Pick) {
+// each of names, in dst (grown to len(names) when shorter); nodes that
+// would not pass filter score 0. With track it also returns the top node
+// (ties broken by name) and the GPUs bind would take there.
+func (x *Core) Score(ctx context.Context, pr Request, names []string, track bool, dst []int64) ([]int64, *Pick) {
 	if pr.Count == 0 {
-		return make([]int64, len(names)), nil
+		dst = scoreSlice(dst, len(names))
+		clear(dst)
+		return dst, nil
 	}
-	return x.score(newEvaluator(ctx, x.alloc, x.cfg, pr, x.now()), pr, names, track)
+	return x.score(newEvaluator(ctx, x.alloc, x.cfg, pr, x.now()), pr, names, track, dst)
+}
+
+// scoreSlice is dst with length n, grown when shorter.
+func scoreSlice(dst []int64, n int) []int64 {
+	if cap(dst) < n {
+		return make([]int64, n)
+	}
+	return dst[:n]
 }
 
 // score is Score with the evaluator e (fresh per request, or a plugin
 // cycle's, whose verdicts from Filter it reuses).
-func (x *Core) score(e *evaluator, pr Request, names []string, track bool) ([]int64, *Pick) {
-	scores := make([]int64, len(names))
+func (x *Core) score(e *evaluator, pr Request, names []string, track bool, dst []int64) ([]int64, *Pick) {
+	scores := scoreSlice(dst, len(names))
 	nl, bestMerit := x.evaluate(e, pr, names)
 	var counts [MaxScore + 1]uint64
 	best, bestGPUs := -1, []int(nil)
 	for i, name := range names {
+		scores[i] = 0
 		if v := nl.v[i]; v != nil {
 			scores[i] = relativeScore(nl.m[i], bestMerit)
 			if track && (best < 0 || scores[i] > scores[best] || scores[i] == scores[best] && name < names[best]) {

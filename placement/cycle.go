@@ -39,6 +39,7 @@ type cycleCounts struct {
 // are handed to the observer now.
 func (x *Core) NewCycle(ctx context.Context, pr Request) *Cycle {
 	c := &Cycle{x: x, pr: pr, e: newEvaluator(ctx, x.alloc, x.cfg, pr, x.now())}
+	c.e.concurrent = true
 	if prev := x.lastCycle.Swap(c); prev != nil {
 		prev.flush()
 	}
@@ -84,6 +85,6 @@ func (c *Cycle) FilterNode(node string) (passed, unresolvable bool, reason strin
 // recomputed.
 func (c *Cycle) Score(names []string) []int64 {
 	c.flush()
-	scores, _ := c.x.score(c.e, c.pr, names, false)
+	scores, _ := c.x.score(c.e, c.pr, names, false, nil)
 	return scores
 }

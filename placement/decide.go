@@ -159,9 +159,9 @@ type evalKey struct {
 // HTTP verb, a scheduling cycle). Nodes of one topology with the same free
 // GPUs get the same answer, so it remembers answers for the request's
 // lifetime (no lock, no hashing of strings); the allocator's own memo
-// carries them across requests. It is safe for concurrent use; two
-// goroutines asking the same question at once may both compute the
-// answer, which is the same.
+// carries them across requests. A concurrent evaluator (a plugin cycle's)
+// is safe for concurrent use; two goroutines asking the same question at
+// once may both compute the answer, which is the same.
 type evaluator struct {
 	alloc  *allocator.Allocator
 	cfg    *configv1alpha1.ExtenderConfiguration
@@ -173,11 +173,16 @@ type evaluator struct {
 	// telemetryAfterNs is the oldest telemetry time still steered by.
 	telemetryAfterNs int64
 	// slots is a direct-mapped cache in front of memo: most lookups are a
-	// multiply, an atomic load and one compare instead of hashing a
-	// struct key. Both are safe for concurrent use: a plugin cycle's
-	// Filter asks from the framework's parallel goroutines.
-	slots [evalSlots]atomic.Pointer[evalSlot]
-	memo  sync.Map // evalKey -> *verdict
+	// multiply and one compare instead of hashing a struct key. An
+	// evaluator asked from one goroutine (an HTTP verb) uses them as
+	// plain values; a concurrent one (a plugin cycle, whose Filter the
+	// framework calls from parallel goroutines) uses cslots and cmemo,
+	// which are safe for concurrent use.
+	concurrent bool
+	slots      [evalSlots]evalSlot
+	memo       map[evalKey]*verdict
+	cslots     [evalSlots]atomic.Pointer[evalSlot]
+	cmemo      sync.Map // evalKey -> *verdict
 	// Score constants, read once per request rather than per node.
 	wU, wA, wH, wF, wB, wC, wI float64
 	idleC, limitC              float64
@@ -310,14 +315,14 @@ func (e *evaluator) staleByTime(n *ledger.Node) *verdict {
 func (e *evaluator) allocate(n *ledger.Node, free topology.Mask, pristine bool) *verdict {
 	shared := pristine || e.pr.req.EffectiveStrategy() != v1alpha1.StrategyBalancedUtilization
 	key := evalKey{topo: n.Topo(), free: free, pristine: pristine}
-	var slot *atomic.Pointer[evalSlot]
+	slot := key.slot()
 	if shared {
-		slot = &e.slots[key.slot()]
-		if s := slot.Load(); s != nil && s.key == key {
+		// The one-goroutine hit, inline: most nodes end here.
+		if s := &e.slots[slot]; !e.concurrent && s.v != nil && s.key == key {
 			return s.v
 		}
-		if v, ok := e.memo.Load(key); ok {
-			return v.(*verdict)
+		if v := e.recall(slot, key); v != nil {
+			return v
 		}
 	}
 	g := n.Graph()
@@ -336,10 +341,46 @@ func (e *evaluator) allocate(n *ledger.Node, free topology.Mask, pristine bool) 
 			v.reason, v.code = inf.Reason, classify(inf.Kind)
 		}
 	}
-	if shared && !slot.CompareAndSwap(nil, &evalSlot{key: key, v: v}) {
-		e.memo.Store(key, v)
+	if shared {
+		e.remember(slot, key, v)
 	}
 	return v
+}
+
+// recall is the verdict remembered for key (in slot i), nil when none is.
+func (e *evaluator) recall(i int, key evalKey) *verdict {
+	if !e.concurrent {
+		if s := &e.slots[i]; s.v != nil && s.key == key {
+			return s.v
+		}
+		return e.memo[key]
+	}
+	if s := e.cslots[i].Load(); s != nil && s.key == key {
+		return s.v
+	}
+	if v, ok := e.cmemo.Load(key); ok {
+		return v.(*verdict)
+	}
+	return nil
+}
+
+// remember keeps v as key's verdict (in slot i) for the evaluator's
+// lifetime.
+func (e *evaluator) remember(i int, key evalKey, v *verdict) {
+	if !e.concurrent {
+		if s := &e.slots[i]; s.v == nil {
+			s.key, s.v = key, v
+			return
+		}
+		if e.memo == nil {
+			e.memo = make(map[evalKey]*verdict, 8)
+		}
+		e.memo[key] = v
+		return
+	}
+	if !e.cslots[i].CompareAndSwap(nil, &evalSlot{key: key, v: v}) {
+		e.cmemo.Store(key, v)
+	}
 }
 
 // reasonOf is the metric label of the allocator's kind of infeasibility

@@ -145,7 +145,7 @@ func (p *gputopoPolicy) Place(job Job, _ []topology.Mask) (Placement, bool, erro
 		return Placement{}, false, nil
 	}
 	passed := fr.Passed
-	scores, _ := p.x.Score(ctx, pr, passed, false)
+	scores, _ := p.x.Score(ctx, pr, passed, false, nil)
 	// kube-scheduler picks at random among the nodes with the highest
 	// total score (reservoir sampling in selectHost); so does the
 	// simulator, from its own seeded source, so that runs repeat.
