@@ -419,9 +419,14 @@ func (p *DevicePlugin) Run(ctx context.Context) error {
 	tick := time.NewTicker(p.opts.WatchInterval)
 	defer tick.Stop()
 	for {
-		if p.needsRestart() {
+		switch p.needsRestart() {
+		case restartServer:
 			if err := p.serveAndRegister(ctx); err != nil {
 				p.logger.Info("Device plugin not registered yet; retrying", "err", err.Error())
+			}
+		case reregister:
+			if err := p.reregister(ctx); err != nil {
+				p.logger.Info("Device plugin not registered with the new kubelet yet; retrying", "err", err.Error())
 			}
 		}
 		select {
@@ -433,27 +438,76 @@ func (p *DevicePlugin) Run(ctx context.Context) error {
 	}
 }
 
+// restart says what the watch loop must do to stay registered.
+type restart uint8
+
+const (
+	upToDate restart = iota
+	// restartServer: serve a new socket and register it (our socket is
+	// gone: kubelet removes plugin sockets when it starts).
+	restartServer
+	// reregister: kubelet.sock is not the file we last registered
+	// through, but our socket is intact: register the running server
+	// again, without stopping it (stopping it would cut a kubelet that
+	// is connected to it).
+	reregister
+)
+
 // needsRestart: our socket is gone, or kubelet.sock is not the file we
 // registered through.
-func (p *DevicePlugin) needsRestart() bool {
+func (p *DevicePlugin) needsRestart() restart {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.server == nil || p.kubeletInfo == nil {
-		return true
+	if p.server == nil {
+		return restartServer
 	}
 	sock, err := os.Stat(p.SocketPath())
 	if err != nil || !os.SameFile(sock, p.socketInfo) {
-		return true
+		return restartServer
+	}
+	if p.kubeletInfo == nil {
+		return reregister
 	}
 	kubelet, err := os.Stat(filepath.Join(p.opts.PluginDir, "kubelet.sock"))
-	return err != nil || !os.SameFile(kubelet, p.kubeletInfo)
+	if err != nil || !os.SameFile(kubelet, p.kubeletInfo) {
+		return reregister
+	}
+	return upToDate
+}
+
+// reregister registers the running server with kubelet again.
+func (p *DevicePlugin) reregister(ctx context.Context) error {
+	kubeletSock := filepath.Join(p.opts.PluginDir, "kubelet.sock")
+	if _, err := os.Stat(kubeletSock); err != nil {
+		return fmt.Errorf("kubelet registration socket %s: %w", kubeletSock, err)
+	}
+	if err := p.register(ctx, kubeletSock); err != nil {
+		return err
+	}
+	return p.recordRegistration(kubeletSock)
+}
+
+// recordRegistration records a registration through kubeletSock, with the file
+// as it is after the registration: a kubelet that replaced its socket
+// while we registered was the one that answered.
+func (p *DevicePlugin) recordRegistration(kubeletSock string) error {
+	kubeletInfo, err := os.Stat(kubeletSock)
+	if err != nil {
+		return fmt.Errorf("kubelet registration socket %s: %w", kubeletSock, err)
+	}
+	p.mu.Lock()
+	p.kubeletInfo = kubeletInfo
+	p.kubeletStart = kubeletInfo.ModTime()
+	p.registered++
+	p.mu.Unlock()
+	p.logger.Info("Registered with kubelet", "resource", p.opts.ResourceName, "socket", p.SocketPath())
+	return nil
 }
 
 func (p *DevicePlugin) serveAndRegister(ctx context.Context) error {
 	p.stopServer()
 	kubeletSock := filepath.Join(p.opts.PluginDir, "kubelet.sock")
-	kubeletInfo, err := os.Stat(kubeletSock)
-	if err != nil {
+	if _, err := os.Stat(kubeletSock); err != nil {
 		return fmt.Errorf("kubelet registration socket %s: %w", kubeletSock, err)
 	}
 	sockPath := p.SocketPath()
@@ -479,13 +533,7 @@ func (p *DevicePlugin) serveAndRegister(ctx context.Context) error {
 	if err := p.register(ctx, kubeletSock); err != nil {
 		return err
 	}
-	p.mu.Lock()
-	p.kubeletInfo = kubeletInfo
-	p.kubeletStart = kubeletInfo.ModTime()
-	p.registered++
-	p.mu.Unlock()
-	p.logger.Info("Registered with kubelet", "resource", p.opts.ResourceName, "socket", sockPath)
-	return nil
+	return p.recordRegistration(kubeletSock)
 }
 
 func (p *DevicePlugin) register(ctx context.Context, kubeletSock string) error {
