@@ -17,7 +17,6 @@ import (
 	"k8s.io/klog/v2"
 
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
-	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/placement"
 	"github.com/gputopo/gputopo/placement/ledger"
 	"github.com/gputopo/gputopo/placement/metrics"
@@ -88,28 +87,15 @@ func New(restCfg *rest.Config, o Options) (*Extender, error) {
 // settings and the extender's metrics as its observer.
 func build(cfg *configv1alpha1.ExtenderConfiguration, o Options, newCore func(placement.Options) (*placement.Core, error)) (*Extender, error) {
 	x := &Extender{cfg: cfg, opts: o, log: klog.Background().WithName("extender")}
-	var obs placement.Observer = observer{x: x}
+	obs := &metrics.Pending{}
 	core, err := newCore(o.coreOptions(cfg, obs))
 	if err != nil {
 		return nil, err
 	}
 	x.core, x.ledger = core, core.Ledger()
-	x.metrics = metrics.New(x.ledger)
-	x.metrics.Leader = core.Leading
-	x.metrics.TopologyClock = func() (time.Time, time.Duration) { return core.Now(), cfg.TopologyAgeLimit() }
+	x.metrics = obs.Attach(core)
 	return x, nil
 }
-
-// observer hands the core's counts to the extender's metrics, which exist
-// only once the core does.
-type observer struct{ x *Extender }
-
-func (o observer) Filtered(r placement.Reason, n int)              { o.x.metrics.Filtered(r, n) }
-func (o observer) Scored(c *[placement.MaxScore + 1]uint64)        { o.x.metrics.Scored(c) }
-func (o observer) Failed(p placement.Phase, k placement.ErrorKind) { o.x.metrics.Failed(p, k) }
-func (o observer) Bound(req string, p v1alpha1.Placement)          { o.x.metrics.Bound(req, p) }
-func (o observer) DoubleHeld(n int)                                { o.x.metrics.DoubleHeld(n) }
-func (o observer) TelemetryRound(ok bool, at time.Time)            { o.x.metrics.TelemetryRound(ok, at) }
 
 // withRateLimits is restCfg with the options' client rate limits, a copy
 // (the caller's config is left alone).

@@ -22,7 +22,6 @@ import (
 
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 
-	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/placement"
 	"github.com/gputopo/gputopo/placement/metrics"
 	corev1 "k8s.io/api/core/v1"
@@ -176,15 +175,13 @@ func start(ctx context.Context, cfg *rest.Config, args Args, host *placement.Hos
 	if err != nil {
 		return nil, fmt.Errorf("plugin %s: kubernetes client: %w", Name, err)
 	}
-	var m *metrics.Metrics
-	o.Observer = &lateObserver{m: &m}
+	obs := &metrics.Pending{}
+	o.Observer = obs
 	x, err := placement.New(cfg, cs, o)
 	if err != nil {
 		return nil, fmt.Errorf("plugin %s: %w", Name, err)
 	}
-	m = metrics.New(x.Ledger())
-	m.Leader = x.Leading
-	m.TopologyClock = func() (time.Time, time.Duration) { return x.Now(), o.Config.TopologyAgeLimit() }
+	m := obs.Attach(x)
 	p := &Plugin{x: x}
 	addr := args.MetricsBindAddress
 	if addr == "" {
@@ -210,17 +207,6 @@ func start(ctx context.Context, cfg *rest.Config, args Args, host *placement.Hos
 	}()
 	return p, nil
 }
-
-// lateObserver hands the core's counts to metrics made once the core (and
-// its ledger, which they read) exists.
-type lateObserver struct{ m **metrics.Metrics }
-
-func (o *lateObserver) Filtered(r placement.Reason, n int)              { (*o.m).Filtered(r, n) }
-func (o *lateObserver) Scored(c *[placement.MaxScore + 1]uint64)        { (*o.m).Scored(c) }
-func (o *lateObserver) Failed(p placement.Phase, k placement.ErrorKind) { (*o.m).Failed(p, k) }
-func (o *lateObserver) Bound(req string, p v1alpha1.Placement)          { (*o.m).Bound(req, p) }
-func (o *lateObserver) DoubleHeld(n int)                                { (*o.m).DoubleHeld(n) }
-func (o *lateObserver) TelemetryRound(ok bool, at time.Time)            { (*o.m).TelemetryRound(ok, at) }
 
 // NewForCore wraps a core the caller runs (tests, the demo).
 func NewForCore(x *placement.Core) *Plugin { return &Plugin{x: x} }
