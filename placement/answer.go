@@ -2,6 +2,7 @@ package placement
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -34,8 +35,17 @@ func (x *Core) Filter(ctx context.Context, pr Request, names []string) (FilterAn
 		x.obs.Failed(PhaseFilter, ErrNotDecider)
 		return FilterAnswer{}, fmt.Errorf("%s", msg)
 	}
-	ans := FilterAnswer{Passed: make([]string, 0, len(names))}
+	var ans0 FilterAnswer
+	slot, err := x.GroupSlot(ctx, pr)
+	if err != nil {
+		return x.groupRefusal(names, err)
+	}
+	if slot != nil {
+		names = slot.restrict(names, &ans0)
+	}
+	ans := FilterAnswer{Passed: make([]string, 0, len(names)), Failed: ans0.Failed}
 	var failed [NumReasons]int
+	failed[ReasonGroup] = len(ans0.Failed)
 	e := newEvaluator(ctx, x.alloc, x.cfg, pr, x.now())
 	x.ledger.Read(func(lv ledger.View) {
 		nodes := lookup(lv, pr.UID, names)
@@ -69,6 +79,42 @@ func (x *Core) Filter(ctx context.Context, pr Request, names []string) (FilterAn
 		x.obs.Filtered(ReasonNone, len(ans.Passed))
 	}
 	return ans, nil
+}
+
+// groupRefusal is filter's answer for a group's pod that cannot be placed
+// now (err a *GroupWait: every node gets its reason) or not decided (any
+// other error).
+func (x *Core) groupRefusal(names []string, err error) (FilterAnswer, error) {
+	var gw *GroupWait
+	if !errors.As(err, &gw) {
+		return FilterAnswer{}, err
+	}
+	m := make(map[string]string, len(names))
+	for _, name := range names {
+		m[name] = ReasonPrefix + gw.Msg
+	}
+	x.obs.Filtered(ReasonGroup, len(names))
+	if gw.Unresolvable {
+		return FilterAnswer{Unresolvable: m}, nil
+	}
+	return FilterAnswer{Failed: m}, nil
+}
+
+// restrict keeps of names the slot's node, giving the others their reason
+// in ans.Failed.
+func (s *GroupSlot) restrict(names []string, ans *FilterAnswer) []string {
+	var keep []string
+	for _, name := range names {
+		if name == s.Node {
+			keep = append(keep, name)
+			continue
+		}
+		if ans.Failed == nil {
+			ans.Failed = make(map[string]string)
+		}
+		ans.Failed[name] = s.OtherNodeReason()
+	}
+	return keep
 }
 
 // filterReason is the reason filter gives for a node the pod failed on.

@@ -164,6 +164,11 @@ func newCore(o Options) (*Core, error) {
 		log:    klog.Background().WithName("placement"),
 	}
 	l.OnDoubleHeld(x.onDoubleHeld)
+	fabric := make([][]string, len(cfg.Fabric.Levels))
+	for i, lvl := range cfg.Fabric.Levels {
+		fabric[i] = lvl.Labels
+	}
+	l.SetFabric(fabric)
 	return x, nil
 }
 
@@ -466,7 +471,7 @@ func (x *Core) rebuild(ctx context.Context) error {
 }
 
 func (x *Core) sweep(ctx context.Context) {
-	period := min(x.cfg.ReservationTTL.Duration/4, 30*time.Second)
+	period := min(x.cfg.ReservationTTL.Duration/4, x.cfg.Fabric.GroupReservationTTL.Duration/4, 30*time.Second)
 	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
@@ -476,6 +481,9 @@ func (x *Core) sweep(ctx context.Context) {
 		case <-t.C:
 			if n := x.ledger.SweepReservations(x.cfg.ReservationTTL.Duration); n > 0 {
 				klog.FromContext(ctx).Info("expired GPU reservations released", "count", n)
+			}
+			if n := x.ledger.SweepGroups(x.cfg.Fabric.GroupReservationTTL.Duration); n > 0 {
+				klog.FromContext(ctx).Info("group plans whose pods did not all come were released", "count", n)
 			}
 		}
 	}

@@ -42,13 +42,14 @@ const (
 	ReasonBandwidth
 	ReasonInfeasible
 	ReasonUntrustedTopology
+	ReasonGroup
 	NumReasons
 )
 
 var reasonNames = [NumReasons]string{
 	"", "no_topology", "invalid_topology", "stale_topology", "too_few_gpus",
 	"not_enough_free", "memory", "nvlink", "bandwidth", "infeasible",
-	"untrusted_topology",
+	"untrusted_topology", "group",
 }
 
 // String is the reason's metric label ("" for ReasonNone).
@@ -78,7 +79,14 @@ type Request struct {
 	fallbackIn time.Duration
 	// created is the pod's creation time, which fallbackAfter counts from.
 	created time.Time
+	// group is the pod's group (namespace/name, "" for none) and
+	// groupSpec what its annotations say of it.
+	group     string
+	groupSpec v1alpha1.GroupSpec
 }
+
+// Group is the pod's group, namespace/name ("" for none).
+func (r Request) Group() string { return r.group }
 
 // ParseRequest reads the GPU count and requirement of a pod at now, with
 // the ledger's reading of the pod (ledger.NewPodInfo: one parser of the
@@ -96,7 +104,10 @@ func requestOf(info *ledger.PodInfo, created, now time.Time) (Request, error) {
 	if info.DemandErr != nil {
 		return Request{}, info.DemandErr
 	}
-	r := Request{UID: info.UID, Key: info.Key, Count: info.GPUs, job: info.Job, created: created}
+	if info.GroupErr != nil {
+		return Request{}, info.GroupErr
+	}
+	r := Request{UID: info.UID, Key: info.Key, Count: info.GPUs, job: info.Job, created: created, group: info.Group, groupSpec: info.GroupSpec}
 	if info.HasRequirement {
 		req, err := v1alpha1.ParseRequirement(info.Requirement)
 		if err != nil {

@@ -75,6 +75,11 @@ type Placement struct {
 	// DegradedReason says why, for a person.
 	Degraded       bool   `json:"degraded,omitempty"`
 	DegradedReason string `json:"degradedReason,omitempty"`
+	// Group is the pod's group (namespace/name) when it was placed as one
+	// of a group, and Domain the fabric domain the whole group was placed
+	// in ("label=value", "node=NAME" for one node, "cluster").
+	Group  string `json:"group,omitempty"`
+	Domain string `json:"domain,omitempty"`
 }
 
 // String encodes p as compact JSON.

@@ -85,6 +85,10 @@ type Ledger struct {
 	// claims seen after it.
 	claimsOrdered bool
 	claimSeq      uint64
+	// fabric are the label keys of each fabric level, tightest first
+	// (SetFabric); groups are the groups with live pods (groups.go).
+	fabric [][]string
+	groups map[string]*group
 }
 
 // New returns an empty ledger counting the extended resource (the
@@ -104,6 +108,7 @@ func New(resource corev1.ResourceName) *Ledger {
 		seed:     maphash.MakeSeed(),
 		claims:   make(map[string][]gpuClaim),
 		gone:     make(map[types.UID]time.Time),
+		groups:   make(map[string]*group),
 	}
 }
 
@@ -205,6 +210,9 @@ type Node struct {
 	staleReason string
 	observed    time.Time
 	clique      string
+	// domains are the node's fabric domains by level ("label=value", ""
+	// for none), from its labels (SetFabric).
+	domains []string
 	// topoSig is the signature of the GPUs and links the graph was built
 	// from (Ledger.signature).
 	topoSig uint64
@@ -246,7 +254,11 @@ type holding struct {
 	unknown int // GPUs held whose identity is not known
 	// reserved: made by bind and not yet confirmed by the API (in flight,
 	// or outcome unknown); such a holding expires after the reservation TTL.
-	reserved  bool
+	reserved bool
+	// group is the group whose plan made the holding ("" for none): its
+	// GPUs go back to the plan, not to the pool, when the pod gives them
+	// up before it is bound (groups.go).
+	group     string
 	since     time.Time
 	placement v1alpha1.Placement
 }

@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
@@ -35,6 +36,12 @@ type PodInfo struct {
 	// fractional or oversized count, naming the field); GPUs is then 0
 	// and must not be taken for "no GPUs".
 	DemandErr error
+	// Group is the pod's group (namespace/name, "" for none) and
+	// GroupSpec what its annotations say of it; GroupErr is why they
+	// could not be read.
+	Group     string
+	GroupSpec v1alpha1.GroupSpec
+	GroupErr  error
 }
 
 // GPUCount is the number of devices of resource (the configuration's
@@ -69,6 +76,11 @@ func NewPodInfo(p *corev1.Pod, resource corev1.ResourceName) *PodInfo {
 		info.Job = p.Namespace + "/" + j
 	}
 	info.Requirement, info.HasRequirement = p.Annotations[v1alpha1.AnnotationRequirement]
+	if g, ok, errs := v1alpha1.ParseGroup(groupPath, p.Annotations); len(errs) > 0 {
+		info.GroupErr = fmt.Errorf("pod %s/%s: %w", p.Namespace, p.Name, errs.ToAggregate())
+	} else if ok {
+		info.Group, info.GroupSpec = p.Namespace+"/"+g.Name, g
+	}
 	info.AssignedRaw = p.Annotations[v1alpha1.AnnotationAssignedGPUs]
 	for _, key := range []string{v1alpha1.AnnotationAllocatedGPUs, v1alpha1.AnnotationAssignedGPUs} {
 		v, ok := p.Annotations[key]
@@ -87,6 +99,8 @@ func NewPodInfo(p *corev1.Pod, resource corev1.ResourceName) *PodInfo {
 	}
 	return info
 }
+
+var groupPath = field.NewPath("metadata", "annotations")
 
 func terminal(p *corev1.Pod) bool {
 	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
@@ -111,9 +125,11 @@ func (l *Ledger) UpsertPod(p *corev1.Pod) {
 	}
 	if old, ok := l.pods[info.Key]; ok {
 		l.jobDeltaLocked(old, -1)
+		l.groupLeaveLocked(old, old.UID != info.UID || old.Group != info.Group)
 	}
 	l.pods[info.Key] = info
 	l.jobDeltaLocked(info, +1)
+	l.groupJoinLocked(info)
 	if info.Node == "" {
 		return // a reservation, if any, stays: its bind may be in flight
 	}
@@ -125,15 +141,17 @@ func (l *Ledger) UpsertPod(p *corev1.Pod) {
 		}
 		nh := &holding{uid: info.UID, pod: info.Key, node: info.Node, uuids: info.Assigned, since: l.now()}
 		if h != nil {
-			nh.placement = h.placement
+			nh.placement, nh.group = h.placement, h.group
 		}
 		l.setHoldingLocked(nh)
+		l.confirmGroupLocked(info.Group)
 	case h != nil && h.node == info.Node:
 		// Bound by our Binding but seen without the annotation: keep the
 		// GPUs we reserved, now confirmed.
 		if h.reserved {
 			h.reserved = false
 			l.recomputeLocked(l.nodeLocked(h.node))
+			l.confirmGroupLocked(info.Group)
 		}
 	case info.DemandErr != nil:
 		// Bound with a demand that cannot be read (kube-apiserver admits
@@ -170,6 +188,7 @@ func (l *Ledger) DeletePod(obj any) {
 func (l *Ledger) forgetPodLocked(uid types.UID, key types.NamespacedName) {
 	if info, ok := l.pods[key]; ok && info.UID == uid {
 		l.jobDeltaLocked(info, -1)
+		l.groupLeaveLocked(info, true)
 		delete(l.pods, key)
 	}
 	l.releaseLocked(uid)

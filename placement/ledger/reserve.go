@@ -14,6 +14,9 @@ import (
 func (l *Ledger) Release(uid types.UID) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if h := l.holdings[uid]; h != nil && l.giveBackLocked(uid, h) {
+		return // a group's slot goes back to its plan
+	}
 	l.releaseLocked(uid)
 }
 
@@ -22,7 +25,7 @@ func (l *Ledger) Release(uid types.UID) {
 func (l *Ledger) ReleaseReserved(uid types.UID) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if h, ok := l.holdings[uid]; ok && h.reserved {
+	if h, ok := l.holdings[uid]; ok && h.reserved && !l.giveBackLocked(uid, h) {
 		l.releaseLocked(uid)
 	}
 }
@@ -35,6 +38,7 @@ func (l *Ledger) Confirm(uid types.UID, node string, uuids []string) {
 	if h, ok := l.holdings[uid]; ok && h.node == node && slices.Equal(h.uuids, uuids) && h.reserved {
 		h.reserved = false
 		l.recomputeLocked(l.nodeLocked(node))
+		l.confirmGroupLocked(h.group)
 	}
 }
 
@@ -97,7 +101,7 @@ func (l *Ledger) SweepReservations(ttl time.Duration) int {
 	cutoff := now.Add(-ttl)
 	var freed int
 	for uid, h := range l.holdings {
-		if h.reserved && h.since.Before(cutoff) {
+		if h.reserved && h.group == "" && h.since.Before(cutoff) {
 			l.releaseLocked(uid)
 			freed++
 		}

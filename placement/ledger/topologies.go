@@ -101,6 +101,7 @@ func (l *Ledger) UpsertNode(node *corev1.Node) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n := l.nodeLocked(node.Name)
+	l.setDomainsLocked(n, node.Labels)
 	n.allocatable, n.capacity = 0, -1
 	if q, ok := node.Status.Allocatable[l.resource]; ok {
 		n.allocatable = int(min(q.Value(), 1<<16))

@@ -84,6 +84,75 @@ type ExtenderConfiguration struct {
 	// the node agent serves (--resource-name) and the one the scheduler's
 	// extender config lists in managedResources. Default nvidia.com/gpu.
 	ResourceName string `json:"resourceName"`
+
+	// Fabric names the cluster's network levels, which groups of pods
+	// are placed inside (docs/groups.md).
+	Fabric Fabric `json:"fabric"`
+}
+
+// Fabric is the cluster's network as node labels describe it, for groups.
+type Fabric struct {
+	// Levels are the fabric's levels, tightest first. A node's domain at a
+	// level is the value of the first of the level's labels it carries;
+	// a node with none of them is alone at that level. Default: nvlink,
+	// leaf, spine, block, zone with the labels GPU Feature Discovery,
+	// NVIDIA topograph, GKE, EKS and Kubernetes write (docs/groups.md).
+	Levels []FabricLevel `json:"levels"`
+	// GroupReservationTTL is how long the GPUs planned for a group stay
+	// held for its pods that are not bound yet. A group is planned only
+	// when all of its pods fit; pods that do not come within the TTL give
+	// their GPUs back and the group is planned again. Default 2m.
+	GroupReservationTTL metav1.Duration `json:"groupReservationTTL"`
+}
+
+// FabricLevel is one level of the fabric.
+type FabricLevel struct {
+	// Name is what group annotations and messages call the level.
+	Name string `json:"name"`
+	// Labels are the node label keys that name a node's domain at this
+	// level, in order of precedence.
+	Labels []string `json:"labels"`
+	// BandwidthGBps is the bandwidth per GPU, GB/s bidirectional, between
+	// two pods whose tightest shared domain is at this level; 0 at the
+	// NVLink level: pods there talk at their GPUs' own NVLink ring.
+	BandwidthGBps int `json:"bandwidthGBps"`
+}
+
+// FabricNVLink is the name of the default multi-node NVLink level.
+const FabricNVLink = "nvlink"
+
+// DefaultFabricLevels are the fabric levels by default, tightest first.
+func DefaultFabricLevels() []FabricLevel {
+	return []FabricLevel{
+		{Name: FabricNVLink, Labels: []string{"nvidia.com/gpu.clique", "network.topology.nvidia.com/accelerator", "accelerator.topograph.run/domain"}},
+		{Name: "leaf", BandwidthGBps: 100, Labels: []string{"network.topology.nvidia.com/leaf", "fabric.topograph.run/tier-0", "cloud.google.com/gce-topology-subblock", "topology.k8s.aws/network-node-layer-3"}},
+		{Name: "spine", BandwidthGBps: 50, Labels: []string{"network.topology.nvidia.com/spine", "fabric.topograph.run/tier-1", "cloud.google.com/gce-topology-block", "topology.k8s.aws/network-node-layer-2"}},
+		{Name: "block", BandwidthGBps: 25, Labels: []string{"network.topology.nvidia.com/core", "network.topology.nvidia.com/block", "fabric.topograph.run/tier-2", "topology.k8s.aws/network-node-layer-1"}},
+		{Name: "zone", BandwidthGBps: 12, Labels: []string{"topology.kubernetes.io/zone"}},
+	}
+}
+
+// CrossZoneBandwidthGBps is the bandwidth per GPU between two pods that
+// share no domain of any level.
+const CrossZoneBandwidthGBps = 6
+
+// FabricLevelIndex resolves a group annotation's level (a level name or
+// one of a level's label keys) to its index in levels; ok is false when
+// it names none.
+func FabricLevelIndex(levels []FabricLevel, name string) (int, bool) {
+	for i, l := range levels {
+		if l.Name == name {
+			return i, true
+		}
+	}
+	for i, l := range levels {
+		for _, k := range l.Labels {
+			if k == name {
+				return i, true
+			}
+		}
+	}
+	return 0, false
 }
 
 // GPUResource is the extended resource the extender manages
@@ -317,6 +386,10 @@ func SetExtenderDefaults(c *ExtenderConfiguration) {
 	setDuration(&c.TelemetryMaxAge, 2*time.Minute)
 	setDuration(&c.BindTimeout, 4*time.Second)
 	setDuration(&c.ReservationTTL, 2*time.Minute)
+	setDuration(&c.Fabric.GroupReservationTTL, 2*time.Minute)
+	if c.Fabric.Levels == nil {
+		c.Fabric.Levels = DefaultFabricLevels()
+	}
 	if c.MaxRequestBytes == 0 {
 		c.MaxRequestBytes = 32 << 20
 	}
@@ -409,7 +482,42 @@ func (c *ExtenderConfiguration) Validate() field.ErrorList {
 		errs = append(errs, field.Invalid(field.NewPath("allocatorMemoSize"), c.AllocatorMemoSize, "must be 0 (no memo) or positive"))
 	}
 	errs = append(errs, validateExtendedResourceName(field.NewPath("resourceName"), c.ResourceName)...)
+	errs = append(errs, c.Fabric.validate(field.NewPath("fabric"))...)
 	return append(errs, c.Telemetry.validate(field.NewPath("telemetry"))...)
+}
+
+func (f *Fabric) validate(path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if f.GroupReservationTTL.Duration <= 0 {
+		errs = append(errs, field.Invalid(path.Child("groupReservationTTL"), f.GroupReservationTTL.Duration.String(), "must be positive, e.g. 2m"))
+	}
+	names := map[string]bool{}
+	labels := map[string]string{}
+	for i, l := range f.Levels {
+		lp := path.Child("levels").Index(i)
+		switch {
+		case l.Name == "":
+			errs = append(errs, field.Required(lp.Child("name"), "name the level (e.g. leaf): group annotations refer to it"))
+		case names[l.Name]:
+			errs = append(errs, field.Duplicate(lp.Child("name"), l.Name))
+		}
+		names[l.Name] = true
+		if len(l.Labels) == 0 {
+			errs = append(errs, field.Required(lp.Child("labels"), "list the node label keys that name a node's domain at this level"))
+		}
+		for j, k := range l.Labels {
+			if msgs := validation.IsQualifiedName(k); len(msgs) > 0 {
+				errs = append(errs, field.Invalid(lp.Child("labels").Index(j), k, strings.Join(msgs, "; ")))
+			} else if prev, dup := labels[k]; dup {
+				errs = append(errs, field.Invalid(lp.Child("labels").Index(j), k, "already names level "+prev+": a label belongs to one level"))
+			}
+			labels[k] = l.Name
+		}
+		if l.BandwidthGBps < 0 || l.BandwidthGBps > v1alpha1.MaxPairBandwidthGBps {
+			errs = append(errs, field.Invalid(lp.Child("bandwidthGBps"), l.BandwidthGBps, fmt.Sprintf("must be between 0 and %d", v1alpha1.MaxPairBandwidthGBps)))
+		}
+	}
+	return errs
 }
 
 func (t *Telemetry) validate(path *field.Path) field.ErrorList {

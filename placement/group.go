@@ -1,0 +1,300 @@
+package placement
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
+	"github.com/gputopo/gputopo/placement/ledger"
+	"github.com/gputopo/gputopo/topology"
+)
+
+// Groups (docs/groups.md): a pod that belongs to a group of more than one
+// pod is decided as part of it. The first member decided plans the whole
+// group under the ledger's write lock: a fabric domain that holds every
+// pod not bound yet, then each pod's node and exact GPUs in it. The plan
+// is held at once, so no other pod takes its GPUs; a group that does not
+// fit holds nothing and its pods are refused, in words, until it does.
+// Each member then claims a slot and may go to its slot's node only.
+
+// GroupWait is why a group's pod cannot be placed yet: the group waits
+// for its pods, or no domain holds all of them. It is the pod's reason on
+// every node.
+type GroupWait struct {
+	Group string
+	// Msg is the reason, for a person (without ReasonPrefix).
+	Msg string
+	// Unresolvable: no change of GPU use can fix it (the group can never
+	// fit at its required level, even with every GPU free).
+	Unresolvable bool
+}
+
+func (w *GroupWait) Error() string { return w.Msg }
+
+// GroupSlot is where a group's pod goes: the node of its slot.
+type GroupSlot struct {
+	Group, Node string
+}
+
+// OtherNodeReason is filter's reason for a node that is not the pod's
+// slot.
+func (s *GroupSlot) OtherNodeReason() string {
+	return ReasonPrefix + "the pod's place in group " + s.Group + " is node " + s.Node + " (the group was planned as a whole)"
+}
+
+// GroupSlot claims pr's slot in its group's plan, planning the group
+// first when it has none. It returns the slot's node; a *GroupWait when
+// the group cannot be placed now; nil and no error for a pod that is not
+// in a group of more than one. Filter calls it; the plugin build calls it
+// in PreFilter, once per cycle.
+func (x *Core) GroupSlot(ctx context.Context, pr Request) (*GroupSlot, error) {
+	if pr.group == "" || pr.groupSpec.Size < 2 || pr.Count == 0 {
+		return nil, nil
+	}
+	if msg := x.DeciderRefusal(); msg != "" {
+		return nil, errors.New(msg)
+	}
+	if node, ok := x.ledger.ClaimSlot(pr.group, pr.UID, pr.Key, ""); ok {
+		return &GroupSlot{Group: pr.group, Node: node}, nil
+	}
+	var complete bool
+	err := x.ledger.PlanGroup(pr.group, func(v ledger.View, g ledger.GroupView) ([]ledger.Slot, string, string, error) {
+		need := pr.groupSpec.Size - len(g.Bound)
+		if need <= 0 {
+			complete = true
+			return nil, "", "", nil
+		}
+		return x.planGroup(ctx, v, pr, g, need)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if complete {
+		return nil, nil // every pod the group needs is bound; this one is an extra
+	}
+	if node, ok := x.ledger.ClaimSlot(pr.group, pr.UID, pr.Key, ""); ok {
+		return &GroupSlot{Group: pr.group, Node: node}, nil
+	}
+	return nil, &GroupWait{Group: pr.group, Msg: fmt.Sprintf("group %s is placed and has no place left for this pod (it has more pods than its size %d)", pr.group, pr.groupSpec.Size)}
+}
+
+// domain is one fabric domain's nodes and what they can take of a group.
+type domain struct {
+	name  string
+	nodes []*groupNode
+	slots int // pods of the group the domain can take
+	free  int // free GPUs in it
+}
+
+// groupNode is a node with the GPU sets the group's pods would take on it,
+// best first.
+type groupNode struct {
+	n    *ledger.Node
+	sets []topology.Result
+}
+
+// planGroup finds the group's slots (need pods, each like pr) in the
+// tightest fabric level allowed that holds them all, best fit within the
+// level so that large domains stay whole for large groups.
+func (x *Core) planGroup(ctx context.Context, v ledger.View, pr Request, g ledger.GroupView, need int) ([]ledger.Slot, string, string, error) {
+	spec := pr.groupSpec
+	if have := len(g.Pending) + len(g.Bound); have < spec.Size {
+		return nil, "", "", &GroupWait{Group: pr.group, Msg: fmt.Sprintf("group %s waits for its pods: %d of %d exist", pr.group, have, spec.Size)}
+	}
+	for _, m := range g.Pending {
+		if m.GPUs != pr.Count {
+			return nil, "", "", &GroupWait{Group: pr.group, Unresolvable: true, Msg: fmt.Sprintf("pods of group %s request different GPU counts (%s: %d, %s: %d); a group's pods must request the same number", pr.group, pr.Key.Name, pr.Count, m.Key.Name, m.GPUs)}
+		}
+	}
+	levels := x.cfg.Fabric.Levels
+	top := len(levels) // the whole cluster, as one domain
+	req, pref := top, 0
+	if spec.Required != "" {
+		i, ok := configv1alpha1.FabricLevelIndex(levels, spec.Required)
+		if !ok {
+			return nil, "", "", &GroupWait{Group: pr.group, Unresolvable: true, Msg: fmt.Sprintf("group %s requires fabric level %q, which the scheduler's fabric.levels does not name (levels: %s)", pr.group, spec.Required, levelNames(levels))}
+		}
+		req = i
+	}
+	if spec.Preferred != "" {
+		if i, ok := configv1alpha1.FabricLevelIndex(levels, spec.Preferred); ok {
+			pref = i
+		}
+	}
+	pref = min(pref, req)
+	e := newEvaluator(ctx, x.alloc, x.cfg, pr, x.now())
+	nodes := x.groupNodes(e, v, pr, need)
+	// With every GPU free: can the required level ever hold the group?
+	var largest domain
+	for lvl := pref; lvl <= req; lvl++ {
+		doms := domainsAt(nodes, lvl, top, g.Bound, v)
+		best := -1
+		for i, d := range doms {
+			if d.slots >= need && (best < 0 || d.free < doms[best].free || d.free == doms[best].free && d.name < doms[best].name) {
+				best = i
+			}
+			if lvl == req && d.slots > largest.slots {
+				largest = d
+			}
+		}
+		if best < 0 {
+			continue
+		}
+		d := doms[best]
+		slots := x.fill(e, v, pr, d, need)
+		return slots, d.name, levelName(levels, lvl), nil
+	}
+	where := "the cluster"
+	if req < top {
+		where = "one " + levelName(levels, req) + " domain"
+	}
+	return nil, "", "", &GroupWait{Group: pr.group, Msg: fmt.Sprintf("group %s needs %d pods × %d GPUs in %s; the largest free holds %d", pr.group, need, pr.Count, where, largest.slots)}
+}
+
+// groupNodes are the nodes that could take at least one of the group's
+// pods now, with the GPU sets need of them would take (best first).
+func (x *Core) groupNodes(e *evaluator, v ledger.View, pr Request, need int) []*groupNode {
+	var out []*groupNode
+	req := topology.Request{Count: pr.Count, Requirement: pr.req}
+	v.Nodes(func(n *ledger.Node) {
+		n = v.NodeFor(n.Name(), pr.UID)
+		if vd := e.check(n); !vd.ok {
+			return
+		}
+		gn := &groupNode{n: n}
+		free := n.Free()
+		if u := n.UnknownHeld(); u > 0 {
+			return // GPUs held but not identified: not a node to plan exact GPUs on
+		}
+		for len(gn.sets) < need {
+			res, err := e.alloc.Allocate(n.Graph(), free, req)
+			if err != nil {
+				break
+			}
+			gn.sets = append(gn.sets, res)
+			free = free.Minus(topology.MaskOf(res.GPUs...))
+		}
+		if len(gn.sets) > 0 {
+			out = append(out, gn)
+		}
+	})
+	return out
+}
+
+// domainsAt groups nodes into their domains at fabric level lvl (top: the
+// whole cluster). A node without a domain at lvl is a domain of its own.
+// With members already bound, only the domain that holds all of them is
+// kept.
+func domainsAt(nodes []*groupNode, lvl, top int, bound []string, v ledger.View) []domain {
+	key := func(n *ledger.Node) string {
+		if lvl == top {
+			return "cluster"
+		}
+		if d := n.Domain(lvl); d != "" {
+			return d
+		}
+		return "node=" + n.Name()
+	}
+	want := ""
+	for i, b := range bound {
+		bn := v.Node(b)
+		if bn == nil {
+			return nil
+		}
+		k := key(bn)
+		if i > 0 && k != want {
+			return nil
+		}
+		want = k
+	}
+	idx := map[string]int{}
+	var out []domain
+	for _, gn := range nodes {
+		k := key(gn.n)
+		if want != "" && k != want {
+			continue
+		}
+		i, ok := idx[k]
+		if !ok {
+			i = len(out)
+			idx[k] = i
+			out = append(out, domain{name: k})
+		}
+		d := &out[i]
+		d.nodes = append(d.nodes, gn)
+		d.slots += len(gn.sets)
+		d.free += gn.n.Free().Count()
+	}
+	return out
+}
+
+// fill picks need slots in d: one machine shape for every pod where one
+// shape in d holds them all (the least capable such shape), then the
+// fullest nodes first, so that whole nodes stay free.
+func (x *Core) fill(e *evaluator, v ledger.View, pr Request, d domain, need int) []ledger.Slot {
+	nodes := d.nodes
+	byShape := map[uint64]int{}
+	for _, gn := range nodes {
+		byShape[gn.n.Topo().ID()] += len(gn.sets)
+	}
+	shape, shapeCap := uint64(0), -1.0
+	for id, slots := range byShape {
+		if slots < need {
+			continue
+		}
+		var lc float64
+		for _, gn := range nodes {
+			if gn.n.Topo().ID() == id {
+				lc = gn.n.Topo().LogCapability()
+				break
+			}
+		}
+		if shapeCap < 0 || lc < shapeCap || lc == shapeCap && id < shape {
+			shape, shapeCap = id, lc
+		}
+	}
+	if shapeCap >= 0 {
+		nodes = slices.DeleteFunc(slices.Clone(nodes), func(gn *groupNode) bool { return gn.n.Topo().ID() != shape })
+	}
+	sort.SliceStable(nodes, func(i, j int) bool {
+		fi, fj := nodes[i].n.Free().Count(), nodes[j].n.Free().Count()
+		if fi != fj {
+			return fi < fj
+		}
+		return nodes[i].n.Name() < nodes[j].n.Name()
+	})
+	var out []ledger.Slot
+	aff := v.Affinity(pr.job)
+	for _, gn := range nodes {
+		for _, res := range gn.sets {
+			if len(out) == need {
+				return out
+			}
+			vd := &verdict{ok: true, res: res}
+			merit, _ := e.merit(gn.n, vd, aff, soloCohort(gn.n, vd))
+			p := pr.placementOf(gn.n.Name(), vd, merit)
+			p.Group, p.Domain = pr.group, d.name
+			out = append(out, ledger.Slot{Node: gn.n.Name(), Choice: ledger.Choice{UUIDs: uuidsOf(gn.n, res.GPUs), Placement: p}})
+		}
+	}
+	return out
+}
+
+func levelName(levels []configv1alpha1.FabricLevel, i int) string {
+	if i < len(levels) {
+		return levels[i].Name
+	}
+	return "cluster"
+}
+
+func levelNames(levels []configv1alpha1.FabricLevel) string {
+	names := make([]string, len(levels))
+	for i, l := range levels {
+		names[i] = l.Name
+	}
+	return strings.Join(names, ", ")
+}

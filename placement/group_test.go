@@ -1,0 +1,224 @@
+package placement
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/placement/ledger"
+	"github.com/gputopo/gputopo/topology/machine"
+)
+
+var groupEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// groupCore is an offline core fed nodes of fixture fx, node i labelled
+// into leaf leafOf(i) (no label for "").
+func groupCore(t *testing.T, fx string, n int, leafOf func(i int) string) (*Core, []string) {
+	t.Helper()
+	cfg := configv1alpha1.DefaultExtenderConfiguration()
+	cfg.TopologyMaxAge = &metav1.Duration{Duration: -1}
+	x, err := NewOffline(Options{Config: cfg}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := groupEpoch
+	x.SetClock(func() time.Time { return now })
+	f, err := machine.FixtureByName(fx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for i := range n {
+		name := fmt.Sprintf("node-%d", i)
+		names = append(names, name)
+		g := f.Graph(name)
+		gpus := corev1.ResourceList{v1alpha1.ResourceGPU: *resource.NewQuantity(int64(g.Len()), resource.DecimalSI)}
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{}},
+			Status: corev1.NodeStatus{Capacity: gpus, Allocatable: gpus}}
+		if l := leafOf(i); l != "" {
+			node.Labels["network.topology.nvidia.com/leaf"] = l
+		}
+		x.ledger.UpsertNode(node)
+		st := g.Status()
+		st.ObservedTime = metav1.NewTime(now)
+		x.ledger.UpsertTopology(&v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: st})
+	}
+	return x, names
+}
+
+// groupPod is member i of group name (size members) asking gpus GPUs.
+func groupPod(name string, i, size, gpus int, extra map[string]string) *corev1.Pod {
+	ann := map[string]string{v1alpha1.AnnotationGroup: name, v1alpha1.AnnotationGroupSize: fmt.Sprint(size),
+		v1alpha1.AnnotationRequirement: `{"requireNVLink":true,"strategy":"highest_bandwidth"}`}
+	for k, v := range extra {
+		ann[k] = v
+	}
+	return gpuPod(fmt.Sprintf("%s-%d", name, i), gpus, ann)
+}
+
+func gpuPod(name string, gpus int, ann map[string]string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ml", UID: types.UID("uid-" + name), Annotations: ann, CreationTimestamp: metav1.NewTime(groupEpoch)},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{
+			Limits: corev1.ResourceList{v1alpha1.ResourceGPU: *resource.NewQuantity(int64(gpus), resource.DecimalSI)}}}}},
+	}
+}
+
+// place filters, reserves and confirms pod p as kube-scheduler and bind
+// would; it returns the node, or "" and filter's reasons.
+func place(t *testing.T, x *Core, names []string, p *corev1.Pod) (string, FilterAnswer) {
+	t.Helper()
+	x.ledger.UpsertPod(p)
+	pr, err := ParseRequest(p, v1alpha1.ResourceGPU, x.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ans, err := x.Filter(context.Background(), pr, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ans.Passed) == 0 {
+		return "", ans
+	}
+	scores, top := x.Score(context.Background(), pr, ans.Passed, true, nil)
+	_ = scores
+	res := x.Reserve(context.Background(), pr, top.Node)
+	if res.Err != nil {
+		t.Fatalf("reserve %s on %s: %v", p.Name, top.Node, res.Err)
+	}
+	x.ledger.Confirm(p.UID, top.Node, res.UUIDs)
+	bound := p.DeepCopy()
+	bound.Spec.NodeName = top.Node
+	bound.Annotations[v1alpha1.AnnotationAssignedGPUs] = v1alpha1.FormatGPUList(res.UUIDs)
+	bound.Annotations[v1alpha1.AnnotationPlacement] = res.Placement.String()
+	x.ledger.UpsertPod(bound)
+	return top.Node, ans
+}
+
+func anyReason(a FilterAnswer) string {
+	for _, r := range a.Failed {
+		return r
+	}
+	for _, r := range a.Unresolvable {
+		return r
+	}
+	return ""
+}
+
+func TestGroupIsPlacedWholeInTheTightestDomainThatHoldsIt(t *testing.T) {
+	// Leaf a: nodes 0-1, leaf b: nodes 2-5. A 3 x 8 GPU group fits only
+	// leaf b; a 2 x 8 group best-fits leaf a (keeping b whole).
+	leaf := func(i int) string {
+		if i < 2 {
+			return "a"
+		}
+		return "b"
+	}
+	x, names := groupCore(t, "dgx-a100", 6, leaf)
+	var nodes []string
+	var big, small []*corev1.Pod
+	for i := range 3 {
+		big = append(big, groupPod("big", i, 3, 8, map[string]string{v1alpha1.AnnotationGroupRequiredTopology: "leaf"}))
+		x.ledger.UpsertPod(big[i])
+	}
+	for i := range 2 {
+		small = append(small, groupPod("small", i, 2, 8, nil))
+		x.ledger.UpsertPod(small[i])
+	}
+	for i := range 3 {
+		n, ans := place(t, x, names, big[i])
+		if n == "" {
+			t.Fatalf("big-%d not placed: %s", i, anyReason(ans))
+		}
+		nodes = append(nodes, n)
+	}
+	for _, n := range nodes {
+		if n < "node-2" {
+			t.Errorf("big group spans %v: want leaf b only", nodes)
+		}
+	}
+	for i := range 2 {
+		n, ans := place(t, x, names, small[i])
+		if n == "" {
+			t.Fatalf("small-%d not placed: %s", i, anyReason(ans))
+		}
+		if n >= "node-2" && n != "node-5" {
+			t.Errorf("small-%d on %s: want leaf a's nodes or the one free node of b", i, n)
+		}
+	}
+}
+
+func TestGroupThatCannotFitHoldsNothingAndSaysWhy(t *testing.T) {
+	x, names := groupCore(t, "dgx-a100", 3, func(int) string { return "a" })
+	// 4 x 8 GPUs in a leaf of 3 nodes: never fits.
+	var last FilterAnswer
+	for i := range 4 {
+		p := groupPod("llm", i, 4, 8, map[string]string{v1alpha1.AnnotationGroupRequiredTopology: "leaf"})
+		n, ans := place(t, x, names, p)
+		if n != "" {
+			t.Fatalf("llm-%d placed on %s although the group cannot fit", i, n)
+		}
+		last = ans
+	}
+	want := "group ml/llm needs 4 pods × 8 GPUs in one leaf domain; the largest free holds 3"
+	if r := anyReason(last); !strings.Contains(r, want) {
+		t.Errorf("reason %q, want %q", r, want)
+	}
+	if p := x.ledger.GroupPlans(); len(p) != 0 {
+		t.Errorf("plans held: %+v", p)
+	}
+	// A 1-GPU pod is placed past it: nothing is held.
+	if n, ans := place(t, x, names, gpuPod("one", 1, map[string]string{})); n == "" {
+		t.Fatalf("1-GPU pod not placed: %s", anyReason(ans))
+	}
+}
+
+func TestGroupWaitsForItsPodsAndIsFreedWhenAMemberGoes(t *testing.T) {
+	x, names := groupCore(t, "hgx-h100", 4, func(int) string { return "a" })
+	p0 := groupPod("g", 0, 3, 8, nil)
+	if n, ans := place(t, x, names, p0); n != "" || !strings.Contains(anyReason(ans), "waits for its pods: 1 of 3 exist") {
+		t.Fatalf("first pod: node %q reason %q", n, anyReason(ans))
+	}
+	p1, p2 := groupPod("g", 1, 3, 8, nil), groupPod("g", 2, 3, 8, nil)
+	x.ledger.UpsertPod(p1)
+	x.ledger.UpsertPod(p2)
+	n0, ans := place(t, x, names, p0)
+	if n0 == "" {
+		t.Fatalf("planned group's pod refused: %s", anyReason(ans))
+	}
+	plans := x.ledger.GroupPlans()
+	if len(plans) != 1 || len(plans[0].Nodes) != 3 {
+		t.Fatalf("plans %+v, want one of 3 slots", plans)
+	}
+	// The plan holds 24 GPUs: a 16-GPU pair of pods of another group
+	// cannot have them, an 8-GPU pod fits the fourth node.
+	if _, ans := place(t, x, names, groupPod("other", 0, 2, 8, nil)); len(ans.Passed) != 0 {
+		t.Fatalf("other group passed on %v while the plan holds 3 of 4 nodes", ans.Passed)
+	}
+	// A member is deleted before it was bound: the plan goes, its GPUs free.
+	x.ledger.DeletePod(p1)
+	if p := x.ledger.GroupPlans(); len(p) != 0 {
+		t.Fatalf("plan kept after a member was deleted: %+v", p)
+	}
+	free := 0
+	x.ledger.Read(func(v ledgerView) {
+		v.Nodes(func(n *ledgerNode) { free += n.Free().Count() })
+	})
+	if free != 24 {
+		t.Errorf("free GPUs after the member went: %d, want 24 (the bound pod keeps its 8)", free)
+	}
+}
+
+type (
+	ledgerView = ledger.View
+	ledgerNode = ledger.Node
+)

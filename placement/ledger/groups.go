@@ -1,0 +1,347 @@
+package ledger
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Groups: the pods of one job placed together, all or nothing. The ledger
+// keeps each group's live members and, once the decision core has found
+// room for all of them, its plan: one slot (a node and its exact GPUs) per
+// pod not bound yet, held as reservations from the moment the plan is
+// made. A member claims a slot when it is decided and binds to it; a slot
+// given up before its pod is bound (Unreserve, a failed bind) goes back to
+// the plan, not to the pool. The plan is dissolved, every slot not bound
+// freed, when a member is deleted before it was bound, when its TTL
+// passes (SweepGroups), or when the last slot is bound (then the members
+// simply hold their GPUs).
+
+// group is one group's live members and plan.
+type group struct {
+	members map[types.NamespacedName]*PodInfo
+	plan    *plan
+}
+
+// plan is a group's slots, made at since.
+type plan struct {
+	slots []*slot
+	since time.Time
+	// domain and level say where the plan lies, for the placement record
+	// and `kubectl gputopo`.
+	domain, level string
+}
+
+// slot is one pod's place in a plan: holder is the UID of the holding in
+// the ledger (a synthetic one until a member claims it).
+type slot struct {
+	node   string
+	holder types.UID
+	claim  types.UID // the member that claimed it; "" while unclaimed
+}
+
+// Slot is one pod's place as the core plans it.
+type Slot struct {
+	Node   string
+	Choice Choice
+}
+
+// GroupView is what the planner reads of a group.
+type GroupView struct {
+	// Key is namespace/name.
+	Key string
+	// Pending and Bound are the live members not bound and bound (their
+	// nodes, for Bound).
+	Pending []*PodInfo
+	Bound   []string
+	// Planned says a plan is in place (its slots are held).
+	Planned bool
+}
+
+// SetFabric sets the node label keys of each fabric level, tightest first
+// (the configuration's fabric.levels). Set it before the ledger is fed.
+func (l *Ledger) SetFabric(levels [][]string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.fabric = levels
+}
+
+// FabricLevels is how many fabric levels the ledger knows.
+func (v View) FabricLevels() int { return len(v.l.fabric) }
+
+// Domain is the node's domain at fabric level i ("" when it has none): the
+// first of the level's labels the node carries; at level 0 the
+// NodeGPUTopology's fabric clique when the node carries none of them.
+func (n *Node) Domain(i int) string {
+	if i < len(n.domains) && n.domains[i] != "" {
+		return n.domains[i]
+	}
+	if i == 0 && n.clique != "" {
+		return "clique=" + n.clique
+	}
+	return ""
+}
+
+// setDomainsLocked reads a Node's fabric domains from its labels.
+func (l *Ledger) setDomainsLocked(n *Node, labels map[string]string) {
+	if len(l.fabric) == 0 {
+		return
+	}
+	d := make([]string, len(l.fabric))
+	for i, keys := range l.fabric {
+		for _, k := range keys {
+			if v := labels[k]; v != "" {
+				d[i] = k + "=" + v
+				break
+			}
+		}
+	}
+	n.domains = d
+}
+
+// Nodes calls fn with every node the ledger knows, in name order.
+func (v View) Nodes(fn func(n *Node)) {
+	names := make([]string, 0, len(v.l.nodes))
+	for name := range v.l.nodes {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		fn(v.l.nodes[name])
+	}
+}
+
+func (l *Ledger) groupJoinLocked(info *PodInfo) {
+	if info.Group == "" {
+		return
+	}
+	g := l.groups[info.Group]
+	if g == nil {
+		g = &group{members: make(map[types.NamespacedName]*PodInfo)}
+		l.groups[info.Group] = g
+	}
+	g.members[info.Key] = info
+}
+
+// groupLeaveLocked takes info out of its group; gone says the pod itself
+// went (deleted, finished, recreated): a member gone before it was bound
+// leaves the group incomplete, so its plan is dissolved.
+func (l *Ledger) groupLeaveLocked(info *PodInfo, gone bool) {
+	g := l.groups[info.Group]
+	if info.Group == "" || g == nil {
+		return
+	}
+	delete(g.members, info.Key)
+	if gone && info.Node == "" && g.plan != nil {
+		l.dissolveLocked(info.Group, g)
+	}
+	if len(g.members) == 0 {
+		if g.plan != nil {
+			l.dissolveLocked(info.Group, g)
+		}
+		delete(l.groups, info.Group)
+	}
+}
+
+// dissolveLocked frees every slot of g's plan whose pod is not bound.
+func (l *Ledger) dissolveLocked(key string, g *group) {
+	p := g.plan
+	g.plan = nil
+	for _, s := range p.slots {
+		if h := l.holdings[s.holder]; h != nil && h.reserved && h.group == key {
+			l.releaseLocked(s.holder)
+		}
+	}
+}
+
+// PlanGroup makes group key's plan, under the ledger's write lock, unless
+// it has one: plan sees the group and the ledger and returns one slot per
+// pending member (or an error, returned as is, and nothing is held). The
+// slots are held at once, each as a reservation of the group.
+func (l *Ledger) PlanGroup(key string, choose func(v View, g GroupView) (slots []Slot, domain, level string, err error)) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	g := l.groups[key]
+	if g == nil {
+		return fmt.Errorf("group %s has no live pods", key)
+	}
+	if g.plan != nil {
+		return nil
+	}
+	gv := l.groupViewLocked(key, g)
+	slots, domain, level, err := choose(View{l}, gv)
+	if err != nil {
+		return err
+	}
+	now := l.now()
+	p := &plan{since: now, domain: domain, level: level}
+	for i, s := range slots {
+		holder := types.UID("group:" + key + "#" + strconv.Itoa(i))
+		l.setHoldingLocked(&holding{uid: holder, pod: types.NamespacedName{Namespace: "", Name: key}, node: s.Node,
+			uuids: s.Choice.UUIDs, reserved: true, since: now, placement: s.Choice.Placement, group: key})
+		p.slots = append(p.slots, &slot{node: s.Node, holder: holder})
+	}
+	g.plan = p
+	return nil
+}
+
+func (l *Ledger) groupViewLocked(key string, g *group) GroupView {
+	gv := GroupView{Key: key, Planned: g.plan != nil}
+	for _, m := range g.members {
+		if m.Node == "" {
+			gv.Pending = append(gv.Pending, m)
+		} else {
+			gv.Bound = append(gv.Bound, m.Node)
+		}
+	}
+	slices.SortFunc(gv.Pending, func(a, b *PodInfo) int {
+		if a.Key.Name < b.Key.Name {
+			return -1
+		}
+		if a.Key.Name > b.Key.Name {
+			return 1
+		}
+		return 0
+	})
+	sort.Strings(gv.Bound)
+	return gv
+}
+
+// Group is what the ledger knows of group key; ok is false when it has no
+// live pods.
+func (v View) Group(key string) (GroupView, bool) {
+	g := v.l.groups[key]
+	if g == nil {
+		return GroupView{}, false
+	}
+	return v.l.groupViewLocked(key, g), true
+}
+
+// ClaimSlot gives pod uid a slot of its group's plan: the one it claimed
+// before, else a free one, preferring one on prefer. The slot's GPUs
+// become the pod's reservation (Reserve then hands them to it). ok is
+// false when the group has no plan or no slot left.
+func (l *Ledger) ClaimSlot(key string, uid types.UID, pod types.NamespacedName, prefer string) (node string, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	g := l.groups[key]
+	if g == nil || g.plan == nil {
+		return "", false
+	}
+	var free *slot
+	for _, s := range g.plan.slots {
+		if s.claim == uid {
+			return s.node, true
+		}
+		if s.claim == "" && (free == nil || s.node == prefer && free.node != prefer) {
+			free = s
+		}
+	}
+	if free == nil {
+		return "", false
+	}
+	h := l.holdings[free.holder]
+	if h == nil {
+		return "", false
+	}
+	if old := l.holdings[uid]; old != nil && old.reserved {
+		l.giveBackLocked(uid, old)
+	}
+	l.releaseLocked(free.holder)
+	nh := *h
+	nh.uid, nh.pod = uid, pod
+	l.setHoldingLocked(&nh)
+	free.holder, free.claim = uid, uid
+	return free.node, true
+}
+
+// giveBackLocked returns a group member's unbound slot to its plan
+// (renamed back to a synthetic holder) instead of freeing it; true when it
+// did. The caller then must not release uid.
+func (l *Ledger) giveBackLocked(uid types.UID, h *holding) bool {
+	if h.group == "" || !h.reserved {
+		return false
+	}
+	g := l.groups[h.group]
+	if g == nil || g.plan == nil {
+		return false
+	}
+	for i, s := range g.plan.slots {
+		if s.claim != uid {
+			continue
+		}
+		holder := types.UID("group:" + h.group + "#" + strconv.Itoa(i))
+		l.releaseLocked(uid)
+		nh := *h
+		nh.uid, nh.pod = holder, types.NamespacedName{Name: h.group}
+		l.setHoldingLocked(&nh)
+		s.holder, s.claim = holder, ""
+		return true
+	}
+	return false
+}
+
+// confirmGroupLocked notes that a member of group key is bound; the plan
+// ends once every slot is.
+func (l *Ledger) confirmGroupLocked(key string) {
+	g := l.groups[key]
+	if key == "" || g == nil || g.plan == nil {
+		return
+	}
+	for _, s := range g.plan.slots {
+		if hh := l.holdings[s.holder]; hh == nil || hh.reserved {
+			return
+		}
+	}
+	g.plan = nil
+}
+
+// SweepGroups dissolves the plans older than ttl that are not bound yet
+// (pods that never came) and returns how many.
+func (l *Ledger) SweepGroups(ttl time.Duration) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	cutoff := l.now().Add(-ttl)
+	var n int
+	for key, g := range l.groups {
+		if g.plan != nil && g.plan.since.Before(cutoff) {
+			l.dissolveLocked(key, g)
+			n++
+		}
+	}
+	return n
+}
+
+// GroupPlan is a group's plan as reports show it.
+type GroupPlan struct {
+	Key, Domain, Level string
+	Since              time.Time
+	Nodes              []string
+	Claimed            int
+}
+
+// GroupPlans lists the plans in place, by group.
+func (l *Ledger) GroupPlans() []GroupPlan {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	var out []GroupPlan
+	for key, g := range l.groups {
+		if g.plan == nil {
+			continue
+		}
+		gp := GroupPlan{Key: key, Domain: g.plan.domain, Level: g.plan.level, Since: g.plan.since}
+		for _, s := range g.plan.slots {
+			gp.Nodes = append(gp.Nodes, s.node)
+			if s.claim != "" {
+				gp.Claimed++
+			}
+		}
+		out = append(out, gp)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out
+}
