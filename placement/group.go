@@ -298,3 +298,59 @@ func levelNames(levels []configv1alpha1.FabricLevel) string {
 	}
 	return strings.Join(names, ", ")
 }
+
+// GroupExplanation is what `kubectl gputopo explain` shows of a pod's
+// group: its plan when it has one, else where it would be planned now, or
+// why it waits.
+type GroupExplanation struct {
+	// Group is namespace/name; Size the pods placed together.
+	Group string
+	Size  int
+	// Planned says a plan is held; Domain and Level say where the group
+	// is (or would be) placed, Nodes its pods' nodes (one per pod not
+	// bound yet).
+	Planned       bool
+	Domain, Level string
+	Nodes         []string
+	// Wait is why the group cannot be placed now ("" when it can).
+	Wait string
+}
+
+// ExplainGroup explains pr's group without holding anything; nil for a
+// pod that is not in a group of more than one.
+func (x *Core) ExplainGroup(ctx context.Context, pr Request) *GroupExplanation {
+	if pr.group == "" || pr.groupSpec.Size < 2 || pr.Count == 0 {
+		return nil
+	}
+	out := &GroupExplanation{Group: pr.group, Size: pr.groupSpec.Size}
+	for _, p := range x.ledger.GroupPlans() {
+		if p.Key == pr.group {
+			out.Planned, out.Domain, out.Level, out.Nodes = true, p.Domain, p.Level, p.Nodes
+			return out
+		}
+	}
+	x.ledger.Read(func(v ledger.View) {
+		g, ok := v.Group(pr.group)
+		if !ok {
+			g = ledger.GroupView{Key: pr.group}
+		}
+		need := pr.groupSpec.Size - len(g.Bound)
+		if need <= 0 {
+			return
+		}
+		if ok && !slices.ContainsFunc(g.Pending, func(m *ledger.PodInfo) bool { return m.UID == pr.UID }) {
+			// Explained before the pod reached the ledger: count it.
+			g.Pending = append(g.Pending, &ledger.PodInfo{UID: pr.UID, Key: pr.Key, GPUs: pr.Count})
+		}
+		slots, dom, lvl, err := x.planGroup(ctx, v, pr, g, need)
+		if err != nil {
+			out.Wait = err.Error()
+			return
+		}
+		out.Domain, out.Level = dom, lvl
+		for _, s := range slots {
+			out.Nodes = append(out.Nodes, s.Node)
+		}
+	})
+	return out
+}
