@@ -338,7 +338,7 @@ func (x *Core) ExplainGroup(ctx context.Context, pr Request) *GroupExplanation {
 		if need <= 0 {
 			return
 		}
-		if ok && !slices.ContainsFunc(g.Pending, func(m *ledger.PodInfo) bool { return m.UID == pr.UID }) {
+		if !slices.ContainsFunc(g.Pending, func(m *ledger.PodInfo) bool { return m.UID == pr.UID }) {
 			// Explained before the pod reached the ledger: count it.
 			g.Pending = append(g.Pending, &ledger.PodInfo{UID: pr.UID, Key: pr.Key, GPUs: pr.Count})
 		}
