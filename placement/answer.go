@@ -36,7 +36,7 @@ func (x *Core) Filter(ctx context.Context, pr Request, names []string) (FilterAn
 		return FilterAnswer{}, fmt.Errorf("%s", msg)
 	}
 	var ans0 FilterAnswer
-	slot, err := x.GroupSlot(ctx, pr)
+	slot, err := x.GroupSlot(ctx, pr, names)
 	if err != nil {
 		return x.groupRefusal(names, err)
 	}

@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/placement/ledger"
 	"github.com/gputopo/gputopo/topology"
@@ -49,9 +51,11 @@ func (s *GroupSlot) OtherNodeReason() string {
 // GroupSlot claims pr's slot in its group's plan, planning the group
 // first when it has none. It returns the slot's node; a *GroupWait when
 // the group cannot be placed now; nil and no error for a pod that is not
-// in a group of more than one. Filter calls it; the plugin build calls it
-// in PreFilter, once per cycle.
-func (x *Core) GroupSlot(ctx context.Context, pr Request) (*GroupSlot, error) {
+// in a group of more than one. Filter calls it with its candidate nodes
+// (those that passed kube-scheduler's own filters for the pod: the plan
+// keeps to them); the plugin build calls it in PreFilter, once per cycle,
+// with nil (every node).
+func (x *Core) GroupSlot(ctx context.Context, pr Request, candidates []string) (*GroupSlot, error) {
 	if pr.group == "" || pr.groupSpec.Size < 2 || pr.Count == 0 {
 		return nil, nil
 	}
@@ -68,7 +72,7 @@ func (x *Core) GroupSlot(ctx context.Context, pr Request) (*GroupSlot, error) {
 			complete = true
 			return nil, "", "", nil
 		}
-		return x.planGroup(ctx, v, pr, g, need)
+		return x.planGroup(ctx, v, pr, g, need, candidates)
 	})
 	if err != nil {
 		return nil, err
@@ -100,7 +104,7 @@ type groupNode struct {
 // planGroup finds the group's slots (need pods, each like pr) in the
 // tightest fabric level allowed that holds them all, best fit within the
 // level so that large domains stay whole for large groups.
-func (x *Core) planGroup(ctx context.Context, v ledger.View, pr Request, g ledger.GroupView, need int) ([]ledger.Slot, string, string, error) {
+func (x *Core) planGroup(ctx context.Context, v ledger.View, pr Request, g ledger.GroupView, need int, candidates []string) ([]ledger.Slot, string, string, error) {
 	spec := pr.groupSpec
 	if have := len(g.Pending) + len(g.Bound); have < spec.Size {
 		return nil, "", "", &GroupWait{Group: pr.group, Msg: fmt.Sprintf("group %s waits for its pods: %d of %d exist", pr.group, have, spec.Size)}
@@ -127,7 +131,7 @@ func (x *Core) planGroup(ctx context.Context, v ledger.View, pr Request, g ledge
 	}
 	pref = min(pref, req)
 	e := newEvaluator(ctx, x.alloc, x.cfg, pr, x.now())
-	nodes := x.groupNodes(e, v, pr, need)
+	nodes := x.groupNodes(e, v, pr, need, candidates)
 	// With every GPU free: can the required level ever hold the group?
 	var largest domain
 	for lvl := pref; lvl <= req; lvl++ {
@@ -157,10 +161,20 @@ func (x *Core) planGroup(ctx context.Context, v ledger.View, pr Request, g ledge
 
 // groupNodes are the nodes that could take at least one of the group's
 // pods now, with the GPU sets need of them would take (best first).
-func (x *Core) groupNodes(e *evaluator, v ledger.View, pr Request, need int) []*groupNode {
+func (x *Core) groupNodes(e *evaluator, v ledger.View, pr Request, need int, candidates []string) []*groupNode {
 	var out []*groupNode
 	req := topology.Request{Count: pr.Count, Requirement: pr.req}
+	var only map[string]bool
+	if candidates != nil {
+		only = make(map[string]bool, len(candidates))
+		for _, c := range candidates {
+			only[c] = true
+		}
+	}
 	v.Nodes(func(n *ledger.Node) {
+		if only != nil && !only[n.Name()] {
+			return
+		}
 		n = v.NodeFor(n.Name(), pr.UID)
 		if vd := e.check(n); !vd.ok {
 			return
@@ -342,7 +356,7 @@ func (x *Core) ExplainGroup(ctx context.Context, pr Request) *GroupExplanation {
 			// Explained before the pod reached the ledger: count it.
 			g.Pending = append(g.Pending, &ledger.PodInfo{UID: pr.UID, Key: pr.Key, GPUs: pr.Count})
 		}
-		slots, dom, lvl, err := x.planGroup(ctx, v, pr, g, need)
+		slots, dom, lvl, err := x.planGroup(ctx, v, pr, g, need, nil)
 		if err != nil {
 			out.Wait = err.Error()
 			return
@@ -350,6 +364,18 @@ func (x *Core) ExplainGroup(ctx context.Context, pr Request) *GroupExplanation {
 		out.Domain, out.Level = dom, lvl
 		for _, s := range slots {
 			out.Nodes = append(out.Nodes, s.Node)
+		}
+	})
+	return out
+}
+
+// GroupPending are the group's pods not bound yet, by name.
+func (x *Core) GroupPending(group string) []types.NamespacedName {
+	var out []types.NamespacedName
+	x.ledger.Read(func(v ledger.View) {
+		g, _ := v.Group(group)
+		for _, m := range g.Pending {
+			out = append(out, m.Key)
 		}
 	})
 	return out

@@ -26,6 +26,7 @@ import (
 	"github.com/gputopo/gputopo/placement/metrics"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -98,6 +99,9 @@ const DefaultMetricsBindAddress = ":9090"
 // Plugin is the framework front end over one decision core.
 type Plugin struct {
 	x *placement.Core
+	// h is the framework's handle (nil for NewForCore): it activates a
+	// group's other pods once the group is planned.
+	h fwk.Handle
 	// stopped is the core's error once it stopped; every cycle reports it.
 	mu      sync.Mutex
 	stopped error
@@ -146,6 +150,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	if err != nil {
 		return nil, err
 	}
+	p.h = h
 	shared, sharedArgs = p, args
 	return p, nil
 }
@@ -282,8 +287,47 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev
 	if msg := p.x.DeciderRefusal(); msg != "" {
 		return nil, fwk.AsStatus(errors.New(placement.ReasonPrefix + msg))
 	}
+	slot, err := p.x.GroupSlot(ctx, pr, nil)
+	var wait *placement.GroupWait
+	switch {
+	case errors.As(err, &wait):
+		code := fwk.Unschedulable
+		if wait.Unresolvable {
+			code = fwk.UnschedulableAndUnresolvable
+		}
+		return nil, fwk.NewStatus(code, placement.ReasonPrefix+wait.Msg)
+	case err != nil:
+		return nil, fwk.AsStatus(fmt.Errorf("%s%w", placement.ReasonPrefix, err))
+	}
 	state.Write(cycleKey, &cycle{c: p.x.NewCycle(ctx, pr)})
-	return nil, nil
+	if slot == nil {
+		return nil, nil
+	}
+	// The group is planned: its other pods, which may wait as
+	// unschedulable from before, are tried now rather than on the next
+	// cluster event.
+	p.activate(ctx, slot.Group, pod)
+	return &fwk.PreFilterResult{NodeNames: sets.New(slot.Node)}, nil
+}
+
+// activate moves the group's other pending pods to the active queue.
+func (p *Plugin) activate(ctx context.Context, group string, self *corev1.Pod) {
+	if p.h == nil || p.h.SharedInformerFactory() == nil {
+		return
+	}
+	lister := p.h.SharedInformerFactory().Core().V1().Pods().Lister()
+	pods := map[string]*corev1.Pod{}
+	for _, key := range p.x.GroupPending(group) {
+		if key.Name == self.Name && key.Namespace == self.Namespace {
+			continue
+		}
+		if pod, err := lister.Pods(key.Namespace).Get(key.Name); err == nil {
+			pods[key.String()] = pod
+		}
+	}
+	if len(pods) > 0 {
+		p.h.Activate(klog.FromContext(ctx), pods)
+	}
 }
 
 // PreFilterExtensions implements fwk.PreFilterPlugin; the verdicts do not
