@@ -378,6 +378,11 @@ func StripPod(resource corev1.ResourceName) toolscache.TransformFunc {
 	return func(obj any) (any, error) { return stripPodOf(obj, resource) }
 }
 
+// keptAnnotations are the annotations the stripped pod cache keeps: what
+// the ledger reads (ledger.NewPodInfo).
+var keptAnnotations = append([]string{v1alpha1.AnnotationRequirement, v1alpha1.AnnotationAssignedGPUs,
+	v1alpha1.AnnotationPlacement, v1alpha1.AnnotationAllocatedGPUs}, v1alpha1.GroupAnnotations...)
+
 func stripPodOf(obj any, resource corev1.ResourceName) (any, error) {
 	p, ok := obj.(*corev1.Pod)
 	if !ok {
@@ -399,10 +404,10 @@ func stripPodOf(obj any, resource corev1.ResourceName) (any, error) {
 	if j, ok := p.Labels[v1alpha1.LabelJob]; ok {
 		out.Labels = map[string]string{v1alpha1.LabelJob: j}
 	}
-	for _, k := range []string{v1alpha1.AnnotationRequirement, v1alpha1.AnnotationAssignedGPUs, v1alpha1.AnnotationPlacement, v1alpha1.AnnotationAllocatedGPUs} {
+	for _, k := range keptAnnotations {
 		if v, ok := p.Annotations[k]; ok {
 			if out.Annotations == nil {
-				out.Annotations = make(map[string]string, 4)
+				out.Annotations = make(map[string]string, len(keptAnnotations))
 			}
 			out.Annotations[k] = v
 		}

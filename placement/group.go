@@ -74,6 +74,9 @@ func (x *Core) GroupSlot(ctx context.Context, pr Request, candidates []string) (
 		}
 		return x.planGroup(ctx, v, pr, g, need, candidates)
 	})
+	if errors.Is(err, ledger.ErrGroupUnseen) {
+		return nil, &GroupWait{Group: pr.group, Msg: fmt.Sprintf("group %s waits for its pods: %s", pr.group, err)}
+	}
 	if err != nil {
 		return nil, err
 	}

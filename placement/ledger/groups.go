@@ -1,7 +1,7 @@
 package ledger
 
 import (
-	"fmt"
+	"errors"
 	"slices"
 	"sort"
 	"strconv"
@@ -43,6 +43,10 @@ type slot struct {
 	holder types.UID
 	claim  types.UID // the member that claimed it; "" while unclaimed
 }
+
+// ErrGroupUnseen is PlanGroup's error for a group none of whose pods the
+// ledger has seen yet (the pod informer lags the scheduler).
+var ErrGroupUnseen = errors.New("no pod of the group has reached the scheduler's cache yet")
 
 // Slot is one pod's place as the core plans it.
 type Slot struct {
@@ -167,7 +171,7 @@ func (l *Ledger) PlanGroup(key string, choose func(v View, g GroupView) (slots [
 	defer l.mu.Unlock()
 	g := l.groups[key]
 	if g == nil {
-		return fmt.Errorf("group %s has no live pods", key)
+		return ErrGroupUnseen
 	}
 	if g.plan != nil {
 		return nil
