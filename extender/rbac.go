@@ -16,6 +16,9 @@ func ClusterRBACRules() []rbacv1.PolicyRule {
 		{APIGroups: []string{""}, Resources: []string{"pods/binding"}, Verbs: []string{"create"}},
 		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"list", "watch"}},
 		{APIGroups: []string{"gputopo.io"}, Resources: []string{"nodegputopologies"}, Verbs: []string{"list", "watch"}},
+		// Kubernetes PodGroups (scheduling.k8s.io), where the cluster
+		// serves them: a group's size and topology constraint.
+		{APIGroups: []string{"scheduling.k8s.io"}, Resources: []string{"podgroups"}, Verbs: []string{"list", "watch"}},
 		// GPUDoubleHeld Events: client-go's recorder creates an Event and
 		// patches it when the same Event repeats; it never updates one.
 		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},

@@ -10,6 +10,7 @@ import (
 	"github.com/gputopo/gputopo/topology/allocator"
 
 	corev1 "k8s.io/api/core/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -205,6 +206,7 @@ func scheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	_ = clientgoscheme.AddToScheme(s)
 	_ = v1alpha1.AddToScheme(s)
+	_ = schedulingv1beta1.AddToScheme(s)
 	return s
 }
 
@@ -301,6 +303,15 @@ func (x *Core) startInformers(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
+	if x.servesPodGroups(ctx) {
+		if err := add(&schedulingv1beta1.PodGroup{}, toolscache.ResourceEventHandlerFuncs{
+			AddFunc:    func(o any) { upsertAs(o, l.UpsertPodGroup) },
+			UpdateFunc: func(_, o any) { upsertAs(o, l.UpsertPodGroup) },
+			DeleteFunc: l.DeletePodGroup,
+		}); err != nil {
+			return err
+		}
+	}
 	nodeHandler := toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { upsertAs(o, l.UpsertNode) },
 		UpdateFunc: func(_, o any) { upsertAs(o, l.UpsertNode) },
@@ -353,6 +364,26 @@ func (x *Core) startInformers(ctx context.Context) error {
 	return nil
 }
 
+// servesPodGroups says whether the API server serves Kubernetes
+// PodGroups (scheduling.k8s.io/v1beta1, feature gate GenericWorkload):
+// only then are they watched, for pods that name one.
+func (x *Core) servesPodGroups(ctx context.Context) bool {
+	if x.client == nil {
+		return false
+	}
+	rl, err := x.client.Discovery().ServerResourcesForGroupVersion(schedulingv1beta1.SchemeGroupVersion.String())
+	if err != nil {
+		klog.FromContext(ctx).V(2).Info("Kubernetes PodGroups not served; pods that name one wait", "groupVersion", schedulingv1beta1.SchemeGroupVersion.String(), "err", err)
+		return false
+	}
+	for _, r := range rl.APIResources {
+		if r.Name == "podgroups" {
+			return true
+		}
+	}
+	return false
+}
+
 func upsertAs[T any](o any, f func(T)) {
 	if t, ok := o.(T); ok {
 		f(t)
@@ -398,7 +429,9 @@ func stripPodOf(obj any, resource corev1.ResourceName) (any, error) {
 		},
 		// Bind checks the node constraints kube-scheduler checked.
 		Spec: corev1.PodSpec{NodeName: p.Spec.NodeName, SchedulerName: p.Spec.SchedulerName,
-			NodeSelector: p.Spec.NodeSelector, Tolerations: p.Spec.Tolerations},
+			NodeSelector: p.Spec.NodeSelector, Tolerations: p.Spec.Tolerations,
+			// The pod's Kubernetes PodGroup (groups).
+			SchedulingGroup: p.Spec.SchedulingGroup},
 		Status: corev1.PodStatus{Phase: p.Status.Phase},
 	}
 	if j, ok := p.Labels[v1alpha1.LabelJob]; ok {

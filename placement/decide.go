@@ -83,6 +83,9 @@ type Request struct {
 	// groupSpec what its annotations say of it.
 	group     string
 	groupSpec v1alpha1.GroupSpec
+	// native: the group is a Kubernetes PodGroup, whose spec the ledger
+	// has (ledger.View.NativeGroup).
+	native bool
 }
 
 // Group is the pod's group, namespace/name ("" for none).
@@ -107,7 +110,7 @@ func requestOf(info *ledger.PodInfo, created, now time.Time) (Request, error) {
 	if info.GroupErr != nil {
 		return Request{}, info.GroupErr
 	}
-	r := Request{UID: info.UID, Key: info.Key, Count: info.GPUs, job: info.Job, created: created, group: info.Group, groupSpec: info.GroupSpec}
+	r := Request{UID: info.UID, Key: info.Key, Count: info.GPUs, job: info.Job, created: created, group: info.Group, groupSpec: info.GroupSpec, native: info.GroupNative}
 	if info.HasRequirement {
 		req, err := v1alpha1.ParseRequirement(info.Requirement)
 		if err != nil {

@@ -56,7 +56,13 @@ func (s *GroupSlot) OtherNodeReason() string {
 // keeps to them); the plugin build calls it in PreFilter, once per cycle,
 // with nil (every node).
 func (x *Core) GroupSlot(ctx context.Context, pr Request, candidates []string) (*GroupSlot, error) {
-	if pr.group == "" || pr.groupSpec.Size < 2 || pr.Count == 0 {
+	if pr.group == "" || pr.Count == 0 {
+		return nil, nil
+	}
+	if err := x.resolveGroup(&pr); err != nil {
+		return nil, err
+	}
+	if pr.groupSpec.Size < 2 {
 		return nil, nil
 	}
 	if msg := x.DeciderRefusal(); msg != "" {
@@ -87,6 +93,20 @@ func (x *Core) GroupSlot(ctx context.Context, pr Request, candidates []string) (
 		return &GroupSlot{Group: pr.group, Node: node}, nil
 	}
 	return nil, &GroupWait{Group: pr.group, Msg: fmt.Sprintf("group %s is placed and has no place left for this pod (it has more pods than its size %d)", pr.group, pr.groupSpec.Size)}
+}
+
+// resolveGroup reads the spec of a pod's Kubernetes PodGroup from the
+// ledger into pr; a PodGroup not seen yet is a *GroupWait.
+func (x *Core) resolveGroup(pr *Request) error {
+	if !pr.native {
+		return nil
+	}
+	var ok bool
+	x.ledger.Read(func(v ledger.View) { pr.groupSpec, ok = v.NativeGroup(pr.group) })
+	if !ok {
+		return &GroupWait{Group: pr.group, Msg: fmt.Sprintf("pod names PodGroup %s (spec.schedulingGroup.podGroupName), which the scheduler has not seen: create it, or check that the cluster serves scheduling.k8s.io/v1beta1 PodGroups", pr.group)}
+	}
+	return nil
 }
 
 // domain is one fabric domain's nodes and what they can take of a group.
@@ -336,7 +356,13 @@ type GroupExplanation struct {
 // ExplainGroup explains pr's group without holding anything; nil for a
 // pod that is not in a group of more than one.
 func (x *Core) ExplainGroup(ctx context.Context, pr Request) *GroupExplanation {
-	if pr.group == "" || pr.groupSpec.Size < 2 || pr.Count == 0 {
+	if pr.group == "" || pr.Count == 0 {
+		return nil
+	}
+	if err := x.resolveGroup(&pr); err != nil {
+		return &GroupExplanation{Group: pr.group, Wait: err.Error()}
+	}
+	if pr.groupSpec.Size < 2 {
 		return nil
 	}
 	out := &GroupExplanation{Group: pr.group, Size: pr.groupSpec.Size}

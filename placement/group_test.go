@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -222,3 +223,41 @@ type (
 	ledgerView = ledger.View
 	ledgerNode = ledger.Node
 )
+
+func TestKubernetesPodGroupIsAGroup(t *testing.T) {
+	x, names := groupCore(t, "hgx-h100", 3, func(int) string { return "a" })
+	var pods []*corev1.Pod
+	for i := range 2 {
+		p := gpuPod(fmt.Sprintf("w-%d", i), 8, map[string]string{})
+		p.Spec.SchedulingGroup = &corev1.PodSchedulingGroup{PodGroupName: ptrTo("train")}
+		pods = append(pods, p)
+		x.ledger.UpsertPod(p)
+	}
+	if n, ans := place(t, x, names, pods[0]); n != "" || !strings.Contains(anyReason(ans), "PodGroup ml/train") {
+		t.Fatalf("before the PodGroup exists: node %q reason %q", n, anyReason(ans))
+	}
+	x.ledger.UpsertPodGroup(&schedulingv1beta1.PodGroup{
+		ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: "ml"},
+		Spec: schedulingv1beta1.PodGroupSpec{
+			SchedulingPolicy:      schedulingv1beta1.PodGroupSchedulingPolicy{Gang: &schedulingv1beta1.GangSchedulingPolicy{MinCount: 2}},
+			SchedulingConstraints: &schedulingv1beta1.PodGroupSchedulingConstraints{Topology: []schedulingv1beta1.TopologyConstraint{{Key: "network.topology.nvidia.com/leaf"}}},
+		},
+	})
+	for _, p := range pods {
+		n, ans := place(t, x, names, p)
+		if n == "" {
+			t.Fatalf("%s not placed: %s", p.Name, anyReason(ans))
+		}
+	}
+	if plans := x.ledger.GroupPlans(); len(plans) != 0 {
+		t.Errorf("plan left after every pod was bound: %+v", plans)
+	}
+	// Annotations and a PodGroup at once: refused, naming both.
+	both := groupPod("two", 0, 2, 8, nil)
+	both.Spec.SchedulingGroup = &corev1.PodSchedulingGroup{PodGroupName: ptrTo("train")}
+	if _, err := ParseRequest(both, v1alpha1.ResourceGPU, x.Now()); err == nil || !strings.Contains(err.Error(), "name two groups") {
+		t.Errorf("pod with both groups: err %v", err)
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }

@@ -7,7 +7,11 @@ import (
 	"strconv"
 	"time"
 
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
 // Groups: the pods of one job placed together, all or nothing. The ledger
@@ -348,4 +352,45 @@ func (l *Ledger) GroupPlans() []GroupPlan {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out
+}
+
+// UpsertPodGroup records a Kubernetes PodGroup (scheduling.k8s.io): a gang
+// policy's minCount is the group's size (a basic policy: 1), and its first
+// topology constraint's key the level the whole group must share.
+func (l *Ledger) UpsertPodGroup(pg *schedulingv1beta1.PodGroup) {
+	spec := v1alpha1.GroupSpec{Name: pg.Name, Size: 1}
+	if g := pg.Spec.SchedulingPolicy.Gang; g != nil && g.MinCount > 0 {
+		spec.Size = int(g.MinCount)
+	}
+	if c := pg.Spec.SchedulingConstraints; c != nil && len(c.Topology) > 0 {
+		spec.Required = c.Topology[0].Key
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.native == nil {
+		l.native = make(map[string]v1alpha1.GroupSpec)
+	}
+	l.native[pg.Namespace+"/"+pg.Name] = spec
+}
+
+// DeletePodGroup forgets a Kubernetes PodGroup. It accepts the informer's
+// tombstones.
+func (l *Ledger) DeletePodGroup(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	pg, ok := obj.(*schedulingv1beta1.PodGroup)
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.native, pg.Namespace+"/"+pg.Name)
+}
+
+// NativeGroup is the spec of Kubernetes PodGroup key (namespace/name);
+// ok is false when the ledger has not seen it.
+func (v View) NativeGroup(key string) (v1alpha1.GroupSpec, bool) {
+	s, ok := v.l.native[key]
+	return s, ok
 }

@@ -89,6 +89,8 @@ type Ledger struct {
 	// (SetFabric); groups are the groups with live pods (groups.go).
 	fabric [][]string
 	groups map[string]*group
+	// native are the Kubernetes PodGroups' specs, by namespace/name.
+	native map[string]v1alpha1.GroupSpec
 }
 
 // New returns an empty ledger counting the extended resource (the

@@ -42,6 +42,10 @@ type PodInfo struct {
 	Group     string
 	GroupSpec v1alpha1.GroupSpec
 	GroupErr  error
+	// GroupNative: the group is a Kubernetes PodGroup
+	// (spec.schedulingGroup.podGroupName); its spec comes from the
+	// PodGroup object (View.NativeGroup).
+	GroupNative bool
 }
 
 // GPUCount is the number of devices of resource (the configuration's
@@ -76,10 +80,21 @@ func NewPodInfo(p *corev1.Pod, resource corev1.ResourceName) *PodInfo {
 		info.Job = p.Namespace + "/" + j
 	}
 	info.Requirement, info.HasRequirement = p.Annotations[v1alpha1.AnnotationRequirement]
-	if g, ok, errs := v1alpha1.ParseGroup(groupPath, p.Annotations); len(errs) > 0 {
+	g, ok, errs := v1alpha1.ParseGroup(groupPath, p.Annotations)
+	native := p.Spec.SchedulingGroup != nil && p.Spec.SchedulingGroup.PodGroupName != nil
+	switch {
+	case len(errs) > 0:
 		info.GroupErr = fmt.Errorf("pod %s/%s: %w", p.Namespace, p.Name, errs.ToAggregate())
-	} else if ok {
+	case ok && native:
+		info.GroupErr = fmt.Errorf("pod %s/%s: metadata.annotations[%s] %q and spec.schedulingGroup.podGroupName %q name two groups: name one (the PodGroup, or the annotations)",
+			p.Namespace, p.Name, v1alpha1.AnnotationGroup, g.Name, *p.Spec.SchedulingGroup.PodGroupName)
+	case ok:
 		info.Group, info.GroupSpec = p.Namespace+"/"+g.Name, g
+	case native:
+		// A Kubernetes PodGroup: its size and constraint are the
+		// PodGroup's (UpsertPodGroup).
+		info.Group, info.GroupNative = p.Namespace+"/"+*p.Spec.SchedulingGroup.PodGroupName, true
+		info.GroupSpec = v1alpha1.GroupSpec{Name: *p.Spec.SchedulingGroup.PodGroupName}
 	}
 	info.AssignedRaw = p.Annotations[v1alpha1.AnnotationAssignedGPUs]
 	for _, key := range []string{v1alpha1.AnnotationAllocatedGPUs, v1alpha1.AnnotationAssignedGPUs} {
