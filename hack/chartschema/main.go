@@ -122,6 +122,14 @@ var overrides = []override{
 	{"certManager.issuer.kind", enum("Issuer", "ClusterIssuer")},
 	{"webhook.gpuContainerEnvFrom", enum("Refuse", "Allow")},
 	{"webhook.extraSystemServiceAccounts", func(s *Schema) { s.Items = &Schema{Type: "string"} }},
+	// The extender configuration's fabric.levels (api/config/v1alpha1).
+	{"*.fabric.levels", func(s *Schema) {
+		s.Items = &Schema{Type: "object", AdditionalProperties: false, Properties: map[string]*Schema{
+			"name":          {Type: "string"},
+			"labels":        {Type: "array", MinItems: ptr(1), Items: &Schema{Type: "string"}},
+			"bandwidthGBps": {Type: "integer", Minimum: ptr(0.0)},
+		}}
+	}},
 	{"webhook.policyTable.*.strategy", enum(policyStrategies...)},
 	{"extender.antiAffinity", enum("soft", "hard")},
 	{"extender.weights.profile", enum("placement", "design")},

@@ -61,6 +61,12 @@ topologyMaxAge: {{ $v.topologyMaxAge | quote }}
 telemetryMaxAge: {{ $v.telemetryMaxAge | quote }}
 bindTimeout: {{ $v.bindTimeout | quote }}
 reservationTTL: {{ $v.reservationTTL | quote }}
+{{- $f := $v.fabric | default dict }}
+fabric:
+  groupReservationTTL: {{ $f.groupReservationTTL | default "2m" | quote }}
+  {{- if $f.levels }}
+  levels: {{ toJson $f.levels }}
+  {{- end }}
 resourceName: {{ .resourceName | quote }}
 {{- $t := include "gputopo.extender.telemetry" $v | fromJson }}
 telemetry:
