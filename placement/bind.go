@@ -235,6 +235,13 @@ func (x *Core) reserve(ctx context.Context, key types.NamespacedName, uid types.
 	if msg := x.DeciderRefusal(); msg != "" {
 		return failed(Unchanged, ErrNotDecider, "pod %s: %s", key, msg)
 	}
+	if pr.group != "" {
+		// A group's pod takes its slot again if it gave it back (the
+		// framework's pod-group cycle reserves and unreserves every pod
+		// of each placement it tries, then reserves the chosen one's
+		// again); its slot on node is then held for it as before.
+		x.ledger.ClaimSlot(pr.group, uid, key, node)
+	}
 	var refusal BindResult
 	c, err := x.ledger.Reserve(uid, key, node, func(lv ledger.View, n *ledger.Node) (ledger.Choice, error) {
 		e := newEvaluator(ctx, x.alloc, x.cfg, pr, x.now())

@@ -261,3 +261,40 @@ func TestKubernetesPodGroupIsAGroup(t *testing.T) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// The framework's pod-group cycle reserves a group's pods, unreserves
+// them, then reserves the chosen placement's again: the slot comes back.
+func TestGroupPodReservedAgainAfterUnreserveGetsItsSlot(t *testing.T) {
+	x, _ := groupCore(t, "hgx-h100", 2, func(int) string { return "a" })
+	pods := []*corev1.Pod{groupPod("g", 0, 2, 8, nil), groupPod("g", 1, 2, 8, nil)}
+	var prs []Request
+	var nodes []string
+	for _, p := range pods {
+		x.ledger.UpsertPod(p)
+	}
+	for _, p := range pods {
+		pr, err := ParseRequest(p, v1alpha1.ResourceGPU, x.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		slot, err := x.GroupSlot(context.Background(), pr, nil)
+		if err != nil || slot == nil {
+			t.Fatalf("%s: slot %v err %v", p.Name, slot, err)
+		}
+		if res := x.Reserve(context.Background(), pr, slot.Node); res.Err != nil {
+			t.Fatal(res.Err)
+		}
+		prs, nodes = append(prs, pr), append(nodes, slot.Node)
+	}
+	for _, pr := range prs {
+		x.Unreserve(pr.UID)
+	}
+	if plans := x.ledger.GroupPlans(); len(plans) != 1 || plans[0].Claimed != 0 {
+		t.Fatalf("after unreserve: plans %+v, want the plan kept with its slots unclaimed", plans)
+	}
+	for i, pr := range prs {
+		if res := x.Reserve(context.Background(), pr, nodes[i]); res.Err != nil {
+			t.Fatalf("reserve again on %s: %v", nodes[i], res.Err)
+		}
+	}
+}
