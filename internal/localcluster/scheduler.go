@@ -47,8 +47,9 @@ func StartScheduler(cfg *schedconfigv1.KubeSchedulerConfiguration, kubeconfig, d
 }
 
 // StartSchedulerBinary is StartScheduler with another build of
-// kube-scheduler from bin/: "gputopo-scheduler" is the plugin build.
-func StartSchedulerBinary(name string, cfg *schedconfigv1.KubeSchedulerConfiguration, kubeconfig, dir string) (*Process, error) {
+// kube-scheduler from bin/: "gputopo-scheduler" is the plugin build;
+// extra are more flags (--feature-gates=..., say).
+func StartSchedulerBinary(name string, cfg *schedconfigv1.KubeSchedulerConfiguration, kubeconfig, dir string, extra ...string) (*Process, error) {
 	bin, err := Binary(name)
 	if err != nil {
 		return nil, err
@@ -79,12 +80,12 @@ func StartSchedulerBinary(name string, cfg *schedconfigv1.KubeSchedulerConfigura
 		return nil, fmt.Errorf("write scheduler config: %w", err)
 	}
 	return startServing(name, dir, stamp, bin, func(port int) []string {
-		return []string{
+		return append([]string{
 			"--config=" + path,
 			"--bind-address=127.0.0.1",
 			"--secure-port=" + strconv.Itoa(port),
 			"--v=2",
-		}
+		}, extra...)
 	})
 }
 

@@ -147,6 +147,20 @@ func (x *Extender) WaitReady(ctx context.Context, timeout time.Duration) error {
 }
 
 // DeciderOptions say how to run the scheduler that decides GPU pods.
+// GenericWorkloadGates turns on Kubernetes' PodGroup scheduling: the
+// gate kube-apiserver and kube-scheduler both need (with kube-apiserver's
+// GenericWorkloadAPIServerArgs).
+const GenericWorkloadGates = "GenericWorkload=true"
+
+// GenericWorkloadAPIServerArgs serve scheduling.k8s.io/v1beta1 PodGroups
+// (Options.APIServerArgs).
+func GenericWorkloadAPIServerArgs() map[string][]string {
+	return map[string][]string{
+		"feature-gates":  {GenericWorkloadGates},
+		"runtime-config": {"scheduling.k8s.io/v1beta1=true"},
+	}
+}
+
 type DeciderOptions struct {
 	Mode Mode
 	// Kubeconfig is the scheduler's identity. In plugin mode it needs the
@@ -173,6 +187,9 @@ type DeciderOptions struct {
 	// Configure, when set, changes the configuration before each start
 	// (leader election for a failover test, say).
 	Configure func(*schedconfigv1.KubeSchedulerConfiguration)
+	// FeatureGates is the scheduler's --feature-gates ("" for none), e.g.
+	// GenericWorkloadGates.
+	FeatureGates string
 }
 
 // Decider is the scheduler that decides GPU pods in one of the modes:
@@ -254,7 +271,11 @@ func (d *Decider) start() error {
 	if d.Mode == ModePlugin {
 		bin = "gputopo-scheduler"
 	}
-	p, err := StartSchedulerBinary(bin, d.cfg, d.o.Kubeconfig, d.o.Dir)
+	var extra []string
+	if d.o.FeatureGates != "" {
+		extra = append(extra, "--feature-gates="+d.o.FeatureGates)
+	}
+	p, err := StartSchedulerBinary(bin, d.cfg, d.o.Kubeconfig, d.o.Dir, extra...)
 	if err != nil {
 		return err
 	}

@@ -10,9 +10,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/test/harness"
 )
 
@@ -224,5 +227,84 @@ func testGroupIsPlacedAllOrNothingInOneDomain(t *testing.T, e *env, s system) {
 			msgs = append(msgs, ev.Message)
 		}
 		return false, fmt.Sprintf("events %q", msgs)
+	})
+}
+
+// TestKubernetesPodGroupIsPlacedWholeInPluginMode: with Kubernetes'
+// PodGroup API served (GenericWorkload), pods that name a gang PodGroup
+// (minCount 4, topology constraint: the leaf label) are one group for
+// gputopo inside kube-scheduler's own pod-group cycle: it holds nothing
+// while leaf a has 3 free nodes, a 1-GPU pod is scheduled past it, and
+// once the busy node frees all four are bound inside leaf a.
+func TestKubernetesPodGroupIsPlacedWholeInPluginMode(t *testing.T) {
+	args := localcluster.GenericWorkloadAPIServerArgs()
+	// The apiserver keeps a PodGroup's schedulingConstraints only with
+	// the topology gate; the scheduler runs its plain pod-group cycle.
+	args["feature-gates"] = []string{localcluster.GenericWorkloadGates + ",TopologyAwareWorkloadScheduling=true"}
+	e := newEnvWith(t, 6, harness.Options{APIServerArgs: args})
+	ctx := harness.Context(t)
+	if err := localcluster.GrantExtenderRole(ctx, e.cp.Client, harness.SchedulerUser); err != nil {
+		t.Fatal(err)
+	}
+	s := &pluginSystem{e: e, sched: e.cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModePlugin, FeatureGates: localcluster.GenericWorkloadGates})}
+	harness.WaitCore(t, s.sched, localcluster.TotalGPUs(len(e.nodes)*gpusPerNode))
+	labelLeaves(t, e)
+	busy := pinned("busy", 8, "dgx-0")
+	createAll(t, e, []*corev1.Pod{busy})
+
+	pg := &schedulingv1beta1.PodGroup{
+		ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: "default"},
+		Spec: schedulingv1beta1.PodGroupSpec{
+			SchedulingPolicy:      schedulingv1beta1.PodGroupSchedulingPolicy{Gang: &schedulingv1beta1.GangSchedulingPolicy{MinCount: 4}},
+			SchedulingConstraints: &schedulingv1beta1.PodGroupSchedulingConstraints{Topology: []schedulingv1beta1.TopologyConstraint{{Key: leafLabel}}},
+		},
+	}
+	if _, err := e.cp.Clientset.SchedulingV1beta1().PodGroups("default").Create(ctx, pg, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create PodGroup: %v", err)
+	}
+	var pods []*corev1.Pod
+	for i := range 4 {
+		p := gpuPod(fmt.Sprintf("train-%d", i), 8, "")
+		p.Spec.SchedulingGroup = &corev1.PodSchedulingGroup{PodGroupName: ptr.To("train")}
+		pods = append(pods, p)
+	}
+	createAll(t, e, pods)
+	// kube-scheduler's pod-group cycle stops at the first pod gputopo
+	// refuses: that pod carries gputopo's reason, the others the gang's
+	// ("minCount (4) cannot be satisfied: ...").
+	harness.Poll(t, time.Minute, "the PodGroup's pods to say why they wait", func() (bool, string) {
+		var msgs []string
+		var gputopo, bound int
+		for _, p := range listPods(t, e) {
+			if p.Spec.SchedulingGroup == nil {
+				continue
+			}
+			if p.Spec.NodeName != "" {
+				bound++
+			}
+			m := scheduledFalseMessage(&p)
+			msgs = append(msgs, m)
+			if strings.Contains(m, "gputopo: group default/train needs 4 pods × 8 GPUs in one leaf domain; the largest free holds 3") {
+				gputopo++
+			}
+		}
+		return gputopo >= 1 && bound == 0 && len(msgs) == 4, fmt.Sprintf("%d bound; messages %q", bound, msgs)
+	})
+	one := pinned("one", 1, "dgx-4")
+	createAll(t, e, []*corev1.Pod{one})
+	harness.Poll(t, time.Minute, "the 1-GPU pod bound past the waiting group", func() (bool, string) {
+		g := s.gauges(t)
+		return g["held"]+g["reserved"] == 9, fmtGauges(g)
+	})
+	deletePods(t, e, []*corev1.Pod{busy})
+	harness.Poll(t, 2*time.Minute, "the PodGroup bound whole in leaf a", func() (bool, string) {
+		var nodes []string
+		for _, p := range listPods(t, e) {
+			if p.Spec.SchedulingGroup != nil && p.Spec.NodeName != "" {
+				nodes = append(nodes, p.Spec.NodeName)
+			}
+		}
+		sort.Strings(nodes)
+		return len(nodes) == 4 && strings.Join(nodes, ",") == "dgx-0,dgx-1,dgx-2,dgx-3", fmt.Sprintf("bound on %v", nodes)
 	})
 }

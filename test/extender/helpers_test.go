@@ -43,9 +43,12 @@ type env struct {
 	nodes []string
 }
 
-func newEnv(t *testing.T, nodes int) *env {
+func newEnv(t *testing.T, nodes int) *env { return newEnvWith(t, nodes, harness.Options{}) }
+
+// newEnvWith is newEnv on a control plane started with opts.
+func newEnvWith(t *testing.T, nodes int, opts harness.Options) *env {
 	t.Helper()
-	cp := harness.Start(t, harness.Options{})
+	cp := harness.Start(t, opts)
 	ctx := harness.Context(t)
 	cs := cp.Clientset
 	if _, err := cs.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{
