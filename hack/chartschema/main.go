@@ -132,6 +132,7 @@ var overrides = []override{
 	}},
 	{"webhook.policyTable.*.strategy", enum(policyStrategies...)},
 	{"extender.antiAffinity", enum("soft", "hard")},
+	{"scheduler.genericWorkload", enum("auto", "on", "off")},
 	{"extender.weights.profile", enum("placement", "design")},
 	{"extender.telemetry.source", enum("nodeGPUTopology", "prometheus")},
 	{"scheduler.mode", enum("extender", "plugin")},
