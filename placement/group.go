@@ -409,3 +409,22 @@ func (x *Core) GroupPending(group string) []types.NamespacedName {
 	})
 	return out
 }
+
+// DomainNodes are the nodes in domain (as GroupExplanation names it) at
+// fabric level (a level name), in name order.
+func (x *Core) DomainNodes(level, domain string) []string {
+	lvl, ok := configv1alpha1.FabricLevelIndex(x.cfg.Fabric.Levels, level)
+	var out []string
+	x.ledger.Read(func(v ledger.View) {
+		v.Nodes(func(n *ledger.Node) {
+			d := n.Domain(lvl)
+			if !ok || d == "" {
+				d = "node=" + n.Name()
+			}
+			if d == domain {
+				out = append(out, n.Name())
+			}
+		})
+	})
+	return out
+}

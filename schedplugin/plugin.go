@@ -426,3 +426,77 @@ func (p *Plugin) Bind(ctx context.Context, state fwk.CycleState, pod *corev1.Pod
 	}
 	return nil
 }
+
+var (
+	_ fwk.PlacementGeneratePlugin = (*Plugin)(nil)
+	_ fwk.PlacementScorePlugin    = (*Plugin)(nil)
+)
+
+// GeneratePlacements offers kube-scheduler's pod-group cycle (feature gate
+// TopologyAwareWorkloadScheduling) one placement for a group that
+// requests GPUs: the nodes of the fabric domain gputopo plans the whole
+// group in (docs/groups.md). A group gputopo cannot place now gets no
+// placement and its reason. Groups without GPUs, and pods gputopo has no
+// request for, keep the parent placement. The framework runs only the
+// first PlacementGenerate plugin of a profile: disable
+// TopologyPlacementGenerator for this one to run.
+func (p *Plugin) GeneratePlacements(ctx context.Context, _ fwk.PodGroupCycleState, pg fwk.PodGroupInfo, parent *fwk.Placement) (*fwk.GeneratePlacementsResult, *fwk.Status) {
+	all := &fwk.GeneratePlacementsResult{Placements: []*fwk.Placement{parent}}
+	pods := pg.GetUnscheduledPods()
+	if len(pods) == 0 {
+		return all, nil
+	}
+	pr, err := placement.ParseRequest(pods[0], p.x.Config().GPUResource(), p.x.Now())
+	if err != nil || pr.Count == 0 {
+		return all, nil
+	}
+	gx := p.x.ExplainGroup(ctx, pr)
+	switch {
+	case gx == nil:
+		return all, nil
+	case gx.Wait != "":
+		return &fwk.GeneratePlacementsResult{}, fwk.NewStatus(fwk.Unschedulable, placement.ReasonPrefix+gx.Wait)
+	}
+	want := sets.New(gx.Nodes...)
+	if gx.Domain != "" && gx.Domain != "cluster" {
+		// Every node of the domain, so that kube-scheduler's other
+		// plugins may still choose among them.
+		want = sets.New(p.x.DomainNodes(gx.Level, gx.Domain)...)
+	}
+	out := &fwk.Placement{Name: "gputopo:" + gx.Domain}
+	for _, n := range parent.Nodes {
+		if node := n.Node(); node != nil && want.Has(node.Name) {
+			out.Nodes = append(out.Nodes, n)
+		}
+	}
+	return &fwk.GeneratePlacementsResult{Placements: []*fwk.Placement{out}}, nil
+}
+
+// ScorePlacement prefers the placement whose pods all landed on gputopo's
+// planned nodes: MaxScore times the share of the group's proposed pods
+// on them.
+func (p *Plugin) ScorePlacement(ctx context.Context, _ fwk.PlacementCycleState, pg fwk.PodGroupInfo, a *fwk.PodGroupAssignments) (int64, *fwk.Status) {
+	if a == nil || len(a.ProposedAssignments) == 0 {
+		return 0, nil
+	}
+	pr, err := placement.ParseRequest(a.ProposedAssignments[0].GetPod(), p.x.Config().GPUResource(), p.x.Now())
+	if err != nil || pr.Count == 0 {
+		return 0, nil
+	}
+	gx := p.x.ExplainGroup(ctx, pr)
+	if gx == nil || gx.Wait != "" {
+		return 0, nil
+	}
+	planned := sets.New(gx.Nodes...)
+	var on int64
+	for _, pa := range a.ProposedAssignments {
+		if planned.Has(pa.GetNodeName()) {
+			on++
+		}
+	}
+	return fwk.MaxScore * on / int64(len(a.ProposedAssignments)), nil
+}
+
+// PlacementScoreExtensions implements fwk.PlacementScorePlugin: scores are
+// already 0..MaxScore.
+func (p *Plugin) PlacementScoreExtensions() fwk.PlacementScoreExtensions { return nil }

@@ -236,7 +236,17 @@ func testGroupIsPlacedAllOrNothingInOneDomain(t *testing.T, e *env, s system) {
 // gputopo inside kube-scheduler's own pod-group cycle: it holds nothing
 // while leaf a has 3 free nodes, a 1-GPU pod is scheduled past it, and
 // once the busy node frees all four are bound inside leaf a.
+//
+// It runs with the scheduler's plain pod-group cycle, and with
+// TopologyAwareWorkloadScheduling, where the cycle tries the placement
+// gputopo generates (GeneratePlacements) and scores (ScorePlacement).
 func TestKubernetesPodGroupIsPlacedWholeInPluginMode(t *testing.T) {
+	for _, gates := range []string{localcluster.GenericWorkloadGates, localcluster.GenericWorkloadGates + ",TopologyAwareWorkloadScheduling=true"} {
+		t.Run(gates, func(t *testing.T) { testKubernetesPodGroup(t, gates) })
+	}
+}
+
+func testKubernetesPodGroup(t *testing.T, gates string) {
 	args := localcluster.GenericWorkloadAPIServerArgs()
 	// The apiserver keeps a PodGroup's schedulingConstraints only with
 	// the topology gate; the scheduler runs its plain pod-group cycle.
@@ -246,7 +256,7 @@ func TestKubernetesPodGroupIsPlacedWholeInPluginMode(t *testing.T) {
 	if err := localcluster.GrantExtenderRole(ctx, e.cp.Client, harness.SchedulerUser); err != nil {
 		t.Fatal(err)
 	}
-	s := &pluginSystem{e: e, sched: e.cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModePlugin, FeatureGates: localcluster.GenericWorkloadGates})}
+	s := &pluginSystem{e: e, sched: e.cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModePlugin, FeatureGates: gates})}
 	harness.WaitCore(t, s.sched, localcluster.TotalGPUs(len(e.nodes)*gpusPerNode))
 	labelLeaves(t, e)
 	busy := pinned("busy", 8, "dgx-0")
