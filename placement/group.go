@@ -159,9 +159,10 @@ func (x *Core) planGroup(ctx context.Context, v ledger.View, pr Request, g ledge
 	var largest domain
 	for lvl := pref; lvl <= req; lvl++ {
 		doms := domainsAt(nodes, lvl, top, g.Bound, v)
+		anc := ancestorsFree(nodes, lvl, top)
 		best := -1
 		for i, d := range doms {
-			if d.slots >= need && (best < 0 || d.free < doms[best].free || d.free == doms[best].free && d.name < doms[best].name) {
+			if d.slots >= need && (best < 0 || fitsTighter(d, doms[best], anc)) {
 				best = i
 			}
 			if lvl == req && d.slots > largest.slots {
@@ -172,7 +173,7 @@ func (x *Core) planGroup(ctx context.Context, v ledger.View, pr Request, g ledge
 			continue
 		}
 		d := doms[best]
-		slots := x.fill(e, v, pr, d, need)
+		slots := x.fill(e, v, pr, d, lvl, need)
 		return slots, d.name, levelName(levels, lvl), nil
 	}
 	where := "the cluster"
@@ -180,6 +181,45 @@ func (x *Core) planGroup(ctx context.Context, v ledger.View, pr Request, g ledge
 		where = "one " + levelName(levels, req) + " domain"
 	}
 	return nil, "", "", &GroupWait{Group: pr.group, Msg: fmt.Sprintf("group %s needs %d pods × %d GPUs in %s; the largest free holds %d", pr.group, need, pr.Count, where, largest.slots)}
+}
+
+// ancestorsFree gives, for a domain at level lvl, the free GPUs of the
+// domains that enclose it at each looser level below top (from nodes,
+// the nodes that can take a pod; 0 at a level where it has none).
+func ancestorsFree(nodes []*groupNode, lvl, top int) func(d domain) []int {
+	free := make([]map[string]int, top)
+	for l := lvl + 1; l < top; l++ {
+		free[l] = map[string]int{}
+		for _, gn := range nodes {
+			if k := gn.n.Domain(l); k != "" {
+				free[l][k] += gn.n.Free().Count()
+			}
+		}
+	}
+	return func(d domain) []int {
+		var out []int
+		for l := lvl + 1; l < top && len(d.nodes) > 0; l++ {
+			// 0 where the domain has no enclosing domain at l (an
+			// unlabelled level says nothing).
+			out = append(out, free[l][d.nodes[0].n.Domain(l)])
+		}
+		return out
+	}
+}
+
+// fitsTighter says whether domain a is a better fit than b: fewer free
+// GPUs; among equals the one whose enclosing domains, from the tightest
+// up, have fewer free GPUs (so that the group goes where GPUs are already
+// in use and whole leaves and spines stay free for the groups that need
+// them); then the name.
+func fitsTighter(a, b domain, anc func(domain) []int) bool {
+	if a.free != b.free {
+		return a.free < b.free
+	}
+	if c := slices.Compare(anc(a), anc(b)); c != 0 {
+		return c < 0
+	}
+	return a.name < b.name
 }
 
 // groupNodes are the nodes that could take at least one of the group's
@@ -269,10 +309,12 @@ func domainsAt(nodes []*groupNode, lvl, top int, bound []string, v ledger.View) 
 	return out
 }
 
-// fill picks need slots in d: one machine shape for every pod where one
-// shape in d holds them all (the least capable such shape), then the
-// fullest nodes first, so that whole nodes stay free.
-func (x *Core) fill(e *evaluator, v ledger.View, pr Request, d domain, need int) []ledger.Slot {
+// fill picks need slots in d, a domain at fabric level lvl: one machine
+// shape for every pod where one shape in d holds them all (the least
+// capable such shape); below lvl as few domains as possible (descend);
+// inside the tightest, the fullest nodes first, so that whole nodes stay
+// free.
+func (x *Core) fill(e *evaluator, v ledger.View, pr Request, d domain, lvl, need int) []ledger.Slot {
 	nodes := d.nodes
 	byShape := map[uint64]int{}
 	for _, gn := range nodes {
@@ -304,6 +346,7 @@ func (x *Core) fill(e *evaluator, v ledger.View, pr Request, d domain, need int)
 		}
 		return nodes[i].n.Name() < nodes[j].n.Name()
 	})
+	nodes = descend(nodes, lvl, need)
 	var out []ledger.Slot
 	aff := v.Affinity(pr.job)
 	for _, gn := range nodes {
@@ -319,6 +362,72 @@ func (x *Core) fill(e *evaluator, v ledger.View, pr Request, d domain, need int)
 		}
 	}
 	return out
+}
+
+// descend orders nodes (given fullest first) so that need slots taken in
+// that order lie in as few domains below level lvl as possible, level by
+// level: the smallest child domain that holds what is left, else the one
+// that holds the most (and on); the domains the group does not need stay
+// whole for the next group. A level at which the nodes are all in one
+// domain, or none is in any, is passed over.
+func descend(nodes []*groupNode, lvl, need int) []*groupNode {
+	type child struct {
+		nodes       []*groupNode
+		slots, free int
+	}
+	for k := lvl - 1; k >= 0 && len(nodes) > 1; k-- {
+		idx := map[string]int{}
+		var kids []*child
+		labelled := false
+		for _, gn := range nodes {
+			key := gn.n.Domain(k)
+			if key != "" {
+				labelled = true
+			} else {
+				key = "node=" + gn.n.Name()
+			}
+			i, ok := idx[key]
+			if !ok {
+				i = len(kids)
+				idx[key] = i
+				kids = append(kids, &child{})
+			}
+			c := kids[i]
+			c.nodes = append(c.nodes, gn)
+			c.slots += len(gn.sets)
+			c.free += gn.n.Free().Count()
+		}
+		if !labelled || len(kids) == 1 {
+			continue
+		}
+		out := make([]*groupNode, 0, len(nodes))
+		for rest := need; rest > 0 && len(kids) > 0; {
+			pick := -1
+			for i, c := range kids {
+				if c.slots >= rest && (pick < 0 || c.slots < kids[pick].slots || c.slots == kids[pick].slots && c.free < kids[pick].free) {
+					pick = i
+				}
+			}
+			if pick < 0 {
+				pick = 0
+				for i, c := range kids {
+					if c.slots > kids[pick].slots || c.slots == kids[pick].slots && c.free < kids[pick].free {
+						pick = i
+					}
+				}
+			}
+			c := kids[pick]
+			take := min(rest, c.slots)
+			out = append(out, descend(c.nodes, k, take)...)
+			rest -= take
+			kids = slices.Delete(kids, pick, pick+1)
+		}
+		for _, c := range kids {
+			out = append(out, c.nodes...)
+		}
+		return out
+	}
+	return nodes
 }
 
 func levelName(levels []configv1alpha1.FabricLevel, i int) string {

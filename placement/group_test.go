@@ -25,6 +25,18 @@ var groupEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 // into leaf leafOf(i) (no label for "").
 func groupCore(t *testing.T, fx string, n int, leafOf func(i int) string) (*Core, []string) {
 	t.Helper()
+	return fabricCore(t, fx, n, func(i int) map[string]string {
+		if l := leafOf(i); l != "" {
+			return map[string]string{"network.topology.nvidia.com/leaf": l}
+		}
+		return nil
+	})
+}
+
+// fabricCore is an offline core fed nodes of fixture fx, node i carrying
+// labelsOf(i).
+func fabricCore(t *testing.T, fx string, n int, labelsOf func(i int) map[string]string) (*Core, []string) {
+	t.Helper()
 	cfg := configv1alpha1.DefaultExtenderConfiguration()
 	cfg.TopologyMaxAge = &metav1.Duration{Duration: -1}
 	x, err := NewOffline(Options{Config: cfg}, nil)
@@ -45,8 +57,8 @@ func groupCore(t *testing.T, fx string, n int, leafOf func(i int) string) (*Core
 		gpus := corev1.ResourceList{v1alpha1.ResourceGPU: *resource.NewQuantity(int64(g.Len()), resource.DecimalSI)}
 		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{}},
 			Status: corev1.NodeStatus{Capacity: gpus, Allocatable: gpus}}
-		if l := leafOf(i); l != "" {
-			node.Labels["network.topology.nvidia.com/leaf"] = l
+		for k, v := range labelsOf(i) {
+			node.Labels[k] = v
 		}
 		x.ledger.UpsertNode(node)
 		st := g.Status()
@@ -216,6 +228,54 @@ func TestGroupWaitsForItsPodsAndIsFreedWhenAMemberGoes(t *testing.T) {
 	})
 	if free != 24 {
 		t.Errorf("free GPUs after the member went: %d, want 24 (the bound pod keeps its 8)", free)
+	}
+}
+
+func TestGroupAcrossLeavesFillsAsFewLeavesAsItCan(t *testing.T) {
+	// Eight nodes under one spine, the even ones in leaf a, the odd ones
+	// in leaf b: 6 x 8 GPUs fit no leaf, so the spine; they take one leaf
+	// whole and two nodes of the other, not three of each.
+	x, names := fabricCore(t, "hgx-h100", 8, func(i int) map[string]string {
+		return map[string]string{"network.topology.nvidia.com/leaf": []string{"a", "b"}[i%2], "network.topology.nvidia.com/spine": "s"}
+	})
+	var pods []*corev1.Pod
+	for i := range 6 {
+		pods = append(pods, groupPod("wide", i, 6, 8, nil))
+		x.ledger.UpsertPod(pods[i])
+	}
+	perLeaf := map[int]int{}
+	for _, p := range pods {
+		n, ans := place(t, x, names, p)
+		if n == "" {
+			t.Fatalf("%s not placed: %s", p.Name, anyReason(ans))
+		}
+		var i int
+		fmt.Sscanf(n, "node-%d", &i)
+		perLeaf[i%2]++
+	}
+	if perLeaf[0] != 4 && perLeaf[1] != 4 {
+		t.Errorf("pods per leaf %v: want one leaf taken whole (4) and 2 in the other", perLeaf)
+	}
+}
+
+func TestGroupTieGoesToTheFullerEnclosingDomain(t *testing.T) {
+	// Every node is empty: a 2 x 4 group fits any one node. Node 3 is
+	// alone in leaf a; nodes 0-2 share leaf b. The group goes to node 3,
+	// keeping leaf b's three nodes whole.
+	x, names := groupCore(t, "hgx-h100", 4, func(i int) string {
+		if i == 3 {
+			return "a"
+		}
+		return "b"
+	})
+	pods := []*corev1.Pod{groupPod("pair", 0, 2, 4, nil), groupPod("pair", 1, 2, 4, nil)}
+	for _, p := range pods {
+		x.ledger.UpsertPod(p)
+	}
+	for _, p := range pods {
+		if n, ans := place(t, x, names, p); n != "node-3" {
+			t.Errorf("%s on %q (%s), want node-3", p.Name, n, anyReason(ans))
+		}
 	}
 }
 

@@ -115,6 +115,9 @@ func Run(cfg Config) ([]Result, error) {
 	if len(cfg.Jobs) == 0 {
 		return nil, fmt.Errorf("simulate: no jobs; give a trace")
 	}
+	if err := singlePods(cfg.Jobs); err != nil {
+		return nil, err
+	}
 	if cfg.MaxWait == 0 {
 		cfg.MaxWait = DefaultMaxWait
 	}
@@ -148,10 +151,24 @@ func RunPolicy(cfg Config, p Policy) (Result, error) {
 	if len(cfg.Nodes) == 0 || len(cfg.Jobs) == 0 {
 		return Result{}, fmt.Errorf("simulate: need nodes and jobs")
 	}
+	if err := singlePods(cfg.Jobs); err != nil {
+		return Result{}, err
+	}
 	if cfg.MaxWait == 0 {
 		cfg.MaxWait = DefaultMaxWait
 	}
 	return runPolicy(cfg, p)
+}
+
+// singlePods refuses jobs of more than one pod, which only RunGang
+// replays.
+func singlePods(jobs []Job) error {
+	for _, j := range jobs {
+		if j.Group() {
+			return fmt.Errorf("simulate: job %s has %d pods; jobs of several pods are replayed by the gang policies (RunGang, gputopo simulate --gang-suite)", j.ID, j.Pods)
+		}
+	}
+	return nil
 }
 
 type running struct {

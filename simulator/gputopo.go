@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"time"
 
@@ -75,7 +76,7 @@ func newGputopoPolicy(nodes []Node, ext *configv1alpha1.ExtenderConfiguration, t
 		// GPU of its topology: the extender checks the topology against it.
 		gpus := corev1.ResourceList{v1alpha1.ResourceGPU: *resource.NewQuantity(int64(n.Graph.Len()), resource.DecimalSI)}
 		node := &corev1.Node{
-			ObjectMeta: metav1.ObjectMeta{Name: n.Name},
+			ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: maps.Clone(n.Labels)},
 			Status:     corev1.NodeStatus{Capacity: gpus, Allocatable: gpus.DeepCopy()},
 		}
 		// Bind checks the node exists and admits the pod, as in a cluster.
@@ -99,17 +100,28 @@ func (p *gputopoPolicy) pod(job Job) (*corev1.Pod, error) {
 	if pod, ok := p.pods[job.ID]; ok {
 		return pod, nil
 	}
+	return p.newPod(job.ID, job.ID, job, nil)
+}
+
+// newPod creates the pod of job under key id (by which p.pods knows it),
+// named "job-<name>", with the job's requirement and the extra
+// annotations, in the API and the ledger.
+func (p *gputopoPolicy) newPod(id, name string, job Job, extra map[string]string) (*corev1.Pod, error) {
 	req := p.table.For(job.Parallelism).Requirement(int64(job.GPUs))
 	raw, err := json.Marshal(req)
 	if err != nil {
 		return nil, fmt.Errorf("job %s: encode requirement: %w", job.ID, err)
 	}
+	ann := map[string]string{v1alpha1.AnnotationRequirement: string(raw)}
+	for k, v := range extra {
+		ann[k] = v
+	}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: "job-" + job.ID, Namespace: simNamespace, UID: types.UID("uid-" + job.ID),
+			Name: "job-" + name, Namespace: simNamespace, UID: types.UID("uid-" + name),
 			CreationTimestamp: metav1.NewTime(simEpoch.Add(job.Arrival)),
 			Labels:            map[string]string{v1alpha1.LabelJob: job.ID},
-			Annotations:       map[string]string{v1alpha1.AnnotationRequirement: string(raw)},
+			Annotations:       ann,
 		},
 		Spec: corev1.PodSpec{SchedulerName: v1alpha1.DefaultSchedulerName, Containers: []corev1.Container{{
 			Name: "main", Image: "trainer",
@@ -121,7 +133,7 @@ func (p *gputopoPolicy) pod(job Job) (*corev1.Pod, error) {
 	}
 	p.api.pods[types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}] = pod
 	p.x.Ledger().UpsertPod(pod)
-	p.pods[job.ID] = pod
+	p.pods[id] = pod
 	return pod, nil
 }
 
@@ -130,16 +142,21 @@ func (p *gputopoPolicy) Place(job Job, _ []topology.Mask) (Placement, bool, erro
 	if err != nil {
 		return Placement{}, false, err
 	}
+	return p.placePod(job.ID, pod)
+}
+
+// placePod runs Filter, Score and Bind for the pod p.pods knows as id.
+func (p *gputopoPolicy) placePod(id string, pod *corev1.Pod) (Placement, bool, error) {
 	// Decisions are synchronous and in simulated time; the core logs
 	// through the process's default logger.
 	ctx := context.Background()
 	pr, err := placement.ParseRequest(pod, p.x.Config().GPUResource(), p.x.Now())
 	if err != nil {
-		return Placement{}, false, fmt.Errorf("job %s: filter: %w", job.ID, err)
+		return Placement{}, false, fmt.Errorf("job %s: filter: %w", id, err)
 	}
 	fr, err := p.x.Filter(ctx, pr, p.names)
 	if err != nil {
-		return Placement{}, false, fmt.Errorf("job %s: filter: %w", job.ID, err)
+		return Placement{}, false, fmt.Errorf("job %s: filter: %w", id, err)
 	}
 	if len(fr.Passed) == 0 {
 		return Placement{}, false, nil
@@ -161,14 +178,14 @@ func (p *gputopoPolicy) Place(job Job, _ []topology.Mask) (Placement, bool, erro
 	node := passed[top[p.rng.IntN(len(top))]]
 	key := types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}
 	if br := p.x.Bind(ctx, placement.BindRequest{Key: key, UID: pod.UID, Node: node}); br.Err != nil {
-		return Placement{}, false, fmt.Errorf("job %s: bind to %s: %w", job.ID, node, br.Err)
+		return Placement{}, false, fmt.Errorf("job %s: bind to %s: %w", id, node, br.Err)
 	}
 	bound := p.api.pods[key]
 	p.x.Ledger().UpsertPod(bound)
-	p.pods[job.ID] = bound
+	p.pods[id] = bound
 	pl, err := v1alpha1.ParsePlacement(bound.Annotations[v1alpha1.AnnotationPlacement])
 	if err != nil {
-		return Placement{}, false, fmt.Errorf("job %s: %w", job.ID, err)
+		return Placement{}, false, fmt.Errorf("job %s: %w", id, err)
 	}
 	return Placement{Node: p.index[node], GPUs: topology.MaskOf(pl.GPUIndices...)}, true, nil
 }
@@ -176,12 +193,16 @@ func (p *gputopoPolicy) Place(job Job, _ []topology.Mask) (Placement, bool, erro
 // Release deletes the finished pod, as the informer would report it.
 func (p *gputopoPolicy) Release(job Job, _ Placement) error { return p.Drop(job) }
 
-func (p *gputopoPolicy) Drop(job Job) error {
-	pod, ok := p.pods[job.ID]
+func (p *gputopoPolicy) Drop(job Job) error { return p.deletePod(job.ID) }
+
+// deletePod deletes the pod p.pods knows as id, as the informer would
+// report it.
+func (p *gputopoPolicy) deletePod(id string) error {
+	pod, ok := p.pods[id]
 	if !ok {
 		return nil
 	}
-	delete(p.pods, job.ID)
+	delete(p.pods, id)
 	delete(p.api.pods, types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name})
 	p.x.Ledger().DeletePod(pod)
 	return nil

@@ -39,6 +39,9 @@ type Options struct {
 	// Suite runs the placement suite (PlacementSuite) instead of one
 	// trace: the acceptance table of docs/benchmarks.md.
 	Suite bool
+	// GangSuite runs the gang suite (GangSuite): groups of pods on
+	// clusters in a fabric, every gang policy side by side.
+	GangSuite bool
 }
 
 // configs loads the extender and webhook configuration files of o.
@@ -102,8 +105,14 @@ func Simulate(w io.Writer, o Options) error {
 	if err != nil {
 		return err
 	}
+	if o.Suite && o.GangSuite {
+		return fmt.Errorf("--suite and --gang-suite: give one")
+	}
 	if o.Suite {
 		return simulateSuite(w, o, ext)
+	}
+	if o.GangSuite {
+		return simulateGangSuite(w, o, ext)
 	}
 	if o.Seeds > 1 {
 		return simulateSeeds(w, o, ext, table)
@@ -122,6 +131,9 @@ func Simulate(w io.Writer, o Options) error {
 	nodes, err := ParseCluster(cluster)
 	if err != nil {
 		return fmt.Errorf("--%w", err) // "--cluster: ..."
+	}
+	if hasGroups(tr.Jobs) {
+		return simulateGang(w, o, tr, cluster, nodes, ext, table)
 	}
 	cfg := Config{Nodes: nodes, Jobs: tr.Jobs, MaxWait: o.MaxWait, Policies: o.Policies, Extender: ext, PolicyTable: table}
 	if cfg.MaxWait == 0 {
@@ -274,4 +286,100 @@ func simulateSuite(w io.Writer, o Options, ext *configv1alpha1.ExtenderConfigura
 		return fmt.Errorf("--out: %w", err)
 	}
 	return writeFile(filepath.Join(o.OutDir, "report.md"), func(w io.Writer) error { _, err := io.WriteString(w, md.String()); return err })
+}
+
+func hasGroups(jobs []Job) bool {
+	for _, j := range jobs {
+		if j.Group() {
+			return true
+		}
+	}
+	return false
+}
+
+// simulateGang replays a trace with groups through the gang policies and
+// prints (and, with OutDir, writes) their table.
+func simulateGang(w io.Writer, o Options, tr Trace, cluster string, nodes []Node, ext *configv1alpha1.ExtenderConfiguration, table *configv1alpha1.PolicyTable) error {
+	maxWait := o.MaxWait
+	if maxWait == 0 {
+		maxWait = DefaultMaxWait
+	}
+	results, err := RunGang(GangConfig{Nodes: nodes, Jobs: tr.Jobs, MaxWait: maxWait, Policies: o.Policies, Extender: ext, PolicyTable: table})
+	if err != nil {
+		return err
+	}
+	gpus, groups := 0, 0
+	for _, n := range nodes {
+		gpus += n.Graph.Len()
+	}
+	for _, j := range tr.Jobs {
+		if j.Group() {
+			groups++
+		}
+	}
+	var md strings.Builder
+	fmt.Fprintf(&md, "trace %s: %d jobs, %d of them groups; cluster %s: %d nodes, %d GPUs; max wait %s\n\n", tr.Name, len(tr.Jobs), groups, cluster, len(nodes), gpus, maxWait)
+	if err := WriteGangTable(&md, results); err != nil {
+		return err
+	}
+	if _, err := io.WriteString(w, md.String()); err != nil {
+		return err
+	}
+	if o.OutDir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(o.OutDir, 0o755); err != nil {
+		return fmt.Errorf("--out: %w", err)
+	}
+	if err := writeFile(filepath.Join(o.OutDir, "report.md"), func(w io.Writer) error { _, err := io.WriteString(w, md.String()); return err }); err != nil {
+		return err
+	}
+	if err := writeFile(filepath.Join(o.OutDir, "trace.csv"), func(w io.Writer) error {
+		return WriteTrace(w, []string{"source: " + tr.Name, "cluster: " + cluster}, tr.Jobs)
+	}); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\nwrote %s/{report.md,trace.csv}\n", o.OutDir)
+	return nil
+}
+
+// simulateGangSuite runs the gang suite with the extender configuration
+// of o and prints (and, with OutDir, writes) its tables.
+func simulateGangSuite(w io.Writer, o Options, ext *configv1alpha1.ExtenderConfiguration) error {
+	if o.WebhookConfig != "" || o.Seeds > 1 || o.Cluster != "" || len(o.Policies) > 0 {
+		return fmt.Errorf("--gang-suite: runs fixed traces, clusters and policies with the default policy table; drop --webhook-config, --seeds, --cluster and --policy")
+	}
+	rows, err := RunGangSuite(GangSuite, ext)
+	if err != nil {
+		return err
+	}
+	held := 0
+	for _, r := range rows {
+		if r.OK() {
+			held++
+		}
+	}
+	var md strings.Builder
+	fmt.Fprintf(&md, "gang suite: %d traces on %d cluster mixes; every acceptance point holds on %d; max wait %s\n\n", len(rows), gangMixes(rows), held, DefaultMaxWait)
+	if err := WriteGangSuite(&md, rows); err != nil {
+		return err
+	}
+	if _, err := io.WriteString(w, md.String()); err != nil {
+		return err
+	}
+	if o.OutDir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(o.OutDir, 0o755); err != nil {
+		return fmt.Errorf("--out: %w", err)
+	}
+	return writeFile(filepath.Join(o.OutDir, "report.md"), func(w io.Writer) error { _, err := io.WriteString(w, md.String()); return err })
+}
+
+func gangMixes(rows []GangRow) int {
+	seen := map[string]bool{}
+	for _, r := range rows {
+		seen[r.Case.Cluster] = true
+	}
+	return len(seen)
 }

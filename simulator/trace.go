@@ -18,7 +18,8 @@ import (
 	"github.com/gputopo/gputopo/topology"
 )
 
-// Job is one entry of a trace: a single pod asking for GPUs.
+// Job is one entry of a trace: a single pod asking for GPUs, or a group
+// of Pods pods placed together (each asking GPUs), all or nothing.
 type Job struct {
 	// ID is unique within the trace.
 	ID string
@@ -30,7 +31,17 @@ type Job struct {
 	GPUs int
 	// Parallelism is the user's intent: model, data, or "" (none).
 	Parallelism v1alpha1.Parallelism
+	// Pods is how many pods the job runs, each asking GPUs; the job
+	// starts when all are placed. 0 or 1 is a single-pod job. Only the
+	// gang suite (RunGang) replays jobs of more than one pod.
+	Pods int
 }
+
+// PodCount is the job's number of pods (at least 1).
+func (j Job) PodCount() int { return max(j.Pods, 1) }
+
+// Group reports whether the job is a group: more than one pod.
+func (j Job) Group() bool { return j.Pods > 1 }
 
 // Model reports whether the job is model-parallel with more than one GPU,
 // the jobs whose placement quality the NVLink share measures.
@@ -38,6 +49,10 @@ func (j Job) Model() bool { return j.Parallelism == v1alpha1.ParallelismModel &&
 
 // TraceHeader is the first line of a trace file.
 const TraceHeader = "id,arrival_s,duration_s,gpus,parallelism"
+
+// GangTraceHeader is the first line of a trace file with multi-pod jobs:
+// TraceHeader and the pods of each job.
+const GangTraceHeader = TraceHeader + ",pods"
 
 //go:embed traces/*.csv
 var bundled embed.FS
@@ -89,7 +104,8 @@ func LoadTrace(src string) (Trace, error) {
 var bundledClusters = map[string]string{"mixed": ClusterMixed, "fragment": ClusterDGX1}
 
 // ParseTrace reads the CSV trace format (RFC 4180, through encoding/csv):
-// the header line TraceHeader, then one job per line; blank lines and lines
+// the header line TraceHeader (or GangTraceHeader, whose sixth field is
+// the job's pods, 1..v1alpha1.MaxGroupSize), then one job per line; blank lines and lines
 // starting with '#' are ignored. A field may be quoted, so a job ID may hold
 // commas, quotes or line breaks. Times are seconds (decimals allowed);
 // parallelism is model, data or none. Jobs are returned ordered by
@@ -101,7 +117,7 @@ func ParseTrace(r io.Reader) ([]Job, error) {
 	cr.TrimLeadingSpace = true
 	var jobs []Job
 	seen := map[string]int{}
-	header := false
+	header, fields := false, 5
 	for {
 		f, err := cr.Read()
 		if err == io.EOF {
@@ -112,14 +128,22 @@ func ParseTrace(r io.Reader) ([]Job, error) {
 		}
 		line, _ := cr.FieldPos(0)
 		if !header {
-			if got := strings.Join(trimAll(f), ","); got != TraceHeader {
-				return nil, fmt.Errorf("line %d: header is %q, want %q", line, got, TraceHeader)
+			switch got := strings.Join(trimAll(f), ","); got {
+			case TraceHeader:
+			case GangTraceHeader:
+				fields = 6
+			default:
+				return nil, fmt.Errorf("line %d: header is %q, want %q (or %q)", line, got, TraceHeader, GangTraceHeader)
 			}
 			header = true
 			continue
 		}
-		if len(f) != 5 {
-			return nil, fmt.Errorf("line %d: %d fields, want 5 (%s)", line, len(f), TraceHeader)
+		if len(f) != fields {
+			h := TraceHeader
+			if fields == 6 {
+				h = GangTraceHeader
+			}
+			return nil, fmt.Errorf("line %d: %d fields, want %d (%s)", line, len(f), fields, h)
 		}
 		j := Job{ID: f[0]}
 		if strings.TrimSpace(j.ID) == "" {
@@ -147,6 +171,11 @@ func ParseTrace(r io.Reader) ([]Job, error) {
 		case "none", "":
 		default:
 			return nil, fmt.Errorf("line %d: parallelism: %q must be model, data or none", line, p)
+		}
+		if fields == 6 {
+			if j.Pods, err = strconv.Atoi(strings.TrimSpace(f[5])); err != nil || j.Pods < 1 || j.Pods > v1alpha1.MaxGroupSize {
+				return nil, fmt.Errorf("line %d: pods: %q must be an integer 1..%d", line, f[5], v1alpha1.MaxGroupSize)
+			}
 		}
 		jobs = append(jobs, j)
 	}
@@ -177,7 +206,8 @@ func seconds(s string) (time.Duration, error) {
 }
 
 // WriteTrace writes jobs in the format ParseTrace reads, with comment
-// lines first; encoding/csv quotes what needs quoting. An ID that could
+// lines first (GangTraceHeader when a job has Pods set, else
+// TraceHeader); encoding/csv quotes what needs quoting. An ID that could
 // not be read back is an error naming the job: an empty one, or one that
 // starts with '#' (the line would read as a comment).
 func WriteTrace(w io.Writer, comments []string, jobs []Job) error {
@@ -188,7 +218,14 @@ func WriteTrace(w io.Writer, comments []string, jobs []Job) error {
 		}
 	}
 	cw := csv.NewWriter(bw)
-	if err := cw.Write(strings.Split(TraceHeader, ",")); err != nil {
+	header := TraceHeader
+	for _, j := range jobs {
+		if j.Pods != 0 {
+			header = GangTraceHeader
+			break
+		}
+	}
+	if err := cw.Write(strings.Split(header, ",")); err != nil {
 		return fmt.Errorf("write trace: %w", err)
 	}
 	for i, j := range jobs {
@@ -204,6 +241,9 @@ func WriteTrace(w io.Writer, comments []string, jobs []Job) error {
 		}
 		rec := []string{j.ID, strconv.FormatFloat(j.Arrival.Seconds(), 'f', -1, 64),
 			strconv.FormatFloat(j.Duration.Seconds(), 'f', -1, 64), strconv.Itoa(j.GPUs), p}
+		if header == GangTraceHeader {
+			rec = append(rec, strconv.Itoa(j.PodCount()))
+		}
 		if err := cw.Write(rec); err != nil {
 			return fmt.Errorf("write trace: job %q: %w", j.ID, err)
 		}
@@ -221,16 +261,25 @@ func WriteTrace(w io.Writer, comments []string, jobs []Job) error {
 //   - mixed: sizes 1/2/4/8 GPUs with weights 40/30/20/10, 60% data- and
 //     40% model-parallel, Poisson arrivals, exponential durations (mean 1
 //     h, clipped to 1 min..8 h); meant for ClusterMixed.
+//
 //   - fragment: on ClusterDGX1, two 1-GPU data-parallel jobs of random
 //     length (mean 2 h) for every 4-GPU model-parallel job (mean 1 h): the
 //     pattern that leaves no NVLink quad free under count-only placement.
+//
+//   - gang-nvl72, gang-hgx, gang-fleet: half the jobs are groups (Pods 2,
+//     4, 8 or 16 with weights 3/3/2/1, every pod asking 4 or 8 GPUs, 8
+//     only where the cluster has 8-GPU machines), half single-pod jobs of
+//     1/2/4/8 GPUs (weights 2/1/2/1, 8 only where it fits); half of each
+//     model-, half data-parallel; durations exponential (mean 1 h,
+//     clipped to 5 min..8 h); meant for ClusterNVL72, ClusterHGXFabric
+//     and ClusterGangFleet, the gang suite's mixes (GangSuite).
 //
 // load (default 0.9) is the offered GPU load on the intended cluster;
 // seed (default 1) makes the trace reproducible; jobs defaults to 500.
 func Generate(spec string) (Trace, error) {
 	parts := strings.Split(spec, ":")
 	if len(parts) < 2 || parts[0] != "gen" {
-		return Trace{}, fmt.Errorf("generator %q: want gen:<mixed|fragment>[:seed=N][:jobs=N][:load=F]", spec)
+		return Trace{}, fmt.Errorf("generator %q: want gen:<mixed|fragment|gang-nvl72|gang-hgx|gang-fleet>[:seed=N][:jobs=N][:load=F]", spec)
 	}
 	kind := parts[1]
 	seed, n, load := uint64(1), 500, 0.9
@@ -297,8 +346,58 @@ func Generate(spec string) (Trace, error) {
 			}
 			jobs = append(jobs, j)
 		}
+	case "gang-nvl72", "gang-hgx", "gang-fleet":
+		cluster = map[string]string{"gang-nvl72": ClusterNVL72, "gang-hgx": ClusterHGXFabric, "gang-fleet": ClusterGangFleet}[kind]
+		jobs = generateGang(rng, cluster, n, load, expo)
 	default:
-		return Trace{}, fmt.Errorf("generator %q: unknown kind %q; known: mixed, fragment", spec, kind)
+		return Trace{}, fmt.Errorf("generator %q: unknown kind %q; known: mixed, fragment, gang-nvl72, gang-hgx, gang-fleet", spec, kind)
 	}
 	return Trace{Name: spec, Cluster: cluster, Jobs: jobs}, nil
+}
+
+// generateGang draws the gang generators' jobs for cluster (see Generate).
+func generateGang(rng *rand.Rand, cluster string, n int, load float64, expo func(mean, lo, hi float64) time.Duration) []Job {
+	nodes, err := ParseCluster(cluster)
+	if err != nil {
+		panic(fmt.Sprintf("gang cluster %q: %v", cluster, err)) // fixed specs, checked by the tests
+	}
+	gpus, widest := 0, 0
+	for _, nd := range nodes {
+		gpus += nd.Graph.Len()
+		widest = max(widest, nd.Graph.Len())
+	}
+	podGPUs := []int{4, 8}
+	single := []int{1, 1, 2, 4, 4, 8}
+	if widest < 8 {
+		podGPUs, single = []int{4}, []int{1, 1, 2, 4, 4}
+	}
+	groupPods := []int{2, 2, 2, 4, 4, 4, 8, 8, 16}
+	mean := func(v []int) float64 {
+		s := 0
+		for _, x := range v {
+			s += x
+		}
+		return float64(s) / float64(len(v))
+	}
+	const meanDur = 3600.0
+	meanGPUs := 0.5*mean(single) + 0.5*mean(groupPods)*mean(podGPUs)
+	gap := meanGPUs * meanDur / (load * float64(gpus))
+	var jobs []Job
+	var t float64
+	for i := range n {
+		t += rng.ExpFloat64() * gap
+		j := Job{ID: fmt.Sprintf("g%04d", i), Arrival: time.Duration(math.Round(t)) * time.Second, Pods: 1,
+			Parallelism: v1alpha1.ParallelismData}
+		if rng.IntN(2) == 0 {
+			j.Parallelism = v1alpha1.ParallelismModel
+		}
+		if rng.IntN(2) == 0 {
+			j.Pods, j.GPUs = groupPods[rng.IntN(len(groupPods))], podGPUs[rng.IntN(len(podGPUs))]
+		} else {
+			j.GPUs = single[rng.IntN(len(single))]
+		}
+		j.Duration = expo(meanDur, 300, 8*3600)
+		jobs = append(jobs, j)
+	}
+	return jobs
 }
