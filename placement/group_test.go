@@ -358,3 +358,24 @@ func TestGroupPodReservedAgainAfterUnreserveGetsItsSlot(t *testing.T) {
 		}
 	}
 }
+
+// A tenant in another namespace naming the same group joins nothing: a
+// group is namespace/name.
+func TestGroupOfAnotherNamespaceIsAnotherGroup(t *testing.T) {
+	x, names := groupCore(t, "hgx-h100", 2, func(int) string { return "a" })
+	mine := []*corev1.Pod{groupPod("llm", 0, 2, 8, nil), groupPod("llm", 1, 2, 8, nil)}
+	intruder := groupPod("llm", 9, 2, 1, nil)
+	intruder.Namespace, intruder.UID = "tenant", "uid-intruder"
+	x.ledger.UpsertPod(intruder)
+	for _, p := range mine {
+		x.ledger.UpsertPod(p)
+	}
+	for _, p := range mine {
+		if n, ans := place(t, x, names, p); n == "" {
+			t.Fatalf("%s not placed with a same-named group in another namespace: %s", p.Name, anyReason(ans))
+		}
+	}
+	if n, ans := place(t, x, names, intruder); n != "" || !strings.Contains(anyReason(ans), "group tenant/llm waits for its pods: 1 of 2 exist") {
+		t.Errorf("intruder: node %q reason %q; want it alone in tenant/llm", n, anyReason(ans))
+	}
+}
