@@ -276,16 +276,7 @@ func simulateSuite(w io.Writer, o Options, ext *configv1alpha1.ExtenderConfigura
 	if err := WriteSuite(&md, rows); err != nil {
 		return err
 	}
-	if _, err := io.WriteString(w, md.String()); err != nil {
-		return err
-	}
-	if o.OutDir == "" {
-		return nil
-	}
-	if err := os.MkdirAll(o.OutDir, 0o755); err != nil {
-		return fmt.Errorf("--out: %w", err)
-	}
-	return writeFile(filepath.Join(o.OutDir, "report.md"), func(w io.Writer) error { _, err := io.WriteString(w, md.String()); return err })
+	return writeReport(w, o.OutDir, md.String())
 }
 
 func hasGroups(jobs []Job) bool {
@@ -364,16 +355,7 @@ func simulateGangSuite(w io.Writer, o Options, ext *configv1alpha1.ExtenderConfi
 	if err := WriteGangSuite(&md, rows); err != nil {
 		return err
 	}
-	if _, err := io.WriteString(w, md.String()); err != nil {
-		return err
-	}
-	if o.OutDir == "" {
-		return nil
-	}
-	if err := os.MkdirAll(o.OutDir, 0o755); err != nil {
-		return fmt.Errorf("--out: %w", err)
-	}
-	return writeFile(filepath.Join(o.OutDir, "report.md"), func(w io.Writer) error { _, err := io.WriteString(w, md.String()); return err })
+	return writeReport(w, o.OutDir, md.String())
 }
 
 func gangMixes(rows []GangRow) int {
@@ -382,4 +364,19 @@ func gangMixes(rows []GangRow) int {
 		seen[r.Case.Cluster] = true
 	}
 	return len(seen)
+}
+
+// writeReport writes a suite's report to w and, with outDir, to
+// outDir/report.md.
+func writeReport(w io.Writer, outDir, md string) error {
+	if _, err := io.WriteString(w, md); err != nil {
+		return err
+	}
+	if outDir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(outDir, 0o755); err != nil {
+		return fmt.Errorf("--out: %w", err)
+	}
+	return writeFile(filepath.Join(outDir, "report.md"), func(w io.Writer) error { _, err := io.WriteString(w, md); return err })
 }
