@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"testing"
 
 	jsonpatch "github.com/evanphx/json-patch/v5"
@@ -161,6 +162,11 @@ func (p *PodWrapper) Annotation(k, v string) *PodWrapper {
 	return p
 }
 
+// Group sets the pod's group name and size annotations.
+func (p *PodWrapper) Group(name, size string) *PodWrapper {
+	return p.Annotation(v1alpha1.AnnotationGroup, name).Annotation(v1alpha1.AnnotationGroupSize, size)
+}
+
 func (p *PodWrapper) Label(k, v string) *PodWrapper {
 	if p.Labels == nil {
 		p.Labels = map[string]string{}
@@ -233,6 +239,49 @@ func (j *JobWrapper) TemplateAnnotation(k, v string) *JobWrapper {
 		j.Spec.Template.Annotations = map[string]string{}
 	}
 	j.Spec.Template.Annotations[k] = v
+	return j
+}
+
+// Parallelism sets spec.parallelism.
+func (j *JobWrapper) Parallelism(n int32) *JobWrapper {
+	j.Spec.Parallelism = ptr.To(n)
+	return j
+}
+
+// Completions sets spec.completions.
+func (j *JobWrapper) Completions(n int32) *JobWrapper {
+	j.Spec.Completions = ptr.To(n)
+	return j
+}
+
+// Indexed makes the Job an Indexed Job.
+func (j *JobWrapper) Indexed() *JobWrapper {
+	j.Spec.CompletionMode = ptr.To(batchv1.IndexedCompletion)
+	return j
+}
+
+// SchedulingGroup puts the template's pods in the Kubernetes PodGroup
+// name.
+func (j *JobWrapper) SchedulingGroup(name string) *JobWrapper {
+	j.Spec.Template.Spec.SchedulingGroup = &corev1.PodSchedulingGroup{PodGroupName: ptr.To(name)}
+	return j
+}
+
+// GenerateName leaves the Job's name to the apiserver, as it is at
+// admission.
+func (j *JobWrapper) GenerateName(s string) *JobWrapper {
+	j.ObjectMeta.Name, j.ObjectMeta.GenerateName = "", s
+	return j
+}
+
+// Group sets the group annotations on the template as the webhook derives
+// them: name and size, and preferred unless empty.
+func (j *JobWrapper) Group(name string, size int, preferred string) *JobWrapper {
+	j.TemplateAnnotation(v1alpha1.AnnotationGroup, name)
+	j.TemplateAnnotation(v1alpha1.AnnotationGroupSize, strconv.Itoa(size))
+	if preferred != "" {
+		j.TemplateAnnotation(v1alpha1.AnnotationGroupPreferredTopology, preferred)
+	}
 	return j
 }
 

@@ -38,6 +38,8 @@ func FuzzHandler(f *testing.F) {
 		podCreate(f, MakePod("p", nsOptedIn).GPU(1).Annotation(v1alpha1.AnnotationAssignedGPUs, uuidA).Requirement(`{"strategy":"x"}`).Obj(), userAlice),
 		request(f, admissionv1.Update, "pods", "ephemeralcontainers", MakePod("p", nsOptedIn).Ephemeral("d").Obj(), MakePod("p", nsOptedIn).Obj(), userAlice),
 		request(f, admissionv1.Create, "jobs", "", MakeJob("train", nsOptedIn, 4).Intent("model").Obj(), nil, userAlice),
+		request(f, admissionv1.Create, "jobs", "", MakeJob("train.v2", nsOptedIn, 4).Intent("model").Parallelism(4).Annotation(v1alpha1.AnnotationGroupSize, "2").Obj(), nil, userAlice),
+		request(f, admissionv1.Update, "pods", "", MakePod("p", nsOptedIn).GPU(4).Group("llm", "4").Obj(), MakePod("p", nsOptedIn).GPU(4).Group("llm", "2").Obj(), userAlice),
 	}
 	for _, s := range seeds {
 		for h := range 3 {

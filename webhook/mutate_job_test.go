@@ -61,33 +61,38 @@ func TestJobMutator(t *testing.T) {
 		},
 	}
 	for name, tc := range tests {
-		t.Run(name, func(t *testing.T) {
-			m := NewJobMutator(configv1alpha1.DefaultWebhookConfiguration(), fakeReader(t))
-			req := request(t, admissionv1.Create, "jobs", "", tc.job, nil, userAlice)
-			resp := handle(m, req)
-			got := verdict{Allowed: resp.Allowed}
-			if resp.Result != nil {
-				got.Code, got.Reason, got.Message = resp.Result.Code, resp.Result.Reason, resp.Result.Message
-			}
-			if got.Allowed {
-				got.Message = "" // informational only
-			}
-			if diff := cmp.Diff(tc.verdict, got); diff != "" {
-				t.Fatalf("verdict (-want +got):\n%s", diff)
-			}
-			if !resp.Allowed {
-				return
-			}
-			job := &batchv1.Job{}
-			if err := json.Unmarshal(applyPatch(t, req.Object.Raw, resp), job); err != nil {
-				t.Fatal(err)
-			}
-			if diff := cmp.Diff(tc.want, job); diff != "" {
-				t.Errorf("mutated Job (-want +got):\n%s", diff)
-			}
-			checkIdempotent(t, m, req, resp)
-		})
+		t.Run(name, func(t *testing.T) { checkJobMutator(t, tc.job, tc.want, tc.verdict) })
 	}
+}
+
+// checkJobMutator admits job and checks the verdict and, when allowed, the
+// mutated Job and that the patch is idempotent.
+func checkJobMutator(t *testing.T, in, want *batchv1.Job, wantVerdict verdict) {
+	t.Helper()
+	m := NewJobMutator(configv1alpha1.DefaultWebhookConfiguration(), fakeReader(t))
+	req := request(t, admissionv1.Create, "jobs", "", in, nil, userAlice)
+	resp := handle(m, req)
+	got := verdict{Allowed: resp.Allowed}
+	if resp.Result != nil {
+		got.Code, got.Reason, got.Message = resp.Result.Code, resp.Result.Reason, resp.Result.Message
+	}
+	if got.Allowed {
+		got.Message = "" // informational only
+	}
+	if diff := cmp.Diff(wantVerdict, got); diff != "" {
+		t.Fatalf("verdict (-want +got):\n%s", diff)
+	}
+	if !resp.Allowed {
+		return
+	}
+	job := &batchv1.Job{}
+	if err := json.Unmarshal(applyPatch(t, req.Object.Raw, resp), job); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, job); diff != "" {
+		t.Errorf("mutated Job (-want +got):\n%s", diff)
+	}
+	checkIdempotent(t, m, req, resp)
 }
 
 func TestJobMutatorTemplateWithoutMetadata(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -81,15 +82,51 @@ func requestsResource(r *corev1.ResourceRequirements, resource corev1.ResourceNa
 func labelValue(name string) string {
 	name = strings.Trim(name, "-._")
 	if len(name) > validation.LabelValueMaxLength {
-		h := fnv.New32a()
-		_, _ = h.Write([]byte(name)) // hash.Hash writes never fail
-		suffix := fmt.Sprintf("-%08x", h.Sum32())
+		suffix := hashSuffix(name)
 		name = strings.TrimRight(name[:validation.LabelValueMaxLength-len(suffix)], "-._") + suffix
 	}
 	if len(validation.IsValidLabelValue(name)) > 0 {
 		return ""
 	}
 	return name
+}
+
+// hashSuffix is "-" and 8 hex digits of a hash of s.
+func hashSuffix(s string) string {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(s)) // hash.Hash writes never fail
+	return fmt.Sprintf("-%08x", h.Sum32())
+}
+
+// dnsLabelPrefix turns an object name (a DNS subdomain: lowercase
+// alphanumerics, '-' and '.') into the start of a DNS label at most max
+// characters long: dots become dashes, and dashes at either end go.
+func dnsLabelPrefix(name string, max int) string {
+	name = strings.ReplaceAll(name, ".", "-")
+	if len(name) > max {
+		name = name[:max]
+	}
+	return strings.Trim(name, "-")
+}
+
+// jobGroupName is the group a Job's pods get when nothing names one: the
+// Job's name when it is a DNS label. A longer name, or one with dots,
+// keeps a readable prefix (dots made dashes) and gains a hash of the whole
+// name, so two names that share a prefix stay distinct groups. A Job named
+// by generateName has no name yet when it is admitted (the apiserver
+// generates it after the mutating webhooks): its group is the
+// generateName stem with a hash of the admission request's UID, unique to
+// this Job.
+func jobGroupName(job *batchv1.Job, uid types.UID) string {
+	if job.Name != "" {
+		if len(validation.IsDNS1123Label(job.Name)) == 0 {
+			return job.Name
+		}
+		suffix := hashSuffix(job.Name)
+		return strings.TrimPrefix(dnsLabelPrefix(job.Name, validation.DNS1123LabelMaxLength-len(suffix))+suffix, "-")
+	}
+	suffix := hashSuffix(string(uid))
+	return strings.TrimPrefix(dnsLabelPrefix(job.GenerateName, validation.DNS1123LabelMaxLength-len(suffix))+suffix, "-")
 }
 
 // jobIdentity is the gputopo.io/job value for a pod: its controlling Job's

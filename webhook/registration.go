@@ -74,9 +74,9 @@ func (o RegistrationOptions) ForConfig(cfg configv1alpha1.WebhookConfiguration) 
 // Names of the match conditions, as the apiserver reports them when one
 // fails to evaluate.
 const (
-	MatchPodConcernsGPUs         = "pod-concerns-gpus"
-	MatchJobConcernsGPUs         = "job-concerns-gpus"
-	MatchSystemAnnotationChanged = "system-annotation-changed"
+	MatchPodConcernsGPUs          = "pod-concerns-gpus"
+	MatchJobConcernsGPUs          = "job-concerns-gpus"
+	MatchGuardedAnnotationChanged = "guarded-annotation-changed"
 )
 
 // The match conditions are CEL over the object as the apiserver will store
@@ -95,12 +95,17 @@ var annotationPrefix = v1alpha1.GroupVersion.Group + "/"
 func celString(s string) string { return "'" + s + "'" }
 
 // celSystemKeys is the CEL list of the system annotation keys.
-func celSystemKeys() string {
-	keys := make([]string, len(v1alpha1.SystemAnnotations))
-	for i, k := range v1alpha1.SystemAnnotations {
-		keys[i] = celString(k)
+func celSystemKeys() string { return celKeys(v1alpha1.SystemAnnotations) }
+
+// celKeys is the CEL list of keys.
+func celKeys(keys ...[]string) string {
+	var quoted []string
+	for _, list := range keys {
+		for _, k := range list {
+			quoted = append(quoted, celString(k))
+		}
 	}
-	return "[" + strings.Join(keys, ", ") + "]"
+	return "[" + strings.Join(quoted, ", ") + "]"
 }
 
 // celRequests is true when an app or init container of the pod spec at
@@ -187,11 +192,12 @@ func jobMatchExpression(resource string) string {
 		" || " + celRequests("object.spec.?template.?spec", resource)
 }
 
-// systemAnnotationChanged is the CEL match condition of the status webhook:
-// the apiserver calls it only when a pods/status write sets, changes or
-// removes a system annotation, so kubelet status traffic never waits on it.
-func systemAnnotationChanged() string {
-	return celSystemKeys() + ".exists(k, object.metadata.?annotations[?k] != oldObject.metadata.?annotations[?k])"
+// guardedAnnotationChanged is the CEL match condition of the status
+// webhook: the apiserver calls it only when a pods/status write (which may
+// change a pod's annotations) sets, changes or removes a system annotation
+// or a group annotation, so kubelet status traffic never waits on it.
+func guardedAnnotationChanged() string {
+	return celKeys(v1alpha1.SystemAnnotations, v1alpha1.GroupAnnotations) + ".exists(k, object.metadata.?annotations[?k] != oldObject.metadata.?annotations[?k])"
 }
 
 // Registration returns the webhook configurations the chart installs and
@@ -235,7 +241,7 @@ func Registration(o RegistrationOptions) (*admissionregistrationv1.MutatingWebho
 		{mutating: true, name: WebhookMutatePod, path: PathMutatePod, namespaces: optedIn, match: MatchPodConcernsGPUs, expression: mutatingPodMatchExpression(res), rules: rules(rule("", "pods", create), rule("", "pods/ephemeralcontainers", update))},
 		{mutating: true, name: WebhookMutateJob, path: PathMutateJob, namespaces: optedIn, match: MatchJobConcernsGPUs, expression: jobMatchExpression(res), rules: rules(rule(batchv1.GroupName, "jobs", create))},
 		{name: WebhookValidatePod, path: PathValidatePod, namespaces: everywhere, match: MatchPodConcernsGPUs, expression: validatingPodMatchExpression(res), rules: rules(rule("", "pods", create, update), rule("", "pods/ephemeralcontainers", update))},
-		{name: WebhookValidatePodStat, path: PathValidatePod, namespaces: everywhere, match: MatchSystemAnnotationChanged, expression: systemAnnotationChanged(), rules: rules(rule("", "pods/status", update))},
+		{name: WebhookValidatePodStat, path: PathValidatePod, namespaces: everywhere, match: MatchGuardedAnnotationChanged, expression: guardedAnnotationChanged(), rules: rules(rule("", "pods/status", update))},
 	} {
 		w := o.webhook(h)
 		if h.mutating {

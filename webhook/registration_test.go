@@ -86,7 +86,7 @@ func TestRegistration(t *testing.T) {
 		{Name: "vpod.gputopo.io", ServicePath: "gpu/gputopo-webhook:443/validate-pod", Failure: "Fail", SideEffects: "None", Timeout: 5, Versions: []string{"v1"},
 			Rules: []admissionregistrationv1.RuleWithOperations{rule("", "pods", c, u), rule("", "pods/ephemeralcontainers", u)}, Selector: ns(false), Conditions: []string{"pod-concerns-gpus"}},
 		{Name: "vpodstatus.gputopo.io", ServicePath: "gpu/gputopo-webhook:443/validate-pod", Failure: "Fail", SideEffects: "None", Timeout: 5, Versions: []string{"v1"},
-			Rules: []admissionregistrationv1.RuleWithOperations{rule("", "pods/status", u)}, Selector: ns(false), Conditions: []string{"system-annotation-changed"}},
+			Rules: []admissionregistrationv1.RuleWithOperations{rule("", "pods/status", u)}, Selector: ns(false), Conditions: []string{"guarded-annotation-changed"}},
 	}
 	if diff := cmp.Diff(want, summarize(m, v)); diff != "" {
 		t.Errorf("webhooks (-want +got):\n%s", diff)
@@ -104,8 +104,10 @@ func TestRegistration(t *testing.T) {
 			` || object.spec.?template.?metadata.?annotations.orValue({}).exists(k, k.startsWith('gputopo.io/'))` +
 			` || [object.spec.?template.?spec.?containers.orValue([]), object.spec.?template.?spec.?initContainers.orValue([])].exists(l, l.exists(c,` +
 			` 'nvidia.com/gpu' in c.?resources.?limits.orValue({}) || 'nvidia.com/gpu' in c.?resources.?requests.orValue({})))`,
-		"vpod.gputopo.io":       validatingPodExprDefault,
-		"vpodstatus.gputopo.io": `['gputopo.io/assigned-gpus', 'gputopo.io/placement', 'gputopo.io/allocated-gpus'].exists(k, object.metadata.?annotations[?k] != oldObject.metadata.?annotations[?k])`,
+		"vpod.gputopo.io": validatingPodExprDefault,
+		"vpodstatus.gputopo.io": `['gputopo.io/assigned-gpus', 'gputopo.io/placement', 'gputopo.io/allocated-gpus',` +
+			` 'gputopo.io/group', 'gputopo.io/group-size', 'gputopo.io/group-required-topology', 'gputopo.io/group-preferred-topology']` +
+			`.exists(k, object.metadata.?annotations[?k] != oldObject.metadata.?annotations[?k])`,
 	}
 	if diff := cmp.Diff(wantExpr, expressions(m, v)); diff != "" {
 		t.Errorf("match conditions (-want +got):\n%s", diff)

@@ -34,6 +34,10 @@ import (
 //   - a requirement or intent annotation must be valid (on UPDATE, when it
 //     changed, so pods admitted under older rules stay updatable), and so
 //     must the pod's GPU counts (on CREATE);
+//   - the group annotations must be valid (v1alpha1.ParseGroup) on CREATE,
+//     and may not be set, changed or removed on UPDATE (including status),
+//     except by SystemServiceAccounts and NodeAgentServiceAccounts: the
+//     scheduler plans the group from them;
 //   - in GPU pods, in every namespace, no container may choose its own
 //     devices (DeviceEnvVars): GPU containers get them from the node agent,
 //     the others may only hide every GPU with NVIDIA_VISIBLE_DEVICES=void;
@@ -63,6 +67,7 @@ func (v *PodValidator) Handle(ctx context.Context, req admission.Request) admiss
 
 	errs := v.systemAnnotations(req.UserInfo, pod, old)
 	errs = append(errs, validateUserAnnotations(pod, old)...)
+	errs = append(errs, v.groupAnnotations(req.UserInfo.Username, pod, old)...)
 
 	gpus, demandErr := v1alpha1.PodGPUDemand(&pod.Spec, v.cfg.GPUResource())
 	if demandErr != nil && old == nil {
@@ -208,6 +213,47 @@ func validateUserAnnotations(pod, old *corev1.Pod) field.ErrorList {
 		if _, ferr := v1alpha1.ParseParallelism(intentPath, val); ferr != nil {
 			errs = append(errs, ferr)
 		}
+	}
+	return errs
+}
+
+// groupAnnotations checks the group annotations: on CREATE that they
+// parse; on UPDATE that none was set, changed or removed, since the
+// scheduler plans a pod's group from the annotations it was created with.
+// gputopo's own service accounts are not held to that (they are validated
+// like a create when they change one).
+func (v *PodValidator) groupAnnotations(user string, pod, old *corev1.Pod) field.ErrorList {
+	if old == nil {
+		_, _, errs := v1alpha1.ParseGroup(annotationsPath, pod.Annotations)
+		return errs
+	}
+	system := v.cfg.IsSystem(user) || v.cfg.IsNodeAgent(user)
+	var errs field.ErrorList
+	changed := false
+	for _, key := range v1alpha1.GroupAnnotations {
+		nv, nok := pod.Annotations[key]
+		ov, ook := old.Annotations[key]
+		if nok == ook && nv == ov {
+			continue
+		}
+		changed = true
+		if system {
+			continue
+		}
+		var what string
+		switch {
+		case !ook:
+			what = fmt.Sprintf("may not be added once the pod exists (now %q)", nv)
+		case !nok:
+			what = fmt.Sprintf("may not be removed once the pod exists (was %q)", ov)
+		default:
+			what = fmt.Sprintf("may not be changed once the pod exists (was %q, now %q)", ov, nv)
+		}
+		errs = append(errs, field.Invalid(annotationsPath.Key(key), field.OmitValueType{}, what+
+			": the scheduler plans the pod's group from the group annotations the pod was created with; to change its group, delete the pod and create it again (for a Job's pods: the Job, with the new annotations)"))
+	}
+	if system && changed {
+		_, _, errs = v1alpha1.ParseGroup(annotationsPath, pod.Annotations)
 	}
 	return errs
 }

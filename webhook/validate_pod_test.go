@@ -76,6 +76,13 @@ func noGPUEnvFromMsg(path, container, source, prefix string, j int) string {
 		path, container, source, prefix, j)
 }
 
+// groupImmutableMsg is the denial of an update that touches group
+// annotation key; what says how.
+func groupImmutableMsg(key, what string) string {
+	return "metadata.annotations[" + key + "]: Invalid value: may not be " + what +
+		": the scheduler plans the pod's group from the group annotations the pod was created with; to change its group, delete the pod and create it again (for a Job's pods: the Job, with the new annotations)"
+}
+
 // onNode is the user extra kube-apiserver sets for a service account token
 // bound to a pod on node.
 func onNode(node string) map[string]authenticationv1.ExtraValue {
@@ -292,6 +299,91 @@ func TestPodValidator(t *testing.T) {
 		"an unknown intent is denied naming the annotation": {
 			pod:  MakePod("p", nsOptedIn).GPU(2).Intent("pipeline").Obj(),
 			want: invalid(`metadata.annotations[gputopo.io/parallelism]: Unsupported value: "pipeline": supported values: "data", "model"`),
+		},
+		"a pod of a valid group is allowed": {
+			pod: MakePod("p", nsOptedIn).GPU(4).Group("llm", "8").Annotation(v1alpha1.AnnotationGroupRequiredTopology, "spine").
+				Annotation(v1alpha1.AnnotationGroupPreferredTopology, "nvlink").Obj(),
+			want: allowed,
+		},
+		"a group size that is no number is denied naming the annotation": {
+			pod:  MakePod("p", nsOptedIn).GPU(4).Group("llm", "eight").Obj(),
+			want: invalid(`metadata.annotations[gputopo.io/group-size]: Invalid value: "eight": must be a whole number of pods, e.g. "4"`),
+		},
+		"a group size out of range is denied in a namespace that did not opt in too": {
+			pod:  MakePod("p", nsPlain).GPU(4).Group("llm", "10001").Obj(),
+			want: invalid(`metadata.annotations[gputopo.io/group-size]: Invalid value: "10001": must be between 1 and 10000 pods`),
+		},
+		"a group name that is no DNS label is denied": {
+			pod:  MakePod("p", nsOptedIn).GPU(4).Group("llm.v2", "2").Obj(),
+			want: invalid(`metadata.annotations[gputopo.io/group]: Invalid value: "llm.v2": must not contain dots`),
+		},
+		"a group level that is no level or label key is denied": {
+			pod:  MakePod("p", nsOptedIn).GPU(4).Group("llm", "2").Annotation(v1alpha1.AnnotationGroupRequiredTopology, "").Obj(),
+			want: invalid(`metadata.annotations[gputopo.io/group-required-topology]: Invalid value: "": must be a fabric level name (nvlink, leaf, spine, block, zone) or a node label key`),
+		},
+		"a group size without a group is denied": {
+			pod: MakePod("p", nsOptedIn).GPU(4).Annotation(v1alpha1.AnnotationGroupSize, "2").Obj(),
+			want: invalid(`metadata.annotations[gputopo.io/group]: Required value: gputopo.io/group-size is set but the group is not named:` +
+				` add gputopo.io/group (the job's name), or remove gputopo.io/group-size`),
+		},
+		"an update adding a pod to a group is denied": {
+			op:   admissionv1.Update,
+			old:  MakePod("p", nsOptedIn).GPU(4).Obj(),
+			pod:  MakePod("p", nsOptedIn).GPU(4).Annotation(v1alpha1.AnnotationGroup, "llm").Obj(),
+			want: invalid(groupImmutableMsg(v1alpha1.AnnotationGroup, `added once the pod exists (now "llm")`)),
+		},
+		"an update changing the group size is denied": {
+			op:   admissionv1.Update,
+			old:  MakePod("p", nsOptedIn).GPU(4).Group("llm", "4").Obj(),
+			pod:  MakePod("p", nsOptedIn).GPU(4).Group("llm", "8").Obj(),
+			want: invalid(groupImmutableMsg(v1alpha1.AnnotationGroupSize, `changed once the pod exists (was "4", now "8")`)),
+		},
+		"an update removing a group's pod from it reports each annotation": {
+			op:  admissionv1.Update,
+			old: MakePod("p", nsOptedIn).GPU(4).Group("llm", "4").Annotation(v1alpha1.AnnotationGroupPreferredTopology, "nvlink").Obj(),
+			pod: MakePod("p", nsOptedIn).GPU(4).Obj(),
+			want: invalid("[" + groupImmutableMsg(v1alpha1.AnnotationGroup, `removed once the pod exists (was "llm")`) + ", " +
+				groupImmutableMsg(v1alpha1.AnnotationGroupSize, `removed once the pod exists (was "4")`) + ", " +
+				groupImmutableMsg(v1alpha1.AnnotationGroupPreferredTopology, `removed once the pod exists (was "nvlink")`) + "]"),
+		},
+		"an update adding a level to a group is denied in a namespace that did not opt in too": {
+			op:   admissionv1.Update,
+			old:  MakePod("p", nsPlain).GPU(4).Group("llm", "4").Obj(),
+			pod:  MakePod("p", nsPlain).GPU(4).Group("llm", "4").Annotation(v1alpha1.AnnotationGroupRequiredTopology, "leaf").Obj(),
+			want: invalid(groupImmutableMsg(v1alpha1.AnnotationGroupRequiredTopology, `added once the pod exists (now "leaf")`)),
+		},
+		"a status update changing the group is denied": {
+			op: admissionv1.Update, subresource: "status",
+			old:  MakePod("p", nsOptedIn).GPU(4).Group("llm", "4").Obj(),
+			pod:  MakePod("p", nsOptedIn).GPU(4).Group("other", "4").Obj(),
+			want: invalid(groupImmutableMsg(v1alpha1.AnnotationGroup, `changed once the pod exists (was "llm", now "other")`)),
+		},
+		"an update leaving the group as it is is allowed, even a group admitted before the rules": {
+			op:   admissionv1.Update,
+			old:  MakePod("p", nsOptedIn).GPU(4).Group("llm", "many").Obj(),
+			pod:  MakePod("p", nsOptedIn).GPU(4).Group("llm", "many").Label("x", "y").Obj(),
+			want: allowed,
+		},
+		"a system service account may change a group": {
+			op:   admissionv1.Update,
+			user: configv1alpha1.DefaultExtenderServiceAccount,
+			old:  MakePod("p", nsOptedIn).GPU(4).Group("llm", "4").Obj(),
+			pod:  MakePod("p", nsOptedIn).GPU(4).Group("llm", "2").Obj(),
+			want: allowed,
+		},
+		"a system service account's group must still parse": {
+			op:   admissionv1.Update,
+			user: configv1alpha1.DefaultExtenderServiceAccount,
+			old:  MakePod("p", nsOptedIn).GPU(4).Group("llm", "4").Obj(),
+			pod:  MakePod("p", nsOptedIn).GPU(4).Group("llm", "0").Obj(),
+			want: invalid(`metadata.annotations[gputopo.io/group-size]: Invalid value: "0": must be between 1 and 10000 pods`),
+		},
+		"the node agent's update of a group's pod is not held to the group rules": {
+			op:   admissionv1.Update,
+			user: nodeAgent, extra: onNode("gpu-node-a"),
+			old:  MakePod("p", nsOptedIn).GPU(4).Node("gpu-node-a").Group("llm", "4").Obj(),
+			pod:  MakePod("p", nsOptedIn).GPU(4).Node("gpu-node-a").Group("llm", "4").Annotation(v1alpha1.AnnotationAllocatedGPUs, uuidA).Obj(),
+			want: allowed,
 		},
 		"NVIDIA_VISIBLE_DEVICES set in a GPU container is denied": {
 			pod:  MakePod("p", nsOptedIn).GPU(1).Env("main", envVar("A", "b"), envVar(v1alpha1.EnvVisibleDevices, "all")).Obj(),
