@@ -30,6 +30,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -268,7 +270,7 @@ func nodeNames(nodes []fwk.NodeInfo) []string {
 // PreFilter reads the pod's request and requirement once per cycle. Pods
 // without GPUs skip the plugin; a malformed requirement ends the cycle as
 // unresolvable with the message that names the field.
-func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev1.Pod, nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
 	pr, err := placement.ParseRequest(pod, p.x.Config().GPUResource(), p.x.Now())
 	if err != nil {
 		p.x.Observer().Failed(placement.PhaseFilter, placement.ErrBadRequest)
@@ -287,7 +289,11 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev
 	if msg := p.x.DeciderRefusal(); msg != "" {
 		return nil, fwk.AsStatus(errors.New(placement.ReasonPrefix + msg))
 	}
-	slot, err := p.x.GroupSlot(ctx, pr, nil)
+	var candidates []string
+	if pr.Group() != "" {
+		candidates = schedulable(ctx, pod, nodes)
+	}
+	slot, err := p.x.GroupSlot(ctx, pr, candidates)
 	var wait *placement.GroupWait
 	switch {
 	case errors.As(err, &wait):
@@ -308,6 +314,33 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev
 	// cluster event.
 	p.activate(ctx, slot.Group, pod)
 	return &fwk.PreFilterResult{NodeNames: sets.New(slot.Node)}, nil
+}
+
+// schedulable are the nodes a group's pod may go to by its own rules
+// that PreFilter can read: its nodeSelector and required node affinity,
+// and the taints it does not tolerate (NoSchedule, NoExecute). The group
+// is planned on them only, as the extender plans on the nodes
+// kube-scheduler's filters passed.
+func schedulable(ctx context.Context, pod *corev1.Pod, nodes []fwk.NodeInfo) []string {
+	aff := nodeaffinity.GetRequiredNodeAffinity(pod)
+	log := klog.FromContext(ctx)
+	out := make([]string, 0, len(nodes))
+	for _, ni := range nodes {
+		n := ni.Node()
+		if n == nil {
+			continue
+		}
+		if ok, err := aff.Match(n); err != nil || !ok {
+			continue
+		}
+		if _, untolerated := corev1helpers.FindMatchingUntoleratedTaint(log, n.Spec.Taints, pod.Spec.Tolerations, func(t *corev1.Taint) bool {
+			return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
+		}, false); untolerated {
+			continue
+		}
+		out = append(out, n.Name)
+	}
+	return out
 }
 
 // activate moves the group's other pending pods to the active queue.
