@@ -1,9 +1,10 @@
 // Package webhook is gputopo's admission webhook: it turns a workload's
 // stated intent (gputopo.io/parallelism on a Pod, its Job or its Namespace)
 // into a GPU topology requirement, routes GPU pods to the gputopo scheduler
-// profile, labels them with their job identity, and refuses every write of
-// the fields that decide which GPUs a pod gets unless it comes from
-// gputopo's own service accounts.
+// profile, labels them with their job identity, makes the pods of a Job
+// that runs several at once a group placed all or nothing (JobMutator), and
+// refuses every write of the fields that decide which GPUs a pod gets
+// unless it comes from gputopo's own service accounts.
 //
 // Mutation (PodMutator, JobMutator) and validation (PodValidator) are
 // separate handlers: the validating webhook runs after every mutating
