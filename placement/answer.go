@@ -169,7 +169,7 @@ func (x *Core) score(e *evaluator, pr Request, names []string, track bool, dst [
 	for i, name := range names {
 		scores[i] = 0
 		if v := nl.v[i]; v != nil {
-			scores[i] = relativeScore(nl.m[i], bestMerit)
+			scores[i] = packedScore(relativeScore(nl.m[i], bestMerit), nl.over, i)
 			if track && (best < 0 || scores[i] > scores[best] || scores[i] == scores[best] && name < names[best]) {
 				best, bestGPUs = i, v.res.GPUs
 			}
@@ -216,6 +216,7 @@ func (x *Core) evaluate(e *evaluator, pr Request, names []string) (nl *nodeList,
 				best = max(best, nl.m[i])
 			}
 		}
+		nl.over = packDomains(lv, pr, nl.s, nl.m, best, func(i int) bool { return nl.v[i] != nil })
 		clear(nl.s) // the nodes are not to be read past the lock
 	})
 	return nl, best
@@ -237,6 +238,9 @@ type NodeExplanation struct {
 	Merit      float64
 	Components Components
 	Result     topology.Result
+	// PackedOver says the node would score MaxScore but domain packing
+	// passed over it: another node as good lies in a fuller fabric domain.
+	PackedOver bool
 }
 
 // Explain evaluates the pod on every node of names with the code filter,
@@ -274,24 +278,22 @@ func (x *Core) Explain(ctx context.Context, pr Request, names []string) []NodeEx
 				out[i].Reason = ReasonPrefix + v.reason
 			}
 		}
+		top := -1.0
 		for i, v := range verdicts {
 			if v.ok {
 				merits[i], out[i].Components = e.merit(states[i], v, aff, co)
+				top = max(top, merits[i])
+			}
+		}
+		over := packDomains(lv, pr, states, merits, top, func(i int) bool { return verdicts[i].ok })
+		for i, v := range verdicts {
+			if v.ok {
+				out[i].Score, out[i].Merit = packedScore(relativeScore(merits[i], top), over, i), merits[i]
+				out[i].PackedOver = over != nil && over[i] && out[i].Score == MaxScore-1
+				out[i].Result = v.res
+				out[i].Result.GPUs = slices.Clone(v.res.GPUs)
 			}
 		}
 	})
-	top := -1.0
-	for i, v := range verdicts {
-		if v.ok {
-			top = max(top, merits[i])
-			out[i].Result = v.res
-			out[i].Result.GPUs = slices.Clone(v.res.GPUs)
-		}
-	}
-	for i, v := range verdicts {
-		if v.ok {
-			out[i].Score, out[i].Merit = relativeScore(merits[i], top), merits[i]
-		}
-	}
 	return out
 }

@@ -17,11 +17,13 @@ func (x *Core) checkNode(e *evaluator, node string, stripe int, pr Request) (v *
 
 // nodeList is a request's candidate nodes resolved to their state, nil for
 // unknown names; v, m and c hold prioritize's verdicts, merits and log
-// capabilities per node.
+// capabilities per node, and over the nodes domain packing passes over
+// (packDomains; nil when none).
 type nodeList struct {
 	s    []*ledger.Node
 	v    []*verdict
 	m, c []float64
+	over []bool
 }
 
 var nodeListPool = sync.Pool{New: func() any { return new(nodeList) }}
@@ -38,6 +40,7 @@ func lookup(v ledger.View, uid types.UID, names []string) *nodeList {
 func (nl *nodeList) release() {
 	clear(nl.s)
 	clear(nl.v)
+	nl.over = nil
 	nodeListPool.Put(nl)
 }
 

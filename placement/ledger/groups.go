@@ -94,6 +94,25 @@ func (n *Node) Domain(i int) string {
 	return ""
 }
 
+// DomainFree sums the free GPUs of every node by its domain at each
+// fabric level: out[i][d] is the free GPUs of domain d at level i. A node
+// without a domain at a level counts in none there.
+func (v View) DomainFree() []map[string]int {
+	out := make([]map[string]int, len(v.l.fabric))
+	for i := range out {
+		out[i] = map[string]int{}
+	}
+	for _, n := range v.l.nodes {
+		free := n.freeMask.Count()
+		for i := range out {
+			if d := n.Domain(i); d != "" {
+				out[i][d] += free
+			}
+		}
+	}
+	return out
+}
+
 // setDomainsLocked reads a Node's fabric domains from its labels.
 func (l *Ledger) setDomainsLocked(n *Node, labels map[string]string) {
 	if len(l.fabric) == 0 {
