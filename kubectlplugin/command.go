@@ -343,7 +343,7 @@ func writeSVGFile(path string, s *Snapshot, names []string) error {
 		if n.graph == nil {
 			continue
 		}
-		nodes = append(nodes, picture.NodeView{Name: name, Fixture: machine(n.graph), Graph: n.graph})
+		nodes = append(nodes, picture.NodeView{Name: name, Fixture: machine(n.graph), Domain: s.fabricDomain(name), Graph: n.graph})
 		for _, h := range n.holders {
 			if len(h.gpus) > 0 {
 				pods = append(pods, picture.PodView{Name: h.pod.Namespace + "/" + h.pod.Name, Node: name, GPUs: h.gpus})

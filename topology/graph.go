@@ -425,6 +425,17 @@ func (g *Graph) NVAdjacency() []Bitset { return g.nv }
 // spans at that level.
 func (g *Graph) DomainBit(t, i int) Bitset { return g.domBit[t][i] }
 
+// Domain numbers the domain of GPU i at domain level t (0 <= t <
+// DomainLevels; 0 is a PCIe switch, DomainLevels-1 a NUMA node), 0..Len()-1,
+// on a graph of any size: two GPUs share the domain when their numbers are
+// equal. It is -1 when t or i is out of range.
+func (g *Graph) Domain(t, i int) int {
+	if t < 0 || t >= DomainLevels || i < 0 || i >= g.n {
+		return -1
+	}
+	return g.dom[t][i]
+}
+
 // PCIeRank orders the PCIe levels from nearest (0: two GPUs on one board)
 // to farthest (5: across sockets), as NVML does; ok is false for a level
 // that is none of the API's.

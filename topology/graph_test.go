@@ -360,3 +360,30 @@ func TestGraphWithMoreThanMaxGPUsIsRefusedNamingCountAndLimit(t *testing.T) {
 		t.Errorf("%d GPUs without links: got %v; want only missing-link errors", topology.MaxGPUs, err)
 	}
 }
+
+// Domain numbers the PCIe switches and NUMA nodes as the fixture lays
+// them out, and answers -1 out of range.
+func TestDomainNumbersSwitchesAndNUMANodes(t *testing.T) {
+	f, err := machine.FixtureByName("pcie-8x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := f.Graph("n")
+	numa := topology.DomainLevels - 1
+	for i := 0; i < g.Len(); i++ {
+		if got, want := g.Domain(0, i) == g.Domain(0, i^1), true; got != want {
+			t.Errorf("GPU %d and %d: same switch %t, want %t", i, i^1, got, want)
+		}
+		if g.Domain(0, i) == g.Domain(0, (i+2)%8) {
+			t.Errorf("GPU %d and %d share a switch; they do not", i, (i+2)%8)
+		}
+		if got, want := g.Domain(numa, i) == g.Domain(numa, 0), i < 4; got != want {
+			t.Errorf("GPU %d: NUMA node of GPU 0 %t, want %t", i, got, want)
+		}
+	}
+	for _, c := range [][2]int{{-1, 0}, {topology.DomainLevels, 0}, {0, -1}, {0, 8}} {
+		if got := g.Domain(c[0], c[1]); got != -1 {
+			t.Errorf("Domain(%d, %d) = %d, want -1", c[0], c[1], got)
+		}
+	}
+}
