@@ -190,6 +190,10 @@ type DeciderOptions struct {
 	// FeatureGates is the scheduler's --feature-gates ("" for none), e.g.
 	// GenericWorkloadGates.
 	FeatureGates string
+	// Binary is the scheduler binary in bin/ ("" for the mode's:
+	// kube-scheduler, or gputopo-scheduler in plugin mode), e.g. an
+	// earlier plugin build to compare with.
+	Binary string
 }
 
 // Decider is the scheduler that decides GPU pods in one of the modes:
@@ -270,6 +274,9 @@ func (d *Decider) start() error {
 	bin := "kube-scheduler"
 	if d.Mode == ModePlugin {
 		bin = "gputopo-scheduler"
+	}
+	if d.o.Binary != "" {
+		bin = d.o.Binary
 	}
 	var extra []string
 	if d.o.FeatureGates != "" {

@@ -79,12 +79,16 @@ const (
 	modeNoop     = "no-op HTTP extender"
 	modeExtender = "gputopo extender"
 	modePlugin   = "gputopo plugin build"
+	// modeBaseline is another plugin build, SCHEDBENCH_PLUGIN_BASELINE (a
+	// binary in bin/, e.g. main before a change), measured in the same
+	// run: the before of a before-and-after.
+	modeBaseline = "gputopo plugin build, baseline"
 )
 
-var allModes = []string{modePlain, modeNoop, modeExtender, modePlugin}
+var allModes = []string{modePlain, modeNoop, modeExtender, modePlugin, modeBaseline}
 
 // modeSlug names each mode's namespaces.
-var modeSlug = map[string]string{modePlain: "plain", modeNoop: "noop", modeExtender: "extender", modePlugin: "plugin"}
+var modeSlug = map[string]string{modePlain: "plain", modeNoop: "noop", modeExtender: "extender", modePlugin: "plugin", modeBaseline: "baseline"}
 
 type phase struct {
 	name        string
@@ -182,8 +186,12 @@ func TestSchedulerThroughput(t *testing.T) {
 					stop = cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModeExtender, ExtenderURL: noop}).Stop
 				case modeExtender:
 					stop = cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModeExtender, ExtenderURL: x.URL()}).Stop
-				case modePlugin:
-					d := cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModePlugin})
+				case modePlugin, modeBaseline:
+					o := harness.DeciderOptions{Mode: harness.ModePlugin}
+					if mode == modeBaseline {
+						o.Binary = os.Getenv("SCHEDBENCH_PLUGIN_BASELINE")
+					}
+					d := cp.StartDecider(t, o)
 					if err := d.WaitCore(ctx, 2*time.Minute, localcluster.AllFree(8*n)); err != nil {
 						t.Fatalf("gputopo-scheduler's ledger not settled for %d nodes: %v", n, err)
 					}
@@ -220,8 +228,12 @@ func TestSchedulerThroughput(t *testing.T) {
 func selectedModes(t *testing.T) []string {
 	t.Helper()
 	v := os.Getenv("SCHEDBENCH_MODES")
+	baseline := os.Getenv("SCHEDBENCH_PLUGIN_BASELINE") != ""
 	if v == "" {
-		return allModes
+		if baseline {
+			return allModes
+		}
+		return allModes[:len(allModes)-1]
 	}
 	want := map[string]bool{}
 	for _, s := range strings.Split(v, ",") {
@@ -235,7 +247,10 @@ func selectedModes(t *testing.T) []string {
 		}
 	}
 	if len(want) > 0 || len(out) == 0 {
-		t.Fatalf("SCHEDBENCH_MODES=%q: want a comma-separated subset of plain,noop,extender,plugin", v)
+		t.Fatalf("SCHEDBENCH_MODES=%q: want a comma-separated subset of plain,noop,extender,plugin,baseline", v)
+	}
+	if slices.Contains(out, modeBaseline) && !baseline {
+		t.Fatalf("SCHEDBENCH_MODES=%q names baseline: set SCHEDBENCH_PLUGIN_BASELINE to the baseline build's binary in bin/", v)
 	}
 	return out
 }
@@ -631,6 +646,7 @@ func render(rs []phase) string {
 	for _, n := range sizes {
 		for _, rt := range []struct{ num, den, target string }{
 			{modePlugin, modePlain, ">= 0.95"},
+			{modePlugin, modeBaseline, "-"},
 			{modeExtender, modeNoop, ">= 0.95"},
 			{modeExtender, modePlain, "-"},
 		} {
