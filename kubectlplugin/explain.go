@@ -313,7 +313,9 @@ func (s *Snapshot) group(p *corev1.Pod) (*GroupView, error) {
 	}
 	pr, err := placement.ParseRequest(pending, s.resource(), x.Now())
 	if err != nil {
-		return nil, fmt.Errorf("extender filter: %w", err)
+		// The scheduler refuses that pod with the same error.
+		g.Wait = err.Error()
+		return g, nil
 	}
 	ge := x.ExplainGroup(context.Background(), pr)
 	if ge == nil {
