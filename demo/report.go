@@ -3,7 +3,9 @@ package demo
 import (
 	"fmt"
 	"io"
+	"slices"
 	"sort"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
@@ -17,11 +19,23 @@ type NodeView = picture.NodeView
 // PodView is one placed pod.
 type PodView = picture.PodView
 
+// Placed is a placed pod and the group its placement record names.
+type Placed struct {
+	PodView
+	// Group is the pod's group (namespace/name) and Domain the fabric
+	// domain the whole group was placed in, from the pod's placement
+	// record; both empty for a pod placed alone.
+	Group, Domain string
+}
+
 // Row is one line of the placement table.
 type Row struct {
 	Pod, Node, Intent string
-	GPUs              []int
-	Got               topology.SetMetrics
+	// Group and Domain are the pod's group and the domain it was placed
+	// in ("" for a pod placed alone).
+	Group, Domain string
+	GPUs          []int
+	Got           topology.SetMetrics
 	// CountOnly is what a count-only device plugin (lowest free indices
 	// first, in the same bind order, on the same node) would have given.
 	CountOnlyGPUs []int
@@ -30,12 +44,12 @@ type Row struct {
 
 // Rows computes the table: gputopo's placements and, for each, the
 // count-only alternative replayed in bind order on the same node.
-func Rows(nodes []NodeView, pods []PodView) ([]Row, error) {
+func Rows(nodes []NodeView, pods []Placed) ([]Row, error) {
 	byName := make(map[string]NodeView, len(nodes))
 	for _, n := range nodes {
 		byName[n.Name] = n
 	}
-	sorted := append([]PodView(nil), pods...)
+	sorted := append([]Placed(nil), pods...)
 	sort.SliceStable(sorted, func(i, j int) bool { return sorted[i].Order < sorted[j].Order })
 	gotFree := map[string]topology.Mask{}
 	baseFree := map[string]topology.Mask{}
@@ -52,7 +66,7 @@ func Rows(nodes []NodeView, pods []PodView) ([]Row, error) {
 		if set.Count() != len(p.GPUs) || !set.Minus(gotFree[n.Name]).Empty() {
 			return nil, fmt.Errorf("pod %s holds GPUs %v on %s that were not free", p.Name, p.GPUs, n.Name)
 		}
-		row := Row{Pod: p.Name, Node: n.Name, Intent: p.Intent, GPUs: p.GPUs, Got: n.Graph.Metrics(set, gotFree[n.Name])}
+		row := Row{Pod: p.Name, Node: n.Name, Intent: p.Intent, Group: p.Group, Domain: p.Domain, GPUs: p.GPUs, Got: n.Graph.Metrics(set, gotFree[n.Name])}
 		gotFree[n.Name] = gotFree[n.Name].Minus(set)
 		base := firstFit(baseFree[n.Name], len(p.GPUs))
 		row.CountOnlyGPUs = base.Indices()
@@ -77,14 +91,25 @@ func firstFit(free topology.Mask, k int) topology.Mask {
 	return m
 }
 
-// WriteTable prints the placement table.
+// WriteTable prints the placement table. GROUP and DOMAIN (the group's
+// fabric domain, from the placement record) are shown when a row is in a
+// group.
 func WriteTable(w io.Writer, rows []Row) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "POD\tINTENT\tNODE\tGPUS\tTIER\tMIN PAIR\tRING\t|\tCOUNT-ONLY GPUS\tTIER\tMIN PAIR\tRING")
+	grouped := slices.ContainsFunc(rows, func(r Row) bool { return r.Group != "" })
+	head := "POD\tINTENT\tGROUP\tDOMAIN\tNODE\tGPUS\tTIER\tMIN PAIR\tRING\t|\tCOUNT-ONLY GPUS\tTIER\tMIN PAIR\tRING"
+	if !grouped {
+		head = strings.Replace(head, "\tGROUP\tDOMAIN", "", 1)
+	}
+	fmt.Fprintln(tw, head)
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t|\t%s\t%s\t%s\t%s\n",
-			r.Pod, orDash(r.Intent), r.Node, ints(r.GPUs), r.Got.Tier, gbps(r.Got.MinPairGBps, len(r.GPUs)), gbps(r.Got.RingGBps, len(r.GPUs)),
-			ints(r.CountOnlyGPUs), r.CountOnly.Tier, gbps(r.CountOnly.MinPairGBps, len(r.GPUs)), gbps(r.CountOnly.RingGBps, len(r.GPUs)))
+		cols := []string{r.Pod, orDash(r.Intent)}
+		if grouped {
+			cols = append(cols, orDash(r.Group), orDash(r.Domain))
+		}
+		cols = append(cols, r.Node, ints(r.GPUs), string(r.Got.Tier), gbps(r.Got.MinPairGBps, len(r.GPUs)), gbps(r.Got.RingGBps, len(r.GPUs)), "|",
+			ints(r.CountOnlyGPUs), string(r.CountOnly.Tier), gbps(r.CountOnly.MinPairGBps, len(r.GPUs)), gbps(r.CountOnly.RingGBps, len(r.GPUs)))
+		fmt.Fprintln(tw, strings.Join(cols, "\t"))
 	}
 	return tw.Flush()
 }

@@ -248,13 +248,13 @@ func startScheduling(ctx context.Context, cp *localcluster.ControlPlane, c clien
 
 // place labels the demo namespace, then submits each workload and waits
 // for its pods to be placed, numbering them in placement order.
-func place(ctx context.Context, c client.Client, ws []Workload, nodes []NodeView, say func(string, ...any)) ([]PodView, error) {
+func place(ctx context.Context, c client.Client, ws []Workload, nodes []NodeView, say func(string, ...any)) ([]Placed, error) {
 	say("labelling namespace %s %s=%s", demoNamespace, v1alpha1.LabelInjection, v1alpha1.InjectionEnabled)
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: demoNamespace, Labels: map[string]string{v1alpha1.LabelInjection: v1alpha1.InjectionEnabled}}}); err != nil {
 		return nil, fmt.Errorf("create namespace: %w", err)
 	}
 	order := 0
-	var placed []PodView
+	var placed []Placed
 	for _, w := range ws {
 		say("submitting %s", describe(w))
 		if err := submit(ctx, c, w); err != nil {
@@ -275,7 +275,7 @@ func place(ctx context.Context, c client.Client, ws []Workload, nodes []NodeView
 
 // report prints the placement table and its summary to out and draws the
 // picture into dir.
-func report(out io.Writer, dir string, nodes []NodeView, placed []PodView) error {
+func report(out io.Writer, dir string, nodes []NodeView, placed []Placed) error {
 	rows, err := Rows(nodes, placed)
 	if err != nil {
 		return err
@@ -291,7 +291,11 @@ func report(out io.Writer, dir string, nodes []NodeView, placed []PodView) error
 	if err != nil {
 		return fmt.Errorf("create %s: %w", svgPath, err)
 	}
-	if err := WriteSVG(f, nodes, placed); err != nil {
+	views := make([]PodView, len(placed))
+	for i, p := range placed {
+		views[i] = p.PodView
+	}
+	if err := WriteSVG(f, nodes, views); err != nil {
 		f.Close()
 		return fmt.Errorf("write %s: %w", svgPath, err)
 	}
@@ -304,16 +308,16 @@ func report(out io.Writer, dir string, nodes []NodeView, placed []PodView) error
 
 // example is the placed pod the printed commands show: the first
 // standalone one (its name is known in advance), else the first placed.
-func example(ws []Workload, placed []PodView) PodView {
+func example(ws []Workload, placed []Placed) PodView {
 	for _, p := range placed {
 		for _, w := range ws {
 			if w.Bare && strings.HasPrefix(p.Name, w.Name+"-") {
-				return p
+				return p.PodView
 			}
 		}
 	}
 	if len(placed) > 0 {
-		return placed[0]
+		return placed[0].PodView
 	}
 	return PodView{}
 }
@@ -373,7 +377,7 @@ func startNodes(ctx context.Context, c client.Client, specs []NodeSpec, stops *[
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", s.Name, err)
 		}
-		if _, err := localcluster.CreateGPUNode(ctx, c, s.Name, f.GPUs, map[string]string{"nvidia.com/gpu.present": "true", labelMachine: f.Name}); err != nil {
+		if _, err := localcluster.CreateGPUNode(ctx, c, s.Name, f.GPUs, nodeLabels(f.Name)); err != nil {
 			return nil, err
 		}
 		sim := nvmlsim.New(f, s.Name)
@@ -383,7 +387,8 @@ func startNodes(ctx context.Context, c client.Client, specs []NodeSpec, stops *[
 		run := localcluster.Go(ctx, pub.Run)
 		*stops = append(*stops, func() { _ = run.Stop() })
 		*stops = append(*stops, src.Close)
-		views = append(views, NodeView{Name: s.Name, Fixture: f.Name})
+		// Drawn by leaf, as kubectl gputopo node --svg names a domain.
+		views = append(views, NodeView{Name: s.Name, Fixture: f.Name, Domain: "leaf=" + nodeLabels(f.Name)[labelLeaf]})
 	}
 	// The extender places on what the agents published: wait for it, and
 	// draw the same graphs.
@@ -463,7 +468,7 @@ func submit(ctx context.Context, c client.Client, w Workload) error {
 
 // waitPlaced waits until the workload's pods are all bound with an
 // assignment, and returns them in bind order.
-func waitPlaced(ctx context.Context, c client.Client, w Workload, nodes []NodeView) ([]PodView, error) {
+func waitPlaced(ctx context.Context, c client.Client, w Workload, nodes []NodeView) ([]Placed, error) {
 	var pods corev1.PodList
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		if err := c.List(ctx, &pods, client.InNamespace(demoNamespace), client.MatchingLabels{"demo": w.Name}); err != nil {
@@ -487,7 +492,7 @@ func waitPlaced(ctx context.Context, c client.Client, w Workload, nodes []NodeVi
 		graphs[n.Name] = n.Graph
 	}
 	sort.Slice(pods.Items, func(i, j int) bool { return scheduledAt(&pods.Items[i]).Before(scheduledAt(&pods.Items[j])) })
-	out := make([]PodView, 0, len(pods.Items))
+	out := make([]Placed, 0, len(pods.Items))
 	for _, p := range pods.Items {
 		uuids, err := v1alpha1.ParseGPUList(v1alpha1.AnnotationAssignedGPUs, p.Annotations[v1alpha1.AnnotationAssignedGPUs])
 		if err != nil {
@@ -505,7 +510,12 @@ func waitPlaced(ctx context.Context, c client.Client, w Workload, nodes []NodeVi
 			}
 			idx = append(idx, i)
 		}
-		out = append(out, PodView{Name: p.Name, Node: p.Spec.NodeName, Intent: string(w.Intent), GPUs: idx})
+		pv := Placed{PodView: PodView{Name: p.Name, Node: p.Spec.NodeName, Intent: string(w.Intent), GPUs: idx}}
+		// The group and its domain, as bind recorded them.
+		if pl, err := v1alpha1.ParsePlacement(p.Annotations[v1alpha1.AnnotationPlacement]); err == nil {
+			pv.Group, pv.Domain = pl.Group, pl.Domain
+		}
+		out = append(out, pv)
 	}
 	return out, nil
 }

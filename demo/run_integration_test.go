@@ -40,6 +40,21 @@ func testDemo(t *testing.T, mode string) {
 			t.Errorf("table has %d rows for %s, want %d", n, w.Name, w.Pods)
 		}
 	}
+	// llm-finetune, a model-parallel Job of 3 pods, is one group: its
+	// rows name the group and one domain (columns GROUP and DOMAIN after
+	// POD and INTENT).
+	domains := map[string]bool{}
+	for _, l := range strings.Split(text, "\n") {
+		if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[0], "llm-finetune-") {
+			if f[2] != demoNamespace+"/llm-finetune" {
+				t.Errorf("row %q: group %q, want %s/llm-finetune", l, f[2], demoNamespace)
+			}
+			domains[f[3]] = true
+		}
+	}
+	if len(domains) != 1 || domains["-"] {
+		t.Errorf("llm-finetune's pods are in domains %v; want one", domains)
+	}
 	m := regexp.MustCompile(`all-NVLink sets: gputopo (\d+), count-only (\d+)`).FindStringSubmatch(text)
 	if m == nil {
 		t.Fatalf("no summary line in output")

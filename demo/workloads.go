@@ -50,6 +50,27 @@ type Workload struct {
 // labelMachine is the node label the demo sets to the node's machine name.
 const labelMachine = "demo.gputopo.io/machine"
 
+// The demo's network, as NVIDIA's topology labels state a real one (the
+// default fabric.levels read them, docs/groups.md): the nodes of one
+// machine share a leaf switch, as a rack of one machine type does, and
+// every leaf hangs off one spine. A group too large for one leaf is then
+// placed across the spine, and its DOMAIN says so.
+const (
+	labelLeaf  = "network.topology.nvidia.com/leaf"
+	labelSpine = "network.topology.nvidia.com/spine"
+	demoSpine  = "spine-1"
+)
+
+// nodeLabels are the labels of a demo node of machine (its name).
+func nodeLabels(machine string) map[string]string {
+	return map[string]string{
+		"nvidia.com/gpu.present": "true",
+		labelMachine:             machine,
+		labelLeaf:                "leaf-" + machine,
+		labelSpine:               demoSpine,
+	}
+}
+
 // ParseMachines reads --machines: "machine=count,..." where a machine is a
 // built-in fixture name or a machine file, e.g. "mybox.yaml=2,dgx-a100=2".
 // Nodes are named "<machine name>-<i>" from 1, as in DefaultCluster.

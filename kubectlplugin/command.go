@@ -147,7 +147,7 @@ func (o *Options) nodeCommands() (nodes, node *cobra.Command) {
 func (o *Options) podsCommand() *cobra.Command {
 	pods := &cobra.Command{
 		Use:   "pods",
-		Short: "GPU pods: intent, requirement, node, GPUs, tier, ring bandwidth, plan against truth",
+		Short: "GPU pods: intent, requirement, group and its domain, node, GPUs, tier, ring bandwidth, plan against truth",
 		Args:  cobra.NoArgs,
 		RunE: o.withSnapshot(func(s *Snapshot, _ []string) error {
 			rows := []PodRow{}
@@ -176,7 +176,11 @@ func (o *Options) explainCommand() *cobra.Command {
     gputopo never decides the pod and the verdicts are what it would do;
   - its PodScheduled condition (status, reason, message, age), e.g.
     SchedulerError when the scheduler cannot reach gputopo's extender;
-  - its recent events (FailedScheduling, GPUsBound, ...).
+  - its recent events (FailedScheduling, GPUsBound, ...);
+  - for a pod of a group (gputopo.io/group, docs/groups.md): the group's
+    size and levels, its pods bound and pending, and the fabric domain it
+    is placed in or would be placed in now, or why it waits, by the core's
+    own group planning.
 
 Then, for a Pending pod, every GPU node's verdict by the extender's own
 filter and scores, fed with what the plugin lists; for a bound pod, its node

@@ -7,7 +7,8 @@
 // for a Job whose pods the webhook refuses, its FailedCreate events.
 //
 // explain runs the decision core itself (placement.NewOffline fed from the
-// listed objects, then Filter and Explain) rather than a second
+// listed objects, then Filter and Explain, and ExplainGroup for a pod of
+// a group) rather than a second
 // implementation of its verdicts, so that its reasons are the ones
 // kube-scheduler's FailedScheduling event carries.
 //

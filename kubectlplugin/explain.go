@@ -16,6 +16,7 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/placement"
+	"github.com/gputopo/gputopo/placement/ledger"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -50,6 +51,58 @@ type Explanation struct {
 	Nodes []NodeVerdict `json:"nodes,omitempty"`
 	// Bound is the bound pod's plan and truth.
 	Bound *BoundView `json:"bound,omitempty"`
+	// Group is the pod's group, when it is placed with others
+	// (docs/groups.md).
+	Group *GroupView `json:"group,omitempty"`
+}
+
+// GroupView is a pod's group as explain shows it: what it asks for, its
+// live pods, and where it is placed, would be placed now, or why it
+// waits, by the core's own planning (placement.Core.ExplainGroup).
+type GroupView struct {
+	// Name is namespace/name.
+	Name string `json:"name"`
+	// Size is how many pods are placed together; 0 for a Kubernetes
+	// PodGroup (PodGroup true), whose size lives in the PodGroup, which
+	// the plugin does not read.
+	Size     int  `json:"size,omitempty"`
+	PodGroup bool `json:"podGroup,omitempty"`
+	// Required and Preferred are the fabric levels of its annotations.
+	Required  string `json:"requiredTopology,omitempty"`
+	Preferred string `json:"preferredTopology,omitempty"`
+	// Members are its live pods: bound ones (by node), then the others
+	// (by name).
+	Members []GroupMember `json:"members"`
+	// Domain is the fabric domain the group is placed in (its bound pods'
+	// placement record) or would be placed in now, Level that domain's
+	// fabric level (empty when only the record says where), and Nodes the
+	// nodes its pods not bound yet would go to, one per pod.
+	Domain string   `json:"domain,omitempty"`
+	Level  string   `json:"level,omitempty"`
+	Nodes  []string `json:"nodes,omitempty"`
+	// Wait is why the group cannot be placed now, in the scheduler's
+	// words ("" when it can).
+	Wait string `json:"wait,omitempty"`
+}
+
+// GroupMember is one live pod of a group.
+type GroupMember struct {
+	Name string `json:"name"`
+	// Node is where it is bound ("" while Pending), and Domain the domain
+	// its placement record names.
+	Node   string `json:"node,omitempty"`
+	Domain string `json:"domain,omitempty"`
+}
+
+// Bound counts the members bound to a node.
+func (g *GroupView) Bound() int {
+	n := 0
+	for _, m := range g.Members {
+		if m.Node != "" {
+			n++
+		}
+	}
+	return n
 }
 
 // NodeVerdict is one node's answer for a Pending pod.
@@ -168,12 +221,114 @@ func (s *Snapshot) Explain(namespace, name string, profiles ...string) (*Explana
 	}
 	e.Strategy = string(req.EffectiveStrategy())
 	e.RequestedTier = requestedTier(int(want), req)
+	if e.Group, err = s.group(p); err != nil {
+		return nil, err
+	}
 	if p.Spec.NodeName != "" {
 		e.Bound = s.bound(p, req)
 		return e, nil
 	}
 	e.Nodes, err = s.verdicts(p)
 	return e, err
+}
+
+// offlineCore is a core fed with the snapshot, as its informers would
+// feed it.
+func (s *Snapshot) offlineCore() (*placement.Core, error) {
+	x, err := placement.NewOffline(placement.Options{Config: s.Config}, nil)
+	if err != nil {
+		return nil, err
+	}
+	l := x.Ledger()
+	for i := range s.Topologies {
+		l.UpsertTopology(&s.Topologies[i])
+	}
+	for i := range s.Nodes {
+		l.UpsertNode(&s.Nodes[i])
+	}
+	for i := range s.Pods {
+		l.UpsertPod(&s.Pods[i])
+	}
+	return x, nil
+}
+
+// group describes p's group: nil for a pod placed alone. Where the group
+// would be placed, or why it waits, is the core's ExplainGroup for a
+// member not bound yet (p itself when it is Pending); a group whose pods
+// are all bound is where their placement records say.
+func (s *Snapshot) group(p *corev1.Pod) (*GroupView, error) {
+	key := podGroup(p, s.resource())
+	if key == "" || key == groupInvalid {
+		// An invalid group fails every node with the parse error
+		// (verdicts); a bound pod's is of no consequence any more.
+		return nil, nil
+	}
+	info := ledger.NewPodInfo(p, s.resource())
+	g := &GroupView{Name: key, PodGroup: info.GroupNative, Required: info.GroupSpec.Required, Preferred: info.GroupSpec.Preferred}
+	if !info.GroupNative {
+		g.Size = info.GroupSpec.Size
+	}
+	var pending *corev1.Pod
+	for i := range s.Pods {
+		o := &s.Pods[i]
+		if o.Namespace != p.Namespace || demand(o, s.resource()) == 0 || podGroup(o, s.resource()) != key {
+			continue
+		}
+		m := GroupMember{Name: o.Name, Node: o.Spec.NodeName}
+		if pl, err := v1alpha1.ParsePlacement(o.Annotations[v1alpha1.AnnotationPlacement]); err == nil && pl.Group == key {
+			m.Domain = pl.Domain
+		}
+		if m.Node != "" && m.Domain != "" && g.Domain == "" {
+			g.Domain = m.Domain
+		}
+		if m.Node == "" && (pending == nil || o == p) {
+			pending = o
+		}
+		g.Members = append(g.Members, m)
+	}
+	sort.SliceStable(g.Members, func(i, j int) bool {
+		a, b := g.Members[i], g.Members[j]
+		if (a.Node == "") != (b.Node == "") {
+			return a.Node != ""
+		}
+		if a.Node != b.Node {
+			return a.Node < b.Node
+		}
+		return a.Name < b.Name
+	})
+	if g.PodGroup {
+		// Its size and constraint are the PodGroup's, which the
+		// snapshot does not hold: the scheduler's events say the rest.
+		return g, nil
+	}
+	if pending == nil {
+		if g.Size > 0 && len(g.Members) < g.Size {
+			g.Wait = fmt.Sprintf("group %s has %d of its %d pods: the others do not exist", key, len(g.Members), g.Size)
+		}
+		return g, nil
+	}
+	x, err := s.offlineCore()
+	if err != nil {
+		return nil, err
+	}
+	pr, err := placement.ParseRequest(pending, s.resource(), x.Now())
+	if err != nil {
+		// The scheduler refuses that pod with the same error.
+		g.Wait = err.Error()
+		return g, nil
+	}
+	ge := x.ExplainGroup(context.Background(), pr)
+	if ge == nil {
+		return g, nil
+	}
+	if ge.Size > 0 {
+		g.Size = ge.Size
+	}
+	g.Wait = strings.TrimPrefix(ge.Wait, placement.ReasonPrefix)
+	if ge.Domain != "" {
+		g.Domain, g.Level, g.Nodes = ge.Domain, ge.Level, ge.Nodes
+	}
+	return g, nil
 }
 
 // requestedTier names what the requirement asks for.
@@ -194,19 +349,9 @@ func requestedTier(count int, req v1alpha1.Requirement) string {
 // verdicts runs the extender's Filter and Explain on a core fed with the
 // snapshot, as its informers would feed it.
 func (s *Snapshot) verdicts(p *corev1.Pod) ([]NodeVerdict, error) {
-	x, err := placement.NewOffline(placement.Options{Config: s.Config}, nil)
+	x, err := s.offlineCore()
 	if err != nil {
 		return nil, err
-	}
-	l := x.Ledger()
-	for i := range s.Topologies {
-		l.UpsertTopology(&s.Topologies[i])
-	}
-	for i := range s.Nodes {
-		l.UpsertNode(&s.Nodes[i])
-	}
-	for i := range s.Pods {
-		l.UpsertPod(&s.Pods[i])
 	}
 	names := s.gpuNodeNames()
 	pr, err := placement.ParseRequest(p, s.Config.GPUResource(), x.Now())

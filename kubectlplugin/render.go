@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -247,10 +248,16 @@ func writeNode(w io.Writer, p painter, d *NodeDetail) error {
 	return nil
 }
 
-// writePods is the pods table.
+// writePods is the pods table. GROUP and DOMAIN are shown only when a
+// pod of the table is in a group, so that a cluster without groups keeps
+// its table as it was.
 func writePods(w io.Writer, p painter, rows []PodRow, withNode bool) error {
 	t := newTable(w)
-	head := "POD\tPHASE\tINTENT\tGPUS REQ\tREQUIREMENT\tNODE\tGPUS\tTIER\tRING GB/S\tTRUTH"
+	grouped := slices.ContainsFunc(rows, func(r PodRow) bool { return r.Group != "" })
+	head := "POD\tPHASE\tINTENT\tGPUS REQ\tREQUIREMENT\tGROUP\tDOMAIN\tNODE\tGPUS\tTIER\tRING GB/S\tTRUTH"
+	if !grouped {
+		head = strings.Replace(head, "\tGROUP\tDOMAIN", "", 1)
+	}
 	if !withNode {
 		head = strings.Replace(head, "\tNODE", "", 1)
 	}
@@ -272,6 +279,13 @@ func writePods(w io.Writer, p painter, rows []PodRow, withNode bool) error {
 			phase = p.c(yellow, phase)
 		}
 		cols := []string{r.Namespace + "/" + r.Name, phase, dash(r.Intent), strconv.Itoa(r.Requested), requirementSummary(r.Requirement)}
+		if grouped {
+			group := dash(r.Group)
+			if r.Group == groupInvalid {
+				group = p.c(red, group)
+			}
+			cols = append(cols, group, dash(r.Domain))
+		}
 		if withNode {
 			cols = append(cols, dash(r.Node))
 		}
@@ -311,6 +325,9 @@ func writeExplanation(w io.Writer, p painter, e *Explanation) error {
 	fmt.Fprintf(w, "%s  %s, requests %d GPU(s), wants %s, strategy %s\n", p.c(bold, "Pod "+e.Namespace+"/"+e.Name), e.Phase, e.Requested, e.RequestedTier, e.Strategy)
 	if e.Requirement != "" {
 		fmt.Fprintf(w, "requirement:  %s\n", e.Requirement)
+	}
+	if e.Group != nil {
+		writeGroup(w, p, e.Group)
 	}
 	profiles := strings.Join(e.Profiles, ", ")
 	if e.GputopoDecides {
@@ -512,4 +529,62 @@ func writeOwnerExplanation(w io.Writer, p painter, o *OwnerExplanation) error {
 		fmt.Fprintf(t, "  %s\t%s\t%s\t%s\n", op.Name, op.Phase, dash(op.Node), dash(op.Scheduled))
 	}
 	return t.Flush()
+}
+
+// writeGroup prints a pod's group: what it asks for, its pods, and where
+// it is placed, would be placed now, or why it waits.
+func writeGroup(w io.Writer, p painter, g *GroupView) {
+	var asks []string
+	if g.PodGroup {
+		asks = append(asks, "a Kubernetes PodGroup (its size and topology are the PodGroup's, which explain does not read)")
+	} else {
+		asks = append(asks, fmt.Sprintf("%d pods placed together, all or nothing, in one fabric domain", g.Size))
+	}
+	if g.Required != "" {
+		asks = append(asks, "required "+g.Required)
+	}
+	if g.Preferred != "" {
+		asks = append(asks, "preferred "+g.Preferred)
+	}
+	fmt.Fprintf(w, "group:        %s, %s\n", p.c(bold, g.Name), strings.Join(asks, ", "))
+	var bound, pending []string
+	for _, m := range g.Members {
+		if m.Node != "" {
+			bound = append(bound, m.Name+" on "+m.Node)
+		} else {
+			pending = append(pending, m.Name)
+		}
+	}
+	members := fmt.Sprintf("%d bound%s, %d pending%s", len(bound), names(bound), len(pending), names(pending))
+	if g.Size > len(g.Members) {
+		members += fmt.Sprintf(", %d not created yet", g.Size-len(g.Members))
+	}
+	fmt.Fprintf(w, "members:      %s\n", members)
+	switch {
+	case g.Wait != "":
+		fmt.Fprintf(w, "waits:        %s\n", p.c(yellow, g.Wait))
+		if g.Domain != "" {
+			fmt.Fprintf(w, "domain:       %s (its bound pods' placement record)\n", g.Domain)
+		}
+	case len(g.Nodes) > 0:
+		level := ""
+		if g.Level != "" {
+			level = " (" + g.Level + ")"
+		}
+		fmt.Fprintf(w, "domain:       %s%s: its %d pod(s) not bound yet go to %s\n", p.c(cyan, g.Domain), level, len(g.Nodes), strings.Join(g.Nodes, ", "))
+	case g.Domain != "":
+		fmt.Fprintf(w, "domain:       %s (its bound pods' placement record)\n", p.c(cyan, g.Domain))
+	}
+}
+
+// names lists up to 8 names in parentheses: " (a, b, and 3 more)".
+func names(l []string) string {
+	if len(l) == 0 {
+		return ""
+	}
+	const most = 8
+	if len(l) > most {
+		return fmt.Sprintf(" (%s, and %d more)", strings.Join(l[:most], ", "), len(l)-most)
+	}
+	return " (" + strings.Join(l, ", ") + ")"
 }

@@ -363,6 +363,32 @@ type PodRow struct {
 	RingBandwidthGBps int    `json:"ringBandwidthGBps,omitempty"`
 	// Drift is true when allocated-gpus differ from assigned-gpus.
 	Drift bool `json:"drift,omitempty"`
+	// Group is the pod's group (namespace/name) when it is placed with
+	// others (docs/groups.md): the placement record's for a bound pod,
+	// else its annotations' (or its Kubernetes PodGroup's); "invalid"
+	// when its group annotations do not parse. Domain is the fabric
+	// domain the record says the whole group was placed in; empty while
+	// the pod is not bound.
+	Group  string `json:"group,omitempty"`
+	Domain string `json:"domain,omitempty"`
+}
+
+// groupInvalid is the GROUP cell of a pod whose group annotations do not
+// parse (the scheduler keeps it Pending with the message).
+const groupInvalid = "invalid"
+
+// podGroup is the group a pod's annotations (or PodGroup) put it in: ""
+// for none, and for a group of one pod, which is placed as an ordinary
+// pod.
+func podGroup(p *corev1.Pod, resource corev1.ResourceName) string {
+	info := ledger.NewPodInfo(p, resource)
+	switch {
+	case info.GroupErr != nil:
+		return groupInvalid
+	case info.Group == "" || !info.GroupNative && info.GroupSpec.Size < 2:
+		return ""
+	}
+	return info.Group
 }
 
 // PodRows lists the GPU pods, bound ones by node and first GPU, then
@@ -381,8 +407,12 @@ func (s *Snapshot) PodRows() []PodRow {
 		if r.Phase == "" {
 			r.Phase = string(corev1.PodPending)
 		}
+		r.Group = podGroup(p, s.resource())
 		if pl, err := v1alpha1.ParsePlacement(p.Annotations[v1alpha1.AnnotationPlacement]); err == nil {
 			r.Tier, r.RingBandwidthGBps = string(pl.Tier), pl.RingBandwidthGBps
+			if pl.Group != "" {
+				r.Group, r.Domain = pl.Group, pl.Domain
+			}
 		}
 		if r.Node != "" {
 			n := states[r.Node]
