@@ -105,6 +105,10 @@ func (g *GroupView) Bound() int {
 	return n
 }
 
+// ReasonPackedOver is a fitting node's reason when domain packing scored
+// it one below the best (docs/groups.md, "Pods outside groups").
+const ReasonPackedOver = "as good as the best, one point less: another lies in a fuller fabric domain (domain packing)"
+
 // NodeVerdict is one node's answer for a Pending pod.
 type NodeVerdict struct {
 	Node string `json:"node"`
@@ -377,6 +381,9 @@ func (s *Snapshot) verdicts(p *corev1.Pod) ([]NodeVerdict, error) {
 			m := ex.Result.Metrics
 			v.Verdict, v.Score, v.GPUs = VerdictFits, ex.Score, ex.Result.GPUs
 			v.Tier, v.RingBandwidthGBps, v.MinPairGBps, v.LeftLargestIsland = string(m.Tier), m.RingGBps, m.MinPairGBps, m.LeftLargestIsland
+			if ex.PackedOver {
+				v.Reason = ReasonPackedOver
+			}
 		default:
 			v.Verdict, v.Reason = VerdictFails, ex.Reason
 		}

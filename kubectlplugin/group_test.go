@@ -247,3 +247,32 @@ func TestExplainBoundGroupMember(t *testing.T) {
 		}
 	}
 }
+
+// A pod outside groups on labelled nodes: the empty nodes score alike, so
+// the one in the fuller leaf keeps 10 (a100-2: a100-1 beside it is busy,
+// l1 has 8 free GPUs) and explain gives the nodes it passed over (a100-3
+// and a100-4, l2: 16 free) that reason.
+func TestExplainSaysWhichNodeDomainPackingPassedOver(t *testing.T) {
+	s := groupCluster(t, 2, 0, nil)
+	s.Topologies = append(s.Topologies, topo(t, "dgx-a100", "a100-4", now))
+	s.Nodes = append(s.Nodes, node("a100-4", 8, map[string]string{leafLabel: "l2"}))
+	s.Pods = append(s.Pods, pod("busy", "a100-1", 8, map[string]string{v1alpha1.AnnotationAssignedGPUs: uuids("a100-1", 0, 1, 2, 3, 4, 5, 6, 7)}),
+		pendingPod("one", v1alpha1.DefaultSchedulerName, 1, map[string]string{}))
+	s.sort()
+	e, err := s.Explain("team", "one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]NodeVerdict{}
+	for _, v := range e.Nodes {
+		got[v.Node] = v
+	}
+	if v := got["a100-2"]; v.Verdict != VerdictFits || v.Score != 10 || v.Reason != "" {
+		t.Errorf("a100-2 (the fuller leaf) %+v; want fits, 10, no reason", v)
+	}
+	for _, n := range []string{"a100-3", "a100-4"} {
+		if v := got[n]; v.Verdict != VerdictFits || v.Score != 9 || v.Reason != ReasonPackedOver {
+			t.Errorf("%s %+v; want fits, 9, %q", n, v, ReasonPackedOver)
+		}
+	}
+}
