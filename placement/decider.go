@@ -62,6 +62,8 @@ type decider struct {
 	identity  string
 
 	startOnce sync.Once
+	// started says start ran (the election is running or has ended).
+	started atomic.Bool
 	// mu orders a term's start (takeOver) against its end
 	// (OnStoppedLeading), so that holding is never set after its term.
 	mu      sync.Mutex
@@ -123,7 +125,30 @@ func (d *decider) lease() string { return d.namespace + "/" + d.name }
 // rebuilds the ledger before deciding; losing stops deciding at once and
 // keeps trying, so a scheduler whose Lease renewal failed once comes back.
 func (d *decider) start(ctx context.Context) {
-	d.startOnce.Do(func() { go d.run(ctx) })
+	d.startOnce.Do(func() {
+		d.started.Store(true)
+		go d.run(ctx)
+	})
+}
+
+// AwaitDeciderReleased waits, at most timeout, until the decider Lease
+// election has ended after the core's context ended: its Bindings in
+// flight drained and the Lease released, so that the next scheduler
+// takes it at once instead of after the Lease duration. It returns at once
+// for a core that never ran the election. A process that exits when its
+// context ends (kube-scheduler on SIGTERM) calls it before exiting;
+// false means the Lease may still be held.
+func (x *Core) AwaitDeciderReleased(timeout time.Duration) bool {
+	d := x.decider.Load()
+	if d == nil || !d.started.Load() {
+		return true
+	}
+	select {
+	case <-d.done:
+		return true
+	case <-time.After(timeout):
+		return false
+	}
 }
 
 func (d *decider) run(ctx context.Context) {

@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -157,6 +158,33 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	return p, nil
 }
 
+// started are the cores the plugin built in this process (one per
+// profile that enables it), for AwaitShutdown.
+var started struct {
+	sync.Mutex
+	cores []*placement.Core
+}
+
+// AwaitShutdown waits, at most timeout in all, until every core the
+// plugin started has released its decider Lease after the scheduler's
+// context ended. kube-scheduler returns from its command as soon as its
+// context ends (SIGTERM), before the plugin's goroutines finish; without
+// the wait the Lease stays held until it expires, and the next
+// gputopo-scheduler (a rolling update) decides no GPU pod for the Lease
+// duration. gputopo-scheduler's main calls it after the command returns;
+// false means some Lease may still be held.
+func AwaitShutdown(timeout time.Duration) bool {
+	started.Lock()
+	cores := slices.Clone(started.cores)
+	started.Unlock()
+	deadline := time.Now().Add(timeout)
+	ok := true
+	for _, x := range cores {
+		ok = x.AwaitDeciderReleased(max(time.Until(deadline), 0)) && ok
+	}
+	return ok
+}
+
 // start builds the core from args and runs it until ctx ends.
 func start(ctx context.Context, cfg *rest.Config, args Args, host *placement.HostInformers) (*Plugin, error) {
 	o := placement.Options{Mode: "plugin", SchedulerNames: args.SchedulerNames, HostInformers: host,
@@ -190,6 +218,9 @@ func start(ctx context.Context, cfg *rest.Config, args Args, host *placement.Hos
 	}
 	m := obs.Attach(x)
 	p := &Plugin{x: x}
+	started.Lock()
+	started.cores = append(started.cores, x)
+	started.Unlock()
 	addr := args.MetricsBindAddress
 	if addr == "" {
 		addr = DefaultMetricsBindAddress

@@ -9,7 +9,9 @@
 package main
 
 import (
+	"fmt"
 	"os"
+	"time"
 
 	"k8s.io/component-base/cli"
 	_ "k8s.io/component-base/logs/json/register"
@@ -20,7 +22,16 @@ import (
 	"github.com/gputopo/gputopo/schedplugin"
 )
 
+// shutdownWait bounds how long the process waits, once the scheduler has
+// stopped, for the plugin to release its decider Lease: the Bindings in
+// flight (at most the bind timeout, 10s by default) and one Lease update.
+const shutdownWait = 15 * time.Second
+
 func main() {
 	cmd := app.NewSchedulerCommand(app.WithPlugin(schedplugin.Name, schedplugin.New))
-	os.Exit(cli.Run(cmd))
+	code := cli.Run(cmd)
+	if !schedplugin.AwaitShutdown(shutdownWait) {
+		fmt.Fprintf(os.Stderr, "gputopo-scheduler: the decider Lease was not released within %s; the next scheduler takes it when it expires\n", shutdownWait)
+	}
+	os.Exit(code)
 }

@@ -33,7 +33,8 @@ const pluginProfile = "gputopo-plugin"
 // decides; the other's pods wait with a message that names the holder.
 // Halfway the holder is killed: the other takes over, binds its waiting
 // pods without touching GPUs the first bound, and the restarted first one
-// now waits naming it.
+// now waits naming it. Last, the plugin build is stopped with SIGTERM: it
+// releases the Lease before it exits.
 func TestTwoGputopoSchedulersOnSharedNodesNeverIssueAGPUTwice(t *testing.T) {
 	e := newEnv(t, 2)
 	ctx := harness.Context(t)
@@ -126,6 +127,15 @@ func TestTwoGputopoSchedulersOnSharedNodesNeverIssueAGPUTwice(t *testing.T) {
 			}
 		}
 	}
+	// Stopped as a rolling update stops it (SIGTERM), the plugin build
+	// releases the Lease before it exits, so the extender takes it within
+	// its retry period instead of after the Lease's 15s expire.
+	stopped := time.Now()
+	plug.Stop()
+	harness.Poll(t, 8*time.Second, "the stopped plugin build to release the decider Lease", func() (bool, string) {
+		h := holder()
+		return !strings.Contains(h, "(plugin mode"), fmt.Sprintf("holder %s, %s after SIGTERM", h, time.Since(stopped).Round(time.Second))
+	})
 	if t.Failed() {
 		t.Logf("kube-scheduler (extender mode) log:\n%s\nplugin build log:\n%s", ext.tail(), plug.Tail(30))
 	}

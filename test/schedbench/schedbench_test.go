@@ -23,15 +23,18 @@ import (
 
 	"github.com/gputopo/gputopo/topology/machine"
 
+	"github.com/gputopo/gputopo/placement"
 	"github.com/gputopo/gputopo/placement/ledger"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+	schedconfigv1 "k8s.io/kube-scheduler/config/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	"k8s.io/utils/ptr"
 
@@ -189,7 +192,7 @@ func TestSchedulerThroughput(t *testing.T) {
 				case modePlugin, modeBaseline:
 					o := harness.DeciderOptions{Mode: harness.ModePlugin}
 					if mode == modeBaseline {
-						o.Binary = os.Getenv("SCHEDBENCH_PLUGIN_BASELINE")
+						o.Binary, o.Configure = os.Getenv("SCHEDBENCH_PLUGIN_BASELINE"), withoutPlacementPlugins
 					}
 					d := cp.StartDecider(t, o)
 					if err := d.WaitCore(ctx, 2*time.Minute, localcluster.AllFree(8*n)); err != nil {
@@ -200,6 +203,9 @@ func TestSchedulerThroughput(t *testing.T) {
 				r := runPhase(t, cp, mode, n, ns, schedulerName, pods)
 				r.rep = rep
 				stop()
+				if mode == modePlugin || mode == modeBaseline {
+					freeDeciderLease(t, cp, mode)
+				}
 				waitLedger(t, x.Extender, n)
 				results = append(results, r)
 			}
@@ -220,6 +226,18 @@ func TestSchedulerThroughput(t *testing.T) {
 	for _, r := range results {
 		if r.unscheduled > 0 {
 			t.Errorf("%s on %d nodes (repetition %d): %d of %d pods not bound; the figures above are not comparable", r.name, r.nodes, r.rep+1, r.unscheduled, r.pods)
+		}
+	}
+}
+
+// withoutPlacementPlugins leaves the pod-group cycle's extension points
+// (placementGenerate, placementScore) out of the profiles, for a baseline
+// build from before the plugin implemented them: with them, it would
+// not start.
+func withoutPlacementPlugins(c *schedconfigv1.KubeSchedulerConfiguration) {
+	for i := range c.Profiles {
+		if p := c.Profiles[i].Plugins; p != nil {
+			p.PlacementGenerate, p.PlacementScore = schedconfigv1.PluginSet{}, schedconfigv1.PluginSet{}
 		}
 	}
 }
@@ -320,11 +338,43 @@ func startExtender(t *testing.T, cp *harness.ControlPlane) *harness.Extender {
 	o := extender.NewOptions()
 	o.BindAddress, o.Port, o.MetricsBindAddress = "127.0.0.1", port, "127.0.0.1:0"
 	o.LeaderElect = false
+	// Its own decider Lease: it decides only in the extender phases, and
+	// must not keep the plugin builds, which take the default Lease, from
+	// deciding in theirs (the phases never overlap).
+	o.DeciderLeaseName = "gputopo-decider-schedbench-extender"
 	// The same client limits as the kube-scheduler under test
 	// (localcluster's clientConnection): the extender's bind is not the
 	// rate-limited party.
 	o.KubeAPIQPS, o.KubeAPIBurst = 0, 0
 	return harness.StartExtender(t, klog.NewContext(context.Background(), klog.Background()), cp.Config, o)
+}
+
+// freeDeciderLease makes sure no stopped plugin build still holds the
+// decider Lease when the next scheduler starts: client-go's election
+// counts a Lease held for its whole duration from the moment a new process
+// first sees it, whatever its renew time says, so a Lease left held by an
+// exited process would hold up the next build's first pods by 15s. A
+// build that released it on SIGTERM (schedplugin.AwaitShutdown) leaves
+// nothing to do; one that did not (an earlier baseline) has its Lease
+// deleted, and the test logs it.
+func freeDeciderLease(t *testing.T, cp *harness.ControlPlane, mode string) {
+	t.Helper()
+	ctx := context.Background()
+	name := placement.DeciderLeaseName(v1alpha1.ResourceGPU)
+	leases := cp.Clientset.CoordinationV1().Leases(placement.DefaultDeciderLeaseNamespace)
+	l, err := leases.Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return
+	}
+	if err != nil {
+		t.Fatalf("decider lease %s: %v", name, err)
+	}
+	if h := ptr.Deref(l.Spec.HolderIdentity, ""); h != "" {
+		t.Logf("%s exited still holding the decider lease (%s); deleting it", mode, h)
+		if err := leases.Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Fatalf("delete decider lease %s: %v", name, err)
+		}
+	}
 }
 
 // waitLedger waits until the extender's informers have every node's
