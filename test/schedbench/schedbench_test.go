@@ -109,6 +109,15 @@ type phase struct {
 
 // procCPU is the CPU time (user + system) of the processes whose
 // executable is bin/<name> for one of names, from /proc.
+// schedulerBinaries are the binaries whose CPU counts as the scheduler's.
+func schedulerBinaries() []string {
+	names := []string{"kube-scheduler", "gputopo-scheduler"}
+	if b := os.Getenv("SCHEDBENCH_PLUGIN_BASELINE"); b != "" {
+		names = append(names, b)
+	}
+	return names
+}
+
 func procCPU(names ...string) time.Duration {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
@@ -539,7 +548,7 @@ func runPhase(t *testing.T, cp *harness.ControlPlane, name string, nodes int, ns
 	}
 	runtime.GC()
 	cpu0 := cpuTime()
-	sched0, api0 := procCPU("kube-scheduler", "gputopo-scheduler"), procCPU("kube-apiserver", "etcd")
+	sched0, api0 := procCPU(schedulerBinaries()...), procCPU("kube-apiserver", "etcd")
 	start := time.Now()
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 32)
@@ -596,7 +605,7 @@ wait:
 		}
 	}
 	cpu := cpuTime() - cpu0
-	schedCPU, apiCPU := procCPU("kube-scheduler", "gputopo-scheduler")-sched0, procCPU("kube-apiserver", "etcd")-api0
+	schedCPU, apiCPU := procCPU(schedulerBinaries()...)-sched0, procCPU("kube-apiserver", "etcd")-api0
 	mu.Lock()
 	var last time.Time
 	lat := make([]time.Duration, 0, len(bound))
