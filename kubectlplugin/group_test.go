@@ -168,23 +168,43 @@ func TestExplainGroupThatFits(t *testing.T) {
 // A group that cannot be placed: explain says why in the scheduler's
 // words, the same words every node's verdict carries.
 func TestExplainGroupThatWaits(t *testing.T) {
-	s := groupCluster(t, 3, 3, map[string]string{v1alpha1.AnnotationGroupRequiredTopology: "leaf"})
-	out, err := runPlugin(t, fakeCluster(t, s), "explain", "train-2")
+	// 2 x 8 GPUs in one leaf while a100-1 (leaf l1, with a100-2) is busy:
+	// it fits once a100-1 frees, so every node fails now, not never.
+	s := groupCluster(t, 2, 2, map[string]string{v1alpha1.AnnotationGroupRequiredTopology: "leaf"})
+	s.Pods = append(s.Pods, pod("busy", "a100-1", 8, map[string]string{v1alpha1.AnnotationAssignedGPUs: uuids("a100-1", 0, 1, 2, 3, 4, 5, 6, 7)}))
+	s.sort()
+	out, err := runPlugin(t, fakeCluster(t, s), "explain", "train-1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	golden(t, "explain-group-waits.txt", out)
-	const why = "group team/train needs 3 pods × 8 GPUs in one leaf domain; the largest free holds 2"
+	const why = "group team/train needs 2 pods × 8 GPUs in one leaf domain; the largest free holds 1"
 	if !strings.Contains(out, "waits:        "+why) || !strings.Contains(out, "required leaf, preferred nvlink") {
 		t.Errorf("explain does not say why the group waits:\n%s", out)
 	}
-	e, err := s.Explain("team", "train-2")
+	e, err := s.Explain("team", "train-1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, v := range e.Nodes {
-		if v.Verdict == VerdictFits || !strings.Contains(v.Reason, why) {
-			t.Errorf("node %s: %s %q; want the group's reason", v.Node, v.Verdict, v.Reason)
+		if v.Verdict != VerdictFails || !strings.Contains(v.Reason, why) {
+			t.Errorf("node %s: %s %q; want fails with the group's reason", v.Node, v.Verdict, v.Reason)
+		}
+	}
+
+	// 3 x 8 GPUs in one leaf: no leaf has three nodes, so never.
+	s = groupCluster(t, 3, 3, map[string]string{v1alpha1.AnnotationGroupRequiredTopology: "leaf"})
+	e, err = s.Explain("team", "train-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const never = "group team/train needs 3 pods × 8 GPUs in one leaf domain; none holds that many even with every GPU free (the largest holds 2)"
+	if e.Group == nil || !strings.Contains(e.Group.Wait, never) {
+		t.Errorf("group %+v; want it to wait with %q", e.Group, never)
+	}
+	for _, v := range e.Nodes {
+		if v.Verdict != VerdictNever || !strings.Contains(v.Reason, never) {
+			t.Errorf("node %s: %s %q; want never with the group's reason", v.Node, v.Verdict, v.Reason)
 		}
 	}
 

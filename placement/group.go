@@ -180,7 +180,59 @@ func (x *Core) planGroup(ctx context.Context, v ledger.View, pr Request, g ledge
 	if req < top {
 		where = "one " + levelName(levels, req) + " domain"
 	}
+	if len(g.Bound) == 0 {
+		if most := x.pristineSlots(v, pr, need, req, top); most < need {
+			return nil, "", "", &GroupWait{Group: pr.group, Unresolvable: true, Msg: fmt.Sprintf("group %s needs %d pods × %d GPUs in %s; none holds that many even with every GPU free (the largest holds %d): lower group-required-topology or the group's size", pr.group, need, pr.Count, where, most)}
+		}
+	}
 	return nil, "", "", &GroupWait{Group: pr.group, Msg: fmt.Sprintf("group %s needs %d pods × %d GPUs in %s; the largest free holds %d", pr.group, need, pr.Count, where, largest.slots)}
+}
+
+// pristineSlots is how many of the group's pods (each like pr, at most
+// need) the roomiest domain at fabric level lvl (top: the cluster) could
+// take with every GPU of every node free and healthy: when it is below
+// need, no change of GPU use can place the group. It counts every node the
+// ledger knows, not only the request's candidates (in extender mode those
+// are what kube-scheduler's filters passed for the GPUs free now), so it
+// may say a group fits that node rules keep out, never the reverse. The
+// allocator runs once per machine shape.
+func (x *Core) pristineSlots(v ledger.View, pr Request, need, lvl, top int) int {
+	req := topology.Request{Count: pr.Count, Requirement: pr.req}
+	perShape := map[uint64]int{}
+	perDomain := map[string]int{}
+	most := 0
+	v.EachNode(func(n *ledger.Node) {
+		t := n.Topo()
+		if t == nil {
+			return
+		}
+		k, ok := perShape[t.ID()]
+		if !ok {
+			g := t.Pristine()
+			free := g.All()
+			for k < need {
+				res, err := x.alloc.Allocate(g, free, req)
+				if err != nil {
+					break
+				}
+				k++
+				free = free.Minus(topology.MaskOf(res.GPUs...))
+			}
+			perShape[t.ID()] = k
+		}
+		if k == 0 {
+			return
+		}
+		d := "cluster"
+		if lvl < top {
+			if d = n.Domain(lvl); d == "" {
+				d = "node=" + n.Name()
+			}
+		}
+		perDomain[d] += k
+		most = max(most, perDomain[d])
+	})
+	return min(most, need)
 }
 
 // ancestorsFree gives, for a domain at level lvl, the free GPUs of the

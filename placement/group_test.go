@@ -182,7 +182,11 @@ func TestGroupThatCannotFitHoldsNothingAndSaysWhy(t *testing.T) {
 		}
 		last = ans
 	}
-	want := "group ml/llm needs 4 pods × 8 GPUs in one leaf domain; the largest free holds 3"
+	// It could not fit even with every GPU free: unresolvable, in words.
+	want := "group ml/llm needs 4 pods × 8 GPUs in one leaf domain; none holds that many even with every GPU free (the largest holds 3)"
+	if len(last.Failed) != 0 || len(last.Unresolvable) != len(names) {
+		t.Errorf("answer %+v; want every node unresolvable", last)
+	}
 	if r := anyReason(last); !strings.Contains(r, want) {
 		t.Errorf("reason %q, want %q", r, want)
 	}
@@ -192,6 +196,21 @@ func TestGroupThatCannotFitHoldsNothingAndSaysWhy(t *testing.T) {
 	// A 1-GPU pod is placed past it: nothing is held.
 	if n, ans := place(t, x, names, gpuPod("one", 1, map[string]string{})); n == "" {
 		t.Fatalf("1-GPU pod not placed: %s", anyReason(ans))
+	}
+	// A group that fits the leaf once GPUs free (3 x 8 on the 3 nodes, one
+	// of which "one" uses) waits, resolvable, with what is free now.
+	var now FilterAnswer
+	for i := range 3 {
+		p := groupPod("three", i, 3, 8, map[string]string{v1alpha1.AnnotationGroupRequiredTopology: "leaf"})
+		if n, ans := place(t, x, names, p); n != "" {
+			t.Fatalf("three-%d placed on %s although a node is in use", i, n)
+		} else {
+			now = ans
+		}
+	}
+	want = "group ml/three needs 3 pods × 8 GPUs in one leaf domain; the largest free holds 2"
+	if len(now.Unresolvable) != 0 || !strings.Contains(anyReason(now), want) {
+		t.Errorf("answer %+v; want every node failed with %q", now, want)
 	}
 }
 

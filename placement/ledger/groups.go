@@ -130,6 +130,13 @@ func (l *Ledger) setDomainsLocked(n *Node, labels map[string]string) {
 	n.domains = d
 }
 
+// EachNode calls fn with every node the ledger knows, in no order.
+func (v View) EachNode(fn func(n *Node)) {
+	for _, n := range v.l.nodes {
+		fn(n)
+	}
+}
+
 // Nodes calls fn with every node the ledger knows, in name order.
 func (v View) Nodes(fn func(n *Node)) {
 	names := make([]string, 0, len(v.l.nodes))

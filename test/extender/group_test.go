@@ -221,7 +221,7 @@ func testGroupIsPlacedAllOrNothingInOneDomain(t *testing.T, e *env, s system) {
 		}
 		var msgs []string
 		for _, ev := range evs.Items {
-			if ev.Reason == "FailedScheduling" && strings.Contains(ev.Message, "group default/never needs 2 pods × 8 GPUs in one nvlink domain; the largest free holds 1") {
+			if ev.Reason == "FailedScheduling" && strings.Contains(ev.Message, "group default/never needs 2 pods × 8 GPUs in one nvlink domain; none holds that many even with every GPU free (the largest holds 1)") {
 				return true, ""
 			}
 			msgs = append(msgs, ev.Message)
