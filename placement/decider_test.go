@@ -26,7 +26,10 @@ func deciderPair(t *testing.T) (a, b *Core) {
 		cfg := configv1alpha1.DefaultExtenderConfiguration()
 		cfg.BindTimeout.Duration = 200 * time.Millisecond
 		x, err := NewWithClient(cs, Options{Config: cfg, Identity: id, Mode: mode,
-			LeaseDuration: time.Second, RenewDeadline: 500 * time.Millisecond, RetryPeriod: 50 * time.Millisecond,
+			// Short, but with room for a renewal to be late on a loaded
+			// machine (the race detector, test packages in parallel):
+			// a renewal that misses RenewDeadline loses the Lease.
+			LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 100 * time.Millisecond,
 			DeciderLeaseNamespace: DefaultDeciderLeaseNamespace})
 		if err != nil {
 			t.Fatal(err)
@@ -55,7 +58,7 @@ func TestOneDeciderPerClusterAndTheOtherNamesIt(t *testing.T) {
 	waitFor(t, func() bool {
 		return strings.Contains(b.decider.Load().refusal(), `decided by another gputopo scheduler, "first (extender mode, scheduler gputopo-scheduler)"`)
 	})
-	time.Sleep(3 * b.opts.LeaseDuration)
+	time.Sleep(2 * b.opts.LeaseDuration)
 	msg := b.decider.Load().refusal()
 	for _, want := range []string{
 		"GPUs of " + string(v1alpha1.ResourceGPU) + ` are decided by another gputopo scheduler, "first (extender mode, scheduler gputopo-scheduler)"`,
