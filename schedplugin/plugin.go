@@ -336,10 +336,25 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev
 	case err != nil:
 		return nil, fwk.AsStatus(fmt.Errorf("%s%w", placement.ReasonPrefix, err))
 	}
-	state.Write(cycleKey, &cycle{c: p.x.NewCycle(ctx, pr)})
 	if slot == nil {
-		return nil, nil
+		// Only the nodes that can hold the pod now need the framework's
+		// filters; when none can, the cycle ends here with gputopo's
+		// reason.
+		c := p.x.Candidates(pr, len(nodes))
+		if c.Reason != "" {
+			code := fwk.Unschedulable
+			if c.Unresolvable {
+				code = fwk.UnschedulableAndUnresolvable
+			}
+			return nil, fwk.NewStatus(code, c.Reason)
+		}
+		state.Write(cycleKey, &cycle{c: p.x.NewCycle(ctx, pr)})
+		if c.Nodes == nil {
+			return nil, nil
+		}
+		return &fwk.PreFilterResult{NodeNames: c.Nodes}, nil
 	}
+	state.Write(cycleKey, &cycle{c: p.x.NewCycle(ctx, pr)})
 	// The group is planned: its other pods, which may wait as
 	// unschedulable from before, are tried now rather than on the next
 	// cluster event.

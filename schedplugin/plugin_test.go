@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 	k8stesting "k8s.io/client-go/testing"
@@ -144,23 +145,35 @@ func (c *cluster) pod(t *testing.T, name string, gpus int64, requirement string)
 	return p
 }
 
-// filter runs PreFilter and Filter on every node, in parallel as the
-// framework does, and returns each node's status (nil: passed).
+// excluded is the status the framework gives a node PreFilter's result
+// leaves out (schedule_one.go: "node(s) didn't satisfy plugin(s)").
+var excluded = fwk.NewStatus(fwk.UnschedulableAndUnresolvable, "node(s) didn't satisfy plugin(s) [GPUTopology]")
+
+// filter runs PreFilter and, as the framework does, Filter in parallel on
+// every node PreFilter's result keeps, and returns each node's status
+// (nil: passed). A node the result leaves out gets excluded; every node
+// gets PreFilter's own status when PreFilter refuses the pod.
 func (c *cluster) filter(t *testing.T, st fwk.CycleState, pod *corev1.Pod) map[string]*fwk.Status {
 	t.Helper()
-	if _, s := c.p.PreFilter(context.Background(), st, pod, c.nodes); !s.IsSuccess() {
-		t.Fatalf("PreFilter: %v", s)
-	}
+	res, pre := c.p.PreFilter(context.Background(), st, pod, c.nodes)
 	out := make(map[string]*fwk.Status, len(c.nodes))
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, n := range c.nodes {
-		wg.Go(func() {
-			s := c.p.Filter(context.Background(), st, pod, n)
-			mu.Lock()
-			out[n.Node().Name] = s
-			mu.Unlock()
-		})
+		name := n.Node().Name
+		switch {
+		case !pre.IsSuccess():
+			out[name] = pre
+		case !res.AllNodes() && !res.NodeNames.Has(name):
+			out[name] = excluded
+		default:
+			wg.Go(func() {
+				s := c.p.Filter(context.Background(), st, pod, n)
+				mu.Lock()
+				out[name] = s
+				mu.Unlock()
+			})
+		}
 	}
 	wg.Wait()
 	return out
@@ -196,11 +209,23 @@ func TestFilterAndScoreAreTheExtenders(t *testing.T) {
 			if r := want.FailedNodes["untrusted"]; !strings.Contains(r, "the topology is not trusted") {
 				t.Errorf("the extender's filter on the untrusted node: %q, want it refused as untrusted", r)
 			}
+			res, pre := c.p.PreFilter(context.Background(), newState(), pod, c.nodes)
 			var feasible []fwk.NodeInfo
+			unresolvable := 0
 			for _, n := range c.nodes {
 				name := n.Node().Name
 				s := got[name]
+				refused := want.FailedNodes[name] != "" || want.FailedAndUnresolvableNodes[name] != ""
+				if want.FailedAndUnresolvableNodes[name] != "" {
+					unresolvable++
+				}
 				switch {
+				case !pre.IsSuccess() || !res.AllNodes() && !res.NodeNames.Has(name):
+					// Left out by PreFilter (its result, or its refusal of
+					// every node): only a node the extender refuses may be.
+					if !refused {
+						t.Errorf("%s: left out by PreFilter (%v), but the extender's filter passes it", name, s)
+					}
 				case want.FailedNodes[name] != "":
 					if s.Code() != fwk.Unschedulable || s.Message() != want.FailedNodes[name] {
 						t.Errorf("%s: got %v %q, want Unschedulable %q", name, s.Code(), s.Message(), want.FailedNodes[name])
@@ -214,6 +239,25 @@ func TestFilterAndScoreAreTheExtenders(t *testing.T) {
 						t.Errorf("%s: got %v, want it to pass as the extender's filter does", name, s)
 					}
 					feasible = append(feasible, n)
+				}
+			}
+			if tc.name == "model-8-nvlink" {
+				// Only the DGX A100 has 8 GPUs all NVLinked to each
+				// other: PreFilter's result is it alone.
+				if res.AllNodes() || !res.NodeNames.Equal(sets.New(nodeNames(feasible)...)) {
+					t.Errorf("PreFilter's result %v, want exactly the nodes filter passes, %v", res, nodeNames(feasible))
+				}
+			}
+			if !pre.IsSuccess() {
+				// Refused in PreFilter: in gputopo's words, and
+				// unresolvable exactly when the extender refuses every
+				// node as unresolvable.
+				wantCode := fwk.Unschedulable
+				if unresolvable == len(c.nodes) {
+					wantCode = fwk.UnschedulableAndUnresolvable
+				}
+				if pre.Code() != wantCode || !strings.HasPrefix(pre.Message(), placement.ReasonPrefix) {
+					t.Errorf("PreFilter refused the pod with %v %q; want %v in gputopo's words", pre.Code(), pre.Message(), wantCode)
 				}
 			}
 			if len(feasible) == 0 {

@@ -91,6 +91,9 @@ type Ledger struct {
 	groups map[string]*group
 	// native are the Kubernetes PodGroups' specs, by namespace/name.
 	native map[string]v1alpha1.GroupSpec
+	// index is, per GPU count, the nodes that can hold that many now
+	// (index.go), kept current by every change to a node.
+	index fitIndex
 }
 
 // New returns an empty ledger counting the extended resource (the
@@ -99,7 +102,7 @@ func New(resource corev1.ResourceName) *Ledger {
 	if resource == "" {
 		resource = v1alpha1.ResourceGPU
 	}
-	return &Ledger{
+	l := &Ledger{
 		nodes:    make(map[string]*Node),
 		topos:    make(map[string]*Topo),
 		holdings: make(map[types.UID]*holding),
@@ -112,6 +115,8 @@ func New(resource corev1.ResourceName) *Ledger {
 		gone:     make(map[types.UID]time.Time),
 		groups:   make(map[string]*group),
 	}
+	l.index.init()
+	return l
 }
 
 // goneTTL is how long a deleted or finished pod's UID is remembered: far
@@ -157,6 +162,9 @@ type Topo struct {
 	// (island best fit).
 	logCapability float64
 	islandOf      []topology.Mask
+	// cliques remembers the largest NVLink-joined set of each free mask
+	// seen (fitIndex), under the write lock.
+	cliques map[topology.Mask]int
 	// id numbers the entry (entries are never removed), for the
 	// evaluator's per-request cache.
 	id uint64

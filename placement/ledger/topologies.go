@@ -136,6 +136,7 @@ func (l *Ledger) nodeLocked(name string) *Node {
 func (l *Ledger) dropIfEmptyLocked(n *Node) {
 	if n.empty() {
 		delete(l.nodes, n.name)
+		l.unindexLocked(n.name)
 	}
 }
 
@@ -208,4 +209,5 @@ func (l *Ledger) recomputeLocked(n *Node) {
 			n.utilFree += n.util[i]
 		}
 	}
+	l.indexLocked(n)
 }

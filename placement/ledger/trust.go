@@ -203,6 +203,7 @@ func (l *Ledger) judgeClaimsLocked(n *Node) {
 // trustLocked says whether n's topology is trusted, from its Node's GPU
 // counts and its GPUs' claims; the reason is what filter gives.
 func (l *Ledger) trustLocked(n *Node) {
+	defer l.indexLocked(n)
 	n.distrust = ""
 	if n.graph == nil {
 		return // missing or invalid: State says so

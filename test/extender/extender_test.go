@@ -50,7 +50,14 @@ func testModelParallelPodsLandOnNVLinkedSets(t *testing.T, e *env, s system) {
 		}
 		return false, fmt.Sprintf("conditions %v", p.Status.Conditions)
 	})
-	for _, want := range []string{"0/4 nodes are available", "gputopo: can never fit this node", "needs NVLink between 8 GPUs; largest free NVLink-connected set has 4"} {
+	// The extender answers node by node; the plugin build refuses the
+	// pod in PreFilter, from its fit index, in one sentence.
+	wants, eventWant := []string{"0/4 nodes are available", "gputopo: can never fit this node", "needs NVLink between 8 GPUs; largest free NVLink-connected set has 4"}, "needs NVLink between 8 GPUs"
+	if _, plugin := s.(*pluginSystem); plugin {
+		eventWant = "gputopo: no node could ever hold 8 GPUs joined by NVLink, even with every GPU free (the most any machine here offers is 4)"
+		wants = []string{"0/4 nodes are available", eventWant, "kubectl gputopo explain -n default impossible"}
+	}
+	for _, want := range wants {
 		if !strings.Contains(msg, want) {
 			t.Errorf("PodScheduled message %q lacks %q", msg, want)
 		}
@@ -61,7 +68,7 @@ func testModelParallelPodsLandOnNVLinkedSets(t *testing.T, e *env, s system) {
 	}
 	var sawEvent bool
 	for _, ev := range events.Items {
-		sawEvent = sawEvent || ev.Reason == "FailedScheduling" && strings.Contains(ev.Message, "needs NVLink between 8 GPUs")
+		sawEvent = sawEvent || ev.Reason == "FailedScheduling" && strings.Contains(ev.Message, eventWant)
 	}
 	if !sawEvent {
 		t.Errorf("no FailedScheduling event carries the extender's reason; events: %v", events.Items)
@@ -103,6 +110,30 @@ func testModelParallelPodsLandOnNVLinkedSets(t *testing.T, e *env, s system) {
 			t.Errorf("pod %s placement %+v (err %v), want nvlink tier on %s", p.Name, pl, err, p.Spec.NodeName)
 		}
 	}
+
+	// Every GPU is bound now: a model-parallel pair fits nowhere until a
+	// pod ends. The plugin build says so in gputopo's words from
+	// PreFilter; under the extender, kube-scheduler's own GPU count
+	// refuses every node before the extender is asked.
+	createAll(t, e, []*corev1.Pod{gpuPod("late", 2, modelParallel)})
+	want := "Insufficient " + string(v1alpha1.ResourceGPU)
+	if _, plugin := s.(*pluginSystem); plugin {
+		want = "gputopo: no node has 2 free GPUs joined by NVLink; no node has a free GPU (kubectl gputopo explain -n default late gives each node's reason)"
+	}
+	harness.Poll(t, time.Minute, "a FailedScheduling event for the late pod", func() (bool, string) {
+		evs, err := e.cp.Clientset.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=late"})
+		if err != nil {
+			return false, err.Error()
+		}
+		var msgs []string
+		for _, ev := range evs.Items {
+			if ev.Reason == "FailedScheduling" && strings.Contains(ev.Message, want) {
+				return true, ""
+			}
+			msgs = append(msgs, ev.Message)
+		}
+		return false, fmt.Sprintf("want %q; events %q", want, msgs)
+	})
 	if t.Failed() {
 		t.Logf("scheduler log:\n%s", s.tail())
 	}

@@ -1,0 +1,225 @@
+package ledger
+
+import (
+	"maps"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+
+	"github.com/gputopo/gputopo/topology"
+)
+
+// IndexMax is the largest GPU count the fit index answers for; a pod that
+// asks for more is filtered node by node (no machine shape in the
+// catalogue has more GPUs per node).
+const IndexMax = 32
+
+// fitIndex is, kept current on every change to a node, the nodes that can
+// hold a pod of t GPUs now, for t up to IndexMax: free[t] those with at
+// least t GPUs that are healthy, free and countable (not past the Node's
+// allocatable, not taken by GPUs held without a known identity), linked[t]
+// those with, in addition, t such GPUs all joined by NVLink to each other
+// (what a requireNVLink pod needs). A node is in neither while its
+// topology is missing, invalid, marked stale by its agent or not trusted.
+// The index is a necessary condition: a node in it may still fail the
+// filter (an observedTime past its age, GPU memory, pair bandwidth), a
+// node outside it always fails.
+type fitIndex struct {
+	free, linked [IndexMax + 1]sets.Set[string]
+	// offers are each indexed node's values; ever[t] counts the nodes
+	// whose machine, with every GPU free and healthy, could ever hold t
+	// NVLink-joined GPUs (everFree: t GPUs).
+	offers         map[string]offer
+	ever, everFree [IndexMax + 1]int
+	unusable       int
+}
+
+// offer is what one node offers now and, with every GPU free, ever.
+type offer struct {
+	free, linked, everFree, everLinked int
+	unusable                           bool
+}
+
+func (ix *fitIndex) init() {
+	for t := range ix.free {
+		ix.free[t], ix.linked[t] = sets.New[string](), sets.New[string]()
+	}
+	ix.offers = make(map[string]offer)
+}
+
+// offerOf is n's offer; the caller holds the write lock.
+func offerOf(n *Node) offer {
+	if n.graph == nil || n.topo == nil {
+		return offer{unusable: n.hasTopology || n.allocatable > 0}
+	}
+	o := offer{everFree: n.size, everLinked: n.topo.maxIsland}
+	if n.allocatable >= 0 {
+		o.everFree = min(o.everFree, n.allocatable)
+		o.everLinked = min(o.everLinked, n.allocatable)
+	}
+	if n.stale || n.distrust != "" {
+		o.unusable = true
+		return o
+	}
+	// Mid-update (a new graph, the free mask not yet recomputed for it)
+	// the mask may name GPUs the graph lacks; the recompute that follows
+	// indexes the node again.
+	free := n.freeMask.Intersect(n.graph.All())
+	o.free = free.Count() - n.unknownHeld
+	if n.allocatable >= 0 {
+		o.free = min(o.free, n.allocatable)
+	}
+	o.free = max(o.free, 0)
+	o.linked = min(o.free, n.topo.freeClique(n.graph, free))
+	return o
+}
+
+// freeClique is the size of the largest set of free GPUs all NVLinked to
+// each other, remembered per free mask (the caller holds the write lock).
+// On a machine larger than a Bitset it is the free count: the index
+// stays a necessary condition.
+func (t *Topo) freeClique(g *topology.Graph, free topology.Mask) int {
+	adj := g.NVAdjacency()
+	if adj == nil || len(adj) != g.Len() || free.Empty() {
+		return free.Count()
+	}
+	if c, ok := t.cliques[free]; ok {
+		return c
+	}
+	m, _ := topology.LargestClique(adj, free.Bitset(), 0, 0, nil)
+	c := m.Count()
+	if free.Count() == 1 {
+		c = 1
+	}
+	if t.cliques == nil {
+		t.cliques = make(map[topology.Mask]int)
+	}
+	if len(t.cliques) < maxCliqueMemo {
+		t.cliques[free] = c
+	}
+	return c
+}
+
+// maxCliqueMemo bounds a topology's remembered free cliques.
+const maxCliqueMemo = 1 << 14
+
+// indexLocked brings n's entries in the fit index up to date; the caller
+// holds the write lock. Copies of a node (View.Without) are not indexed.
+func (l *Ledger) indexLocked(n *Node) {
+	if l.nodes[n.name] != n {
+		return
+	}
+	l.index.set(n.name, offerOf(n))
+}
+
+// unindexLocked drops a node that left the ledger.
+func (l *Ledger) unindexLocked(name string) { l.index.set(name, offer{}) }
+
+func (ix *fitIndex) set(name string, o offer) {
+	old := ix.offers[name]
+	if old == o {
+		return
+	}
+	move(ix.free[:], name, old.free, o.free)
+	move(ix.linked[:], name, old.linked, o.linked)
+	count(ix.everFree[:], old.everFree, -1)
+	count(ix.everFree[:], o.everFree, 1)
+	count(ix.ever[:], old.everLinked, -1)
+	count(ix.ever[:], o.everLinked, 1)
+	if old.unusable {
+		ix.unusable--
+	}
+	if o.unusable {
+		ix.unusable++
+	}
+	if o == (offer{}) {
+		delete(ix.offers, name)
+	} else {
+		ix.offers[name] = o
+	}
+}
+
+// move puts name into s[1..to] and out of s[to+1..from].
+func move(s []sets.Set[string], name string, from, to int) {
+	from, to = min(from, IndexMax), min(to, IndexMax)
+	for t := to + 1; t <= from; t++ {
+		s[t].Delete(name)
+	}
+	for t := from + 1; t <= to; t++ {
+		s[t].Insert(name)
+	}
+}
+
+// count adds d to c[1..v].
+func count(c []int, v, d int) {
+	for t := 1; t <= min(v, IndexMax); t++ {
+		c[t] += d
+	}
+}
+
+// Fit is the fit index's answer for a pod of count GPUs (linked: all
+// joined by NVLink).
+type Fit struct {
+	// Nodes are the nodes that can hold it now, a copy the caller owns;
+	// nil when count is beyond the index (every node is a candidate).
+	Nodes sets.Set[string]
+	// Most is the largest such offer of any node (the most free GPUs, or
+	// the largest free NVLink-joined set) and MostNode one node with it
+	// (the first by name), for the reason when Nodes is empty.
+	Most     int
+	MostNode string
+	// Ever counts the nodes whose machine could hold the pod with every
+	// GPU free; Unusable those whose topology is missing, invalid, stale
+	// or not trusted; EverMost is the most any machine could ever offer.
+	Ever, Unusable, EverMost int
+}
+
+// Fits answers from the fit index for pod uid. When more than limit
+// nodes can hold the pod, Nodes is left nil (a larger copy costs more
+// than it spares its caller); limit < 0 means no limit. A node on which
+// uid holds a reservation is always in Nodes: the pod's own GPUs count
+// as free to it (NodeFor), which the index does not see.
+func (v View) Fits(count int, linked bool, limit int, uid types.UID) Fit {
+	ix := &v.l.index
+	if count < 1 || count > IndexMax {
+		return Fit{Ever: -1}
+	}
+	s, ever := ix.free[count], ix.everFree[count]
+	if linked && count > 1 {
+		s, ever = ix.linked[count], ix.ever[count]
+	}
+	f := Fit{Ever: ever, Unusable: ix.unusable}
+	if ever == 0 {
+		e := ix.everFree[:]
+		if linked && count > 1 {
+			e = ix.ever[:]
+		}
+		for t := range e {
+			if e[t] > 0 {
+				f.EverMost = t
+			}
+		}
+	}
+	if limit >= 0 && s.Len() > limit {
+		return f
+	}
+	f.Nodes = maps.Clone(s)
+	if f.Nodes == nil {
+		f.Nodes = sets.New[string]()
+	}
+	if node, ok := v.reservedNode(uid); ok {
+		f.Nodes.Insert(node)
+	}
+	if len(f.Nodes) == 0 {
+		for name, o := range ix.offers {
+			most := o.free
+			if linked && count > 1 {
+				most = o.linked
+			}
+			if most > f.Most || most == f.Most && most > 0 && name < f.MostNode {
+				f.Most, f.MostNode = most, name
+			}
+		}
+	}
+	return f
+}
