@@ -2,30 +2,42 @@ package extender
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/placement"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/record"
 )
 
-// A bound pod gets one Normal GPUsBound Event naming its node, GPU
-// indices and UUIDs, tier and ring bandwidth; a replica that does not lead
-// records nothing.
+// eventsOn is the default configuration with events.gpusBound on.
+func eventsOn() *configv1alpha1.ExtenderConfiguration {
+	cfg := configv1alpha1.DefaultExtenderConfiguration()
+	cfg.Events.GPUsBound = new(true)
+	return cfg
+}
+
+// With events.gpusBound on, a bound pod gets one Normal GPUsBound Event
+// naming its node, GPU indices and UUIDs, tier and ring bandwidth; a
+// replica that does not lead records nothing; by default (off) no bind
+// records it.
 func TestBindRecordsGPUsBoundEventOnLeaderOnly(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
+		cfg     *configv1alpha1.ExtenderConfiguration
 		leading bool
 		want    int
 	}{
-		{name: "leader records the event", leading: true, want: 1},
-		{name: "standby records nothing", leading: false, want: 0},
+		{name: "leader records the event", cfg: eventsOn(), leading: true, want: 1},
+		{name: "standby records nothing", cfg: eventsOn(), leading: false, want: 0},
+		{name: "off by default", leading: true, want: 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pod := makePod("mp").gpus(4).req(modelParallel).obj()
-			x, cs := newTestExtender(t, nil, pod)
+			x, cs := newTestExtender(t, tc.cfg, pod)
 			rec := record.NewFakeRecorder(4)
 			x.core.SetRecorder(rec)
 			if !tc.leading {
@@ -64,11 +76,22 @@ func TestBindRecordsGPUsBoundEventOnLeaderOnly(t *testing.T) {
 }
 
 // A pod bound after its fallbackAfter to GPUs that miss its requirement
-// also gets a Warning PlacementFellBack Event saying why.
+// also gets a Warning PlacementFellBack Event saying why (whether or not
+// GPUsBound is on: the warning is always recorded).
 func TestBindAfterFallbackRecordsPlacementFellBack(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		t.Run(fmt.Sprintf("gpusBound=%v", on), func(t *testing.T) {
+			cfg := configv1alpha1.DefaultExtenderConfiguration()
+			cfg.Events.GPUsBound = new(on)
+			fellBack(t, cfg, on)
+		})
+	}
+}
+
+func fellBack(t *testing.T, cfg *configv1alpha1.ExtenderConfiguration, bound bool) {
 	pod := makePod("mp").gpus(2).req(`{"requireNVLink":true,"strategy":"highest_bandwidth","fallbackAfter":"30m"}`).obj()
 	pod.CreationTimestamp = metav1.NewTime(testNow.Add(-time.Hour))
-	x, _ := newTestExtender(t, nil, pod)
+	x, _ := newTestExtender(t, cfg, pod)
 	rec := record.NewFakeRecorder(4)
 	x.core.SetRecorder(rec)
 	x.ledger.UpsertTopology(topo(t, "pcie-8x", "pcie"))
@@ -81,8 +104,13 @@ func TestBindAfterFallbackRecordsPlacementFellBack(t *testing.T) {
 	for e := range rec.Events {
 		events = append(events, e)
 	}
-	if len(events) != 2 || !strings.HasPrefix(events[0], "Normal "+placement.ReasonGPUsBound) ||
-		!strings.HasPrefix(events[1], "Warning "+placement.ReasonPlacementFellBack) || !strings.Contains(events[1], "fallbackAfter 30m0s") {
-		t.Errorf("events %q; want GPUsBound, then PlacementFellBack naming fallbackAfter", events)
+	if bound {
+		if len(events) == 0 || !strings.HasPrefix(events[0], "Normal "+placement.ReasonGPUsBound) {
+			t.Fatalf("events %q; want GPUsBound first", events)
+		}
+		events = events[1:]
+	}
+	if len(events) != 1 || !strings.HasPrefix(events[0], "Warning "+placement.ReasonPlacementFellBack) || !strings.Contains(events[0], "fallbackAfter 30m0s") {
+		t.Errorf("events %q; want PlacementFellBack naming fallbackAfter", events)
 	}
 }

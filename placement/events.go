@@ -20,7 +20,7 @@ const ReasonGPUsBound = "GPUsBound"
 // fallbackAfter to GPUs that miss its NVLink or bandwidth requirement.
 const ReasonPlacementFellBack = "PlacementFellBack"
 
-// recordBound gives the pod its GPUsBound Event, and a PlacementFellBack
+// recordBound gives the pod its GPUsBound Event (events.gpusBound), and a PlacementFellBack
 // Warning when the placement is degraded. Only the serving replica
 // (the leader) binds, and it records through the same rate-limited
 // broadcaster as GPUDoubleHeld; without a cluster (the simulator) there is
@@ -30,7 +30,9 @@ func (x *Core) recordBound(b BindRequest, uuids []string, p v1alpha1.Placement) 
 		return
 	}
 	ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: b.Key.Namespace, Name: b.Key.Name, UID: b.UID}
-	x.recorder.Event(ref, corev1.EventTypeNormal, ReasonGPUsBound, boundMessage(b.Node, uuids, p))
+	if x.cfg.GPUsBoundEvent() {
+		x.recorder.Event(ref, corev1.EventTypeNormal, ReasonGPUsBound, boundMessage(b.Node, uuids, p))
+	}
 	if p.Degraded {
 		x.recorder.Event(ref, corev1.EventTypeWarning, ReasonPlacementFellBack, p.DegradedReason)
 	}

@@ -13,17 +13,34 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/extender"
 	core "github.com/gputopo/gputopo/placement"
 	"github.com/gputopo/gputopo/test/harness"
 )
 
-// TestBindEventNamesTheGPUs: a pod the extender binds gets a Normal
-// GPUsBound Event from gputopo-extender naming its node, GPU indices and
-// UUIDs, tier and ring bandwidth, found the way `kubectl describe pod`
-// finds a pod's Events (involvedObject name, namespace and UID).
+// TestBindEventNamesTheGPUs: by default (events.gpusBound off) a bound
+// pod's GPUs are in its annotations, which `kubectl describe pod` shows,
+// and no GPUsBound Event is written; with events.gpusBound on, a pod the
+// extender binds gets a Normal GPUsBound Event from gputopo-extender
+// naming its node, GPU indices and UUIDs, tier and ring bandwidth, found
+// the way `kubectl describe pod` finds a pod's Events (involvedObject
+// name, namespace and UID).
 func TestBindEventNamesTheGPUs(t *testing.T) {
 	e := setup(t)
+	quiet := e.gpuPod(nsTeam, "bound-quiet", 2)
+	e.create(t, quiet)
+	gotQuiet := e.waitPod(t, quiet, 2*time.Minute, "the pod to be bound with its GPUs", func(p *corev1.Pod) bool {
+		return p.Spec.NodeName != "" && p.Annotations[v1alpha1.AnnotationAssignedGPUs] != "" && p.Annotations[v1alpha1.AnnotationPlacement] != ""
+	})
+
+	cfg := configv1alpha1.DefaultExtenderConfiguration()
+	cfg.Events.GPUsBound = new(true)
+	e.stopExtender(t)
+	e.ext, _ = e.newExtender(t, extender.Options{Port: e.extPort, Config: cfg})
+	e.waitExtenderReady(t, e.ext)
+
 	p := e.gpuPod(nsTeam, "bound-event", 2)
 	p.Annotations = map[string]string{v1alpha1.AnnotationParallelism: string(v1alpha1.ParallelismModel)}
 	e.create(t, p)
@@ -68,4 +85,21 @@ func TestBindEventNamesTheGPUs(t *testing.T) {
 		}
 	}
 	t.Logf("%s %s: %s", ev.Type, ev.Reason, ev.Message)
+
+	// The pod bound while the event was off has none, and kept its GPUs
+	// in its annotations.
+	quietSel := fields.Set{"involvedObject.kind": "Pod", "involvedObject.name": gotQuiet.Name,
+		"involvedObject.namespace": gotQuiet.Namespace, "involvedObject.uid": string(gotQuiet.UID)}.AsSelector()
+	list, err := e.cp.Clientset.CoreV1().Events(gotQuiet.Namespace).List(context.Background(), metav1.ListOptions{FieldSelector: quietSel.String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range list.Items {
+		if ev.Reason == core.ReasonGPUsBound {
+			t.Errorf("%s got a GPUsBound Event with events.gpusBound off: %s", gotQuiet.Name, ev.Message)
+		}
+	}
+	if n := len(harness.PodGPUs(t, gotQuiet, v1alpha1.AnnotationAssignedGPUs)); n != 2 {
+		t.Errorf("%s: %d GPUs in %s, want 2", gotQuiet.Name, n, v1alpha1.AnnotationAssignedGPUs)
+	}
 }

@@ -95,7 +95,7 @@ func checkPlugin(ctx context.Context, t *testing.T, kubeconfig string) {
 	elsewhere := createPinnedNowhere(ctx, t, cs)
 	refused := createRefusedJob(ctx, t, cs)
 	// What explain prints of each pod is all there before it runs.
-	waitShown(ctx, t, cs, "notebook-0", corev1.ConditionTrue, "Scheduled", placement.ReasonGPUsBound)
+	waitShown(ctx, t, cs, "notebook-0", corev1.ConditionTrue, "Scheduled")
 	waitShown(ctx, t, cs, pending.Name, corev1.ConditionFalse, "FailedScheduling")
 	waitShown(ctx, t, cs, elsewhere.Name, corev1.ConditionFalse, "FailedScheduling")
 
@@ -213,9 +213,10 @@ func checkPlugin(ctx context.Context, t *testing.T, kubeconfig string) {
 		if diff := cmp.Diff(want, got); diff != "" {
 			t.Errorf("kubectl gputopo nodes differs from the plugin run directly (-direct +kubectl):\n%s", diff)
 		}
-		// The bind Event, as kubectl describe shows it.
-		if d := run("describe", "pod", "-n", ns, "notebook-0"); !strings.Contains(d, placement.ReasonGPUsBound) || !strings.Contains(d, "node dgx1-v100-1: GPUs ") {
-			t.Errorf("kubectl describe pod notebook-0 shows no %s event naming its GPUs:\n%s", placement.ReasonGPUsBound, d)
+		// The pod's GPUs, as kubectl describe shows them: its annotations
+		// (the GPUsBound Event is off by default).
+		if d := run("describe", "pod", "-n", ns, "notebook-0"); !strings.Contains(d, v1alpha1.AnnotationAssignedGPUs+": GPU-") || !strings.Contains(d, v1alpha1.AnnotationPlacement+":") {
+			t.Errorf("kubectl describe pod notebook-0 does not show its %s and %s annotations:\n%s", v1alpha1.AnnotationAssignedGPUs, v1alpha1.AnnotationPlacement, d)
 		}
 	})
 }

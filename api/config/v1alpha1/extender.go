@@ -88,6 +88,27 @@ type ExtenderConfiguration struct {
 	// Fabric names the cluster's network levels, which groups of pods
 	// are placed inside (docs/groups.md).
 	Fabric Fabric `json:"fabric"`
+
+	// Events chooses the Events gputopo records on pods.
+	Events Events `json:"events"`
+}
+
+// Events chooses the Events gputopo records on pods. A degraded placement
+// (PlacementFellBack) and GPUs held twice (GPUDoubleHeld) are always
+// recorded.
+type Events struct {
+	// GPUsBound records a Normal Event on every GPU pod bound, naming its
+	// node, GPUs, tier and ring bandwidth. It is one more write through
+	// kube-apiserver and etcd per pod (docs/benchmarks.md measures it);
+	// the pod's gputopo.io/assigned-gpus and gputopo.io/placement
+	// annotations say the same and `kubectl describe pod` shows them.
+	// Default false.
+	GPUsBound *bool `json:"gpusBound"`
+}
+
+// GPUsBoundEvent says whether bind records the GPUsBound Event.
+func (c *ExtenderConfiguration) GPUsBoundEvent() bool {
+	return c.Events.GPUsBound != nil && *c.Events.GPUsBound
 }
 
 // Fabric is the cluster's network as node labels describe it, for groups.
@@ -389,6 +410,9 @@ func SetExtenderDefaults(c *ExtenderConfiguration) {
 	setDuration(&c.Fabric.GroupReservationTTL, 2*time.Minute)
 	if c.Fabric.Levels == nil {
 		c.Fabric.Levels = DefaultFabricLevels()
+	}
+	if c.Events.GPUsBound == nil {
+		c.Events.GPUsBound = new(false)
 	}
 	if c.MaxRequestBytes == 0 {
 		c.MaxRequestBytes = 32 << 20

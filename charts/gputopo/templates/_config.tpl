@@ -61,6 +61,8 @@ topologyMaxAge: {{ $v.topologyMaxAge | quote }}
 telemetryMaxAge: {{ $v.telemetryMaxAge | quote }}
 bindTimeout: {{ $v.bindTimeout | quote }}
 reservationTTL: {{ $v.reservationTTL | quote }}
+events:
+  gpusBound: {{ (($v.events | default dict).gpusBound) | default false }}
 {{- $f := $v.fabric | default dict }}
 fabric:
   groupReservationTTL: {{ $f.groupReservationTTL | default "2m" | quote }}
