@@ -52,7 +52,7 @@ import (
 //	SCHEDBENCH_NODES  comma-separated node counts, ascending (500,1000)
 //	SCHEDBENCH_PODS   GPU pods per phase (500)
 //	SCHEDBENCH_REPS   repetitions of every phase at every size (1)
-//	SCHEDBENCH_MODES  comma-separated subset of plain,noop,extender,plugin
+//	SCHEDBENCH_MODES  comma-separated subset of plain,noop,extender,plugin,events
 //	                  (all)
 //	SCHEDBENCH_OUT    file to write the Markdown table to, relative to the
 //	                  repository root (none)
@@ -86,12 +86,17 @@ const (
 	// binary in bin/, e.g. main before a change), measured in the same
 	// run: the before of a before-and-after.
 	modeBaseline = "gputopo plugin build, baseline"
+	// modeEvents is the plugin build with the GPUsBound Event on
+	// (events.gpusBound; off by default), to measure what it costs.
+	modeEvents = "gputopo plugin build, GPUsBound Event on"
 )
 
-var allModes = []string{modePlain, modeNoop, modeExtender, modePlugin, modeBaseline}
+// allModes are the modes in table order; baseline comes last, and only
+// with SCHEDBENCH_PLUGIN_BASELINE.
+var allModes = []string{modePlain, modeNoop, modeExtender, modePlugin, modeEvents, modeBaseline}
 
 // modeSlug names each mode's namespaces.
-var modeSlug = map[string]string{modePlain: "plain", modeNoop: "noop", modeExtender: "extender", modePlugin: "plugin", modeBaseline: "baseline"}
+var modeSlug = map[string]string{modePlain: "plain", modeNoop: "noop", modeExtender: "extender", modePlugin: "plugin", modeEvents: "events", modeBaseline: "baseline"}
 
 type phase struct {
 	name        string
@@ -104,7 +109,10 @@ type phase struct {
 	// schedCPU and apiCPU are per pod: the scheduler process, and
 	// kube-apiserver plus etcd.
 	schedCPU, apiCPU time.Duration
-	unscheduled      int
+	// schedRSS is the scheduler process's peak resident memory (VmHWM)
+	// over its life: its start on this node set and the phase.
+	schedRSS    int64
+	unscheduled int
 }
 
 // procCPU is the CPU time (user + system) of the processes whose
@@ -119,20 +127,8 @@ func schedulerBinaries() []string {
 }
 
 func procCPU(names ...string) time.Duration {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return 0
-	}
 	var total time.Duration
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		exe, err := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
-		if err != nil || !slices.Contains(names, filepath.Base(exe)) || filepath.Dir(exe) != harness.BinDir() {
-			continue
-		}
+	for _, pid := range procs(names...) {
 		stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
 		if err != nil {
 			continue
@@ -147,6 +143,47 @@ func procCPU(names ...string) time.Duration {
 		total += time.Duration(ut+st) * time.Second / 100 // USER_HZ
 	}
 	return total
+}
+
+// procs are the processes whose executable is bin/<name> for one of
+// names.
+func procs(names ...string) []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		exe, err := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
+		if err != nil || !slices.Contains(names, filepath.Base(exe)) || filepath.Dir(exe) != harness.BinDir() {
+			continue
+		}
+		out = append(out, pid)
+	}
+	return out
+}
+
+// peakRSS is the largest peak resident memory (VmHWM, bytes) of the
+// processes named.
+func peakRSS(names ...string) int64 {
+	var peak int64
+	for _, pid := range procs(names...) {
+		st, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+		if err != nil {
+			continue
+		}
+		for line := range strings.SplitSeq(string(st), "\n") {
+			if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+				kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+				peak = max(peak, kb<<10)
+			}
+		}
+	}
+	return peak
 }
 
 func TestSchedulerThroughput(t *testing.T) {
@@ -198,10 +235,13 @@ func TestSchedulerThroughput(t *testing.T) {
 					stop = cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModeExtender, ExtenderURL: noop}).Stop
 				case modeExtender:
 					stop = cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModeExtender, ExtenderURL: x.URL()}).Stop
-				case modePlugin, modeBaseline:
+				case modePlugin, modeBaseline, modeEvents:
 					o := harness.DeciderOptions{Mode: harness.ModePlugin}
-					if mode == modeBaseline {
+					switch mode {
+					case modeBaseline:
 						o.Binary, o.Configure = os.Getenv("SCHEDBENCH_PLUGIN_BASELINE"), withoutPlacementPlugins
+					case modeEvents:
+						o.PluginArgs.ConfigFile = eventsConfig(t)
 					}
 					d := cp.StartDecider(t, o)
 					if err := d.WaitCore(ctx, 2*time.Minute, localcluster.AllFree(8*n)); err != nil {
@@ -212,7 +252,7 @@ func TestSchedulerThroughput(t *testing.T) {
 				r := runPhase(t, cp, mode, n, ns, schedulerName, pods)
 				r.rep = rep
 				stop()
-				if mode == modePlugin || mode == modeBaseline {
+				if mode == modePlugin || mode == modeBaseline || mode == modeEvents {
 					freeDeciderLease(t, cp, mode)
 				}
 				waitLedger(t, x.Extender, n)
@@ -237,6 +277,17 @@ func TestSchedulerThroughput(t *testing.T) {
 			t.Errorf("%s on %d nodes (repetition %d): %d of %d pods not bound; the figures above are not comparable", r.name, r.nodes, r.rep+1, r.unscheduled, r.pods)
 		}
 	}
+}
+
+// eventsConfig is an ExtenderConfiguration that turns the GPUsBound
+// Event on.
+func eventsConfig(t *testing.T) string {
+	p := filepath.Join(t.TempDir(), "extender-events.yaml")
+	doc := "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nevents:\n  gpusBound: true\n"
+	if err := os.WriteFile(p, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // withoutPlacementPlugins leaves the pod-group cycle's extension points
@@ -274,7 +325,7 @@ func selectedModes(t *testing.T) []string {
 		}
 	}
 	if len(want) > 0 || len(out) == 0 {
-		t.Fatalf("SCHEDBENCH_MODES=%q: want a comma-separated subset of plain,noop,extender,plugin,baseline", v)
+		t.Fatalf("SCHEDBENCH_MODES=%q: want a comma-separated subset of plain,noop,extender,plugin,events,baseline", v)
 	}
 	if slices.Contains(out, modeBaseline) && !baseline {
 		t.Fatalf("SCHEDBENCH_MODES=%q names baseline: set SCHEDBENCH_PLUGIN_BASELINE to the baseline build's binary in bin/", v)
@@ -606,6 +657,7 @@ wait:
 	}
 	cpu := cpuTime() - cpu0
 	schedCPU, apiCPU := procCPU(schedulerBinaries()...)-sched0, procCPU("kube-apiserver", "etcd")-api0
+	rss := peakRSS(schedulerBinaries()...)
 	mu.Lock()
 	var last time.Time
 	lat := make([]time.Duration, 0, len(bound))
@@ -618,7 +670,7 @@ wait:
 	mu.Unlock()
 	slices.Sort(lat)
 	per := time.Duration(len(specs))
-	r := phase{name: name, nodes: nodes, pods: len(specs), unscheduled: len(specs) - len(lat), cpuPerPod: cpu / per, schedCPU: schedCPU / per, apiCPU: apiCPU / per}
+	r := phase{name: name, nodes: nodes, pods: len(specs), unscheduled: len(specs) - len(lat), cpuPerPod: cpu / per, schedCPU: schedCPU / per, apiCPU: apiCPU / per, schedRSS: rss}
 	if len(lat) > 0 {
 		r.wall = last.Sub(start)
 		r.podsPerSec = float64(len(lat)) / r.wall.Seconds()
@@ -677,8 +729,8 @@ func render(rs []phase) string {
 		return time.Duration(median(xs))
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "| nodes | scheduler | reps | pods bound | pods/s median | pods/s min-max | p50 latency | p99 latency | scheduler CPU/pod | apiserver+etcd CPU/pod | test-process CPU/pod |\n")
-	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| nodes | scheduler | reps | pods bound | pods/s median | pods/s min-max | p50 latency | p99 latency | scheduler CPU/pod | apiserver+etcd CPU/pod | test-process CPU/pod | scheduler peak RSS |\n")
+	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, n := range sizes {
 		for _, m := range allModes {
 			ps := by[key{n, m}]
@@ -692,22 +744,38 @@ func render(rs []phase) string {
 				bound += p.pods - p.unscheduled
 				total += p.pods
 			}
-			fmt.Fprintf(&b, "| %d | %s | %d | %d/%d | %.1f | %.1f-%.1f | %s | %s | %s | %s | %s |\n", n, m, len(ps), bound, total,
+			fmt.Fprintf(&b, "| %d | %s | %d | %d/%d | %.1f | %.1f-%.1f | %s | %s | %s | %s | %s | %s |\n", n, m, len(ps), bound, total,
 				median(rates), slices.Min(rates), slices.Max(rates),
 				medianDur(ps, func(p phase) time.Duration { return p.p50 }).Round(time.Millisecond),
 				medianDur(ps, func(p phase) time.Duration { return p.p99 }).Round(time.Millisecond),
 				medianDur(ps, func(p phase) time.Duration { return p.schedCPU }).Round(time.Microsecond),
 				medianDur(ps, func(p phase) time.Duration { return p.apiCPU }).Round(time.Microsecond),
-				medianDur(ps, func(p phase) time.Duration { return p.cpuPerPod }).Round(time.Microsecond))
+				medianDur(ps, func(p phase) time.Duration { return p.cpuPerPod }).Round(time.Microsecond),
+				mib(medianDur(ps, func(p phase) time.Duration { return time.Duration(p.schedRSS) })))
 		}
 	}
 	fmt.Fprintf(&b, "\n| nodes | ratio | per repetition | median | target |\n|---|---|---|---|---|\n")
+	pods := func(p phase) float64 { return p.podsPerSec }
 	for _, n := range sizes {
-		for _, rt := range []struct{ num, den, target string }{
-			{modePlugin, modePlain, ">= 0.95"},
-			{modePlugin, modeBaseline, "-"},
-			{modeExtender, modeNoop, ">= 0.95"},
-			{modeExtender, modePlain, "-"},
+		throughput := ">= 0.95"
+		if n > 5000 {
+			throughput = ">= 0.9"
+		}
+		rss := "<= 1.2"
+		if n < 5000 {
+			rss = "-"
+		}
+		for _, rt := range []struct {
+			num, den, what, target string
+			of                     func(phase) float64
+		}{
+			{modePlugin, modePlain, "pods/s", throughput, pods},
+			{modePlugin, modePlain, "p99 latency", "<= 1.1", func(p phase) float64 { return float64(p.p99) }},
+			{modePlugin, modePlain, "peak RSS", rss, func(p phase) float64 { return float64(p.schedRSS) }},
+			{modePlugin, modeEvents, "pods/s", "-", pods},
+			{modePlugin, modeBaseline, "pods/s", "-", pods},
+			{modeExtender, modeNoop, "pods/s", ">= 0.95", pods},
+			{modeExtender, modePlain, "pods/s", "-", pods},
 		} {
 			num, den := by[key{n, rt.num}], by[key{n, rt.den}]
 			if len(num) == 0 || len(den) == 0 {
@@ -716,14 +784,26 @@ func render(rs []phase) string {
 			var ratios []float64
 			var each []string
 			for i := range min(len(num), len(den)) {
-				if den[i].podsPerSec > 0 {
-					r := num[i].podsPerSec / den[i].podsPerSec
+				if d := rt.of(den[i]); d > 0 {
+					r := rt.of(num[i]) / d
 					ratios = append(ratios, r)
 					each = append(each, fmt.Sprintf("%.2f", r))
 				}
 			}
-			fmt.Fprintf(&b, "| %d | %s / %s | %s | %.2f | %s |\n", n, rt.num, rt.den, strings.Join(each, ", "), median(ratios), rt.target)
+			name := fmt.Sprintf("%s / %s", rt.num, rt.den)
+			if rt.what != "pods/s" {
+				name += ", " + rt.what
+			}
+			fmt.Fprintf(&b, "| %d | %s | %s | %.2f | %s |\n", n, name, strings.Join(each, ", "), median(ratios), rt.target)
 		}
 	}
 	return b.String()
+}
+
+// mib writes bytes as MiB; "-" for none measured.
+func mib(b time.Duration) string {
+	if b <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20))
 }
