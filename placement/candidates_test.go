@@ -88,10 +88,7 @@ func TestCandidatesHoldEveryNodeFilterPasses(t *testing.T) {
 		case r < 8:
 			p := gpuPod(fmt.Sprintf("held-%d", step), 1+rng.IntN(4), map[string]string{})
 			x.ledger.UpsertPod(p)
-			pr, err := ParseRequest(p, v1alpha1.ResourceGPU, x.Now())
-			if err != nil {
-				t.Fatal(err)
-			}
+			pr := request(t, x, p)
 			if ans, _ := x.Filter(context.Background(), pr, names); len(ans.Passed) > 0 {
 				x.Reserve(context.Background(), pr, ans.Passed[rng.IntN(len(ans.Passed))])
 			}
@@ -105,10 +102,7 @@ func TestCandidatesHoldEveryNodeFilterPasses(t *testing.T) {
 		req := reqs[rng.IntN(len(reqs))]
 		p := gpuPod(fmt.Sprintf("probe-%d", step), count, reqAnn(req))
 		p.UID = types.UID(fmt.Sprintf("uid-probe-%d", step))
-		pr, err := ParseRequest(p, v1alpha1.ResourceGPU, x.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
+		pr := request(t, x, p)
 		ans, err := x.Filter(context.Background(), pr, names)
 		if err != nil {
 			t.Fatal(err)
@@ -149,6 +143,16 @@ func TestCandidatesHoldEveryNodeFilterPasses(t *testing.T) {
 	}
 }
 
+// request is p's parsed request at x's time.
+func request(t *testing.T, x *Core, p *corev1.Pod) Request {
+	t.Helper()
+	pr, err := ParseRequest(p, v1alpha1.ResourceGPU, x.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pr
+}
+
 // reqAnn is the annotations of a pod with requirement req ("" none).
 func reqAnn(req string) map[string]string {
 	if req == "" {
@@ -170,10 +174,7 @@ func TestCandidatesKeepThePodsOwnReservation(t *testing.T) {
 	x, names := mixedCore(t, []string{"dgx-a100"}, 2, func(int) int { return -1 }, func(int) bool { return true })
 	p := gpuPod("own", 8, map[string]string{v1alpha1.AnnotationRequirement: `{"requireNVLink":true}`})
 	x.ledger.UpsertPod(p)
-	pr, err := ParseRequest(p, v1alpha1.ResourceGPU, x.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
+	pr := request(t, x, p)
 	other := gpuPod("other", 8, map[string]string{})
 	if n, _ := place(t, x, names[1:], other); n != names[1] {
 		t.Fatalf("other on %q, want %s", n, names[1])
@@ -187,10 +188,7 @@ func TestCandidatesKeepThePodsOwnReservation(t *testing.T) {
 	}
 	// Another pod sees both nodes full, in words.
 	q := gpuPod("late", 2, map[string]string{v1alpha1.AnnotationRequirement: `{"requireNVLink":true}`})
-	qr, err := ParseRequest(q, v1alpha1.ResourceGPU, x.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
+	qr := request(t, x, q)
 	c = x.Candidates(qr, 1<<20)
 	if want := "no node has 2 free GPUs joined by NVLink; no node has a free GPU"; !strings.Contains(c.Reason, want) || c.Unresolvable {
 		t.Fatalf("late: %q (unresolvable %v), want %q, resolvable", c.Reason, c.Unresolvable, want)

@@ -91,10 +91,7 @@ func gpuPod(name string, gpus int, ann map[string]string) *corev1.Pod {
 func place(t *testing.T, x *Core, names []string, p *corev1.Pod) (string, FilterAnswer) {
 	t.Helper()
 	x.ledger.UpsertPod(p)
-	pr, err := ParseRequest(p, v1alpha1.ResourceGPU, x.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
+	pr := request(t, x, p)
 	ans, err := x.Filter(context.Background(), pr, names)
 	if err != nil {
 		t.Fatal(err)
@@ -352,10 +349,7 @@ func TestGroupPodReservedAgainAfterUnreserveGetsItsSlot(t *testing.T) {
 		x.ledger.UpsertPod(p)
 	}
 	for _, p := range pods {
-		pr, err := ParseRequest(p, v1alpha1.ResourceGPU, x.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
+		pr := request(t, x, p)
 		slot, err := x.GroupSlot(context.Background(), pr, nil)
 		if err != nil || slot == nil {
 			t.Fatalf("%s: slot %v err %v", p.Name, slot, err)

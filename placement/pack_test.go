@@ -3,8 +3,6 @@ package placement
 import (
 	"context"
 	"testing"
-
-	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
 // Four empty HGX nodes: 0 and 1 in leaf a, 2 and 3 in leaf b. A first
@@ -24,10 +22,7 @@ func TestPodOutsideGroupsGoesToTheFullerDomainAmongEqualNodes(t *testing.T) {
 	for _, name := range []string{"one", "two", "three"} {
 		p := gpuPod(name, 1, map[string]string{})
 		x.ledger.UpsertPod(p)
-		pr, err := ParseRequest(p, v1alpha1.ResourceGPU, x.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
+		pr := request(t, x, p)
 		scores, _ := x.Score(context.Background(), pr, names, false, nil)
 		// The first pod meets equal nodes 0, 1 and 3: packing decides.
 		// Later ones find node-3 ahead by the node score already (it is
@@ -68,10 +63,7 @@ func TestPodOutsideGroupsWithoutFabricLabelsIsScoredAsBefore(t *testing.T) {
 	x, names := groupCore(t, "hgx-h100", 3, func(int) string { return "" })
 	p := gpuPod("one", 1, map[string]string{})
 	x.ledger.UpsertPod(p)
-	pr, err := ParseRequest(p, v1alpha1.ResourceGPU, x.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
+	pr := request(t, x, p)
 	scores, _ := x.Score(context.Background(), pr, names, false, nil)
 	for i, s := range scores {
 		if s != MaxScore {
