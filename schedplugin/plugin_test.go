@@ -163,9 +163,13 @@ func (c *cluster) filter(t *testing.T, st fwk.CycleState, pod *corev1.Pod) map[s
 		name := n.Node().Name
 		switch {
 		case !pre.IsSuccess():
+			mu.Lock()
 			out[name] = pre
+			mu.Unlock()
 		case !res.AllNodes() && !res.NodeNames.Has(name):
+			mu.Lock()
 			out[name] = excluded
+			mu.Unlock()
 		default:
 			wg.Go(func() {
 				s := c.p.Filter(context.Background(), st, pod, n)
