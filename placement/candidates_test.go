@@ -7,14 +7,12 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology/machine"
 )
@@ -25,13 +23,7 @@ import (
 // publishes a NodeGPUTopology.
 func mixedCore(t *testing.T, shapes []string, n int, gpusOf func(i int) int, topology func(i int) bool) (*Core, []string) {
 	t.Helper()
-	cfg := configv1alpha1.DefaultExtenderConfiguration()
-	cfg.TopologyMaxAge = &metav1.Duration{Duration: -1}
-	x, err := NewOffline(Options{Config: cfg}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	x.SetClock(func() time.Time { return groupEpoch })
+	x := offlineCore(t)
 	var names []string
 	for i := range n {
 		f, err := machine.FixtureByName(shapes[i%len(shapes)])

@@ -33,9 +33,9 @@ func groupCore(t *testing.T, fx string, n int, leafOf func(i int) string) (*Core
 	})
 }
 
-// fabricCore is an offline core fed nodes of fixture fx, node i carrying
-// labelsOf(i).
-func fabricCore(t *testing.T, fx string, n int, labelsOf func(i int) map[string]string) (*Core, []string) {
+// offlineCore is an offline core with the default configuration, no
+// topology age check, and its clock at groupEpoch.
+func offlineCore(t *testing.T) *Core {
 	t.Helper()
 	cfg := configv1alpha1.DefaultExtenderConfiguration()
 	cfg.TopologyMaxAge = &metav1.Duration{Duration: -1}
@@ -43,8 +43,16 @@ func fabricCore(t *testing.T, fx string, n int, labelsOf func(i int) map[string]
 	if err != nil {
 		t.Fatal(err)
 	}
+	x.SetClock(func() time.Time { return groupEpoch })
+	return x
+}
+
+// fabricCore is an offline core fed nodes of fixture fx, node i carrying
+// labelsOf(i).
+func fabricCore(t *testing.T, fx string, n int, labelsOf func(i int) map[string]string) (*Core, []string) {
+	t.Helper()
+	x := offlineCore(t)
 	now := groupEpoch
-	x.SetClock(func() time.Time { return now })
 	f, err := machine.FixtureByName(fx)
 	if err != nil {
 		t.Fatal(err)
