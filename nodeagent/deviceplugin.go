@@ -401,8 +401,9 @@ func (p *DevicePlugin) PreStartContainer(context.Context, *pluginapi.PreStartCon
 // inotify so that re-registration follows a kubelet start within
 // milliseconds: kubelet fails the admission of pods it finds pending at
 // start (UnexpectedAdmissionError) when their device plugin has not
-// registered yet. A periodic check backs the watch up. It returns when ctx
-// ends.
+// registered yet. A failed attempt is retried after a short backoff (50 ms,
+// doubling up to WatchInterval), and a periodic check backs the watch up.
+// It returns when ctx ends.
 func (p *DevicePlugin) Run(ctx context.Context) error {
 	defer p.stopServer()
 	var events chan fsnotify.Event
@@ -418,25 +419,45 @@ func (p *DevicePlugin) Run(ctx context.Context) error {
 	}
 	tick := time.NewTicker(p.opts.WatchInterval)
 	defer tick.Stop()
+	// retry fires after a failed attempt: kubelet creates kubelet.sock
+	// (the event we wake on) before it listens on it, so the first
+	// attempt can be refused, and no further event comes.
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	backoff := registerRetryMin
 	for {
+		var err error
 		switch p.needsRestart() {
 		case restartServer:
-			if err := p.serveAndRegister(ctx); err != nil {
-				p.logger.Info("Device plugin not registered yet; retrying", "err", err.Error())
+			if err = p.serveAndRegister(ctx); err != nil {
+				p.logger.Info("Device plugin not registered yet; retrying", "in", backoff.String(), "err", err.Error())
 			}
 		case reregister:
-			if err := p.reregister(ctx); err != nil {
-				p.logger.Info("Device plugin not registered with the new kubelet yet; retrying", "err", err.Error())
+			if err = p.reregister(ctx); err != nil {
+				p.logger.Info("Device plugin not registered with the new kubelet yet; retrying", "in", backoff.String(), "err", err.Error())
 			}
+		}
+		if err != nil {
+			retry.Reset(backoff)
+			backoff = min(2*backoff, p.opts.WatchInterval)
+		} else {
+			retry.Stop()
+			backoff = registerRetryMin
 		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
 		case <-events:
+		case <-retry.C:
 		}
 	}
 }
+
+// registerRetryMin is the first wait after a failed registration; it
+// doubles on each failure up to WatchInterval.
+const registerRetryMin = 50 * time.Millisecond
 
 // restart says what the watch loop must do to stay registered.
 type restart uint8
