@@ -274,8 +274,9 @@ func (x *Core) startInformers(ctx context.Context) error {
 	c, err := crcache.New(x.restCfg, crcache.Options{
 		Scheme: scheme(),
 		ByObject: map[client.Object]crcache.ByObject{
-			&corev1.Pod{}:  {Field: PodFieldSelector, Transform: StripPod(x.cfg.GPUResource())},
-			&corev1.Node{}: {Transform: stripNode},
+			&corev1.Pod{}:               {Field: PodFieldSelector, Transform: StripPod(x.cfg.GPUResource())},
+			&corev1.Node{}:              {Transform: stripNode},
+			&v1alpha1.NodeGPUTopology{}: {Transform: stripTopology()},
 		},
 		DefaultTransform: crcache.TransformStripManagedFields(),
 	})

@@ -346,6 +346,22 @@ func (g *Graph) Status() v1alpha1.NodeGPUTopologyStatus {
 	return v1alpha1.NodeGPUTopologyStatus{GPUs: g.GPUs(), Links: links, TopologyHash: g.hash}
 }
 
+// SharingTables returns g with its link tables (links, bandwidths, PCIe
+// ranks, NVLink adjacency, domains) taken from o when both describe the
+// same machine (equal Hash and size); otherwise g itself. The tables are
+// read-only, so graphs of identical machines can hold one copy of them:
+// a fleet of one machine shape then keeps only each node's GPUs (UUIDs,
+// health) per node. g is not modified.
+func (g *Graph) SharingTables(o *Graph) *Graph {
+	if o == nil || o == g || o.n != g.n || o.hash != g.hash {
+		return g
+	}
+	c := *g
+	c.links, c.bw, c.rank, c.nv, c.nvW = o.links, o.bw, o.rank, o.nv, o.nvW
+	c.dom, c.domBit = o.dom, o.domBit
+	return &c
+}
+
 // Len is the number of GPUs.
 func (g *Graph) Len() int { return g.n }
 

@@ -387,3 +387,54 @@ func TestDomainNumbersSwitchesAndNUMANodes(t *testing.T) {
 		}
 	}
 }
+
+// A graph sharing another machine's tables answers every question as its
+// own would; a graph of another machine shares nothing.
+func TestSharingTablesKeepsTheNodesOwnGPUs(t *testing.T) {
+	for _, f := range machine.Fixtures() {
+		t.Run(f.Name, func(t *testing.T) {
+			gpus, links := f.Parts("node-a")
+			gpus[len(gpus)-1].Health = v1alpha1.GPUUnhealthy
+			a, err := topology.NewGraph(gpus, links)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := f.Graph("node-b")
+			s := a.SharingTables(b)
+			if s == a {
+				t.Fatal("identical machines: SharingTables returned the graph unchanged")
+			}
+			if diff := cmp.Diff(a.Status(), s.Status()); diff != "" {
+				t.Errorf("status (-own +shared):\n%s", diff)
+			}
+			if s.Healthy() != a.Healthy() || s.Hash() != a.Hash() {
+				t.Errorf("healthy %s, want %s", s.Healthy(), a.Healthy())
+			}
+			if i, ok := s.IndexOf(a.GPU(0).UUID); !ok || i != 0 {
+				t.Errorf("IndexOf(own GPU 0) = %d, %v", i, ok)
+			}
+			if _, ok := s.IndexOf(b.GPU(0).UUID); ok {
+				t.Error("the shared graph knows the other node's UUIDs")
+			}
+			for x := range a.Len() {
+				for lv := range topology.DomainLevels {
+					if s.Domain(lv, x) != a.Domain(lv, x) {
+						t.Errorf("Domain(%d, %d) = %d, want %d", lv, x, s.Domain(lv, x), a.Domain(lv, x))
+					}
+				}
+				for y := range a.Len() {
+					if s.Bandwidth(x, y) != a.Bandwidth(x, y) || s.NVLinked(x, y) != a.NVLinked(x, y) {
+						t.Errorf("pair %d-%d: bandwidth %d nvlinked %t, want %d %t", x, y, s.Bandwidth(x, y), s.NVLinked(x, y), a.Bandwidth(x, y), a.NVLinked(x, y))
+					}
+				}
+			}
+			if m := s.Metrics(topology.Mask{}, s.Healthy()); m != a.Metrics(topology.Mask{}, a.Healthy()) {
+				t.Errorf("metrics %+v, want %+v", m, a.Metrics(topology.Mask{}, a.Healthy()))
+			}
+		})
+	}
+	a, other := mustFixture(t, "dgx1-v100"), mustFixture(t, "dgx-a100")
+	if a.SharingTables(other) != a || a.SharingTables(nil) != a {
+		t.Error("a graph of another machine (or none) must not share tables")
+	}
+}

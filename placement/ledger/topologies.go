@@ -29,8 +29,9 @@ func (l *Ledger) UpsertTopology(obj *v1alpha1.NodeGPUTopology) {
 			n.graph, n.topo = nil, nil
 			n.topoErr = err.Error()
 		} else {
-			n.graph, n.topoErr = g, ""
 			n.topo = l.topoLocked(g, st)
+			// Nodes of one machine shape share its link tables.
+			n.graph, n.topoErr = g.SharingTables(n.topo.pristine), ""
 			uuids = claimedUUIDs(st.GPUs)
 		}
 		n.topoSig = sig

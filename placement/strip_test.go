@@ -1,0 +1,105 @@
+package placement
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/topology/machine"
+)
+
+// decoded is a fixture's NodeGPUTopology as a watch delivers it: decoded
+// from JSON, every string its own.
+func decoded(t *testing.T, fixture, name string) *v1alpha1.NodeGPUTopology {
+	t.Helper()
+	f, err := machine.FixtureByName(fixture)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := &v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID("u-" + name), ResourceVersion: "7",
+		Labels: map[string]string{"a": "b"}, ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "agent"}}}}
+	o.Status = f.Graph(name).Status()
+	o.Status.DriverVersion = "570.1"
+	o.Status.Telemetry = []v1alpha1.Telemetry{{Index: 0, UtilizationPercent: 40, ThrottleReasons: []string{"SwPowerCap"}}}
+	o.Status.ObservedTime = metav1.Now()
+	o.Status.Stale, o.Status.StaleReason = true, "NVML: timeout"
+	b, err := json.Marshal(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d v1alpha1.NodeGPUTopology
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	return &d
+}
+
+func TestStripTopologyKeepsWhatTheLedgerReadsAndSharesLinks(t *testing.T) {
+	strip := stripTopology()
+	got := func(o *v1alpha1.NodeGPUTopology) *v1alpha1.NodeGPUTopology {
+		t.Helper()
+		s, err := strip(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.(*v1alpha1.NodeGPUTopology)
+	}
+	a, b, c := decoded(t, "dgx-a100", "a"), decoded(t, "dgx-a100", "b"), decoded(t, "pcie-8x", "c")
+	sa, sb, sc := got(a), got(b), got(c)
+	for _, p := range []struct{ in, out *v1alpha1.NodeGPUTopology }{{a, sa}, {b, sb}, {c, sc}} {
+		want := p.in.Status
+		want.DriverVersion, want.TopologyHash, want.Conditions = "", "", nil
+		if diff := cmp.Diff(want, p.out.Status); diff != "" {
+			t.Errorf("%s: status the ledger reads changed (-want +got):\n%s", p.in.Name, diff)
+		}
+		if p.out.Name != p.in.Name || p.out.UID != p.in.UID || p.out.ResourceVersion != p.in.ResourceVersion {
+			t.Errorf("%s: identity %s/%s/%s, want %s/%s/%s", p.in.Name, p.out.Name, p.out.UID, p.out.ResourceVersion, p.in.Name, p.in.UID, p.in.ResourceVersion)
+		}
+		if p.out.Labels != nil || p.out.ManagedFields != nil {
+			t.Errorf("%s: kept metadata the ledger never reads: %v %v", p.in.Name, p.out.Labels, p.out.ManagedFields)
+		}
+	}
+	if &sa.Status.Links[0] != &sb.Status.Links[0] {
+		t.Error("two nodes of one machine shape hold two link tables")
+	}
+	if &sa.Status.Links[0] == &sc.Status.Links[0] {
+		t.Error("two machine shapes share one link table")
+	}
+	// The shared table is the cache's own: changing an input later, or
+	// a node whose links differ, leaves it alone.
+	want := sa.Status.Links[3]
+	a.Status.Links[3].BandwidthGBps++
+	d := decoded(t, "dgx-a100", "d")
+	d.Status.Links[3].BandwidthGBps = 1
+	sd := got(d)
+	if sa.Status.Links[3] != want || sb.Status.Links[3] != want {
+		t.Errorf("shared link 3 = %+v, want %+v", sa.Status.Links[3], want)
+	}
+	if sd.Status.Links[3].BandwidthGBps != 1 || &sd.Status.Links[0] == &sa.Status.Links[0] {
+		t.Errorf("a node with a different link shares the table: %+v", sd.Status.Links[3])
+	}
+	if o, err := strip("not a topology"); err != nil || o != "not a topology" {
+		t.Errorf("strip(other) = %v, %v; want it unchanged", o, err)
+	}
+}
+
+// Past the bound, each object keeps its own table, still whole.
+func TestStripTopologyBoundsTheSharedTables(t *testing.T) {
+	tables := &linkTables{}
+	base := decoded(t, "pcie-8x", "x").Status.Links
+	for i := range maxLinkTables + 10 {
+		links := append([]v1alpha1.Link(nil), base...)
+		links[0].BandwidthGBps = i + 1
+		got := tables.share(links)
+		if diff := cmp.Diff(links, got); diff != "" {
+			t.Fatalf("table %d (-want +got):\n%s", i, diff)
+		}
+	}
+	if len(tables.tables) != maxLinkTables {
+		t.Errorf("%d tables kept, want the bound %d", len(tables.tables), maxLinkTables)
+	}
+}
