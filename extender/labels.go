@@ -12,6 +12,7 @@ const (
 	phasePrioritize = string(placement.PhasePrioritize)
 	phaseBind       = string(placement.PhaseBind)
 	phaseShadow     = metrics.PhaseShadow
+	phasePreempt    = string(placement.PhasePreempt)
 
 	errBadRequest   = string(placement.ErrBadRequest)
 	errDecode       = metrics.ErrDecode

@@ -24,7 +24,7 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 )
 
-// Handler serves the verbs at /filter, /prioritize and /bind, the same under
+// Handler serves the verbs at /filter, /prioritize, /bind and /preempt, the same under
 // /scheduler/ (the prefix the design's users configured), and /healthz and
 // /readyz.
 func (x *Extender) Handler() http.Handler {
@@ -33,6 +33,7 @@ func (x *Extender) Handler() http.Handler {
 		mux.HandleFunc("POST "+prefix+"/filter", x.verb(phaseFilter, x.serveFilter))
 		mux.HandleFunc("POST "+prefix+"/prioritize", x.verb(phasePrioritize, x.servePrioritize))
 		mux.HandleFunc("POST "+prefix+"/bind", x.verb(phaseBind, x.serveBind))
+		mux.HandleFunc("POST "+prefix+"/preempt", x.verb(phasePreempt, x.servePreempt))
 	}
 	if x.opts.Shadow {
 		mux.HandleFunc("POST "+ShadowPath, x.verb(phaseShadow, x.serveShadow))
@@ -207,6 +208,31 @@ func (x *Extender) servePrioritize(ctx context.Context, body io.Reader) (any, er
 		x.mirrorPrioritize(args, list, top)
 	}
 	return &list, nil
+}
+
+// DecodePreemptionArgs decodes and checks a preempt request: a pod and
+// its candidate nodes' victims, by UID (nodeCacheCapable) or as pods.
+func DecodePreemptionArgs(body io.Reader) (*extenderv1.ExtenderPreemptionArgs, error) {
+	var args extenderv1.ExtenderPreemptionArgs
+	if err := decodeJSON(body, &args); err != nil {
+		return nil, err
+	}
+	if args.Pod == nil {
+		return nil, &httpError{http.StatusBadRequest, errBadRequest, "malformed request: Pod is required"}
+	}
+	return &args, nil
+}
+
+func (x *Extender) servePreempt(ctx context.Context, body io.Reader) (any, error) {
+	args, err := DecodePreemptionArgs(body)
+	if err != nil {
+		return nil, err
+	}
+	res, err := x.Preempt(ctx, args)
+	if err != nil {
+		return nil, &httpError{http.StatusBadRequest, errBadRequest, err.Error()}
+	}
+	return res, nil
 }
 
 func (x *Extender) serveBind(ctx context.Context, body io.Reader) (any, error) {

@@ -86,5 +86,70 @@ func (x *Extender) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArg
 	return &extenderv1.ExtenderBindingResult{}
 }
 
+// Preempt answers kube-scheduler's preempt verb: for each candidate node
+// and the victims kube-scheduler chose there by count, the victims whose
+// eviction frees a GPU set the pod's requirement accepts, the fewest and
+// least important (placement.Core.Victims); a node where no eviction of
+// lower-priority pods makes the pod fit is dropped, so that nothing is
+// evicted in vain. A pod without GPUs keeps kube-scheduler's victims; a
+// pod of a group keeps none (a group is placed whole or not at all, and
+// one pod's preemption cannot place it: docs/groups.md).
+func (x *Extender) Preempt(ctx context.Context, args *extenderv1.ExtenderPreemptionArgs) (*extenderv1.ExtenderPreemptionResult, error) {
+	meta := args.NodeNameToMetaVictims
+	if meta == nil {
+		meta = make(map[string]*extenderv1.MetaVictims, len(args.NodeNameToVictims))
+		for node, v := range args.NodeNameToVictims {
+			if v == nil {
+				continue
+			}
+			mv := &extenderv1.MetaVictims{NumPDBViolations: v.NumPDBViolations}
+			for _, p := range v.Pods {
+				if p != nil {
+					mv.Pods = append(mv.Pods, &extenderv1.MetaPod{UID: string(p.UID)})
+				}
+			}
+			meta[node] = mv
+		}
+	}
+	pr, err := x.request(&extenderv1.ExtenderArgs{Pod: args.Pod})
+	if err != nil {
+		x.metrics.Failed(placement.PhasePreempt, placement.ErrBadRequest)
+		return nil, err
+	}
+	out := &extenderv1.ExtenderPreemptionResult{NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{}}
+	switch {
+	case pr.Count == 0:
+		out.NodeNameToMetaVictims = meta
+		return out, nil
+	case pr.Group() != "":
+		return out, nil
+	}
+	var priority int32
+	if args.Pod.Spec.Priority != nil {
+		priority = *args.Pod.Spec.Priority
+	}
+	for node, mv := range meta {
+		if mv == nil {
+			continue
+		}
+		proposed := make([]types.UID, 0, len(mv.Pods))
+		for _, p := range mv.Pods {
+			if p != nil {
+				proposed = append(proposed, types.UID(p.UID))
+			}
+		}
+		victims, ok := x.core.Victims(ctx, pr, priority, node, proposed)
+		if !ok {
+			continue
+		}
+		res := &extenderv1.MetaVictims{NumPDBViolations: mv.NumPDBViolations, Pods: make([]*extenderv1.MetaPod, len(victims))}
+		for i, uid := range victims {
+			res.Pods[i] = &extenderv1.MetaPod{UID: string(uid)}
+		}
+		out.NodeNameToMetaVictims[node] = res
+	}
+	return out, nil
+}
+
 // scoreBuffers hold the core's scores between prioritize's calls.
 var scoreBuffers = sync.Pool{New: func() any { return new([]int64) }}

@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
@@ -129,6 +130,12 @@ type NodeVerdict struct {
 	MinPairGBps       int    `json:"minPairBandwidthGBps,omitempty"`
 	// LeftLargestIsland is the largest free NVLink island the node keeps.
 	LeftLargestIsland int `json:"leftLargestIsland,omitempty"`
+	// Preempt are the pods (namespace/name) preemption would evict on a
+	// node that fails now, so that the pod fits there: the fewest and
+	// least important lower-priority pods whose GPUs free a set it
+	// accepts. Empty where no eviction helps, or the pod may not preempt
+	// (preemptionPolicy: Never).
+	Preempt []string `json:"preempt,omitempty"`
 }
 
 // ConditionView is a pod condition as explain shows it.
@@ -387,6 +394,9 @@ func (s *Snapshot) verdicts(p *corev1.Pod) ([]NodeVerdict, error) {
 		default:
 			v.Verdict, v.Reason = VerdictFails, ex.Reason
 		}
+		if v.Verdict == VerdictFails {
+			v.Preempt = s.preemption(ctx, x, pr, p, ex.Node)
+		}
 		out = append(out, v)
 	}
 	sort.SliceStable(out, func(i, j int) bool {
@@ -400,6 +410,33 @@ func (s *Snapshot) verdicts(p *corev1.Pod) ([]NodeVerdict, error) {
 		return a.Node < b.Node
 	})
 	return out, nil
+}
+
+// preemption is what preemption would evict on node for pod p (request
+// pr), as the extender's preempt verb answers with no victims proposed:
+// nil when p may not preempt or no eviction lets it fit.
+func (s *Snapshot) preemption(ctx context.Context, x *placement.Core, pr placement.Request, p *corev1.Pod, node string) []string {
+	if p.Spec.PreemptionPolicy != nil && *p.Spec.PreemptionPolicy == corev1.PreemptNever || pr.Group() != "" {
+		return nil
+	}
+	var prio int32
+	if p.Spec.Priority != nil {
+		prio = *p.Spec.Priority
+	}
+	uids, ok := x.Victims(ctx, pr, prio, node, nil)
+	if !ok || len(uids) == 0 {
+		return nil
+	}
+	names := make(map[types.UID]string, len(s.Pods))
+	for i := range s.Pods {
+		names[s.Pods[i].UID] = s.Pods[i].Namespace + "/" + s.Pods[i].Name
+	}
+	out := make([]string, 0, len(uids))
+	for _, u := range uids {
+		out = append(out, names[u])
+	}
+	sort.Strings(out)
+	return out
 }
 
 // schedulerVerdict says why kube-scheduler's own filters would leave the

@@ -297,3 +297,56 @@ func TestEventViewsKeepTheMostRecent(t *testing.T) {
 		t.Errorf("kept %d (omitted %d), first age %d, last age %d", len(got.Items), got.Omitted, got.Items[0].AgeSeconds, got.Items[len(got.Items)-1].AgeSeconds)
 	}
 }
+
+// A high-priority pod that fits nowhere now: explain names the pods
+// preemption would evict on the node where that frees an NVLink quad (the
+// DGX-1 V100, where the pod holding GPU 4 stands between the free 5-7 and
+// a quad), none where no eviction helps (the PCIe box), and none for a
+// pod that may not preempt or outranks nobody.
+func TestExplainSaysWhatPreemptionWouldEvict(t *testing.T) {
+	s := cluster(t)
+	high := pendingPod("high", v1alpha1.DefaultSchedulerName, 4, map[string]string{v1alpha1.AnnotationRequirement: `{"requireNVLink":true,"strategy":"highest_bandwidth"}`})
+	prio := int32(1000)
+	high.Spec.Priority = &prio
+	never := *high.DeepCopy()
+	never.Name, never.UID = "never", "uid-never"
+	policy := corev1.PreemptNever
+	never.Spec.PreemptionPolicy = &policy
+	peer := *high.DeepCopy()
+	peer.Name, peer.UID, peer.Spec.Priority = "peer", "uid-peer", nil
+	s.Pods = append(s.Pods, high, never, peer)
+	c := fakeCluster(t, s)
+	preempt := func(name string) map[string][]string {
+		t.Helper()
+		out, err := runPlugin(t, c, "explain", name, "-o", "json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e Explanation
+		if err := json.Unmarshal([]byte(out), &e); err != nil {
+			t.Fatal(err)
+		}
+		got := map[string][]string{}
+		for _, v := range e.Nodes {
+			if len(v.Preempt) > 0 {
+				got[v.Node] = v.Preempt
+			}
+		}
+		return got
+	}
+	if got, want := preempt("high"), map[string][]string{"v100": {"team/drifted"}}; !cmp.Equal(got, want) {
+		t.Errorf("high: preemption %v, want %v", got, want)
+	}
+	out, err := runPlugin(t, c, "explain", "high")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "Preemption on v100 would evict 1 pod(s) of lower priority whose GPUs the pod needs: team/drifted"; !strings.Contains(out, want) {
+		t.Errorf("explain lacks %q:\n%s", want, out)
+	}
+	for _, name := range []string{"never", "peer"} {
+		if got := preempt(name); len(got) != 0 {
+			t.Errorf("%s: preemption %v, want none", name, got)
+		}
+	}
+}

@@ -414,6 +414,11 @@ func writeExplanation(w io.Writer, p painter, e *Explanation) error {
 	if err := t.Flush(); err != nil {
 		return err
 	}
+	for _, v := range e.Nodes {
+		if len(v.Preempt) > 0 {
+			fmt.Fprintf(w, "\nPreemption on %s would evict %d pod(s) of lower priority whose GPUs the pod needs: %s", v.Node, len(v.Preempt), strings.Join(v.Preempt, ", "))
+		}
+	}
 	fmt.Fprintln(w, "\nfits: the node passes gputopo's filter now; fails: not with its GPUs free now; never: not even with every GPU free and healthy.")
 	fmt.Fprintln(w, "KUBE-SCHEDULER: what kube-scheduler's own filters say before gputopo is asked (node selector, taints, GPU count).")
 	return nil

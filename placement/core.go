@@ -432,8 +432,10 @@ func stripPodOf(obj any, resource corev1.ResourceName) (any, error) {
 		Spec: corev1.PodSpec{NodeName: p.Spec.NodeName, SchedulerName: p.Spec.SchedulerName,
 			NodeSelector: p.Spec.NodeSelector, Tolerations: p.Spec.Tolerations,
 			// The pod's Kubernetes PodGroup (groups).
-			SchedulingGroup: p.Spec.SchedulingGroup},
-		Status: corev1.PodStatus{Phase: p.Status.Phase},
+			SchedulingGroup: p.Spec.SchedulingGroup,
+			// Preemption orders victims by priority and start.
+			Priority: p.Spec.Priority},
+		Status: corev1.PodStatus{Phase: p.Status.Phase, StartTime: p.Status.StartTime},
 	}
 	if j, ok := p.Labels[v1alpha1.LabelJob]; ok {
 		out.Labels = map[string]string{v1alpha1.LabelJob: j}

@@ -35,6 +35,10 @@ const (
 	PhaseFilter     Phase = "filter"
 	PhasePrioritize Phase = "prioritize"
 	PhaseBind       Phase = "bind"
+	// PhasePreempt is the extender's preempt verb; kube-scheduler's own
+	// scheduler_preemption_attempts_total and scheduler_preemption_victims
+	// count preemptions and victims, in both modes.
+	PhasePreempt Phase = "preempt"
 )
 
 // ErrorKind is a bounded label for a failed request.

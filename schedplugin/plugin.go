@@ -261,10 +261,53 @@ const (
 	bindKey  fwk.StateKey = Name + "/bind-unknown"
 )
 
-// cycle is the pod's filter in progress (the core's Cycle).
-type cycle struct{ c *placement.Cycle }
+// cycle is the pod's filter in progress (the core's Cycle). refused is
+// set, instead of c, when PreFilter found the pod cannot be placed now
+// and the framework's preemption may still ask Filter about nodes: Filter
+// then answers with it. over holds, per node, the pods the framework's
+// preemption removed or added (PreFilterExtensions); nil outside
+// preemption and nominated-pod checks.
+type cycle struct {
+	c       *placement.Cycle
+	refused *fwk.Status
+	over    map[string]*placement.WhatIf
+}
 
-func (c *cycle) Clone() fwk.StateData { return c }
+// Clone copies the per-node what-ifs, which AddPod and RemovePod change;
+// the core's cycle is shared.
+func (c *cycle) Clone() fwk.StateData {
+	if len(c.over) == 0 {
+		return &cycle{c: c.c, refused: c.refused}
+	}
+	over := make(map[string]*placement.WhatIf, len(c.over))
+	for node, w := range c.over {
+		over[node] = w.Clone()
+	}
+	return &cycle{c: c.c, refused: c.refused, over: over}
+}
+
+// coreCycle is the core's cycle of the pod, nil when PreFilter skipped
+// or refused it.
+func coreCycle(state fwk.CycleState) *placement.Cycle {
+	d, err := state.Read(cycleKey)
+	if err != nil {
+		return nil
+	}
+	return d.(*cycle).c
+}
+
+// whatIf is node's what-if in the cycle, made on first use.
+func (c *cycle) whatIf(node string) *placement.WhatIf {
+	w := c.over[node]
+	if w == nil {
+		if c.over == nil {
+			c.over = make(map[string]*placement.WhatIf)
+		}
+		w = &placement.WhatIf{}
+		c.over[node] = w
+	}
+	return w
+}
 
 type scores map[string]int64
 
@@ -332,7 +375,12 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev
 		if wait.Unresolvable {
 			code = fwk.UnschedulableAndUnresolvable
 		}
-		return nil, fwk.NewStatus(code, placement.ReasonPrefix+wait.Msg)
+		st := fwk.NewStatus(code, placement.ReasonPrefix+wait.Msg)
+		// A group's pod waits for its whole group: evicting pods for one
+		// of them would be in vain, so preemption finds no node for it
+		// (docs/scheduler-plugin.md).
+		state.Write(cycleKey, &cycle{refused: fwk.NewStatus(fwk.UnschedulableAndUnresolvable, placement.ReasonPrefix+wait.Msg)})
+		return nil, st
 	case err != nil:
 		return nil, fwk.AsStatus(fmt.Errorf("%s%w", placement.ReasonPrefix, err))
 	}
@@ -341,15 +389,23 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev
 		// filters; when none can, the cycle ends here with gputopo's
 		// reason.
 		c := p.x.Candidates(pr, len(nodes))
+		state.Write(cycleKey, &cycle{c: p.x.NewCycle(ctx, pr)})
 		if c.Reason != "" {
 			code := fwk.Unschedulable
 			if c.Unresolvable {
 				code = fwk.UnschedulableAndUnresolvable
 			}
+			// Unschedulable: kube-scheduler's preemption may still ask
+			// Filter whether evicting lower-priority pods makes room.
 			return nil, fwk.NewStatus(code, c.Reason)
 		}
-		state.Write(cycleKey, &cycle{c: p.x.NewCycle(ctx, pr)})
-		if c.Nodes == nil {
+		// A pod found unschedulable before is not narrowed:
+		// kube-scheduler's preemption treats the nodes a PreFilterResult
+		// leaves out as unresolvable, and a node with lower-priority pods
+		// to evict may be among them. Its first cycle is narrowed; when
+		// that fails (the nodes that can hold its GPUs failed other
+		// filters), the retry considers every node.
+		if c.Nodes == nil || foundUnschedulable(pod) {
 			return nil, nil
 		}
 		return &fwk.PreFilterResult{NodeNames: c.Nodes}, nil
@@ -360,6 +416,17 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev
 	// cluster event.
 	p.activate(ctx, slot.Group, pod)
 	return &fwk.PreFilterResult{NodeNames: sets.New(slot.Node)}, nil
+}
+
+// foundUnschedulable says whether kube-scheduler found pod unschedulable
+// before (its PodScheduled condition is False, reason Unschedulable).
+func foundUnschedulable(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled {
+			return c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable
+		}
+	}
+	return false
 }
 
 // schedulable are the nodes a group's pod may go to by its own rules
@@ -409,20 +476,63 @@ func (p *Plugin) activate(ctx context.Context, group string, self *corev1.Pod) {
 	}
 }
 
-// PreFilterExtensions implements fwk.PreFilterPlugin; the verdicts do not
-// change when the framework adds or removes pods for preemption: GPUs are
-// the core's, and an extender is not asked either.
-func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
+// PreFilterExtensions implements fwk.PreFilterPlugin: kube-scheduler's
+// preemption removes the pods it would evict (and adds back those it
+// reprieves, and the pods nominated to a node) through AddPod and
+// RemovePod, and asks Filter again; Filter then decides on the node as
+// those changes leave its GPUs, so preemption evicts only pods whose GPUs
+// the chosen set needs.
+func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return p }
+
+// AddPod counts pod on the node in the cycle's what-if: a victim given
+// back holds its GPUs again; a pod nominated to the node, which holds none
+// yet, holds as many as it requests.
+func (p *Plugin) AddPod(_ context.Context, state fwk.CycleState, _ *corev1.Pod, pod fwk.PodInfo, nodeInfo fwk.NodeInfo) *fwk.Status {
+	c, node := p.preemptionCycle(state, nodeInfo)
+	if c == nil {
+		return nil
+	}
+	c.whatIf(node).AddPod(pod.GetPod(), p.x.Config().GPUResource())
+	return nil
+}
+
+// RemovePod takes pod's GPUs off the node in the cycle's what-if.
+func (p *Plugin) RemovePod(_ context.Context, state fwk.CycleState, _ *corev1.Pod, pod fwk.PodInfo, nodeInfo fwk.NodeInfo) *fwk.Status {
+	if c, node := p.preemptionCycle(state, nodeInfo); c != nil {
+		c.whatIf(node).Remove(pod.GetPod().UID)
+	}
+	return nil
+}
+
+// preemptionCycle is the cycle AddPod and RemovePod change, nil when the
+// pod's cycle has none (PreFilter skipped it or refused it).
+func (p *Plugin) preemptionCycle(state fwk.CycleState, nodeInfo fwk.NodeInfo) (*cycle, string) {
+	d, err := state.Read(cycleKey)
+	if err != nil || nodeInfo.Node() == nil {
+		return nil, ""
+	}
+	c := d.(*cycle)
+	if c.c == nil {
+		return nil, ""
+	}
+	return c, nodeInfo.Node().Name
+}
 
 // Filter is the extender's filter verdict on the node, with its reason:
 // Unschedulable, or UnschedulableAndUnresolvable where no change of the
-// node's GPU use could fix it (no preemption for it).
+// node's GPU use could fix it (no preemption for it). Inside preemption
+// the verdict is on the node as the cycle's what-if leaves it.
 func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *corev1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
 	d, err := state.Read(cycleKey)
 	if err != nil {
 		return fwk.AsStatus(fmt.Errorf("%s: no PreFilter state in this cycle: %w", Name, err))
 	}
-	passed, unresolvable, reason := d.(*cycle).c.FilterNode(nodeInfo.Node().Name)
+	c := d.(*cycle)
+	if c.c == nil {
+		return c.refused
+	}
+	node := nodeInfo.Node().Name
+	passed, unresolvable, reason := c.c.FilterNodeIf(node, c.over[node])
 	switch {
 	case passed:
 		return nil
@@ -435,12 +545,12 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *corev1.Pod, 
 // PreScore scores every feasible node with the extender's prioritize (its
 // cross-node terms compare each node with the others), once per cycle.
 func (p *Plugin) PreScore(ctx context.Context, state fwk.CycleState, pod *corev1.Pod, nodes []fwk.NodeInfo) *fwk.Status {
-	d, err := state.Read(cycleKey)
-	if err != nil {
+	c := coreCycle(state)
+	if c == nil {
 		return fwk.NewStatus(fwk.Skip) // no GPUs: PreFilter skipped
 	}
 	names := nodeNames(nodes)
-	list := d.(*cycle).c.Score(names)
+	list := c.Score(names)
 	s := make(scores, len(list))
 	for i, score := range list {
 		s[names[i]] = score * scoreScale
@@ -466,11 +576,11 @@ func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return nil }
 // Reserve chooses the pod's GPUs on the node and holds them in the ledger
 // for the rest of the cycle.
 func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *corev1.Pod, node string) *fwk.Status {
-	d, err := state.Read(cycleKey)
-	if err != nil {
+	c := coreCycle(state)
+	if c == nil {
 		return nil
 	}
-	if res := p.x.Reserve(ctx, d.(*cycle).c.Request(), node); res.Err != nil {
+	if res := p.x.Reserve(ctx, c.Request(), node); res.Err != nil {
 		return fwk.NewStatus(fwk.Unschedulable, placement.ReasonPrefix+res.Err.Error())
 	}
 	return nil
@@ -491,11 +601,11 @@ func (p *Plugin) Unreserve(ctx context.Context, state fwk.CycleState, pod *corev
 // annotations in one write, as the extender's bind verb does. Pods without
 // GPUs are left to the next bind plugin (DefaultBinder).
 func (p *Plugin) Bind(ctx context.Context, state fwk.CycleState, pod *corev1.Pod, node string) *fwk.Status {
-	d, err := state.Read(cycleKey)
-	if err != nil {
+	c := coreCycle(state)
+	if c == nil {
 		return fwk.NewStatus(fwk.Skip)
 	}
-	pr := d.(*cycle).c.Request()
+	pr := c.Request()
 	res := p.x.Bind(ctx, placement.BindRequest{Key: pr.Key, UID: pod.UID, Node: node, Request: &pr})
 	if res.Outcome == placement.Unknown {
 		state.Write(bindKey, bindUnknown{})

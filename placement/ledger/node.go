@@ -3,6 +3,8 @@ package ledger
 import (
 	"maps"
 	"math"
+	"slices"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -262,14 +264,47 @@ func (v View) Without(n *Node, uid types.UID) *Node {
 	if _, ok := n.holdings[uid]; !ok {
 		return n
 	}
-	c := *n
-	c.holdings = make(map[types.UID]*holding, len(n.holdings))
-	for k, h := range n.holdings {
-		if k != uid {
-			c.holdings[k] = h
+	return v.As(n, func(u types.UID) bool { return u == uid }, nil)
+}
+
+// As is n as it would be if the pods gone says so held nothing on it and
+// the pods of added each held that many more GPUs of unknown identity
+// there (pods nominated to the node, whose GPUs are not chosen yet): the
+// question preemption asks, "would it fit with these victims gone". An
+// added pod that already holds GPUs on n counts once, as it is. A copy;
+// n is left alone, and n itself is returned when nothing changes.
+func (v View) As(n *Node, gone func(types.UID) bool, added map[types.UID]int) *Node {
+	if n == nil {
+		return nil
+	}
+	drop, extra := false, 0
+	if gone != nil {
+		for uid := range n.holdings {
+			if gone(uid) {
+				drop = true
+				break
+			}
 		}
 	}
-	v.l.recomputeLocked(&c)
+	for uid, k := range added {
+		if _, holds := n.holdings[uid]; !holds {
+			extra += k
+		}
+	}
+	if !drop && extra == 0 {
+		return n
+	}
+	c := *n
+	if drop {
+		c.holdings = make(map[types.UID]*holding, len(n.holdings))
+		for k, h := range n.holdings {
+			if !gone(k) {
+				c.holdings[k] = h
+			}
+		}
+		v.l.recomputeLocked(&c)
+	}
+	c.unknownHeld += extra
 	return &c
 }
 
@@ -338,4 +373,32 @@ func (a Affinity) Of(n *Node) float64 {
 		return 0.5
 	}
 	return 0
+}
+
+// Holder is a pod that holds GPUs on a node, as preemption weighs it.
+type Holder struct {
+	UID      types.UID
+	Pod      types.NamespacedName
+	Priority int32
+	Started  time.Time
+	// Reserved: its bind is in flight; it is not a pod kube-scheduler
+	// could evict yet.
+	Reserved bool
+}
+
+// Holders are the pods holding GPUs on node n, by UID.
+func (v View) Holders(n *Node) []Holder {
+	if n == nil {
+		return nil
+	}
+	out := make([]Holder, 0, len(n.holdings))
+	for uid, h := range n.holdings {
+		hd := Holder{UID: uid, Pod: h.pod, Reserved: h.reserved}
+		if info := v.l.pods[h.pod]; info != nil && info.UID == uid {
+			hd.Priority, hd.Started = info.Priority, info.Started
+		}
+		out = append(out, hd)
+	}
+	slices.SortFunc(out, func(a, b Holder) int { return strings.Compare(string(a.UID), string(b.UID)) })
+	return out
 }

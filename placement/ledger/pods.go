@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -22,6 +23,11 @@ type PodInfo struct {
 	GPUs int
 	// Job is namespace/job label, "" without one.
 	Job string
+	// Priority is the pod's spec.priority (0 when unset); Started its
+	// status.startTime (zero before it started). Preemption orders its
+	// victims by them, as kube-scheduler does.
+	Priority int32
+	Started  time.Time
 	// Requirement is the requirement annotation as written;
 	// HasRequirement says whether the pod has one.
 	Requirement    string
@@ -78,6 +84,12 @@ func NewPodInfo(p *corev1.Pod, resource corev1.ResourceName) *PodInfo {
 	}
 	if j := p.Labels[v1alpha1.LabelJob]; j != "" {
 		info.Job = p.Namespace + "/" + j
+	}
+	if p.Spec.Priority != nil {
+		info.Priority = *p.Spec.Priority
+	}
+	if p.Status.StartTime != nil {
+		info.Started = p.Status.StartTime.Time
 	}
 	info.Requirement, info.HasRequirement = p.Annotations[v1alpha1.AnnotationRequirement]
 	g, ok, errs := v1alpha1.ParseGroup(groupPath, p.Annotations)

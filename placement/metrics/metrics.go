@@ -89,7 +89,7 @@ func New(l *ledger.Ledger) *Metrics {
 		Registry: prometheus.NewRegistry(),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "gpu_extender_scheduling_latency_seconds",
-			Help:    "Time to answer a scheduler extender call, by phase (filter, prioritize, bind), including decoding.",
+			Help:    "Time to answer a scheduler extender call, by phase (filter, prioritize, bind, preempt), including decoding.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 		}, []string{"phase"}),
 		filterResults: prometheus.NewCounterVec(prometheus.CounterOpts{

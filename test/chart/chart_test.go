@@ -231,6 +231,7 @@ func checkSchedulerConfig(t *testing.T, r release, w want, objs []*unstructured.
 		FilterVerb:       "filter",
 		PrioritizeVerb:   "prioritize",
 		BindVerb:         "bind",
+		PreemptVerb:      "preempt",
 		Weight:           10,
 		EnableHTTPS:      w.tls,
 		HTTPTimeout:      metav1.Duration{Duration: w.httpTimeout},

@@ -1,0 +1,210 @@
+package placement
+
+import (
+	"cmp"
+	"context"
+	"maps"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gputopo/gputopo/placement/ledger"
+)
+
+// WhatIf is one node as preemption asks about it: some pods gone (the
+// victims it would evict) and some added (pods nominated to the node,
+// whose GPUs are not chosen yet, and victims given back while it
+// reprieves them). It changes nothing in the ledger: a decision reads the
+// node through it, as a view. The zero value changes nothing. Not safe for
+// concurrent use; the scheduling framework gives each node's preemption
+// check its own copy (Clone).
+type WhatIf struct {
+	gone  map[types.UID]bool
+	added map[types.UID]int
+}
+
+// Remove takes pod uid's GPUs off the node, or undoes its Add.
+func (w *WhatIf) Remove(uid types.UID) {
+	if _, ok := w.added[uid]; ok {
+		delete(w.added, uid)
+		return
+	}
+	if w.gone == nil {
+		w.gone = make(map[types.UID]bool)
+	}
+	w.gone[uid] = true
+}
+
+// Add puts pod uid back on the node: a victim given back holds its GPUs
+// again, and a pod that holds none there yet (a nominated pod) counts as
+// holding gpus GPUs whose identity is not chosen.
+func (w *WhatIf) Add(uid types.UID, gpus int) {
+	if w.gone[uid] {
+		delete(w.gone, uid)
+		return
+	}
+	if gpus <= 0 {
+		return
+	}
+	if w.added == nil {
+		w.added = make(map[types.UID]int)
+	}
+	w.added[uid] = gpus
+}
+
+// AddPod is Add for pod, which requests GPUs of resource; a pod whose
+// request cannot be read counts none, as the ledger counts it.
+func (w *WhatIf) AddPod(pod *corev1.Pod, resource corev1.ResourceName) {
+	gpus, err := ledger.GPUCount(pod, resource)
+	if err != nil {
+		gpus = 0
+	}
+	w.Add(pod.UID, gpus)
+}
+
+// Empty says whether w changes nothing.
+func (w *WhatIf) Empty() bool { return w == nil || len(w.gone) == 0 && len(w.added) == 0 }
+
+// Clone is an independent copy of w.
+func (w *WhatIf) Clone() *WhatIf {
+	if w == nil {
+		return nil
+	}
+	return &WhatIf{gone: maps.Clone(w.gone), added: maps.Clone(w.added)}
+}
+
+// Gone lists the pods w takes off the node, in no order.
+func (w *WhatIf) Gone() []types.UID {
+	if w == nil {
+		return nil
+	}
+	out := make([]types.UID, 0, len(w.gone))
+	for uid := range w.gone {
+		out = append(out, uid)
+	}
+	return out
+}
+
+// on is node n (as pod uid sees it) changed by w, read inside lv's Read.
+func (w *WhatIf) on(lv ledger.View, n *ledger.Node) *ledger.Node {
+	if w.Empty() {
+		return n
+	}
+	var gone func(types.UID) bool
+	if len(w.gone) > 0 {
+		gone = func(uid types.UID) bool { return w.gone[uid] }
+	}
+	return lv.As(n, gone, w.added)
+}
+
+// FilterNodeIf is FilterNode on the node as w changes it: would the pod
+// fit there with w's victims gone and its nominated pods added. Nodes the
+// pod could never fit stay unresolvable, so preemption is not tried in
+// vain.
+func (c *Cycle) FilterNodeIf(node string, w *WhatIf) (passed, unresolvable bool, reason string) {
+	if w.Empty() {
+		return c.FilterNode(node)
+	}
+	var v *verdict
+	c.x.ledger.ReadNode(ledger.StripeOf(node), func(lv ledger.View) {
+		v = c.e.check(w.on(lv, lv.NodeFor(node, c.pr.UID)))
+	})
+	if v.ok {
+		return true, false, ""
+	}
+	return false, v.unresolvable, filterReason(c.pr, v)
+}
+
+// Victims answers the extender's preempt question for pr (a pod of
+// priority priority) on node: which pods to evict so that it fits there.
+// kube-scheduler proposes victims chosen by count; when pr does not fit
+// with them gone (they do not free a set the pod's requirement accepts),
+// the node's other lower-priority GPU pods are added, least important
+// first, until it does. Then the GPU pods among the victims are given
+// back, most important first (higher priority, then earlier start, as
+// kube-scheduler reprieves), each kept when pr still fits without it.
+// Victims that hold no GPUs on the node stay victims: kube-scheduler chose
+// them for other resources. ok is false when pr cannot fit on the node even
+// with every lower-priority pod gone: kube-scheduler then drops the node
+// rather than evict in vain.
+func (x *Core) Victims(ctx context.Context, pr Request, priority int32, node string, proposed []types.UID) (victims []types.UID, ok bool) {
+	e := newEvaluator(ctx, x.alloc, x.cfg, pr, x.now())
+	x.ledger.Read(func(lv ledger.View) {
+		n := lv.NodeFor(node, pr.UID)
+		holders := lv.Holders(n)
+		gpu := make(map[types.UID]ledger.Holder, len(holders))
+		for _, h := range holders {
+			gpu[h.UID] = h
+		}
+		w := &WhatIf{}
+		fits := func() bool { return e.check(w.on(lv, n)).ok }
+		gone := make(map[types.UID]bool, len(proposed))
+		var order []ledger.Holder // the GPU pods among the victims
+		for _, uid := range proposed {
+			w.Remove(uid)
+			gone[uid] = true
+			if h, holds := gpu[uid]; holds {
+				order = append(order, h)
+			}
+		}
+		if !fits() {
+			extra := make([]ledger.Holder, 0, len(holders))
+			for _, h := range holders {
+				if !gone[h.UID] && !h.Reserved && h.Priority < priority {
+					extra = append(extra, h)
+				}
+			}
+			slices.SortStableFunc(extra, func(a, b ledger.Holder) int { return -moreImportant(a, b) })
+			i := 0
+			for ; i < len(extra) && !fits(); i++ {
+				w.Remove(extra[i].UID)
+				gone[extra[i].UID] = true
+				order = append(order, extra[i])
+			}
+			if !fits() {
+				return
+			}
+		}
+		ok = true
+		slices.SortStableFunc(order, moreImportant)
+		kept := make(map[types.UID]bool, len(order))
+		for _, h := range order {
+			w.Add(h.UID, 0)
+			if fits() {
+				kept[h.UID] = true
+				continue
+			}
+			w.Remove(h.UID)
+		}
+		for _, uid := range proposed {
+			if !kept[uid] {
+				victims = append(victims, uid)
+			}
+		}
+		for _, h := range order {
+			if !kept[h.UID] && !slices.Contains(proposed, h.UID) {
+				victims = append(victims, h.UID)
+			}
+		}
+	})
+	return victims, ok
+}
+
+// moreImportant orders a before b (-1) when a is the more important pod,
+// as kube-scheduler's preemption judges it: higher priority, then the one
+// that started earlier (a pod not started yet counts as starting now).
+func moreImportant(a, b ledger.Holder) int {
+	if a.Priority != b.Priority {
+		return cmp.Compare(b.Priority, a.Priority)
+	}
+	switch {
+	case a.Started.IsZero() && b.Started.IsZero():
+		return 0
+	case a.Started.IsZero():
+		return 1
+	case b.Started.IsZero():
+		return -1
+	}
+	return a.Started.Compare(b.Started)
+}

@@ -1,0 +1,251 @@
+//go:build integration
+
+package extender_test
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/test/harness"
+)
+
+// priorityClasses creates low (100), high (1000) and high-never (1000,
+// preemptionPolicy Never).
+func priorityClasses(t *testing.T, e *env) {
+	t.Helper()
+	for _, pc := range []schedulingv1.PriorityClass{
+		{ObjectMeta: metav1.ObjectMeta{Name: "low"}, Value: 100},
+		{ObjectMeta: metav1.ObjectMeta{Name: "high"}, Value: 1000},
+		{ObjectMeta: metav1.ObjectMeta{Name: "high-never"}, Value: 1000, PreemptionPolicy: ptr.To(corev1.PreemptNever)},
+	} {
+		if _, err := e.cp.Clientset.SchedulingV1().PriorityClasses().Create(harness.Context(t), &pc, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// withPriority sets pod's PriorityClass.
+func withPriority(p *corev1.Pod, class string) *corev1.Pod {
+	p.Spec.PriorityClassName = class
+	return p
+}
+
+// fillLow binds one low-priority 1-GPU pod to every GPU of every node, and
+// returns their names.
+func fillLow(t *testing.T, e *env) []string {
+	t.Helper()
+	var pods []*corev1.Pod
+	var names []string
+	for i := range len(e.nodes) * gpusPerNode {
+		p := withPriority(gpuPod(fmt.Sprintf("low-%d", i), 1, ""), "low")
+		pods = append(pods, p)
+		names = append(names, p.Name)
+	}
+	createAll(t, e, pods)
+	harness.Poll(t, 2*time.Minute, "every GPU held by a low-priority pod", func() (bool, string) {
+		n := boundGPUs(listPods(t, e))
+		return n == len(pods), fmt.Sprintf("%d of %d bound", n, len(pods))
+	})
+	return names
+}
+
+// gpuIndices are the fixture indices of the GPUs assigned to p.
+func gpuIndices(t *testing.T, p *corev1.Pod) []int {
+	t.Helper()
+	uuids, err := v1alpha1.ParseGPUList(v1alpha1.AnnotationAssignedGPUs, p.Annotations[v1alpha1.AnnotationAssignedGPUs])
+	if err != nil {
+		t.Fatalf("pod %s: %v", p.Name, err)
+	}
+	g := mustFixture(t).Graph(p.Spec.NodeName)
+	var out []int
+	for _, u := range uuids {
+		i, ok := g.IndexOf(u)
+		if !ok {
+			t.Fatalf("pod %s holds %s, not a GPU of %s", p.Name, u, p.Spec.NodeName)
+		}
+		out = append(out, i)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestPreemptionFreesAnNVLinkQuad: DGX-1 V100 nodes full of low-priority
+// 1-GPU pods, so both NVLink-connected quads of every node are in use. A
+// high-priority 4-GPU model-parallel pod evicts at most 4 pods, all on one
+// node, in one round, and is bound on a freed NVLink-connected quad. A
+// low-priority pod never evicts the high one, and a high-priority pod with
+// preemptionPolicy Never evicts nothing. Both modes.
+func TestPreemptionFreesAnNVLinkQuad(t *testing.T) {
+	eachMode(t, 2, testPreemptionFreesAnNVLinkQuad)
+}
+
+func testPreemptionFreesAnNVLinkQuad(t *testing.T, e *env, s system) {
+	priorityClasses(t, e)
+	low := fillLow(t, e)
+
+	never := withPriority(gpuPod("never", 1, ""), "high-never")
+	createAll(t, e, []*corev1.Pod{never})
+	harness.Poll(t, time.Minute, "the preemptionPolicy Never pod to be found unschedulable", func() (bool, string) {
+		for _, p := range listPods(t, e) {
+			if p.Name == "never" {
+				m := scheduledFalseMessage(&p)
+				return m != "", "no PodScheduled=False yet"
+			}
+		}
+		return false, "pod missing"
+	})
+	deletePods(t, e, []*corev1.Pod{never})
+	nodeOf := map[string]string{}
+	for _, p := range listPods(t, e) {
+		nodeOf[p.Name] = p.Spec.NodeName
+	}
+	for _, name := range low {
+		if nodeOf[name] == "" {
+			t.Fatalf("low-priority pod %s gone or unbound after the preemptionPolicy Never pod was refused", name)
+		}
+	}
+
+	high := withPriority(gpuPod("high", 4, modelParallel), "high")
+	start := time.Now()
+	createAll(t, e, []*corev1.Pod{high})
+	var bound corev1.Pod
+	harness.Poll(t, time.Minute, "the high-priority pod bound", func() (bool, string) {
+		for _, p := range listPods(t, e) {
+			if p.Name == "high" && p.Spec.NodeName != "" {
+				bound = p
+				return true, ""
+			}
+		}
+		return false, s.tail()
+	})
+	t.Logf("high-priority pod bound %s after it was created", time.Since(start).Round(10*time.Millisecond))
+
+	left := map[string]bool{}
+	for _, p := range listPods(t, e) {
+		left[p.Name] = true
+	}
+	evicted := map[string]int{}
+	var gone []string
+	for _, name := range low {
+		if !left[name] {
+			gone = append(gone, name)
+		}
+	}
+	if len(gone) == 0 || len(gone) > 4 {
+		t.Fatalf("%d low-priority pods evicted (%v), want 1 to 4", len(gone), gone)
+	}
+	// The evictions were on the node the pod went to; kube-scheduler's
+	// events name each victim.
+	evs, err := e.cp.Clientset.CoreV1().Events(metav1.NamespaceDefault).List(harness.Context(t), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs.Items {
+		if ev.Reason == "Preempted" {
+			evicted[ev.InvolvedObject.Name]++
+		}
+	}
+	for _, name := range gone {
+		if nodeOf[name] != bound.Spec.NodeName {
+			t.Errorf("low-priority pod %s evicted on %s; the high-priority pod went to %s", name, nodeOf[name], bound.Spec.NodeName)
+		}
+		if evicted[name] == 0 {
+			t.Errorf("low-priority pod %s is gone without a Preempted event", name)
+		}
+	}
+	idx := gpuIndices(t, &bound)
+	if !slices.Equal(idx, []int{0, 1, 2, 3}) && !slices.Equal(idx, []int{4, 5, 6, 7}) {
+		t.Errorf("high-priority pod on %s GPUs %v, want an NVLink-connected quad (0-3 or 4-7)", bound.Spec.NodeName, idx)
+	}
+	if !strings.Contains(bound.Annotations[v1alpha1.AnnotationPlacement], "nvlink") {
+		t.Errorf("placement %s, want an NVLink tier", bound.Annotations[v1alpha1.AnnotationPlacement])
+	}
+	auditPods(t, listPods(t, e))
+
+	// Low never preempts high: a low-priority 4-GPU pod waits.
+	late := withPriority(gpuPod("late-low", 4, ""), "low")
+	createAll(t, e, []*corev1.Pod{late})
+	harness.Poll(t, time.Minute, "the late low-priority pod found unschedulable", func() (bool, string) {
+		for _, p := range listPods(t, e) {
+			if p.Name == "late-low" {
+				return scheduledFalseMessage(&p) != "", "no PodScheduled=False yet"
+			}
+		}
+		return false, "pod missing"
+	})
+	time.Sleep(2 * time.Second)
+	for _, p := range listPods(t, e) {
+		if p.Name == "high" && p.DeletionTimestamp != nil {
+			t.Error("a low-priority pod evicted the high-priority one")
+		}
+	}
+}
+
+// TestPreemptionEmptiesOneNodeAndHonoursPDBs: two nodes full of
+// low-priority 1-GPU pods, those on dgx-0 covered by a
+// PodDisruptionBudget that allows no disruption. A high-priority 8-GPU pod
+// evicts the 8 pods of dgx-1 (kube-scheduler prefers victims whose
+// eviction violates no budget) and nothing on dgx-0. Both modes.
+func TestPreemptionEmptiesOneNodeAndHonoursPDBs(t *testing.T) {
+	eachMode(t, 2, testPreemptionEmptiesOneNode)
+}
+
+func testPreemptionEmptiesOneNode(t *testing.T, e *env, s system) {
+	ctx := harness.Context(t)
+	priorityClasses(t, e)
+	labelLeaves(t, e) // kubernetes.io/hostname, for pinning
+	zero := intstr.FromInt32(0)
+	if _, err := e.cp.Clientset.PolicyV1().PodDisruptionBudgets(metav1.NamespaceDefault).Create(ctx, &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: "protected"},
+		Spec:       policyv1.PodDisruptionBudgetSpec{MaxUnavailable: &zero, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "protected"}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var pods []*corev1.Pod
+	for i := range 2 * gpusPerNode {
+		node := e.nodes[i/gpusPerNode]
+		p := withPriority(pinned(fmt.Sprintf("low-%d", i), 1, node), "low")
+		if node == "dgx-0" {
+			p.Labels = map[string]string{"app": "protected"}
+		}
+		pods = append(pods, p)
+	}
+	createAll(t, e, pods)
+	harness.Poll(t, 2*time.Minute, "every GPU held by a low-priority pod", func() (bool, string) {
+		n := boundGPUs(listPods(t, e))
+		return n == len(pods), fmt.Sprintf("%d of %d bound", n, len(pods))
+	})
+	createAll(t, e, []*corev1.Pod{withPriority(gpuPod("high", 8, ""), "high")})
+	harness.Poll(t, time.Minute, "the high-priority pod bound on dgx-1", func() (bool, string) {
+		for _, p := range listPods(t, e) {
+			if p.Name == "high" {
+				return p.Spec.NodeName != "", "unbound; " + s.tail()
+			}
+		}
+		return false, "missing"
+	})
+	byNode := map[string]int{}
+	var highNode string
+	for _, p := range listPods(t, e) {
+		if p.Name == "high" {
+			highNode = p.Spec.NodeName
+			continue
+		}
+		byNode[p.Spec.NodeName]++
+	}
+	if highNode != "dgx-1" || byNode["dgx-0"] != gpusPerNode || byNode["dgx-1"] != 0 {
+		t.Errorf("high-priority pod on %s; low-priority pods left per node %v; want it on dgx-1, dgx-1's 8 evicted and dgx-0's 8 (PDB-protected) kept", highNode, byNode)
+	}
+	auditPods(t, listPods(t, e))
+}
