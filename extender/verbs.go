@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"k8s.io/apimachinery/pkg/types"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/gputopo/gputopo/placement"
@@ -91,9 +92,11 @@ func (x *Extender) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArg
 // eviction frees a GPU set the pod's requirement accepts, the fewest and
 // least important (placement.Core.Victims); a node where no eviction of
 // lower-priority pods makes the pod fit is dropped, so that nothing is
-// evicted in vain. A pod without GPUs keeps kube-scheduler's victims; a
-// pod of a group keeps none (a group is placed whole or not at all, and
-// one pod's preemption cannot place it: docs/groups.md).
+// evicted in vain. A pod without GPUs keeps kube-scheduler's victims. A
+// pod of a group that waits gets at most one node, the one the group's
+// preemption plan keeps for it (placement.Core.PlanGroupPreemption), with
+// the pods that plan needs gone there: a group is placed whole or not at
+// all, so its pods evict only inside the one domain the plan chose.
 func (x *Extender) Preempt(ctx context.Context, args *extenderv1.ExtenderPreemptionArgs) (*extenderv1.ExtenderPreemptionResult, error) {
 	meta := args.NodeNameToMetaVictims
 	if meta == nil {
@@ -117,16 +120,25 @@ func (x *Extender) Preempt(ctx context.Context, args *extenderv1.ExtenderPreempt
 		return nil, err
 	}
 	out := &extenderv1.ExtenderPreemptionResult{NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{}}
+	priority := corev1helpers.PodPriority(args.Pod)
 	switch {
 	case pr.Count == 0:
 		out.NodeNameToMetaVictims = meta
 		return out, nil
 	case pr.Group() != "":
+		// A group is placed whole: the group's preemption plan keeps one
+		// node for this pod, and only the pods that plan needs gone there
+		// are evicted; the group's other pods preempt on theirs.
+		gp := x.core.PlanGroupPreemption(ctx, pr, priority, nil)
+		node := gp.Slot(args.Pod.UID)
+		if mv := meta[node]; mv != nil && len(gp.Victims[node]) > 0 {
+			res := &extenderv1.MetaVictims{NumPDBViolations: mv.NumPDBViolations}
+			for _, uid := range gp.Victims[node] {
+				res.Pods = append(res.Pods, &extenderv1.MetaPod{UID: string(uid)})
+			}
+			out.NodeNameToMetaVictims[node] = res
+		}
 		return out, nil
-	}
-	var priority int32
-	if args.Pod.Spec.Priority != nil {
-		priority = *args.Pod.Spec.Priority
 	}
 	for node, mv := range meta {
 		if mv == nil {

@@ -435,7 +435,8 @@ func stripPodOf(obj any, resource corev1.ResourceName) (any, error) {
 			SchedulingGroup: p.Spec.SchedulingGroup,
 			// Preemption orders victims by priority and start.
 			Priority: p.Spec.Priority},
-		Status: corev1.PodStatus{Phase: p.Status.Phase, StartTime: p.Status.StartTime},
+		// A group's pods plan on the nodes preemption nominated them to.
+		Status: corev1.PodStatus{Phase: p.Status.Phase, StartTime: p.Status.StartTime, NominatedNodeName: p.Status.NominatedNodeName},
 	}
 	if j, ok := p.Labels[v1alpha1.LabelJob]; ok {
 		out.Labels = map[string]string{v1alpha1.LabelJob: j}

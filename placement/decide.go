@@ -86,6 +86,9 @@ type Request struct {
 	// native: the group is a Kubernetes PodGroup, whose spec the ledger
 	// has (ledger.View.NativeGroup).
 	native bool
+	// nominated is the node kube-scheduler's preemption nominated the
+	// pod to ("" for none): its group slot is taken there when it can be.
+	nominated string
 }
 
 // Group is the pod's group, namespace/name ("" for none).
@@ -110,7 +113,7 @@ func requestOf(info *ledger.PodInfo, created, now time.Time) (Request, error) {
 	if info.GroupErr != nil {
 		return Request{}, info.GroupErr
 	}
-	r := Request{UID: info.UID, Key: info.Key, Count: info.GPUs, job: info.Job, created: created, group: info.Group, groupSpec: info.GroupSpec, native: info.GroupNative}
+	r := Request{UID: info.UID, Key: info.Key, Count: info.GPUs, job: info.Job, created: created, group: info.Group, groupSpec: info.GroupSpec, native: info.GroupNative, nominated: info.Nominated}
 	if info.HasRequirement {
 		req, err := v1alpha1.ParseRequirement(info.Requirement)
 		if err != nil {

@@ -68,7 +68,7 @@ func (x *Core) GroupSlot(ctx context.Context, pr Request, candidates []string) (
 	if msg := x.DeciderRefusal(); msg != "" {
 		return nil, errors.New(msg)
 	}
-	if node, ok := x.ledger.ClaimSlot(pr.group, pr.UID, pr.Key, ""); ok {
+	if node, ok := x.ledger.ClaimSlot(pr.group, pr.UID, pr.Key, pr.nominated); ok {
 		return &GroupSlot{Group: pr.group, Node: node}, nil
 	}
 	var complete bool
@@ -78,7 +78,7 @@ func (x *Core) GroupSlot(ctx context.Context, pr Request, candidates []string) (
 			complete = true
 			return nil, "", "", nil
 		}
-		return x.planGroup(ctx, v, pr, g, need, candidates)
+		return x.planGroup(ctx, v, pr, g, need, withNominated(candidates, g), nil)
 	})
 	if errors.Is(err, ledger.ErrGroupUnseen) {
 		return nil, &GroupWait{Group: pr.group, Msg: fmt.Sprintf("group %s waits for its pods: %s", pr.group, err)}
@@ -89,10 +89,32 @@ func (x *Core) GroupSlot(ctx context.Context, pr Request, candidates []string) (
 	if complete {
 		return nil, nil // every pod the group needs is bound; this one is an extra
 	}
-	if node, ok := x.ledger.ClaimSlot(pr.group, pr.UID, pr.Key, ""); ok {
+	if node, ok := x.ledger.ClaimSlot(pr.group, pr.UID, pr.Key, pr.nominated); ok {
 		return &GroupSlot{Group: pr.group, Node: node}, nil
 	}
 	return nil, &GroupWait{Group: pr.group, Msg: fmt.Sprintf("group %s is placed and has no place left for this pod (it has more pods than its size %d)", pr.group, pr.groupSpec.Size)}
+}
+
+// withNominated adds to candidates (nil: every node) the nodes the
+// group's pending pods are nominated to. kube-scheduler's filters count a
+// pod nominated to a node against every other pod of lower or equal
+// priority there, the group's other pods included, so in extender mode
+// each pod of a group that preempted would otherwise see its own node
+// only, and the group could never be planned.
+func withNominated(candidates []string, g ledger.GroupView) []string {
+	if candidates == nil {
+		return nil
+	}
+	out := candidates
+	for _, m := range g.Pending {
+		if m.Nominated != "" && !slices.Contains(out, m.Nominated) {
+			if len(out) == len(candidates) {
+				out = slices.Clone(candidates)
+			}
+			out = append(out, m.Nominated)
+		}
+	}
+	return out
 }
 
 // resolveGroup reads the spec of a pod's Kubernetes PodGroup from the
@@ -127,7 +149,10 @@ type groupNode struct {
 // planGroup finds the group's slots (need pods, each like pr) in the
 // tightest fabric level allowed that holds them all, best fit within the
 // level so that large domains stay whole for large groups.
-func (x *Core) planGroup(ctx context.Context, v ledger.View, pr Request, g ledger.GroupView, need int, candidates []string) ([]ledger.Slot, string, string, error) {
+//
+// over, when not nil, changes nodes as preemption would (group
+// preemption plans on the nodes with their evictable pods gone).
+func (x *Core) planGroup(ctx context.Context, v ledger.View, pr Request, g ledger.GroupView, need int, candidates []string, over map[string]*WhatIf) ([]ledger.Slot, string, string, error) {
 	spec := pr.groupSpec
 	if have := len(g.Pending) + len(g.Bound); have < spec.Size {
 		return nil, "", "", &GroupWait{Group: pr.group, Msg: fmt.Sprintf("group %s waits for its pods: %d of %d exist", pr.group, have, spec.Size)}
@@ -154,7 +179,7 @@ func (x *Core) planGroup(ctx context.Context, v ledger.View, pr Request, g ledge
 	}
 	pref = min(pref, req)
 	e := newEvaluator(ctx, x.alloc, x.cfg, pr, x.now())
-	nodes := x.groupNodes(e, v, pr, need, candidates)
+	nodes := x.groupNodes(e, v, pr, need, candidates, over)
 	// With every GPU free: can the required level ever hold the group?
 	var largest domain
 	for lvl := pref; lvl <= req; lvl++ {
@@ -276,7 +301,7 @@ func fitsTighter(a, b domain, anc func(domain) []int) bool {
 
 // groupNodes are the nodes that could take at least one of the group's
 // pods now, with the GPU sets need of them would take (best first).
-func (x *Core) groupNodes(e *evaluator, v ledger.View, pr Request, need int, candidates []string) []*groupNode {
+func (x *Core) groupNodes(e *evaluator, v ledger.View, pr Request, need int, candidates []string, over map[string]*WhatIf) []*groupNode {
 	var out []*groupNode
 	req := topology.Request{Count: pr.Count, Requirement: pr.req}
 	var only map[string]bool
@@ -290,7 +315,7 @@ func (x *Core) groupNodes(e *evaluator, v ledger.View, pr Request, need int, can
 		if only != nil && !only[n.Name()] {
 			return
 		}
-		n = v.NodeFor(n.Name(), pr.UID)
+		n = over[n.Name()].on(v, v.NodeFor(n.Name(), pr.UID))
 		if vd := e.check(n); !vd.ok {
 			return
 		}
@@ -546,7 +571,7 @@ func (x *Core) ExplainGroup(ctx context.Context, pr Request) *GroupExplanation {
 			// Explained before the pod reached the ledger: count it.
 			g.Pending = append(g.Pending, &ledger.PodInfo{UID: pr.UID, Key: pr.Key, GPUs: pr.Count})
 		}
-		slots, dom, lvl, err := x.planGroup(ctx, v, pr, g, need, nil)
+		slots, dom, lvl, err := x.planGroup(ctx, v, pr, g, need, nil, nil)
 		if err != nil {
 			out.Wait = err.Error()
 			return

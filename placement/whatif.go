@@ -63,6 +63,9 @@ func (w *WhatIf) AddPod(pod *corev1.Pod, resource corev1.ResourceName) {
 	w.Add(pod.UID, gpus)
 }
 
+// Removes says whether w takes pod uid off the node.
+func (w *WhatIf) Removes(uid types.UID) bool { return w != nil && w.gone[uid] }
+
 // Empty says whether w changes nothing.
 func (w *WhatIf) Empty() bool { return w == nil || len(w.gone) == 0 && len(w.added) == 0 }
 

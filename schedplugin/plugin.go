@@ -27,6 +27,7 @@ import (
 	"github.com/gputopo/gputopo/placement/metrics"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
@@ -267,23 +268,58 @@ const (
 // then answers with it. over holds, per node, the pods the framework's
 // preemption removed or added (PreFilterExtensions); nil outside
 // preemption and nominated-pod checks.
+// group is set with refused for a pod whose group waits but could be
+// placed by evicting pods of lower priority.
 type cycle struct {
 	c       *placement.Cycle
 	refused *fwk.Status
+	group   *groupPreempt
 	over    map[string]*placement.WhatIf
 }
 
 // Clone copies the per-node what-ifs, which AddPod and RemovePod change;
-// the core's cycle is shared.
+// the core's cycle and the group's preemption plan are shared.
 func (c *cycle) Clone() fwk.StateData {
-	if len(c.over) == 0 {
-		return &cycle{c: c.c, refused: c.refused}
+	out := &cycle{c: c.c, refused: c.refused, group: c.group}
+	if len(c.over) > 0 {
+		out.over = make(map[string]*placement.WhatIf, len(c.over))
+		for node, w := range c.over {
+			out.over[node] = w.Clone()
+		}
 	}
-	over := make(map[string]*placement.WhatIf, len(c.over))
-	for node, w := range c.over {
-		over[node] = w.Clone()
+	return out
+}
+
+// groupPreempt is a waiting group's preemption, for one of its pods: the
+// core plans it once per cycle, when kube-scheduler's preemption first
+// asks Filter.
+type groupPreempt struct {
+	uid  types.UID
+	once sync.Once
+	plan func() *placement.GroupPreemption
+	got  *placement.GroupPreemption
+}
+
+// filter passes node, with w's pods gone, only where the group's
+// preemption plan keeps this pod's place and w evicts every pod the plan
+// needs gone there; kube-scheduler's reprieve then gives back every other
+// pod. Every other node is refused, so preemption evicts nothing in vain.
+func (g *groupPreempt) filter(node string, w *placement.WhatIf) *fwk.Status {
+	g.once.Do(func() { g.got = g.plan() })
+	p := g.got
+	if p == nil {
+		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, placement.ReasonPrefix+"no eviction of lower-priority pods places the whole group")
 	}
-	return &cycle{c: c.c, refused: c.refused, over: over}
+	slot := p.Slot(g.uid)
+	if slot != node {
+		return fwk.NewStatus(fwk.Unschedulable, fmt.Sprintf("%sgroup %s's preemption frees %s for this pod (domain %s)", placement.ReasonPrefix, p.Group, slot, p.Domain))
+	}
+	for _, uid := range p.Victims[node] {
+		if !w.Removes(uid) {
+			return fwk.NewStatus(fwk.Unschedulable, fmt.Sprintf("%sgroup %s needs the GPUs of more pods on %s", placement.ReasonPrefix, p.Group, node))
+		}
+	}
+	return nil
 }
 
 // coreCycle is the core's cycle of the pod, nil when PreFilter skipped
@@ -376,10 +412,19 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev
 			code = fwk.UnschedulableAndUnresolvable
 		}
 		st := fwk.NewStatus(code, placement.ReasonPrefix+wait.Msg)
-		// A group's pod waits for its whole group: evicting pods for one
-		// of them would be in vain, so preemption finds no node for it
-		// (docs/scheduler-plugin.md).
-		state.Write(cycleKey, &cycle{refused: fwk.NewStatus(fwk.UnschedulableAndUnresolvable, placement.ReasonPrefix+wait.Msg)})
+		// A group's pod waits for its whole group. kube-scheduler's
+		// preemption may still evict lower-priority pods for it, but
+		// only on the node the group's preemption plan keeps for this
+		// pod, and only the pods that plan needs gone
+		// (docs/scheduler-plugin.md, "Preemption").
+		c := &cycle{refused: fwk.NewStatus(fwk.UnschedulableAndUnresolvable, placement.ReasonPrefix+wait.Msg)}
+		if !wait.Unresolvable {
+			prio := corev1helpers.PodPriority(pod)
+			c.group = &groupPreempt{uid: pod.UID, plan: func() *placement.GroupPreemption {
+				return p.x.PlanGroupPreemption(ctx, pr, prio, candidates)
+			}}
+		}
+		state.Write(cycleKey, c)
 		return nil, st
 	case err != nil:
 		return nil, fwk.AsStatus(fmt.Errorf("%s%w", placement.ReasonPrefix, err))
@@ -512,7 +557,7 @@ func (p *Plugin) preemptionCycle(state fwk.CycleState, nodeInfo fwk.NodeInfo) (*
 		return nil, ""
 	}
 	c := d.(*cycle)
-	if c.c == nil {
+	if c.c == nil && c.group == nil {
 		return nil, ""
 	}
 	return c, nodeInfo.Node().Name
@@ -528,10 +573,13 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *corev1.Pod, 
 		return fwk.AsStatus(fmt.Errorf("%s: no PreFilter state in this cycle: %w", Name, err))
 	}
 	c := d.(*cycle)
+	node := nodeInfo.Node().Name
 	if c.c == nil {
+		if c.group != nil && !c.over[node].Empty() {
+			return c.group.filter(node, c.over[node])
+		}
 		return c.refused
 	}
-	node := nodeInfo.Node().Name
 	passed, unresolvable, reason := c.c.FilterNodeIf(node, c.over[node])
 	switch {
 	case passed:

@@ -381,9 +381,13 @@ type Holder struct {
 	Pod      types.NamespacedName
 	Priority int32
 	Started  time.Time
-	// Reserved: its bind is in flight; it is not a pod kube-scheduler
-	// could evict yet.
+	// Reserved: its bind is in flight (or it is a group's planned slot);
+	// it is not a pod that could be evicted.
 	Reserved bool
+	// UUIDs are the GPUs it holds on the node; Unknown counts those whose
+	// identity is not known.
+	UUIDs   []string
+	Unknown int
 }
 
 // Holders are the pods holding GPUs on node n, by UID.
@@ -393,7 +397,7 @@ func (v View) Holders(n *Node) []Holder {
 	}
 	out := make([]Holder, 0, len(n.holdings))
 	for uid, h := range n.holdings {
-		hd := Holder{UID: uid, Pod: h.pod, Reserved: h.reserved}
+		hd := Holder{UID: uid, Pod: h.pod, Reserved: h.reserved, UUIDs: h.uuids, Unknown: h.unknown}
 		if info := v.l.pods[h.pod]; info != nil && info.UID == uid {
 			hd.Priority, hd.Started = info.Priority, info.Started
 		}

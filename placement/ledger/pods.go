@@ -28,6 +28,9 @@ type PodInfo struct {
 	// victims by them, as kube-scheduler does.
 	Priority int32
 	Started  time.Time
+	// Nominated is status.nominatedNodeName: the node kube-scheduler's
+	// preemption made room on for it.
+	Nominated string
 	// Requirement is the requirement annotation as written;
 	// HasRequirement says whether the pod has one.
 	Requirement    string
@@ -91,6 +94,7 @@ func NewPodInfo(p *corev1.Pod, resource corev1.ResourceName) *PodInfo {
 	if p.Status.StartTime != nil {
 		info.Started = p.Status.StartTime.Time
 	}
+	info.Nominated = p.Status.NominatedNodeName
 	info.Requirement, info.HasRequirement = p.Annotations[v1alpha1.AnnotationRequirement]
 	g, ok, errs := v1alpha1.ParseGroup(groupPath, p.Annotations)
 	native := p.Spec.SchedulingGroup != nil && p.Spec.SchedulingGroup.PodGroupName != nil

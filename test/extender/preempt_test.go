@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
@@ -246,6 +247,60 @@ func testPreemptionEmptiesOneNode(t *testing.T, e *env, s system) {
 	}
 	if highNode != "dgx-1" || byNode["dgx-0"] != gpusPerNode || byNode["dgx-1"] != 0 {
 		t.Errorf("high-priority pod on %s; low-priority pods left per node %v; want it on dgx-1, dgx-1's 8 evicted and dgx-0's 8 (PDB-protected) kept", highNode, byNode)
+	}
+	auditPods(t, listPods(t, e))
+}
+
+// TestGroupPreemptsWholeInOneDomain: six nodes (leaf a: dgx-0..3, leaf b:
+// dgx-4, dgx-5) full of low-priority 1-GPU pods, and a high-priority group
+// of 2 pods × 8 GPUs that requires one leaf. The group's pods evict the 16
+// pods of the two nodes of one leaf and nothing else, and the group is
+// bound whole there. Both modes.
+func TestGroupPreemptsWholeInOneDomain(t *testing.T) {
+	eachMode(t, 6, testGroupPreemptsWholeInOneDomain)
+}
+
+func testGroupPreemptsWholeInOneDomain(t *testing.T, e *env, s system) {
+	priorityClasses(t, e)
+	labelLeaves(t, e)
+	low := fillLow(t, e)
+	nodeOf := map[string]string{}
+	for _, p := range listPods(t, e) {
+		nodeOf[p.Name] = p.Spec.NodeName
+	}
+	group := groupPods("train", 2, 8, "leaf")
+	for _, p := range group {
+		withPriority(p, "high")
+	}
+	createAll(t, e, group)
+	waitBound := func() (bool, string) {
+		nodes, bound := groupNodes(t, e, "train")
+		return bound == 2, fmt.Sprintf("%d bound on %v; %s", bound, nodes, s.tail())
+	}
+	harness.Poll(t, 2*time.Minute, "the group bound whole", waitBound)
+	nodes, _ := groupNodes(t, e, "train")
+	left := map[string]bool{}
+	for _, p := range listPods(t, e) {
+		left[p.Name] = true
+	}
+	evicted := map[string]int{}
+	for _, name := range low {
+		if !left[name] {
+			evicted[nodeOf[name]]++
+		}
+	}
+	want := map[string]int{nodes[0]: gpusPerNode, nodes[1]: gpusPerNode}
+	if !cmp.Equal(evicted, want) {
+		t.Errorf("evictions per node %v; the group is on %v; want the 8 pods of each of its two nodes and none elsewhere", evicted, nodes)
+	}
+	leafOf := func(n string) string {
+		if n < "dgx-4" {
+			return "a"
+		}
+		return "b"
+	}
+	if leafOf(nodes[0]) != leafOf(nodes[1]) {
+		t.Errorf("group on %v: two leaves", nodes)
 	}
 	auditPods(t, listPods(t, e))
 }
