@@ -110,7 +110,7 @@ test-security: tools gputopo-scheduler image ## The security suite alone (real c
 	$(GO) test $(INTEGRATION_FLAGS) -run '$(SECURITY_TESTS_E2E)' ./test/e2e/
 	$(GO) test $(INTEGRATION_FLAGS) -run '$(SECURITY_TESTS_INSTALL)' ./test/install/
 
-bench: ## Benchmarks (allocator, extender, webhook), the simulator on the bundled traces, the placement suite and the gang suite; regenerates docs/benchmarks.md
+bench: ## Benchmarks (allocator, extender, webhook), the simulator on the bundled traces, the placement suite, the gang suite and the preemption suite; regenerates docs/benchmarks.md
 	@mkdir -p _out
 	{ echo "cores: $$(nproc)"; grep MemTotal /proc/meminfo; $(GO) version; echo "run: $$(date -u +%FT%TZ)"; } > _out/machine.txt
 	$(GO) test -run '^$$' -bench . -benchmem ./topology/allocator/ ./extender/ ./webhook/ | tee _out/bench.txt
@@ -118,9 +118,10 @@ bench: ## Benchmarks (allocator, extender, webhook), the simulator on the bundle
 	$(GO) run ./cmd/gputopo simulate --trace bundled:fragment --out _out/sim-fragment
 	$(GO) run ./cmd/gputopo simulate --suite --out _out/sim-suite
 	$(GO) run ./cmd/gputopo simulate --gang-suite --out _out/sim-gang
+	$(GO) run ./cmd/gputopo simulate --preemption-suite --out _out/sim-preempt
 	$(GO) run ./test/schedbench/docsplice -doc docs/benchmarks.md machine=text:_out/machine.txt go-bench=text:_out/bench.txt \
 	  sim-mixed=_out/sim-mixed/report.md sim-fragment=_out/sim-fragment/report.md sim-suite=_out/sim-suite/report.md \
-	  sim-gang=_out/sim-gang/report.md
+	  sim-gang=_out/sim-gang/report.md sim-preempt=_out/sim-preempt/report.md
 
 # SCHEDBENCH_NODES, SCHEDBENCH_PODS and SCHEDBENCH_REPS override the sizes.
 SCHEDBENCH_NODES ?= 1000,5000,15000

@@ -28,6 +28,9 @@ type Config struct {
 	// the webhook's default.
 	Extender    *configv1alpha1.ExtenderConfiguration
 	PolicyTable *configv1alpha1.PolicyTable
+	// Preemption is how a job that fits nowhere evicts running jobs of
+	// lower priority (PreemptTopology, PreemptCount); "" never evicts.
+	Preemption string
 }
 
 // DefaultMaxWait is the default queue timeout.
@@ -63,6 +66,17 @@ type Result struct {
 	Series []Sample
 	// Placed lists the accepted jobs in placement order.
 	Placed []Placed
+	// Preemption's columns (Config.Preemption): jobs of priority above 0
+	// (High*), their mean wait until placed, their model-parallel
+	// multi-GPU jobs placed and those on NVLink; evicted jobs, and the
+	// GPU-hours they had run (lost: an evicted job starts over).
+	HighJobs, HighAccepted, HighModel, HighModelNVLink int
+	HighMeanWait                                       time.Duration
+	// HighEffectiveWait is over every high-priority job, a rejected one
+	// counting the full MaxWait: it does not reward placing fewer.
+	HighEffectiveWait time.Duration
+	Evictions         int
+	LostGPUHours      float64
 }
 
 // Placed is one accepted job and where it ran.
@@ -172,10 +186,10 @@ func singlePods(jobs []Job) error {
 }
 
 type running struct {
-	end time.Duration
-	seq int
-	job Job
-	pl  Placement
+	end, start time.Duration
+	seq        int
+	job        Job
+	pl         Placement
 }
 
 type runHeap []running
@@ -212,6 +226,12 @@ type engine struct {
 	ringSum   float64
 	modelRing float64
 	waitSum   time.Duration
+	// started are the jobs started at least once (an evicted job starts
+	// again); highWait sums the high-priority jobs' first waits.
+	started  map[string]bool
+	highWait time.Duration
+	// requeue are the jobs preemption evicted during a step.
+	requeue []Job
 }
 
 func runPolicy(cfg Config, p Policy) (Result, error) {
@@ -256,7 +276,11 @@ func newEngine(cfg Config, p Policy) *engine {
 		if j.Model() {
 			e.res.ModelJobs++
 		}
+		if j.Priority > 0 {
+			e.res.HighJobs++
+		}
 	}
+	e.started = make(map[string]bool, len(cfg.Jobs))
 	return e
 }
 
@@ -314,6 +338,17 @@ func (e *engine) step(t time.Duration) error {
 		if err != nil {
 			return err
 		}
+		if !ok && e.cfg.Preemption != "" && j.Priority > 0 {
+			evicted, err := e.preempt(t, j)
+			if err != nil {
+				return err
+			}
+			if evicted {
+				if pl, ok, err = e.p.Place(j, e.free); err != nil {
+					return err
+				}
+			}
+		}
 		if !ok {
 			waiting = append(waiting, j)
 			continue
@@ -323,7 +358,8 @@ func (e *engine) step(t time.Duration) error {
 		}
 		e.start(t, j, pl)
 	}
-	e.queue = waiting
+	e.queue = append(waiting, e.requeue...)
+	e.requeue = e.requeue[:0]
 	e.sample(t)
 	return nil
 }
@@ -336,8 +372,24 @@ func (e *engine) start(t time.Duration, j Job, pl Placement) {
 	e.island[pl.Node] = m.LeftLargestIsland
 	e.used += j.GPUs
 	res := &e.res
+	e.seq++
+	heap.Push(&e.run, running{end: t + j.Duration, seq: e.seq, job: j, pl: pl, start: t})
+	if e.started[j.ID] {
+		return // an evicted job started again: counted at its first start
+	}
+	e.started[j.ID] = true
 	res.Accepted++
 	e.waitSum += t - j.Arrival
+	if j.Priority > 0 {
+		res.HighAccepted++
+		e.highWait += t - j.Arrival
+		if j.Model() {
+			res.HighModel++
+			if m.Tier == v1alpha1.TierNVLink || m.Tier == v1alpha1.TierNVSwitch {
+				res.HighModelNVLink++
+			}
+		}
+	}
 	if j.GPUs > 1 {
 		res.MultiGPU++
 		e.ringSum += float64(m.RingGBps)
@@ -354,8 +406,6 @@ func (e *engine) start(t time.Duration, j Job, pl Placement) {
 	}
 	res.Placed = append(res.Placed, Placed{Job: j, Start: t, Node: n.Name, Fixture: n.Fixture,
 		GPUs: pl.GPUs.Indices(), Tier: m.Tier, RingGBps: m.RingGBps})
-	e.seq++
-	heap.Push(&e.run, running{end: t + j.Duration, seq: e.seq, job: j, pl: pl})
 }
 
 // finish turns the run's sums into the result's means and percentiles.
@@ -371,6 +421,12 @@ func (e *engine) finish() {
 	}
 	if res.Accepted > 0 {
 		res.MeanWait = e.waitSum / time.Duration(res.Accepted)
+	}
+	if res.HighAccepted > 0 {
+		res.HighMeanWait = e.highWait / time.Duration(res.HighAccepted)
+	}
+	if res.HighJobs > 0 {
+		res.HighEffectiveWait = (e.highWait + time.Duration(res.HighJobs-res.HighAccepted)*e.cfg.MaxWait) / time.Duration(res.HighJobs)
 	}
 	res.IslandShare = timeWeighted(res.Series)
 	res.Decisions = len(e.decisions)

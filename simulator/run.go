@@ -42,6 +42,10 @@ type Options struct {
 	// GangSuite runs the gang suite (GangSuite): groups of pods on
 	// clusters in a fabric, every gang policy side by side.
 	GangSuite bool
+	// PreemptionSuite runs the preemption suite (PreemptionSuite):
+	// priority traces, gputopo's preemption against count-only
+	// preemption.
+	PreemptionSuite bool
 }
 
 // configs loads the extender and webhook configuration files of o.
@@ -105,8 +109,11 @@ func Simulate(w io.Writer, o Options) error {
 	if err != nil {
 		return err
 	}
-	if o.Suite && o.GangSuite {
-		return fmt.Errorf("--suite and --gang-suite: give one")
+	if n := btoi(o.Suite) + btoi(o.GangSuite) + btoi(o.PreemptionSuite); n > 1 {
+		return fmt.Errorf("--suite, --gang-suite and --preemption-suite: give one")
+	}
+	if o.PreemptionSuite {
+		return simulatePreemptionSuite(w, o, ext)
 	}
 	if o.Suite {
 		return simulateSuite(w, o, ext)
@@ -356,6 +363,30 @@ func simulateGangSuite(w io.Writer, o Options, ext *configv1alpha1.ExtenderConfi
 		return err
 	}
 	return writeReport(w, o.OutDir, md.String())
+}
+
+// simulatePreemptionSuite runs the preemption suite with the extender
+// configuration of o and prints (and, with OutDir, writes) its table.
+func simulatePreemptionSuite(w io.Writer, o Options, ext *configv1alpha1.ExtenderConfiguration) error {
+	if o.WebhookConfig != "" || o.Seeds > 1 || o.Cluster != "" || len(o.Policies) > 0 {
+		return fmt.Errorf("--preemption-suite: runs fixed traces, a fixed cluster and fixed policies with the default policy table; drop --webhook-config, --seeds, --cluster and --policy")
+	}
+	rows, err := RunPreemptionSuite(PreemptionSuite, ext)
+	if err != nil {
+		return err
+	}
+	var md strings.Builder
+	if err := WritePreemptionSuite(&md, rows); err != nil {
+		return err
+	}
+	return writeReport(w, o.OutDir, md.String())
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func gangMixes(rows []GangRow) int {

@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -35,6 +36,10 @@ type Job struct {
 	// starts when all are placed. 0 or 1 is a single-pod job. Only the
 	// gang suite (RunGang) replays jobs of more than one pod.
 	Pods int
+	// Priority is the job's priority (PriorityTraceHeader; 0 without).
+	// With Config.Preemption a job that fits nowhere evicts running jobs
+	// of lower priority.
+	Priority int32
 }
 
 // PodCount is the job's number of pods (at least 1).
@@ -53,6 +58,11 @@ const TraceHeader = "id,arrival_s,duration_s,gpus,parallelism"
 // GangTraceHeader is the first line of a trace file with multi-pod jobs:
 // TraceHeader and the pods of each job.
 const GangTraceHeader = TraceHeader + ",pods"
+
+// PriorityTraceHeader is the first line of a trace file of single-pod
+// jobs with priorities: TraceHeader and each job's priority (an integer,
+// as a PriorityClass value; higher preempts lower).
+const PriorityTraceHeader = TraceHeader + ",priority"
 
 //go:embed traces/*.csv
 var bundled embed.FS
@@ -117,7 +127,7 @@ func ParseTrace(r io.Reader) ([]Job, error) {
 	cr.TrimLeadingSpace = true
 	var jobs []Job
 	seen := map[string]int{}
-	header, fields := false, 5
+	header, fields, priority := false, 5, false
 	for {
 		f, err := cr.Read()
 		if err == io.EOF {
@@ -132,15 +142,20 @@ func ParseTrace(r io.Reader) ([]Job, error) {
 			case TraceHeader:
 			case GangTraceHeader:
 				fields = 6
+			case PriorityTraceHeader:
+				fields, priority = 6, true
 			default:
-				return nil, fmt.Errorf("line %d: header is %q, want %q (or %q)", line, got, TraceHeader, GangTraceHeader)
+				return nil, fmt.Errorf("line %d: header is %q, want %q (or %q, or %q)", line, got, TraceHeader, GangTraceHeader, PriorityTraceHeader)
 			}
 			header = true
 			continue
 		}
 		if len(f) != fields {
 			h := TraceHeader
-			if fields == 6 {
+			switch {
+			case priority:
+				h = PriorityTraceHeader
+			case fields == 6:
 				h = GangTraceHeader
 			}
 			return nil, fmt.Errorf("line %d: %d fields, want %d (%s)", line, len(f), fields, h)
@@ -172,7 +187,13 @@ func ParseTrace(r io.Reader) ([]Job, error) {
 		default:
 			return nil, fmt.Errorf("line %d: parallelism: %q must be model, data or none", line, p)
 		}
-		if fields == 6 {
+		if priority {
+			v, err := strconv.ParseInt(strings.TrimSpace(f[5]), 10, 32)
+			if err != nil || v < -2147483648 || v > 1000000000 {
+				return nil, fmt.Errorf("line %d: priority: %q must be an integer up to 1000000000 (a PriorityClass value)", line, f[5])
+			}
+			j.Priority = int32(v)
+		} else if fields == 6 {
 			if j.Pods, err = strconv.Atoi(strings.TrimSpace(f[5])); err != nil || j.Pods < 1 || j.Pods > v1alpha1.MaxGroupSize {
 				return nil, fmt.Errorf("line %d: pods: %q must be an integer 1..%d", line, f[5], v1alpha1.MaxGroupSize)
 			}
@@ -224,6 +245,12 @@ func WriteTrace(w io.Writer, comments []string, jobs []Job) error {
 			header = GangTraceHeader
 			break
 		}
+		if j.Priority != 0 {
+			header = PriorityTraceHeader
+		}
+	}
+	if header == GangTraceHeader && slices.ContainsFunc(jobs, func(j Job) bool { return j.Priority != 0 }) {
+		return fmt.Errorf("write trace: a trace has either pods or priorities (%s or %s), not both", GangTraceHeader, PriorityTraceHeader)
 	}
 	if err := cw.Write(strings.Split(header, ",")); err != nil {
 		return fmt.Errorf("write trace: %w", err)
@@ -241,8 +268,11 @@ func WriteTrace(w io.Writer, comments []string, jobs []Job) error {
 		}
 		rec := []string{j.ID, strconv.FormatFloat(j.Arrival.Seconds(), 'f', -1, 64),
 			strconv.FormatFloat(j.Duration.Seconds(), 'f', -1, 64), strconv.Itoa(j.GPUs), p}
-		if header == GangTraceHeader {
+		switch header {
+		case GangTraceHeader:
 			rec = append(rec, strconv.Itoa(j.PodCount()))
+		case PriorityTraceHeader:
+			rec = append(rec, strconv.Itoa(int(j.Priority)))
 		}
 		if err := cw.Write(rec); err != nil {
 			return fmt.Errorf("write trace: job %q: %w", j.ID, err)
@@ -262,6 +292,11 @@ func WriteTrace(w io.Writer, comments []string, jobs []Job) error {
 //     40% model-parallel, Poisson arrivals, exponential durations (mean 1
 //     h, clipped to 1 min..8 h); meant for ClusterMixed.
 //
+//   - priority: jobs with priorities (PriorityTraceHeader) for preemption
+//     (Config.Preemption): 70% low-priority data-parallel, 30%
+//     high-priority, mostly model-parallel (generatePriority); meant for
+//     ClusterMixed.
+//
 //   - fragment: on ClusterDGX1, two 1-GPU data-parallel jobs of random
 //     length (mean 2 h) for every 4-GPU model-parallel job (mean 1 h): the
 //     pattern that leaves no NVLink quad free under count-only placement.
@@ -279,7 +314,7 @@ func WriteTrace(w io.Writer, comments []string, jobs []Job) error {
 func Generate(spec string) (Trace, error) {
 	parts := strings.Split(spec, ":")
 	if len(parts) < 2 || parts[0] != "gen" {
-		return Trace{}, fmt.Errorf("generator %q: want gen:<mixed|fragment|gang-nvl72|gang-hgx|gang-fleet>[:seed=N][:jobs=N][:load=F]", spec)
+		return Trace{}, fmt.Errorf("generator %q: want gen:<mixed|fragment|priority|gang-nvl72|gang-hgx|gang-fleet>[:seed=N][:jobs=N][:load=F]", spec)
 	}
 	kind := parts[1]
 	seed, n, load := uint64(1), 500, 0.9
@@ -346,13 +381,48 @@ func Generate(spec string) (Trace, error) {
 			}
 			jobs = append(jobs, j)
 		}
+	case "priority":
+		cluster = ClusterMixed
+		jobs = generatePriority(rng, n, load, expo)
 	case "gang-nvl72", "gang-hgx", "gang-fleet":
 		cluster = map[string]string{"gang-nvl72": ClusterNVL72, "gang-hgx": ClusterHGXFabric, "gang-fleet": ClusterGangFleet}[kind]
 		jobs = generateGang(rng, cluster, n, load, expo)
 	default:
-		return Trace{}, fmt.Errorf("generator %q: unknown kind %q; known: mixed, fragment, gang-nvl72, gang-hgx, gang-fleet", spec, kind)
+		return Trace{}, fmt.Errorf("generator %q: unknown kind %q; known: mixed, fragment, priority, gang-nvl72, gang-hgx, gang-fleet", spec, kind)
 	}
 	return Trace{Name: spec, Cluster: cluster, Jobs: jobs}, nil
+}
+
+// PriorityHigh is the priority of the priority generator's
+// high-priority jobs; the others have 0.
+const PriorityHigh = 1000
+
+// generatePriority draws the priority generator's jobs on ClusterMixed (see
+// Generate): 70% low-priority (0) data-parallel jobs of 1, 1, 2 or 4 GPUs
+// (3 h mean), 30% high-priority (PriorityHigh) jobs, model-parallel of 2,
+// 4, 4 or 8 GPUs or data-parallel of 2 (1 h mean); durations exponential,
+// clipped to 5 min..12 h.
+func generatePriority(rng *rand.Rand, n int, load float64, expo func(mean, lo, hi float64) time.Duration) []Job {
+	const gpus, lowDur, highDur = 128.0, 10800.0, 3600.0
+	const gpuSeconds = 0.7*2*lowDur + 0.3*4*highDur // per job, on average
+	gap := gpuSeconds / (load * gpus)
+	var jobs []Job
+	var t float64
+	for i := range n {
+		t += rng.ExpFloat64() * gap
+		j := Job{ID: fmt.Sprintf("p%04d", i), Arrival: time.Duration(math.Round(t)) * time.Second}
+		if rng.Float64() < 0.7 {
+			j.GPUs, j.Parallelism, j.Duration = []int{1, 1, 2, 4}[rng.IntN(4)], v1alpha1.ParallelismData, expo(lowDur, 300, 12*3600)
+		} else {
+			j.Priority, j.Duration = PriorityHigh, expo(highDur, 300, 12*3600)
+			j.GPUs, j.Parallelism = []int{2, 4, 4, 8, 2}[rng.IntN(5)], v1alpha1.ParallelismModel
+			if j.GPUs == 2 && rng.IntN(2) == 0 {
+				j.Parallelism = v1alpha1.ParallelismData
+			}
+		}
+		jobs = append(jobs, j)
+	}
+	return jobs
 }
 
 // generateGang draws the gang generators' jobs for cluster (see Generate).

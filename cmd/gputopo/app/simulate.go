@@ -27,7 +27,7 @@ bandwidth, fragmentation over time and decision time per policy.
 
 Traces: bundled:mixed, bundled:fragment, gen:<mixed|fragment>[:seed=N][:jobs=N][:load=F],
 gen:<gang-nvl72|gang-hgx|gang-fleet>[...] (jobs of several pods, replayed through
-the gang policies), or a CSV file (` + simulator.TraceHeader + `[,pods]). --seeds N replays N seeds of a
+the gang policies), or a CSV file (` + simulator.TraceHeader + `[,pods] or [,priority]). --seeds N replays N seeds of a
 generated trace; without --trace it replays gen:mixed, the generator of the
 default trace (bundled:mixed is gen:mixed:seed=1:jobs=500), seeds 1..N.
 See docs/simulator.md.`,
@@ -35,7 +35,8 @@ See docs/simulator.md.`,
   gputopo simulate --cluster dgx-a100=8,pcie-8x=8 --trace gen:mixed:seed=7:jobs=2000
   gputopo simulate --trace gen:mixed:load=1.0 --seeds 10 --extender-config my-extender.yaml --webhook-config my-webhook.yaml
   gputopo simulate --extender-config my-extender.yaml --seeds 10
-  gputopo simulate --gang-suite --out _out/sim-gang`,
+  gputopo simulate --gang-suite --out _out/sim-gang
+  gputopo simulate --preemption-suite --out _out/sim-preempt`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if opts.Seeds > 1 && !cmd.Flags().Changed("trace") {
@@ -56,6 +57,7 @@ See docs/simulator.md.`,
 	f.StringVar(&opts.WebhookConfig, "webhook-config", "", "webhook configuration file whose policyTable turns intents into requirements (the webhook's --config; default: built-in table)")
 	f.BoolVar(&opts.Suite, "suite", false, "run the placement suite (12 traces on 5 cluster mixes) and print gputopo against the optimum and the count-only baselines, with and without fallbackAfter")
 	f.BoolVar(&opts.GangSuite, "gang-suite", false, "run the gang suite (groups of pods on NVL72, HGX/DGX and mixed fleets in a fabric) and print gputopo's group planning against per-pod gputopo, a count-only gang scheduler, a Kueue-TAS-like placer and the greedy optimum")
+	f.BoolVar(&opts.PreemptionSuite, "preemption-suite", false, "run the preemption suite (priority traces on a mixed cluster) and print gputopo's preemption against count-only preemption (kube-scheduler's victim search without gputopo's filter) and plain kube-scheduler")
 	f.IntVar(&opts.Seeds, "seeds", 0, "run this many seeds of a gen: trace (its seed, then +1, ...; without --trace, "+SeedsTrace+") and report mean, worst and runs won per column")
 	return cmd
 }
