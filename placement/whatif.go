@@ -119,6 +119,27 @@ func (c *Cycle) FilterNodeIf(node string, w *WhatIf) (passed, unresolvable bool,
 	return false, v.unresolvable, filterReason(c.pr, v)
 }
 
+// Lagging adds to w (nil: a new what-if) the pods the ledger counts on
+// node, bound, that present says the caller's own view of the node no
+// longer has: kube-scheduler's snapshot sees a preemption's victims leave
+// before the ledger's informer handler does, and a pod nominated there
+// would otherwise fail its node for those few milliseconds and preempt
+// again elsewhere. Reserve still decides on the ledger, so a pod placed
+// through such a view waits (Reserve refuses) until the ledger agrees.
+func (x *Core) Lagging(w *WhatIf, node string, present func(types.UID) bool) *WhatIf {
+	x.ledger.Read(func(lv ledger.View) {
+		for _, h := range lv.Holders(lv.Node(node)) {
+			if !h.Reserved && !present(h.UID) {
+				if w == nil {
+					w = &WhatIf{}
+				}
+				w.Remove(h.UID)
+			}
+		}
+	})
+	return w
+}
+
 // Victims answers the extender's preempt question for pr (a pod of
 // priority priority) on node: which pods to evict so that it fits there.
 // kube-scheduler proposes victims chosen by count; when pr does not fit

@@ -435,6 +435,12 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev
 		// reason.
 		c := p.x.Candidates(pr, len(nodes))
 		state.Write(cycleKey, &cycle{c: p.x.NewCycle(ctx, pr)})
+		if pod.Status.NominatedNodeName != "" {
+			// Nominated by a preemption: the ledger may not have seen
+			// its victims leave yet, so the fit index may not show the
+			// node; Filter decides on it as kube-scheduler sees it.
+			return nil, nil
+		}
 		if c.Reason != "" {
 			code := fwk.Unschedulable
 			if c.Unresolvable {
@@ -567,7 +573,7 @@ func (p *Plugin) preemptionCycle(state fwk.CycleState, nodeInfo fwk.NodeInfo) (*
 // Unschedulable, or UnschedulableAndUnresolvable where no change of the
 // node's GPU use could fix it (no preemption for it). Inside preemption
 // the verdict is on the node as the cycle's what-if leaves it.
-func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *corev1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
+func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, pod *corev1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
 	d, err := state.Read(cycleKey)
 	if err != nil {
 		return fwk.AsStatus(fmt.Errorf("%s: no PreFilter state in this cycle: %w", Name, err))
@@ -580,7 +586,13 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *corev1.Pod, 
 		}
 		return c.refused
 	}
-	passed, unresolvable, reason := c.c.FilterNodeIf(node, c.over[node])
+	w := c.over[node]
+	if pod.Status.NominatedNodeName == node {
+		// The node preemption made room on: decide as kube-scheduler's
+		// snapshot sees it, victims gone, while the ledger catches up.
+		w = p.x.Lagging(w.Clone(), node, onNode(nodeInfo))
+	}
+	passed, unresolvable, reason := c.c.FilterNodeIf(node, w)
 	switch {
 	case passed:
 		return nil
@@ -588,6 +600,16 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *corev1.Pod, 
 		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reason)
 	}
 	return fwk.NewStatus(fwk.Unschedulable, reason)
+}
+
+// onNode says whether a pod is on nodeInfo's node in kube-scheduler's
+// snapshot.
+func onNode(nodeInfo fwk.NodeInfo) func(types.UID) bool {
+	uids := make(map[types.UID]bool, len(nodeInfo.GetPods()))
+	for _, pi := range nodeInfo.GetPods() {
+		uids[pi.GetPod().UID] = true
+	}
+	return func(uid types.UID) bool { return uids[uid] }
 }
 
 // PreScore scores every feasible node with the extender's prioritize (its

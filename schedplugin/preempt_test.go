@@ -272,3 +272,51 @@ func TestGroupPodPreemptsOnlyOnItsPlannedNode(t *testing.T) {
 		t.Errorf("the group's two pods preempt on %v, want one node each", chosen)
 	}
 }
+
+// nodeWithPods is a NodeInfo that knows its Node and its pods, as
+// kube-scheduler's snapshot has them.
+type nodeWithPods struct {
+	nodeInfo
+	pods []fwk.PodInfo
+}
+
+func (n nodeWithPods) GetPods() []fwk.PodInfo { return n.pods }
+
+// TestNominatedPodSeesItsVictimsGoneBeforeTheLedgerDoes: kube-scheduler's
+// snapshot drops a preemption's victims before the ledger's informer
+// handler does. The pod nominated to the node is not refused there (and
+// does not preempt again elsewhere): PreFilter does not end its cycle, and
+// Filter on its nominated node decides as the snapshot sees the node.
+// Reserve still decides on the ledger, so it refuses until the ledger
+// agrees. Another pod is not affected.
+func TestNominatedPodSeesItsVictimsGoneBeforeTheLedgerDoes(t *testing.T) {
+	const fixture = "dgx1-v100"
+	c := newCluster(t, fixture)
+	name := c.nodes[0].Node().Name
+	var snapshot []fwk.PodInfo
+	for i := range 8 {
+		p := c.bindOn(t, fmt.Sprintf("low-%d", i), name, fixture, i)
+		if i >= 4 {
+			snapshot = append(snapshot, podInfo{p: p}) // 0-3 were evicted
+		}
+	}
+	node := nodeWithPods{nodeInfo: c.nodes[0].(nodeInfo), pods: snapshot}
+	pod := c.pod(t, "high", 4, modelNVLink)
+	pod.Status.NominatedNodeName = name
+	ctx := context.Background()
+	st := newState()
+	if _, s := c.p.PreFilter(ctx, st, pod, c.nodes); !s.IsSuccess() {
+		t.Fatalf("PreFilter of the nominated pod: %v, want it to go on to Filter", s)
+	}
+	if s := c.p.Filter(ctx, st, pod, node); !s.IsSuccess() {
+		t.Fatalf("Filter on the nominated node with its victims gone from the snapshot: %v", s)
+	}
+	if s := c.p.Reserve(ctx, st, pod, name); s.IsSuccess() {
+		t.Error("Reserve succeeded while the ledger still counts the victims")
+	}
+	other := c.pod(t, "other", 4, modelNVLink)
+	st = newState()
+	if _, s := c.p.PreFilter(ctx, st, other, c.nodes); s.IsSuccess() {
+		t.Errorf("a pod not nominated passed PreFilter on a node the ledger counts full")
+	}
+}

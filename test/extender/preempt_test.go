@@ -130,7 +130,11 @@ func testPreemptionFreesAnNVLinkQuad(t *testing.T, e *env, s system) {
 		}
 		return false, s.tail()
 	})
-	t.Logf("high-priority pod bound %s after it was created", time.Since(start).Round(10*time.Millisecond))
+	// The victims have no grace period: they are gone as soon as they
+	// are evicted, and the pod is bound within 10 s of it.
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("high-priority pod bound %s after it was created, want within 10 s", d.Round(10*time.Millisecond))
+	}
 
 	left := map[string]bool{}
 	for _, p := range listPods(t, e) {
@@ -272,12 +276,16 @@ func testGroupPreemptsWholeInOneDomain(t *testing.T, e *env, s system) {
 	for _, p := range group {
 		withPriority(p, "high")
 	}
+	start := time.Now()
 	createAll(t, e, group)
 	waitBound := func() (bool, string) {
 		nodes, bound := groupNodes(t, e, "train")
 		return bound == 2, fmt.Sprintf("%d bound on %v; %s", bound, nodes, s.tail())
 	}
 	harness.Poll(t, 2*time.Minute, "the group bound whole", waitBound)
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("group bound %s after it was created (its victims have no grace period), want within 10 s", d.Round(10*time.Millisecond))
+	}
 	nodes, _ := groupNodes(t, e, "train")
 	left := map[string]bool{}
 	for _, p := range listPods(t, e) {
