@@ -16,7 +16,7 @@ export KUBEBUILDER_ASSETS := $(BIN)
 
 GENERATED := api/v1alpha1/zz_generated.deepcopy.go charts/gputopo/crds charts/gputopo/values.schema.json
 
-.PHONY: all build image demo-plugin gputopo-scheduler kubectl-gputopo tools kubectl prometheus generate verify test test-unit test-integration test-security bench bench-scheduler demo clean help
+.PHONY: all build image demo-plugin gputopo-scheduler kubectl-gputopo tools kubectl prometheus generate verify test test-unit test-integration test-security bench bench-scheduler bench-scheduler-quick demo clean help
 
 all: build
 
@@ -134,6 +134,17 @@ bench-scheduler: tools gputopo-scheduler ## kube-scheduler pods/s: plain, no-op 
 	  || { tail -40 _out/schedbench.log; exit 1; }
 	cat _out/schedbench.md
 	$(GO) run ./test/schedbench/docsplice -doc docs/benchmarks.md schedbench=_out/schedbench.md
+
+# A quick size for iteration: 1,000 nodes, plain and the plugin build, one
+# repetition; docs/benchmarks.md is left alone. SCHEDBENCH_PLUGIN_BASELINE=<a
+# binary in bin/> adds a plugin build to compare (before and after a change).
+bench-scheduler-quick: tools gputopo-scheduler ## kube-scheduler pods/s at 1000 nodes, plain and plugin build, 1 repetition (about 1 minute after the builds); writes _out/schedbench-quick.md only
+	@mkdir -p _out
+	SCHEDBENCH_NODES=1000 SCHEDBENCH_PODS=1000 SCHEDBENCH_REPS=1 SCHEDBENCH_OUT=_out/schedbench-quick.md \
+	  SCHEDBENCH_MODES=plain,plugin$${SCHEDBENCH_PLUGIN_BASELINE:+,baseline} \
+	  $(GO) test -tags schedbench -run TestSchedulerThroughput -count=1 -v -timeout 30m ./test/schedbench/ > _out/schedbench-quick.log 2>&1 \
+	  || { tail -40 _out/schedbench-quick.log; exit 1; }
+	cat _out/schedbench-quick.md
 
 # The image as an OCI archive, without a container engine: Debian's libc6
 # as the base layer, the binaries on top, assembled by hack/image (its own
