@@ -2,10 +2,12 @@ package placement
 
 import (
 	"context"
+	"maps"
 	"slices"
 
 	"k8s.io/apimachinery/pkg/types"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/placement/ledger"
 )
 
@@ -78,31 +80,117 @@ func (x *Core) PlanGroupPreemption(ctx context.Context, pr Request, priority int
 		if len(over) == 0 {
 			return
 		}
-		slots, domain, level, err := x.planGroup(ctx, v, pr, g, need, candidates, over)
-		if err != nil {
+		// The planner's own plan (its tightest, best-fitting domain),
+		// then one plan per domain of the group's required level; the
+		// cheapest kept: fewest jobs disrupted (a group counts once:
+		// evicting one of its pods stops it), then fewest victims, then
+		// the lowest priorities. Among equals the planner's choice stands.
+		var best *GroupPreemption
+		var bestCost preemptCost
+		for _, cands := range append([][]string{candidates}, x.preemptionDomains(v, pr, candidates)...) {
+			slots, domain, level, err := x.planGroup(ctx, v, pr, g, need, cands, over)
+			if err != nil {
+				continue
+			}
+			gp, cost := victimsOf(slots, evictable)
+			gp.Group, gp.Domain, gp.Level = pr.group, domain, level
+			if best == nil || cost.less(bestCost) {
+				best, bestCost = gp, cost
+			}
+		}
+		if best == nil {
 			return
 		}
-		out = &GroupPreemption{Group: pr.group, Domain: domain, Level: level, Victims: map[string][]types.UID{}}
-		taken := map[string]map[string]bool{}
-		for _, s := range slots {
-			out.Slots = append(out.Slots, s.Node)
-			if taken[s.Node] == nil {
-				taken[s.Node] = map[string]bool{}
-			}
-			for _, u := range s.Choice.UUIDs {
-				taken[s.Node][u] = true
-			}
-		}
-		for node, gpus := range taken {
-			for _, h := range evictable[node] {
-				if h.Unknown > 0 || slices.ContainsFunc(h.UUIDs, func(u string) bool { return gpus[u] }) {
-					out.Victims[node] = append(out.Victims[node], h.UID)
-				}
-			}
-		}
+		out = best
 		for _, m := range g.Pending {
 			out.pending = append(out.pending, m.UID)
 		}
 	})
+	return out
+}
+
+// preemptCost orders group preemption plans: jobs disrupted, victims,
+// the sum of their priorities.
+type preemptCost struct {
+	jobs, victims int
+	priority      int64
+}
+
+func (c preemptCost) less(o preemptCost) bool {
+	if c.jobs != o.jobs {
+		return c.jobs < o.jobs
+	}
+	if c.victims != o.victims {
+		return c.victims < o.victims
+	}
+	return c.priority < o.priority
+}
+
+// victimsOf are the pods slots need evicted, of those evictable per node,
+// and what evicting them costs.
+func victimsOf(slots []ledger.Slot, evictable map[string][]ledger.Holder) (*GroupPreemption, preemptCost) {
+	gp := &GroupPreemption{Victims: map[string][]types.UID{}}
+	taken := map[string]map[string]bool{}
+	for _, s := range slots {
+		gp.Slots = append(gp.Slots, s.Node)
+		if taken[s.Node] == nil {
+			taken[s.Node] = map[string]bool{}
+		}
+		for _, u := range s.Choice.UUIDs {
+			taken[s.Node][u] = true
+		}
+	}
+	var cost preemptCost
+	jobs := map[string]bool{}
+	for node, gpus := range taken {
+		for _, h := range evictable[node] {
+			if h.Unknown > 0 || slices.ContainsFunc(h.UUIDs, func(u string) bool { return gpus[u] }) {
+				gp.Victims[node] = append(gp.Victims[node], h.UID)
+				cost.victims++
+				cost.priority += int64(h.Priority)
+				job := "pod:" + string(h.UID)
+				if h.Group != "" {
+					job = "group:" + h.Group
+				}
+				jobs[job] = true
+			}
+		}
+	}
+	cost.jobs = len(jobs)
+	return gp, cost
+}
+
+// preemptionDomains are the candidate node sets group preemption also
+// plans on: one per domain of the group's required fabric level (nodes
+// without a domain there each alone), in domain order; none when the
+// group requires no level.
+func (x *Core) preemptionDomains(v ledger.View, pr Request, candidates []string) [][]string {
+	lvl, ok := configv1alpha1.FabricLevelIndex(x.cfg.Fabric.Levels, pr.groupSpec.Required)
+	if pr.groupSpec.Required == "" || !ok {
+		return nil
+	}
+	var only map[string]bool
+	if candidates != nil {
+		only = make(map[string]bool, len(candidates))
+		for _, c := range candidates {
+			only[c] = true
+		}
+	}
+	byDomain := map[string][]string{}
+	v.Nodes(func(n *ledger.Node) {
+		if only != nil && !only[n.Name()] {
+			return
+		}
+		d := n.Domain(lvl)
+		if d == "" {
+			d = "node=" + n.Name()
+		}
+		byDomain[d] = append(byDomain[d], n.Name())
+	})
+	keys := slices.Sorted(maps.Keys(byDomain))
+	out := make([][]string, len(keys))
+	for i, k := range keys {
+		out[i] = byDomain[k]
+	}
 	return out
 }

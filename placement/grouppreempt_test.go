@@ -99,3 +99,40 @@ func TestGroupPreemptionChoosesOneDomainAndItsVictims(t *testing.T) {
 		t.Errorf("3 × 8 GPUs in one leaf of two nodes: plan %+v, want none (no preemption in vain)", gp)
 	}
 }
+
+// TestGroupPreemptionDisruptsTheFewestJobs: two leaves whose pods are all
+// evictable; leaf a runs 16 one-GPU jobs, leaf b the 16 pods of one
+// group. A group of 2 × 8 GPUs in one leaf preempts in leaf b: one job
+// disrupted rather than 16, although the planner alone would take leaf a.
+func TestGroupPreemptionDisruptsTheFewestJobs(t *testing.T) {
+	x, names := groupCore(t, "dgx-a100", 4, func(i int) string { return []string{"a", "a", "b", "b"}[i] })
+	f, err := machine.FixtureByName("dgx-a100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	prio := int32(100)
+	for n, name := range names {
+		g := f.Graph(name)
+		for i := range g.Len() {
+			ann := map[string]string{v1alpha1.AnnotationAssignedGPUs: g.GPU(i).UUID}
+			if n >= 2 {
+				ann[v1alpha1.AnnotationGroup], ann[v1alpha1.AnnotationGroupSize] = "old", "16"
+			}
+			p := gpuPod(fmt.Sprintf("%s-%d", name, i), 1, ann)
+			p.Spec.NodeName, p.Spec.Priority = name, &prio
+			x.ledger.UpsertPod(p)
+		}
+	}
+	var first Request
+	for i := range 2 {
+		p := groupPod("train", i, 2, 8, map[string]string{v1alpha1.AnnotationGroupRequiredTopology: "leaf"})
+		x.ledger.UpsertPod(p)
+		if i == 0 {
+			first = request(t, x, p)
+		}
+	}
+	gp := x.PlanGroupPreemption(context.Background(), first, 1000, nil)
+	if gp == nil || gp.Domain != "network.topology.nvidia.com/leaf=b" {
+		t.Fatalf("plan %+v, want leaf b, where one group is disrupted instead of 16 jobs", gp)
+	}
+}

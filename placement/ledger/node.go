@@ -388,6 +388,9 @@ type Holder struct {
 	// identity is not known.
 	UUIDs   []string
 	Unknown int
+	// Group is the pod's group ("" for none): evicting one pod of a group
+	// stops the whole group.
+	Group string
 }
 
 // Holders are the pods holding GPUs on node n, by UID.
@@ -399,7 +402,7 @@ func (v View) Holders(n *Node) []Holder {
 	for uid, h := range n.holdings {
 		hd := Holder{UID: uid, Pod: h.pod, Reserved: h.reserved, UUIDs: h.uuids, Unknown: h.unknown}
 		if info := v.l.pods[h.pod]; info != nil && info.UID == uid {
-			hd.Priority, hd.Started = info.Priority, info.Started
+			hd.Priority, hd.Started, hd.Group = info.Priority, info.Started, info.Group
 		}
 		out = append(out, hd)
 	}
