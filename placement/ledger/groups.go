@@ -192,11 +192,48 @@ func (l *Ledger) dissolveLocked(key string, g *group) {
 	}
 }
 
-// PlanGroup makes group key's plan, under the ledger's write lock, unless
-// it has one: plan sees the group and the ledger and returns one slot per
-// pending member (or an error, returned as is, and nothing is held). The
-// slots are held at once, each as a reservation of the group.
+// PlanGroup makes group key's plan unless it has one: plan sees the group
+// and the ledger and returns one slot per pending member (or an error,
+// returned as is, and nothing is held). The slots are held at once, each
+// as a reservation of the group. choose runs under the read lock, so that
+// the filters of the cycle go on while the planner works; the plan is
+// recorded under the write lock only if the group is as choose saw it and
+// every slot's GPUs are still free (else choose runs again, and after
+// commitTries under the write lock, where nothing can change).
 func (l *Ledger) PlanGroup(key string, choose func(v View, g GroupView) (slots []Slot, domain, level string, err error)) error {
+	for range commitTries {
+		l.mu.RLock()
+		g := l.groups[key]
+		if g == nil {
+			l.mu.RUnlock()
+			return ErrGroupUnseen
+		}
+		if g.plan != nil {
+			l.mu.RUnlock()
+			return nil
+		}
+		gv := l.groupViewLocked(key, g)
+		slots, domain, level, err := choose(View{l}, gv)
+		l.mu.RUnlock()
+		if err != nil {
+			return err
+		}
+		l.mu.Lock()
+		g = l.groups[key]
+		switch {
+		case g == nil:
+			l.mu.Unlock()
+			return ErrGroupUnseen
+		case g.plan != nil:
+			l.mu.Unlock()
+			return nil
+		case sameGroup(gv, l.groupViewLocked(key, g)) && l.slotsFree(slots):
+			l.recordPlanLocked(key, g, slots, domain, level)
+			l.mu.Unlock()
+			return nil
+		}
+		l.mu.Unlock()
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	g := l.groups[key]
@@ -211,6 +248,32 @@ func (l *Ledger) PlanGroup(key string, choose func(v View, g GroupView) (slots [
 	if err != nil {
 		return err
 	}
+	l.recordPlanLocked(key, g, slots, domain, level)
+	return nil
+}
+
+// sameGroup says whether two views of a group have the same members in
+// the same state.
+func sameGroup(a, b GroupView) bool {
+	return slices.Equal(a.Bound, b.Bound) && slices.EqualFunc(a.Pending, b.Pending, func(x, y *PodInfo) bool { return x.UID == y.UID })
+}
+
+// slotsFree says whether every slot's GPUs are free, no GPU in two slots.
+func (l *Ledger) slotsFree(slots []Slot) bool {
+	byNode := map[string][]string{}
+	for _, s := range slots {
+		byNode[s.Node] = append(byNode[s.Node], s.Choice.UUIDs...)
+	}
+	for node, uuids := range byNode {
+		if !l.commitFree(node, "", uuids) {
+			return false
+		}
+	}
+	return true
+}
+
+// recordPlanLocked holds the slots of group key's plan.
+func (l *Ledger) recordPlanLocked(key string, g *group, slots []Slot, domain, level string) {
 	now := l.now()
 	p := &plan{since: now, domain: domain, level: level}
 	for i, s := range slots {
@@ -220,7 +283,6 @@ func (l *Ledger) PlanGroup(key string, choose func(v View, g GroupView) (slots [
 		p.slots = append(p.slots, &slot{node: s.Node, holder: holder})
 	}
 	g.plan = p
-	return nil
 }
 
 func (l *Ledger) groupViewLocked(key string, g *group) GroupView {

@@ -11,8 +11,10 @@
 //   - reads: Read hands a read-only View (nodes, job affinity) to a
 //     function under the ledger's read lock, so that filter and score see
 //     one consistent state without copying it;
-//   - holds: Reserve chooses and holds a pod's GPUs under the write lock,
-//     Confirm marks the hold bound once the Binding is written, Release and
+//   - holds: Reserve chooses a pod's GPUs (and PlanGroup a group's slots)
+//     under the read lock and holds them under a short write lock that
+//     only checks they are still free and records them (choosing again
+//     when they are not), Confirm marks the hold bound once the Binding is written, Release and
 //     ReleaseReserved free it, SweepReservations expires holds whose bind
 //     outcome stayed unknown;
 //   - reports for audits and metrics: Holdings, DoubleHolds, Counts,

@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/topology"
 )
 
 // Release frees whatever pod uid holds or was promised.
@@ -60,9 +61,13 @@ type Choice struct {
 	Placement v1alpha1.Placement
 }
 
-// Reserve chooses and holds pod uid's GPUs on node, under the ledger's
-// write lock: two reservations on one node never get the same GPU, since
-// nothing changes the ledger between choose and the hold. choose sees the
+// Reserve chooses and holds pod uid's GPUs on node. choose runs under
+// the ledger's read lock, so that filters go on while the allocator
+// works; the hold is then recorded under the write lock only if the
+// chosen GPUs are still free there (commitFree): two reservations on one
+// node never get the same GPU. When they are not (another hold landed in
+// between), choose runs again; after commitTries it runs under the write
+// lock, where nothing can change, so Reserve always ends. choose sees the
 // node as it is (nil when the ledger does not know it) and the rest of the
 // ledger through v; its error is returned as is and nothing is held.
 //
@@ -72,6 +77,38 @@ type Choice struct {
 // is released first. A bound pod holding other GPUs is an
 // *AlreadyHeldError.
 func (l *Ledger) Reserve(uid types.UID, pod types.NamespacedName, node string, choose func(v View, n *Node) (Choice, error)) (Choice, error) {
+	for range commitTries {
+		l.mu.RLock()
+		h := l.holdings[uid]
+		var c Choice
+		var err error
+		switch {
+		case h != nil && h.node == node && len(h.uuids) > 0:
+			c = Choice{UUIDs: h.uuids, Placement: h.placement}
+		case h != nil && !h.reserved:
+			err = &AlreadyHeldError{Pod: pod, Node: h.node}
+		default:
+			n := l.nodes[node]
+			if n != nil && h != nil {
+				n = View{l}.Without(n, uid)
+			}
+			c, err = choose(View{l}, n)
+		}
+		l.mu.RUnlock()
+		if err != nil || h != nil && h.node == node && len(h.uuids) > 0 {
+			return c, err
+		}
+		l.mu.Lock()
+		if l.holdings[uid] == h && l.commitFree(node, uid, c.UUIDs) {
+			if h != nil {
+				l.releaseLocked(uid)
+			}
+			l.setHoldingLocked(&holding{uid: uid, pod: pod, node: node, uuids: c.UUIDs, reserved: true, since: l.now(), placement: c.Placement})
+			l.mu.Unlock()
+			return c, nil
+		}
+		l.mu.Unlock()
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if h := l.holdings[uid]; h != nil {
@@ -89,6 +126,33 @@ func (l *Ledger) Reserve(uid types.UID, pod types.NamespacedName, node string, c
 	}
 	l.setHoldingLocked(&holding{uid: uid, pod: pod, node: node, uuids: c.UUIDs, reserved: true, since: l.now(), placement: c.Placement})
 	return c, nil
+}
+
+// commitTries is how many times Reserve and PlanGroup choose under the
+// read lock before they choose under the write lock.
+const commitTries = 3
+
+// commitFree says, under the write lock, whether uuids are GPUs of node
+// that are healthy and free (pod uid's own holding there counting as
+// free), no UUID twice, with room left by the GPUs held with no known
+// identity: what a choice made under the read lock needs to be recorded.
+func (l *Ledger) commitFree(node string, uid types.UID, uuids []string) bool {
+	n := l.nodes[node]
+	if n == nil || n.graph == nil {
+		return len(uuids) == 0
+	}
+	if uid != "" {
+		n = View{l}.Without(n, uid)
+	}
+	var seen topology.Mask
+	for _, u := range uuids {
+		i, ok := n.graph.IndexOf(u)
+		if !ok || !n.freeMask.Has(i) || seen.Has(i) {
+			return false
+		}
+		seen = seen.With(i)
+	}
+	return n.freeMask.Count()-n.unknownHeld >= len(uuids)
 }
 
 // SweepReservations frees reservations older than ttl (binds whose outcome

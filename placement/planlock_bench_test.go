@@ -1,0 +1,83 @@
+package placement
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+)
+
+// BenchmarkFilterWhilePlanning: 16 goroutines filter every node of a
+// 256-node cluster for one 1-GPU pod's cycle (as the framework's parallel
+// Filter does) while another goroutine plans a group of 16 pods × 8 GPUs
+// over and over (plan, then delete the group). It reports the filters'
+// throughput; filters wait on the planner only as long as it holds the
+// ledger's write lock.
+func BenchmarkFilterWhilePlanning(b *testing.B) {
+	t := &testing.T{}
+	x, names := groupCore(t, "dgx-a100", 256, func(i int) string { return fmt.Sprintf("l%d", i/32) })
+	one := gpuPod("one", 1, nil)
+	x.ledger.UpsertPod(one)
+	pr, err := ParseRequest(one, v1alpha1.ResourceGPU, x.Now())
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	stop := make(chan struct{})
+	var plans atomic.Int64
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for round := 0; ; round++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			name := fmt.Sprintf("g%d", round)
+			var members []Request
+			for i := range 16 {
+				p := groupPod(name, i, 16, 8, nil)
+				x.ledger.UpsertPod(p)
+				r, err := ParseRequest(p, v1alpha1.ResourceGPU, x.Now())
+				if err != nil {
+					panic(err)
+				}
+				members = append(members, r)
+			}
+			if _, err := x.GroupSlot(ctx, members[0], nil); err != nil {
+				panic(err)
+			}
+			plans.Add(1)
+			for i := range 16 {
+				x.ledger.DeletePod(groupPod(name, i, 16, 8, nil))
+			}
+		}
+	})
+	c := x.NewCycle(ctx, pr)
+	b.ResetTimer()
+	start := time.Now()
+	var next atomic.Int64
+	var filters sync.WaitGroup
+	for range 16 {
+		filters.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(b.N) {
+					return
+				}
+				c.FilterNode(names[i%int64(len(names))])
+			}
+		})
+	}
+	filters.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	close(stop)
+	wg.Wait()
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "filters/s")
+	b.ReportMetric(float64(plans.Load())/elapsed.Seconds(), "plans/s")
+}
