@@ -235,6 +235,7 @@ func TestTLSClientCertificates(t *testing.T) {
 		{"prioritize with a client certificate", withCert, http.MethodPost, "/scheduler/prioritize", 200, `"Host":"a"`},
 		{"filter without a client certificate", withoutCert, http.MethodPost, "/filter", 401, "client certificate signed by the configured client CA is required"},
 		{"bind without a client certificate", withoutCert, http.MethodPost, "/scheduler/bind", 401, "client certificate"},
+		{"preempt without a client certificate", withoutCert, http.MethodPost, "/scheduler/preempt", 401, "client certificate"},
 		{"healthz without a client certificate", withoutCert, http.MethodGet, "/healthz", 200, "ok"},
 		{"readyz without a client certificate", withoutCert, http.MethodGet, "/readyz", 200, "ok"},
 		// Refused in the handshake: no HTTP answer. With TLS 1.3 the

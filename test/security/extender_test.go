@@ -162,7 +162,8 @@ func TestExtenderVerbsRefuseClientsWithoutCertificate(t *testing.T) {
 	}
 	args := extenderv1.ExtenderArgs{Pod: pod, NodeNames: &[]string{"gpu-a"}}
 	bind := extenderv1.ExtenderBindingArgs{PodName: pod.Name, PodNamespace: pod.Namespace, PodUID: pod.UID, Node: "gpu-a"}
-	verbs := map[string]any{"filter": args, "prioritize": args, "bind": bind}
+	preempt := extenderv1.ExtenderPreemptionArgs{Pod: pod, NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{"gpu-a": {}}}
+	verbs := map[string]any{"filter": args, "prioritize": args, "bind": bind, "preempt": preempt}
 
 	stranger := harness.NewCA(t, "attacker-ca")
 	for _, prefix := range []string{"", "/scheduler"} {
@@ -221,7 +222,8 @@ func TestExtenderVerbsRefuseCertificatesOfTheCANotIssuedToTheScheduler(t *testin
 	}
 	args := extenderv1.ExtenderArgs{Pod: pod, NodeNames: &[]string{"gpu-a"}}
 	bind := extenderv1.ExtenderBindingArgs{PodName: pod.Name, PodNamespace: pod.Namespace, PodUID: pod.UID, Node: "gpu-a"}
-	verbs := map[string]any{"filter": args, "prioritize": args, "bind": bind}
+	preempt := extenderv1.ExtenderPreemptionArgs{Pod: pod, NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{"gpu-a": {}}}
+	verbs := map[string]any{"filter": args, "prioritize": args, "bind": bind, "preempt": preempt}
 
 	for _, tc := range []struct {
 		name       string
