@@ -119,6 +119,14 @@ func (c *Cycle) FilterNodeIf(node string, w *WhatIf) (passed, unresolvable bool,
 	return false, v.unresolvable, filterReason(c.pr, v)
 }
 
+// PreemptionMayHelp says whether a pod of priority prio could free GPUs
+// by preemption anywhere: whether some pod of lower priority holds GPUs.
+func (x *Core) PreemptionMayHelp(prio int32) bool {
+	var may bool
+	x.ledger.Read(func(v ledger.View) { may = v.HoldersBelow(prio) })
+	return may
+}
+
 // Lagging adds to w (nil: a new what-if) the pods the ledger counts on
 // node, bound, that present says the caller's own view of the node no
 // longer has: kube-scheduler's snapshot sees a preemption's victims leave

@@ -450,13 +450,14 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev
 			// Filter whether evicting lower-priority pods makes room.
 			return nil, fwk.NewStatus(code, c.Reason)
 		}
-		// A pod found unschedulable before is not narrowed:
-		// kube-scheduler's preemption treats the nodes a PreFilterResult
-		// leaves out as unresolvable, and a node with lower-priority pods
-		// to evict may be among them. Its first cycle is narrowed; when
-		// that fails (the nodes that can hold its GPUs failed other
-		// filters), the retry considers every node.
-		if c.Nodes == nil || foundUnschedulable(pod) {
+		// A pod found unschedulable before that may preempt (some pod of
+		// lower priority holds GPUs) is not narrowed: kube-scheduler's
+		// preemption treats the nodes a PreFilterResult leaves out as
+		// unresolvable, and a node with lower-priority pods to evict may
+		// be among them. Its first cycle is narrowed; when that fails
+		// (the nodes that can hold its GPUs failed other filters), the
+		// retry considers every node.
+		if c.Nodes == nil || mayPreempt(pod) && foundUnschedulable(pod) && p.x.PreemptionMayHelp(corev1helpers.PodPriority(pod)) {
 			return nil, nil
 		}
 		return &fwk.PreFilterResult{NodeNames: c.Nodes}, nil
@@ -467,6 +468,11 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev
 	// cluster event.
 	p.activate(ctx, slot.Group, pod)
 	return &fwk.PreFilterResult{NodeNames: sets.New(slot.Node)}, nil
+}
+
+// mayPreempt says whether pod's preemptionPolicy lets it preempt.
+func mayPreempt(pod *corev1.Pod) bool {
+	return pod.Spec.PreemptionPolicy == nil || *pod.Spec.PreemptionPolicy != corev1.PreemptNever
 }
 
 // foundUnschedulable says whether kube-scheduler found pod unschedulable

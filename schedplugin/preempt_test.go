@@ -200,76 +200,31 @@ func TestWaitingGroupPodDoesNotPreempt(t *testing.T) {
 
 // TestPodFoundUnschedulableIsNotNarrowed: PreFilter narrows a pod to
 // the nodes that can hold it now, unless kube-scheduler found the pod
-// unschedulable before (those nodes failed other filters): then every
-// node is filtered, so that its preemption may consider the others.
+// unschedulable before (those nodes failed other filters) and it could
+// preempt (a pod of lower priority holds GPUs): then every node is
+// filtered, so that its preemption may consider the others.
 func TestPodFoundUnschedulableIsNotNarrowed(t *testing.T) {
 	c := newCluster(t, "dgx-a100", "pcie-8x", "dgx1-v100")
 	pod := c.pod(t, "big", 8, modelNVLink)
+	high := int32(1000)
+	pod.Spec.Priority = &high
 	ctx := context.Background()
 	res, s := c.p.PreFilter(ctx, newState(), pod, c.nodes)
 	if !s.IsSuccess() || res.AllNodes() || res.NodeNames.Len() != 1 {
 		t.Fatalf("first cycle: %v %v, want the DGX A100 alone", res, s)
 	}
 	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable}}
+	if res, s = c.p.PreFilter(ctx, newState(), pod, c.nodes); !s.IsSuccess() || res.AllNodes() {
+		t.Fatalf("found unschedulable, but no pod of lower priority holds GPUs: %v %v, want it narrowed (preemption cannot help)", res, s)
+	}
+	c.bindOn(t, "low", c.nodes[1].Node().Name, "pcie-8x", 0) // priority 0
 	if res, s = c.p.PreFilter(ctx, newState(), pod, c.nodes); !s.IsSuccess() || !res.AllNodes() {
-		t.Fatalf("cycle after the pod was found unschedulable: %v %v, want every node", res, s)
+		t.Fatalf("found unschedulable, a pod of lower priority holds GPUs: %v %v, want every node", res, s)
 	}
-}
-
-// TestGroupPodPreemptsOnlyOnItsPlannedNode: two full DGX A100s of
-// low-priority pods and a high-priority group of 2 × 8 GPUs. Each pod of
-// the group passes Filter, inside preemption, only on the node the
-// group's preemption plan keeps for it, and only with that node's pods
-// gone: kube-scheduler's victim search then evicts one whole node per
-// pod, a different one for each.
-func TestGroupPodPreemptsOnlyOnItsPlannedNode(t *testing.T) {
-	const fixture = "dgx-a100"
-	c := newCluster(t, fixture, fixture)
-	low := int32(100)
-	bound := map[string][]*corev1.Pod{}
-	for _, n := range c.nodes {
-		name := n.Node().Name
-		for i := range 8 {
-			p := c.bindOn(t, fmt.Sprintf("%s-low-%d", name, i), name, fixture, i)
-			p.Spec.Priority = &low
-			c.x.Ledger().UpsertPod(p)
-			bound[name] = append(bound[name], p)
-		}
-	}
-	high := int32(1000)
-	var members []*corev1.Pod
-	for i := range 2 {
-		p := c.pod(t, fmt.Sprintf("g-%d", i), 8, "")
-		p.Annotations = map[string]string{v1alpha1.AnnotationGroup: "g", v1alpha1.AnnotationGroupSize: "2"}
-		p.Spec.Priority = &high
-		c.x.Ledger().UpsertPod(p)
-		members = append(members, p)
-	}
-	chosen := map[string]bool{}
-	for _, pod := range members {
-		st := newState()
-		if _, s := c.p.PreFilter(context.Background(), st, pod, c.nodes); s.Code() != fwk.Unschedulable {
-			t.Fatalf("PreFilter of %s on full nodes: %v, want Unschedulable", pod.Name, s)
-		}
-		var on []string
-		for _, n := range c.nodes {
-			name := n.Node().Name
-			victims, s := c.selectVictims(t, st, pod, n, bound[name])
-			if s != nil {
-				continue
-			}
-			on = append(on, name)
-			if len(victims) != 8 {
-				t.Errorf("%s on %s: %d victims, want the node's 8", pod.Name, name, len(victims))
-			}
-		}
-		if len(on) != 1 {
-			t.Fatalf("%s may preempt on %v, want exactly one node", pod.Name, on)
-		}
-		chosen[on[0]] = true
-	}
-	if len(chosen) != 2 {
-		t.Errorf("the group's two pods preempt on %v, want one node each", chosen)
+	never := corev1.PreemptNever
+	pod.Spec.PreemptionPolicy = &never
+	if res, s = c.p.PreFilter(ctx, newState(), pod, c.nodes); !s.IsSuccess() || res.AllNodes() {
+		t.Fatalf("preemptionPolicy Never: %v %v, want it narrowed", res, s)
 	}
 }
 

@@ -118,3 +118,40 @@ func TestGroupPlanIsChosenWhileOthersRead(t *testing.T) {
 		t.Errorf("node b has %d free GPUs after a plan that was not recorded, want 8", f)
 	}
 }
+
+// HoldersBelow follows the pods that hold GPUs: bound, reserved, gone.
+func TestHoldersBelowFollowsHoldings(t *testing.T) {
+	l := newLedger(t, "a")
+	below := func(prio int32) (b bool) {
+		l.Read(func(v ledger.View) { b = v.HoldersBelow(prio) })
+		return b
+	}
+	low := pod("low", "a", "", 1, firstUUID(t, l, "a"))
+	p100 := int32(100)
+	low.Spec.Priority = &p100
+	l.UpsertPod(low)
+	if !below(101) || below(100) {
+		t.Errorf("one pod of priority 100 bound: below 101 %v, below 100 %v; want true, false", below(101), below(100))
+	}
+	pending := pod("pending", "", "", 1)
+	l.UpsertPod(pending)
+	if _, err := l.Reserve(pending.UID, key("pending"), "a", firstFree(1)); err != nil {
+		t.Fatal(err)
+	}
+	if !below(1) {
+		t.Error("a reserved pod of priority 0: HoldersBelow(1) is false")
+	}
+	l.DeletePod(low)
+	l.Release(pending.UID)
+	if below(1000) {
+		t.Error("HoldersBelow(1000) after every holder left")
+	}
+}
+
+// firstUUID is the UUID of GPU 0 of node.
+func firstUUID(t *testing.T, l *ledger.Ledger, node string) string {
+	t.Helper()
+	var u string
+	l.Read(func(v ledger.View) { u = v.Node(node).Graph().GPUs()[0].UUID })
+	return u
+}

@@ -96,6 +96,9 @@ type Ledger struct {
 	// index is, per GPU count, the nodes that can hold that many now
 	// (index.go), kept current by every change to a node.
 	index fitIndex
+	// byPriority counts the holdings of pods by their priority
+	// (HoldersBelow).
+	byPriority map[int32]int
 }
 
 // New returns an empty ledger counting the extended resource (the
@@ -105,17 +108,18 @@ func New(resource corev1.ResourceName) *Ledger {
 		resource = v1alpha1.ResourceGPU
 	}
 	l := &Ledger{
-		nodes:    make(map[string]*Node),
-		topos:    make(map[string]*Topo),
-		holdings: make(map[types.UID]*holding),
-		pods:     make(map[types.NamespacedName]*PodInfo),
-		jobs:     make(map[string]map[string]int),
-		now:      time.Now,
-		resource: resource,
-		seed:     maphash.MakeSeed(),
-		claims:   make(map[string][]gpuClaim),
-		gone:     make(map[types.UID]time.Time),
-		groups:   make(map[string]*group),
+		nodes:      make(map[string]*Node),
+		topos:      make(map[string]*Topo),
+		holdings:   make(map[types.UID]*holding),
+		pods:       make(map[types.NamespacedName]*PodInfo),
+		jobs:       make(map[string]map[string]int),
+		now:        time.Now,
+		resource:   resource,
+		seed:       maphash.MakeSeed(),
+		claims:     make(map[string][]gpuClaim),
+		gone:       make(map[types.UID]time.Time),
+		groups:     make(map[string]*group),
+		byPriority: make(map[int32]int),
 	}
 	l.index.init()
 	return l
@@ -273,4 +277,8 @@ type holding struct {
 	group     string
 	since     time.Time
 	placement v1alpha1.Placement
+	// prio is the pod's priority, counted in the ledger's byPriority
+	// when counted (a pod the ledger knows; a plan's slot is not one).
+	prio    int32
+	counted bool
 }

@@ -375,6 +375,17 @@ func (a Affinity) Of(n *Node) float64 {
 	return 0
 }
 
+// HoldersBelow says whether some pod of priority below prio holds GPUs:
+// only then can preemption free GPUs for a pod of priority prio.
+func (v View) HoldersBelow(prio int32) bool {
+	for p := range v.l.byPriority {
+		if p < prio {
+			return true
+		}
+	}
+	return false
+}
+
 // Holder is a pod that holds GPUs on a node, as preemption weighs it.
 type Holder struct {
 	UID      types.UID

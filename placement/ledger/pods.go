@@ -248,6 +248,11 @@ func (l *Ledger) jobDeltaLocked(info *PodInfo, d int) {
 
 func (l *Ledger) setHoldingLocked(h *holding) {
 	l.releaseLocked(h.uid)
+	h.counted = false
+	if info := l.pods[h.pod]; info != nil && info.UID == h.uid {
+		h.prio, h.counted = info.Priority, true
+		l.byPriority[h.prio]++
+	}
 	l.holdings[h.uid] = h
 	n := l.nodeLocked(h.node)
 	n.holdings[h.uid] = h
@@ -260,6 +265,11 @@ func (l *Ledger) releaseLocked(uid types.UID) {
 		return
 	}
 	delete(l.holdings, uid)
+	if h.counted {
+		if l.byPriority[h.prio]--; l.byPriority[h.prio] <= 0 {
+			delete(l.byPriority, h.prio)
+		}
+	}
 	if n, ok := l.nodes[h.node]; ok {
 		delete(n.holdings, uid)
 		l.recomputeLocked(n)
