@@ -344,8 +344,8 @@ func simulateGang(w io.Writer, o Options, tr Trace, cluster string, nodes []Node
 // simulateGangSuite runs the gang suite with the extender configuration
 // of o and prints (and, with OutDir, writes) its tables.
 func simulateGangSuite(w io.Writer, o Options, ext *configv1alpha1.ExtenderConfiguration) error {
-	if o.WebhookConfig != "" || o.Seeds > 1 || o.Cluster != "" || len(o.Policies) > 0 {
-		return fmt.Errorf("--gang-suite: runs fixed traces, clusters and policies with the default policy table; drop --webhook-config, --seeds, --cluster and --policy")
+	if err := fixedSuite(o, "--gang-suite"); err != nil {
+		return err
 	}
 	rows, err := RunGangSuite(GangSuite, ext)
 	if err != nil {
@@ -368,8 +368,8 @@ func simulateGangSuite(w io.Writer, o Options, ext *configv1alpha1.ExtenderConfi
 // simulatePreemptionSuite runs the preemption suite with the extender
 // configuration of o and prints (and, with OutDir, writes) its table.
 func simulatePreemptionSuite(w io.Writer, o Options, ext *configv1alpha1.ExtenderConfiguration) error {
-	if o.WebhookConfig != "" || o.Seeds > 1 || o.Cluster != "" || len(o.Policies) > 0 {
-		return fmt.Errorf("--preemption-suite: runs fixed traces, a fixed cluster and fixed policies with the default policy table; drop --webhook-config, --seeds, --cluster and --policy")
+	if err := fixedSuite(o, "--preemption-suite"); err != nil {
+		return err
 	}
 	rows, err := RunPreemptionSuite(PreemptionSuite, ext)
 	if err != nil {
@@ -380,6 +380,15 @@ func simulatePreemptionSuite(w io.Writer, o Options, ext *configv1alpha1.Extende
 		return err
 	}
 	return writeReport(w, o.OutDir, md.String())
+}
+
+// fixedSuite refuses, for the suite flag, the options a suite with its own
+// traces, clusters and policies does not take.
+func fixedSuite(o Options, flag string) error {
+	if o.WebhookConfig != "" || o.Seeds > 1 || o.Cluster != "" || len(o.Policies) > 0 {
+		return fmt.Errorf("%s: runs fixed traces, clusters and policies with the default policy table; drop --webhook-config, --seeds, --cluster and --policy", flag)
+	}
+	return nil
 }
 
 func btoi(b bool) int {
