@@ -188,13 +188,16 @@ func (x *Core) Victims(ctx context.Context, pr Request, priority int32, node str
 				}
 			}
 			slices.SortStableFunc(extra, func(a, b ledger.Holder) int { return -moreImportant(a, b) })
-			i := 0
-			for ; i < len(extra) && !fits(); i++ {
-				w.Remove(extra[i].UID)
-				gone[extra[i].UID] = true
-				order = append(order, extra[i])
+			fit := false
+			for _, h := range extra {
+				w.Remove(h.UID)
+				gone[h.UID] = true
+				order = append(order, h)
+				if fit = fits(); fit {
+					break
+				}
 			}
-			if !fits() {
+			if !fit {
 				return
 			}
 		}
