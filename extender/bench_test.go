@@ -27,8 +27,8 @@ func benchCluster(b testing.TB, n int) (*Extender, []string) {
 	for i := range names {
 		name := fmt.Sprintf("gpu-node-%05d", i)
 		names[i] = name
-		x.ledger.UpsertTopology(withTelemetry(topo(b, fixtures[i%len(fixtures)], name), int32(i%100), 40+int32(i%30), 200, 400))
-		x.ledger.UpsertNode(gpuNode(name, 8))
+		x.core.Ledger().UpsertTopology(withTelemetry(topo(b, fixtures[i%len(fixtures)], name), int32(i%100), 40+int32(i%30), 200, 400))
+		x.core.Ledger().UpsertNode(gpuNode(name, 8))
 		if i%4 == 0 {
 			holdOn(x, "held-"+name, name, i%8, (i+3)%8)
 		}

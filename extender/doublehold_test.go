@@ -1,7 +1,6 @@
 package extender
 
 import (
-	"context"
 	"strings"
 	"testing"
 
@@ -43,10 +42,10 @@ func TestDoubleHeldGPUReportedOnBothPods(t *testing.T) {
 	x, _ := newTestExtender(t, nil)
 	rec := record.NewFakeRecorder(16)
 	rec.IncludeObject = true
-	x.core.SetRecorder(rec)
-	x.ledger.UpsertTopology(topo(t, "dgx1-v100", "a"))
-	x.ledger.UpsertPod(makePod("p1").gpus(2).node("a").assigned(uuidsOn("a", 0, 1)...).obj())
-	x.ledger.UpsertPod(drifted("p2", []int{2, 3}, []int{1, 2}))
+	runtimeOf(x).setRecorder(rec)
+	x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "a"))
+	x.core.Ledger().UpsertPod(makePod("p1").gpus(2).node("a").assigned(uuidsOn("a", 0, 1)...).obj())
+	x.core.Ledger().UpsertPod(drifted("p2", []int{2, 3}, []int{1, 2}))
 
 	gpu := machine.FixtureUUID("a", 1)
 	events := drainEvents(rec)
@@ -68,12 +67,12 @@ func TestDoubleHeldGPUReportedOnBothPods(t *testing.T) {
 	}
 
 	// Resyncs of the same state record nothing more.
-	x.ledger.UpsertPod(drifted("p2", []int{2, 3}, []int{1, 2}))
+	x.core.Ledger().UpsertPod(drifted("p2", []int{2, 3}, []int{1, 2}))
 	if ev := drainEvents(rec); len(ev) > 0 {
 		t.Errorf("a resync recorded %q", ev)
 	}
 
-	x.ledger.DeletePod(makePod("p2").obj())
+	x.core.Ledger().DeletePod(keyOf(makePod("p2").obj()), "uid-p2")
 	if got := doubleHeldGauge(t, x); got != 0 {
 		t.Errorf("double-held gauge after p2 ended = %v, want 0", got)
 	}
@@ -85,11 +84,11 @@ func TestDoubleHeldGPUReportedOnBothPods(t *testing.T) {
 func TestDoubleHeldEventsOnlyFromTheLeader(t *testing.T) {
 	x, _ := newTestExtender(t, nil)
 	rec := record.NewFakeRecorder(16)
-	x.core.SetRecorder(rec)
-	x.core.StopLeading() // a standby, or a leader still rebuilding
-	x.ledger.UpsertTopology(topo(t, "dgx1-v100", "a"))
-	x.ledger.UpsertPod(makePod("p1").gpus(1).node("a").assigned(uuidsOn("a", 5)...).obj())
-	x.ledger.UpsertPod(drifted("p2", []int{6}, []int{5}))
+	runtimeOf(x).setRecorder(rec)
+	runtimeOf(x).stopLeading() // a standby, or a leader still rebuilding
+	x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "a"))
+	x.core.Ledger().UpsertPod(makePod("p1").gpus(1).node("a").assigned(uuidsOn("a", 5)...).obj())
+	x.core.Ledger().UpsertPod(drifted("p2", []int{6}, []int{5}))
 	if ev := drainEvents(rec); len(ev) > 0 {
 		t.Errorf("a replica that does not serve recorded %q", ev)
 	}
@@ -97,9 +96,7 @@ func TestDoubleHeldEventsOnlyFromTheLeader(t *testing.T) {
 		t.Errorf("detections = %v, want 1: every replica counts", got)
 	}
 	// On becoming the leader it reports what it found meanwhile.
-	if err := x.core.Lead(context.Background(), false); err != nil {
-		t.Fatal(err)
-	}
+	runtimeOf(x).lead()
 	var reasons []string
 	for _, e := range drainEvents(rec) {
 		reasons = append(reasons, strings.Join(strings.Fields(e)[:2], " "))

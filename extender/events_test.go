@@ -39,12 +39,12 @@ func TestBindRecordsGPUsBoundEventOnLeaderOnly(t *testing.T) {
 			pod := makePod("mp").gpus(4).req(modelParallel).obj()
 			x, cs := newTestExtender(t, tc.cfg, pod)
 			rec := record.NewFakeRecorder(4)
-			x.core.SetRecorder(rec)
+			runtimeOf(x).setRecorder(rec)
 			if !tc.leading {
-				x.core.StopLeading()
+				runtimeOf(x).stopLeading()
 			}
-			x.ledger.UpsertTopology(topo(t, "dgx1-v100", "a"))
-			x.ledger.UpsertPod(pod)
+			x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "a"))
+			x.core.Ledger().UpsertPod(pod)
 			if res := x.Bind(context.Background(), bindArgs(pod, "a")); res.Error != "" {
 				t.Fatalf("bind: %s", res.Error)
 			}
@@ -93,9 +93,9 @@ func fellBack(t *testing.T, cfg *configv1alpha1.ExtenderConfiguration, bound boo
 	pod.CreationTimestamp = metav1.NewTime(testNow.Add(-time.Hour))
 	x, _ := newTestExtender(t, cfg, pod)
 	rec := record.NewFakeRecorder(4)
-	x.core.SetRecorder(rec)
-	x.ledger.UpsertTopology(topo(t, "pcie-8x", "pcie"))
-	x.ledger.UpsertPod(pod)
+	runtimeOf(x).setRecorder(rec)
+	x.core.Ledger().UpsertTopology(topo(t, "pcie-8x", "pcie"))
+	x.core.Ledger().UpsertPod(pod)
 	if res := x.Bind(context.Background(), bindArgs(pod, "pcie")); res.Error != "" {
 		t.Fatalf("bind: %s", res.Error)
 	}

@@ -18,7 +18,7 @@ import (
 
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/placement"
-	"github.com/gputopo/gputopo/placement/ledger"
+	"github.com/gputopo/gputopo/placement/cluster"
 	"github.com/gputopo/gputopo/placement/metrics"
 )
 
@@ -31,10 +31,12 @@ var ErrLeadershipLost = errors.New("extender: leader election lost")
 // mode and leader election over a decision core (package placement),
 // and the metrics of both.
 type Extender struct {
-	core    *placement.Core
+	core *placement.Core
+	// rt runs the core in the cluster (informers, leadership, the
+	// decider Lease); nil for a core its caller runs or feeds.
+	rt      *cluster.Runtime
 	cfg     *configv1alpha1.ExtenderConfiguration
 	opts    Options
-	ledger  *ledger.Ledger // the core's
 	metrics *metrics.Metrics
 	client  kubernetes.Interface
 	// mirror sends filter and prioritize requests to a shadow extender
@@ -66,7 +68,13 @@ func New(restCfg *rest.Config, o Options) (*Extender, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	x, err := build(cfg, o, func(co placement.Options) (*placement.Core, error) { return placement.New(restCfg, cs, co) })
+	x, err := build(cfg, o, func(co cluster.Options) (*placement.Core, *cluster.Runtime, error) {
+		rt, err := cluster.New(restCfg, cs, co)
+		if err != nil {
+			return nil, nil, err
+		}
+		return rt.Core(), rt, nil
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -83,16 +91,17 @@ func New(restCfg *rest.Config, o Options) (*Extender, error) {
 	return x, nil
 }
 
-// build makes the extender over the core newCore builds with o's
-// settings and the extender's metrics as its observer.
-func build(cfg *configv1alpha1.ExtenderConfiguration, o Options, newCore func(placement.Options) (*placement.Core, error)) (*Extender, error) {
+// build makes the extender over the core (and its runtime: nil for a
+// core its caller feeds) that newCore builds with o's settings and the
+// extender's metrics as its observer.
+func build(cfg *configv1alpha1.ExtenderConfiguration, o Options, newCore func(cluster.Options) (*placement.Core, *cluster.Runtime, error)) (*Extender, error) {
 	x := &Extender{cfg: cfg, opts: o, log: klog.Background().WithName("extender")}
 	obs := &metrics.Pending{}
-	core, err := newCore(o.coreOptions(cfg, obs))
+	core, rt, err := newCore(o.coreOptions(cfg, obs))
 	if err != nil {
 		return nil, err
 	}
-	x.core, x.ledger = core, core.Ledger()
+	x.core, x.rt = core, rt
 	x.metrics = obs.Attach(core)
 	return x, nil
 }
@@ -112,9 +121,6 @@ func withRateLimits(restCfg *rest.Config, o Options) *rest.Config {
 
 // Core is the extender's decision core.
 func (x *Extender) Core() *placement.Core { return x.core }
-
-// Ledger exposes the GPU ledger for audits.
-func (x *Extender) Ledger() *ledger.Ledger { return x.ledger }
 
 // Metrics exposes the extender's metrics registry.
 func (x *Extender) Metrics() *metrics.Metrics { return x.metrics }
@@ -166,7 +172,7 @@ func (x *Extender) Start(ctx context.Context) error {
 	}()
 	log.Info("extender listening", "api", x.APIAddr(), "metrics", x.MetricsAddr())
 
-	stopEvents, err := x.core.Sync(ctx)
+	stopEvents, err := x.rt.Sync(ctx)
 	defer stopEvents()
 	if err != nil {
 		return err
@@ -184,7 +190,7 @@ func (x *Extender) Start(ctx context.Context) error {
 	} else {
 		// Started before the verbs serve, so that no verb starts the
 		// decider first with another context.
-		if err := x.core.Lead(ctx, true); err != nil {
+		if err := x.rt.Lead(ctx, true); err != nil {
 			return err
 		}
 		log.Info("extender ready")
@@ -215,7 +221,7 @@ func (x *Extender) StartInProcess(ctx context.Context) error {
 	x.addrMu.Lock()
 	x.metricsAddr = addr
 	x.addrMu.Unlock()
-	return x.core.Run(ctx, false)
+	return x.rt.Run(ctx, false)
 }
 
 // listen binds the verbs' and the metrics' listeners ("0" turns metrics
@@ -248,7 +254,7 @@ func (x *Extender) listen() ([]*http.Server, []net.Listener, error) {
 // rebuilds its ledger and only then reports Ready; on losing, it stops
 // serving at once and closes lost.
 func (x *Extender) elector(ctx context.Context, lost chan struct{}) (*leaderelection.LeaderElector, error) {
-	id := x.core.Identity()
+	id := x.rt.Identity()
 	lock, err := resourcelock.New(resourcelock.LeasesResourceLock, x.opts.LeaderElectionNamespace, x.opts.LeaderElectionID,
 		x.client.CoreV1(), x.client.CoordinationV1(), resourcelock.ResourceLockConfig{Identity: id})
 	if err != nil {
@@ -266,7 +272,7 @@ func (x *Extender) elector(ctx context.Context, lost chan struct{}) (*leaderelec
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(ctx context.Context) {
 				log.Info("leader election won; rebuilding ledger", "identity", id)
-				if err := x.core.Lead(ctx, true); err != nil {
+				if err := x.rt.Lead(ctx, true); err != nil {
 					log.Error(err, "rebuild after winning leader election failed; giving up the lease")
 					once.Do(func() { close(lost) })
 					return
@@ -274,7 +280,7 @@ func (x *Extender) elector(ctx context.Context, lost chan struct{}) (*leaderelec
 				log.Info("extender ready", "identity", id)
 			},
 			OnStoppedLeading: func() {
-				x.core.StopLeading()
+				x.rt.StopLeading()
 				if ctx.Err() == nil {
 					log.Info("leader election lost", "identity", id)
 					once.Do(func() { close(lost) })
@@ -307,7 +313,7 @@ func (x *Extender) listenAPI() (net.Listener, error) {
 // built with.
 func NewForCore(core *placement.Core, o Options) *Extender {
 	o.setDefaults()
-	x := &Extender{core: core, cfg: core.Config(), opts: o, ledger: core.Ledger(), client: core.Client(), log: klog.Background().WithName("extender")}
-	x.metrics = metrics.New(x.ledger)
+	x := &Extender{core: core, cfg: core.Config(), opts: o, log: klog.Background().WithName("extender")}
+	x.metrics = metrics.New(core.Ledger())
 	return x
 }

@@ -1,12 +1,16 @@
 package extender
 
 import (
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/placement"
+	"github.com/gputopo/gputopo/placement/cluster"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -158,15 +162,76 @@ func keyOf(p *corev1.Pod) types.NamespacedName {
 }
 
 // newExtender is a Ready extender over a core on cs, without informers or
-// servers: tests drive its ledger directly.
+// servers: tests drive its ledger directly. Its core binds through cs and
+// has a testRuntime (runtimeOf) as its Gate and Recorder.
 func newExtender(t testing.TB, cfg *configv1alpha1.ExtenderConfiguration, cs kubernetes.Interface) *Extender {
 	t.Helper()
-	x, err := build(cfg, NewOptions(), func(o placement.Options) (*placement.Core, error) { return placement.NewWithClient(cs, o) })
+	rt := &testRuntime{}
+	x, err := build(cfg, NewOptions(), func(o cluster.Options) (*placement.Core, *cluster.Runtime, error) {
+		co := o.Core
+		co.API = cluster.ClientAPI(cs, co.Config.BindTimeout.Duration)
+		co.Gate, co.Recorder = rt, rt
+		core, err := placement.New(co)
+		return core, nil, err
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	rt.core = x.core
+	testRuntimes.Store(x, rt)
 	x.client = cs
 	return x
+}
+
+// testRuntime is what a cluster runtime gives a core, for tests that feed
+// its ledger themselves: a Gate that leads until stopLeading, and a
+// Recorder that hands Events to the recorder a test sets.
+type testRuntime struct {
+	core    *placement.Core
+	standby atomic.Bool
+	rec     atomic.Pointer[record.FakeRecorder]
+}
+
+// testRuntimes maps each test extender to its testRuntime.
+var testRuntimes sync.Map
+
+// runtimeOf is x's testRuntime (newExtender).
+func runtimeOf(x *Extender) *testRuntime {
+	rt, _ := testRuntimes.Load(x)
+	return rt.(*testRuntime)
+}
+
+func (r *testRuntime) NotReady() string {
+	if r.standby.Load() {
+		return "not ready: not the leader (another replica holds the lease) or ledger rebuild pending"
+	}
+	return ""
+}
+func (r *testRuntime) Leading() bool          { return !r.standby.Load() }
+func (r *testRuntime) DeciderRefusal() string { return "" }
+
+// stopLeading makes the replica a standby, as losing its election does.
+func (r *testRuntime) stopLeading() { r.standby.Store(true) }
+
+// lead makes it serve again and report what it found meanwhile, as the
+// cluster runtime's Lead does.
+func (r *testRuntime) lead() {
+	r.standby.Store(false)
+	r.core.AnnounceDoubleHolds()
+}
+
+// setRecorder makes the core's Events go to rec.
+func (r *testRuntime) setRecorder(rec *record.FakeRecorder) { r.rec.Store(rec) }
+
+func (r *testRuntime) Event(o runtime.Object, typ, reason, msg string) {
+	if rec := r.rec.Load(); rec != nil {
+		rec.Event(o, typ, reason, msg)
+	}
+}
+func (r *testRuntime) Eventf(o runtime.Object, typ, reason, format string, args ...any) {
+	if rec := r.rec.Load(); rec != nil {
+		rec.Eventf(o, typ, reason, format, args...)
+	}
 }
 
 // metricValue is the value of the gathered metric name (its first series).

@@ -12,7 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/placement"
@@ -57,11 +56,11 @@ func TestLedgerHoldings(t *testing.T) {
 		},
 		counts: ledger.Counts{Total: 8, Free: 8},
 	}, {
-		name: "deleted pod releases, also from a tombstone",
+		name: "deleted pod releases",
 		events: func(l *ledger.Ledger) {
 			p := makePod("p").gpus(2).node("a").assigned(uuidsOn("a", 0, 1)...).obj()
 			l.UpsertPod(p)
-			l.DeletePod(cache.DeletedFinalStateUnknown{Key: "default/p", Obj: p})
+			l.DeletePod(keyOf(p), p.UID)
 		},
 		counts: ledger.Counts{Total: 8, Free: 8},
 	}, {
@@ -122,9 +121,9 @@ var cmpEmptyHoldings = cmp.FilterValues(func(a, b []ledger.Holding) bool { retur
 
 func TestSweepReleasesOnlyExpiredReservations(t *testing.T) {
 	x, _ := newTestExtender(t, nil)
-	x.ledger.UpsertTopology(topo(t, "dgx1-v100", "a"))
+	x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "a"))
 	clock := testNow
-	x.ledger.SetClock(func() time.Time { return clock })
+	x.core.Ledger().SetClock(func() time.Time { return clock })
 	old := placement.Request{UID: "uid-old", Key: types.NamespacedName{Namespace: "default", Name: "old"}, Count: 2}
 	if res := x.core.Reserve(context.Background(), old, "a"); res.Err != nil {
 		t.Fatal(res.Err)
@@ -135,13 +134,13 @@ func TestSweepReleasesOnlyExpiredReservations(t *testing.T) {
 		t.Fatal(res.Err)
 	}
 	// A bound pod's holding never expires.
-	x.ledger.UpsertPod(makePod("bound").gpus(1).node("a").assigned(uuidsOn("a", 7)...).obj())
+	x.core.Ledger().UpsertPod(makePod("bound").gpus(1).node("a").assigned(uuidsOn("a", 7)...).obj())
 	clock = clock.Add(90 * time.Second)
-	if n := x.ledger.SweepReservations(2 * time.Minute); n != 1 {
+	if n := x.core.Ledger().SweepReservations(2 * time.Minute); n != 1 {
 		t.Errorf("swept %d reservations, want 1 (the one older than the TTL)", n)
 	}
 	var left []types.UID
-	for _, h := range x.ledger.Holdings() {
+	for _, h := range x.core.Ledger().Holdings() {
 		left = append(left, h.PodUID)
 	}
 	if diff := cmp.Diff([]types.UID{"uid-bound", "uid-new"}, left); diff != "" {
@@ -273,7 +272,7 @@ func TestLedgerDoubleHeldGPUs(t *testing.T) {
 	}
 
 	// p1 ends: the conflict clears and p2 keeps its GPUs.
-	l.DeletePod(makePod("p1").obj())
+	l.DeletePod(keyOf(makePod("p1").obj()), "uid-p1")
 	if diff := cmp.Diff(want, cleared); diff != "" {
 		t.Errorf("reported cleared (-want +got):\n%s", diff)
 	}
@@ -290,7 +289,7 @@ func TestLedgerDoubleHeldGPUs(t *testing.T) {
 
 func TestLedgerDoubleHeldWithAReservationCountsAsHeld(t *testing.T) {
 	x, _ := newTestExtender(t, nil)
-	l := x.ledger
+	l := x.core.Ledger()
 	l.UpsertTopology(topo(t, "dgx1-v100", "a"))
 	res := x.core.Reserve(context.Background(), placement.Request{UID: "uid-r", Key: types.NamespacedName{Namespace: "default", Name: "r"}, Count: 1}, "a")
 	if res.Err != nil {

@@ -11,7 +11,7 @@ import (
 // serving replica only, so that standbys do not repeat every GPU's series.
 func TestPerGPUGaugesTemperatureOwnGaugeLeaderOnly(t *testing.T) {
 	x, _ := newTestExtender(t, nil)
-	x.ledger.UpsertTopology(withTelemetry(topo(t, "dgx-a100", "a"), 40, 71, 200, 400))
+	x.core.Ledger().UpsertTopology(withTelemetry(topo(t, "dgx-a100", "a"), 40, 71, 200, 400))
 	series := func() map[string][]string {
 		fams, err := x.metrics.Registry.Gather()
 		if err != nil {
@@ -44,7 +44,7 @@ func TestPerGPUGaugesTemperatureOwnGaugeLeaderOnly(t *testing.T) {
 		t.Errorf("%d percent series; want compute, memory and power for 8 GPUs", n)
 	}
 
-	x.core.StopLeading()
+	runtimeOf(x).stopLeading()
 	got = series()
 	for _, name := range []string{"gputopo_extender_gpu_temperature_celsius", "gpu_extender_gpu_utilization_percent"} {
 		if len(got[name]) != 0 {

@@ -13,6 +13,7 @@ import (
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/placement"
+	"github.com/gputopo/gputopo/placement/cluster"
 )
 
 // Options are the extender's per-deployment settings (flags). Decisions are
@@ -138,7 +139,7 @@ func (o *Options) setDefaults() {
 		o.ShadowTimeout = 2 * time.Second
 	}
 	if o.DeciderLeaseNamespace == "" {
-		o.DeciderLeaseNamespace = placement.DefaultDeciderLeaseNamespace
+		o.DeciderLeaseNamespace = cluster.DefaultDeciderLeaseNamespace
 	}
 }
 
@@ -189,7 +190,7 @@ func (o *Options) Validate() error {
 		}
 	}
 	if o.DeciderLeaseName != "" {
-		if err := placement.ValidDeciderLeaseName(o.DeciderLeaseName); err != nil {
+		if err := cluster.ValidDeciderLeaseName(o.DeciderLeaseName); err != nil {
 			return err
 		}
 	}
@@ -244,11 +245,10 @@ func Run(ctx context.Context, restCfg *rest.Config, o Options) error {
 }
 
 // coreOptions are the decision core's settings of these options.
-func (o *Options) coreOptions(cfg *configv1alpha1.ExtenderConfiguration, obs placement.Observer) placement.Options {
-	return placement.Options{
-		Config:                cfg,
+func (o *Options) coreOptions(cfg *configv1alpha1.ExtenderConfiguration, obs placement.Observer) cluster.Options {
+	return cluster.Options{
+		Core:                  placement.Options{Config: cfg, SchedulerNames: o.SchedulerNames, Observer: obs},
 		Mode:                  "extender",
-		SchedulerNames:        o.SchedulerNames,
 		Identity:              o.LeaderElectionIdentity,
 		LeaseDuration:         o.LeaseDuration,
 		RenewDeadline:         o.RenewDeadline,
@@ -256,6 +256,5 @@ func (o *Options) coreOptions(cfg *configv1alpha1.ExtenderConfiguration, obs pla
 		DeciderLeaseNamespace: o.DeciderLeaseNamespace,
 		DeciderLeaseName:      o.DeciderLeaseName,
 		DecidesNothing:        o.Shadow,
-		Observer:              obs,
 	}
 }

@@ -2,7 +2,6 @@ package extender
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -71,7 +70,7 @@ func TestBadRequests(t *testing.T) {
 	cfg := configv1alpha1.DefaultExtenderConfiguration()
 	cfg.MaxRequestBytes = 1 << 20
 	x, _ := newTestExtender(t, cfg)
-	x.ledger.UpsertTopology(topo(t, "dgx1-v100", "a"))
+	x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "a"))
 	h := x.Handler()
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -88,7 +87,7 @@ func TestBadRequests(t *testing.T) {
 
 func TestVerbsRefuseUntilReadyAndProbesSaySo(t *testing.T) {
 	x, _ := newTestExtender(t, nil)
-	x.core.StopLeading()
+	runtimeOf(x).stopLeading()
 	h := x.Handler()
 	body := mustJSON(t, extenderv1.ExtenderArgs{Pod: makePod("p").gpus(1).obj(), NodeNames: &[]string{"a"}})
 	if code, resp := post(t, h, "/filter", body); code != 503 || !strings.Contains(resp, "not the leader") {
@@ -108,9 +107,7 @@ func TestVerbsRefuseUntilReadyAndProbesSaySo(t *testing.T) {
 	if c := get("/filter"); c != http.StatusMethodNotAllowed {
 		t.Errorf("GET /filter = %d, want 405", c)
 	}
-	if err := x.core.Lead(context.Background(), false); err != nil {
-		t.Fatal(err)
-	}
+	runtimeOf(x).lead()
 	if c := get("/readyz"); c != 200 {
 		t.Errorf("/readyz when ready = %d, want 200", c)
 	}
@@ -121,9 +118,9 @@ func TestVerbsRefuseUntilReadyAndProbesSaySo(t *testing.T) {
 
 func TestMetricsFollowRequests(t *testing.T) {
 	x, _ := newTestExtender(t, nil)
-	x.ledger.UpsertTopology(withTelemetry(topo(t, "dgx1-v100", "a"), 42, 50, 100, 300))
+	x.core.Ledger().UpsertTopology(withTelemetry(topo(t, "dgx1-v100", "a"), 42, 50, 100, 300))
 	holdOn(x, "h", "b", 0, 7)
-	x.ledger.UpsertTopology(topo(t, "dgx1-v100", "b"))
+	x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "b"))
 	h := x.Handler()
 	body := mustJSON(t, extenderv1.ExtenderArgs{Pod: makePod("p").gpus(4).req(modelParallel).obj(), NodeNames: &[]string{"a", "b", "ghost"}})
 	if code, resp := post(t, h, "/filter", body); code != 200 {
@@ -165,7 +162,7 @@ func TestMetricsFollowRequests(t *testing.T) {
 			t.Errorf("/metrics lacks %q", want)
 		}
 	}
-	x.ledger.DeleteTopology("a")
+	x.core.Ledger().DeleteTopology("a")
 	if n, err := testutil.GatherAndCount(x.metrics.Registry, "gpu_extender_gpu_utilization_percent"); err != nil || n != 0 {
 		t.Errorf("utilization series after the topology went = %d, want 0", n)
 	}

@@ -24,7 +24,6 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/placement"
-	"github.com/gputopo/gputopo/placement/ledger"
 	"github.com/gputopo/gputopo/placement/metrics"
 )
 
@@ -185,7 +184,7 @@ func (m *mirror) wants(args *extenderv1.ExtenderArgs) bool {
 	if m == nil || args.Pod == nil || !sampled(args.Pod.UID, "mirror", m.rate) {
 		return false
 	}
-	n, err := ledger.GPUCount(args.Pod, m.resource)
+	n, err := placement.GPUCount(args.Pod, m.resource)
 	return err == nil && n > 0
 }
 

@@ -61,8 +61,8 @@ func externalFor(t *testing.T, fixture, node string, util, tempC int32, at time.
 func TestExternalTelemetryScoresAndFallback(t *testing.T) {
 	x, _ := newTestExtender(t, nil)
 	// The node agent says a is cool and idle, b hot and busy.
-	x.ledger.UpsertTopology(withTelemetry(topo(t, "dgx-a100", "a"), 0, 30, 100, 400))
-	x.ledger.UpsertTopology(withTelemetry(topo(t, "dgx-a100", "b"), 90, 84, 390, 400))
+	x.core.Ledger().UpsertTopology(withTelemetry(topo(t, "dgx-a100", "a"), 0, 30, 100, 400))
+	x.core.Ledger().UpsertTopology(withTelemetry(topo(t, "dgx-a100", "b"), 90, 84, 390, 400))
 	args := &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(2).obj(), NodeNames: &[]string{"a", "b"}}
 	scores := func() (a, b int64) {
 		t.Helper()
@@ -77,15 +77,15 @@ func TestExternalTelemetryScoresAndFallback(t *testing.T) {
 	}
 
 	// Prometheus says the opposite.
-	x.ledger.UseExternalTelemetry(time.Minute)
-	x.ledger.SetExternalTelemetry(ledger.ExternalTelemetry{
+	x.core.Ledger().UseExternalTelemetry(time.Minute)
+	x.core.Ledger().SetExternalTelemetry(ledger.ExternalTelemetry{
 		"a": externalFor(t, "dgx-a100", "a", 95, 83, testNow),
 		"b": externalFor(t, "dgx-a100", "b", 0, 31, testNow),
 	})
 	if a, b := scores(); b <= a {
 		t.Fatalf("Prometheus telemetry: a (hot, busy) scores %d, b (cool, idle) %d; want b above a", a, b)
 	}
-	if src, fb := x.ledger.NodeTelemetrySource("a"); src != configv1alpha1.TelemetryPrometheus || fb != "" {
+	if src, fb := x.core.Ledger().NodeTelemetrySource("a"); src != configv1alpha1.TelemetryPrometheus || fb != "" {
 		t.Errorf("node a reads %q (fallback %q), want prometheus", src, fb)
 	}
 	if got := metricValue(t, x, "gpu_extender_gpu_utilization_percent", "node", "a", "gpu_index", "0", "metric", "compute"); got != 95 {
@@ -99,10 +99,10 @@ func TestExternalTelemetryScoresAndFallback(t *testing.T) {
 		delete(bSamples, u)
 		break
 	}
-	x.ledger.UpsertTopology(withTelemetry(topo(t, "dgx-a100", "c"), 0, 30, 100, 400))
-	x.ledger.SetExternalTelemetry(ledger.ExternalTelemetry{"a": externalFor(t, "dgx-a100", "a", 95, 83, testNow), "b": bSamples})
+	x.core.Ledger().UpsertTopology(withTelemetry(topo(t, "dgx-a100", "c"), 0, 30, 100, 400))
+	x.core.Ledger().SetExternalTelemetry(ledger.ExternalTelemetry{"a": externalFor(t, "dgx-a100", "a", 95, 83, testNow), "b": bSamples})
 	for node, want := range map[string]string{"a": "", "b": ledger.FallbackIncomplete, "c": ledger.FallbackNoData} {
-		if _, fb := x.ledger.NodeTelemetrySource(node); fb != want {
+		if _, fb := x.core.Ledger().NodeTelemetrySource(node); fb != want {
 			t.Errorf("node %s fallback %q, want %q", node, fb, want)
 		}
 	}
@@ -112,9 +112,9 @@ func TestExternalTelemetryScoresAndFallback(t *testing.T) {
 
 	// Prometheus stops answering: samples age past maxAge and every node
 	// falls back; scores follow the node agent again.
-	x.ledger.SetClock(func() time.Time { return testNow.Add(61 * time.Second) })
-	x.ledger.RefreshExternalTelemetry()
-	bySource, fallback := x.ledger.TelemetrySources()
+	x.core.Ledger().SetClock(func() time.Time { return testNow.Add(61 * time.Second) })
+	x.core.Ledger().RefreshExternalTelemetry()
+	bySource, fallback := x.core.Ledger().TelemetrySources()
 	if bySource[configv1alpha1.TelemetryPrometheus] != 0 || fallback[ledger.FallbackStale] != 2 || fallback[ledger.FallbackNoData] != 1 {
 		t.Errorf("after maxAge: sources %v, fallback %v; want a and b stale (stale wins over incomplete), c no_data", bySource, fallback)
 	}

@@ -16,25 +16,25 @@ import (
 // extender's clock and topologyMaxAge (15m by default).
 func TestTopologyNodesGaugeJudgesAsFilterDoes(t *testing.T) {
 	x, _ := newTestExtender(t, nil)
-	x.ledger.UpsertTopology(topo(t, "dgx-a100", "fresh"))
+	x.core.Ledger().UpsertTopology(topo(t, "dgx-a100", "fresh"))
 	old := topo(t, "dgx-a100", "old")
 	old.Status.ObservedTime = metav1.NewTime(testNow.Add(-time.Hour))
-	x.ledger.UpsertTopology(old)
+	x.core.Ledger().UpsertTopology(old)
 	ahead := topo(t, "dgx-a100", "ahead")
 	ahead.Status.ObservedTime = metav1.NewTime(testNow.Add(10 * time.Minute))
-	x.ledger.UpsertTopology(ahead)
+	x.core.Ledger().UpsertTopology(ahead)
 	stale := topo(t, "dgx-a100", "stale")
 	stale.Status.Stale, stale.Status.StaleReason = true, "NVML: driver not loaded"
-	x.ledger.UpsertTopology(stale)
+	x.core.Ledger().UpsertTopology(stale)
 	invalid := topo(t, "dgx-a100", "invalid")
 	invalid.Status.GPUs = invalid.Status.GPUs[:0]
-	x.ledger.UpsertTopology(invalid)
-	x.ledger.UpsertNode(gpuNode("missing", 8))
-	x.ledger.UpsertTopology(topo(t, "dgx-a100", "untrusted"))
-	x.ledger.UpsertNode(kubeletNode("untrusted", 4, 4))
+	x.core.Ledger().UpsertTopology(invalid)
+	x.core.Ledger().UpsertNode(gpuNode("missing", 8))
+	x.core.Ledger().UpsertTopology(topo(t, "dgx-a100", "untrusted"))
+	x.core.Ledger().UpsertNode(kubeletNode("untrusted", 4, 4))
 
 	want := map[string]int{ledger.TopologyFresh: 1, ledger.TopologyOld: 2, ledger.TopologyAgentStale: 1, ledger.TopologyInvalid: 1, ledger.TopologyMissing: 1, ledger.TopologyUntrusted: 1}
-	if diff := cmp.Diff(want, x.ledger.TopologyStates(testNow, 15*time.Minute)); diff != "" {
+	if diff := cmp.Diff(want, x.core.Ledger().TopologyStates(testNow, 15*time.Minute)); diff != "" {
 		t.Errorf("states (-want +got):\n%s", diff)
 	}
 	// Every node the gauge does not count as fresh fails filter.
@@ -63,7 +63,7 @@ func TestTopologyNodesGaugeJudgesAsFilterDoes(t *testing.T) {
 		t.Errorf("gputopo_extender_topology_nodes (-want +got):\n%s", diff)
 	}
 	// With the age check off, age no longer counts.
-	if got := x.ledger.TopologyStates(testNow, 0)[ledger.TopologyOld]; got != 0 {
+	if got := x.core.Ledger().TopologyStates(testNow, 0)[ledger.TopologyOld]; got != 0 {
 		t.Errorf("old nodes with the age check off = %d, want 0", got)
 	}
 }

@@ -6,7 +6,7 @@
 // for, its PodScheduled condition and events, then every node's verdict;
 // for a Job whose pods the webhook refuses, its FailedCreate events.
 //
-// explain runs the decision core itself (placement.NewOffline fed from the
+// explain runs the decision core itself (placement.New fed from the
 // listed objects, then Filter and Explain, and ExplainGroup for a pod of
 // a group) rather than a second
 // implementation of its verdicts, so that its reasons are the ones

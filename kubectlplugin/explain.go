@@ -17,7 +17,6 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/placement"
-	"github.com/gputopo/gputopo/placement/ledger"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -246,7 +245,7 @@ func (s *Snapshot) Explain(namespace, name string, profiles ...string) (*Explana
 // offlineCore is a core fed with the snapshot, as its informers would
 // feed it.
 func (s *Snapshot) offlineCore() (*placement.Core, error) {
-	x, err := placement.NewOffline(placement.Options{Config: s.Config}, nil)
+	x, err := placement.New(placement.Options{Config: s.Config})
 	if err != nil {
 		return nil, err
 	}
@@ -274,7 +273,7 @@ func (s *Snapshot) group(p *corev1.Pod) (*GroupView, error) {
 		// (verdicts); a bound pod's is of no consequence any more.
 		return nil, nil
 	}
-	info := ledger.NewPodInfo(p, s.resource())
+	info := placement.NewPodInfo(p, s.resource())
 	g := &GroupView{Name: key, PodGroup: info.GroupNative, Required: info.GroupSpec.Required, Preferred: info.GroupSpec.Preferred}
 	if !info.GroupNative {
 		g.Size = info.GroupSpec.Size

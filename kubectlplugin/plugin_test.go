@@ -114,7 +114,7 @@ func TestExplainPendingPodUsesTheExtendersVerdicts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x, err := placement.NewOffline(placement.Options{Config: s.Config}, nil)
+	x, err := placement.New(placement.Options{Config: s.Config})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/placement/ledger"
+	"github.com/gputopo/gputopo/placement"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -228,7 +228,7 @@ func (s *Snapshot) summary(n *nodeState) NodeSummary {
 	default:
 		// The extender's own rule: a topology its Node's GPU counts
 		// contradict is not trusted.
-		if why := ledger.CountDistrust(n.graph, capacity, allocatable, s.resource()); why != "" {
+		if why := placement.CountDistrust(n.graph, capacity, allocatable, s.resource()); why != "" {
 			sum.Status, sum.StaleReason = StatusUntrusted, why
 		}
 	}
@@ -381,7 +381,7 @@ const groupInvalid = "invalid"
 // for none, and for a group of one pod, which is placed as an ordinary
 // pod.
 func podGroup(p *corev1.Pod, resource corev1.ResourceName) string {
-	info := ledger.NewPodInfo(p, resource)
+	info := placement.NewPodInfo(p, resource)
 	switch {
 	case info.GroupErr != nil:
 		return groupInvalid

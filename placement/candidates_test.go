@@ -86,7 +86,7 @@ func TestCandidatesHoldEveryNodeFilterPasses(t *testing.T) {
 			}
 		case len(bound) > 0:
 			i := rng.IntN(len(bound))
-			x.ledger.DeletePod(bound[i])
+			x.ledger.DeletePod(types.NamespacedName{Namespace: bound[i].Namespace, Name: bound[i].Name}, bound[i].UID)
 			bound = slices.Delete(bound, i, i+1)
 		}
 

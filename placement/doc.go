@@ -14,15 +14,20 @@
 //     Bound, Released, Unknown or Unchanged; the ledger changes in one
 //     place, after it. Reserve and Unreserve split it for the framework.
 //   - Refused nodes carry a Reason, a bounded code that metrics label by.
-//   - The ledger (package ledger) is fed by informers (Sync, Lead, Run) or,
-//     without a cluster, by the caller (NewOffline: kubectl gputopo explain
-//     and the simulator, which binds through an API of its own).
-//   - One decider per GPU resource per cluster holds a Lease
-//     (decider.go); a core that does not hold it refuses to decide.
+//   - The ledger (package ledger) is fed through Feed, whose deletes take
+//     keys: by the cluster runtime's informers (package placement/cluster)
+//     or, without a cluster, by the caller (kubectl gputopo explain and the
+//     simulator, which binds through an API of its own).
+//   - What connects it to a cluster comes in through Options: API (bind's
+//     reads and writes), Recorder (Events) and Gate (informers synced,
+//     leadership, the decider Lease: one gputopo scheduler decides a GPU
+//     resource per cluster). Package placement/cluster provides all three.
 //   - Counts leave through an Observer (package metrics exports them).
 //
 // It speaks no front end's wire types: the HTTP extender (package
 // extender) and the scheduler plugin (package schedplugin) translate.
-// It imports the model (topology), its allocator and api only; no
-// front end, no test double (test/layering enforces it).
+// It imports the model (topology), its allocator, api and its ledger;
+// no front end, no test double, and nothing of client-go's clients, REST,
+// leader election or Event recording, controller-runtime or the
+// Prometheus client, not even indirectly (test/layering enforces it).
 package placement

@@ -4,8 +4,6 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	"k8s.io/client-go/tools/record"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/placement/ledger"
@@ -14,28 +12,6 @@ import (
 // ReasonGPUDoubleHeld is the reason of the Warning Event each pod gets when
 // the ledger finds one of its GPUs held by another live pod too.
 const ReasonGPUDoubleHeld = "GPUDoubleHeld"
-
-// EventComponent is the source component of the extender's Events.
-const EventComponent = "gputopo-extender"
-
-// newEventBroadcaster is the Events sink of a replica. client-go's
-// correlator rate-limits per pod (a burst of 25, then one Event per 5
-// minutes) and folds repeats into one Event with a count, so that a
-// conflict that comes and goes cannot flood the API server.
-func newEventBroadcaster() (record.EventBroadcaster, record.EventRecorder) {
-	b := record.NewBroadcaster(record.WithCorrelatorOptions(record.CorrelatorOptions{BurstSize: 25, QPS: 1. / 300}))
-	return b, b.NewRecorder(scheme(), corev1.EventSource{Component: EventComponent})
-}
-
-// startEvents sends the recorder's Events to the API server until stop is
-// called.
-func (x *Core) startEvents() (stop func()) {
-	if x.events == nil {
-		return func() {}
-	}
-	x.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: x.client.CoreV1().Events("")})
-	return x.events.Shutdown
-}
 
 // onDoubleHeld is the ledger's report of GPUs that more than one pod
 // holds (added) or no longer does (cleared). It runs under the ledger's
@@ -49,7 +25,7 @@ func (x *Core) onDoubleHeld(added, cleared []ledger.DoubleHold) {
 	for _, d := range added {
 		x.log.Error(nil, "GPU held by more than one pod; the ledger keeps every holding and counts the GPU once",
 			"node", d.Node, "gpu", d.GPU, "pods", holderNames(d.Holders), "podUIDs", holderUIDs(d.Holders))
-		if x.leading.Load() {
+		if x.Leading() {
 			x.recordDoubleHeld(d)
 		}
 	}
@@ -58,10 +34,10 @@ func (x *Core) onDoubleHeld(added, cleared []ledger.DoubleHold) {
 	}
 }
 
-// announceDoubleHolds records Events for every GPU held more than once
-// now: a replica that starts serving reports the conflicts it found while
-// it was not yet the leader.
-func (x *Core) announceDoubleHolds() {
+// AnnounceDoubleHolds records Events for every GPU held more than once
+// now: a replica that starts serving (its runtime calls it) reports the
+// conflicts it found while it was not yet the leader.
+func (x *Core) AnnounceDoubleHolds() {
 	for _, d := range x.ledger.DoubleHolds() {
 		x.recordDoubleHeld(d)
 	}

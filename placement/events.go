@@ -26,7 +26,7 @@ const ReasonPlacementFellBack = "PlacementFellBack"
 // broadcaster as GPUDoubleHeld; without a cluster (the simulator) there is
 // no recorder and nothing is recorded.
 func (x *Core) recordBound(b BindRequest, uuids []string, p v1alpha1.Placement) {
-	if x.recorder == nil || !x.leading.Load() {
+	if x.recorder == nil || !x.Leading() {
 		return
 	}
 	ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: b.Key.Namespace, Name: b.Key.Name, UID: b.UID}

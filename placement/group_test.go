@@ -39,7 +39,7 @@ func offlineCore(t *testing.T) *Core {
 	t.Helper()
 	cfg := configv1alpha1.DefaultExtenderConfiguration()
 	cfg.TopologyMaxAge = &metav1.Duration{Duration: -1}
-	x, err := NewOffline(Options{Config: cfg}, nil)
+	x, err := New(Options{Config: cfg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +242,7 @@ func TestGroupWaitsForItsPodsAndIsFreedWhenAMemberGoes(t *testing.T) {
 		t.Fatalf("other group passed on %v while the plan holds 3 of 4 nodes", ans.Passed)
 	}
 	// A member is deleted before it was bound: the plan goes, its GPUs free.
-	x.ledger.DeletePod(p1)
+	x.ledger.DeletePod(types.NamespacedName{Namespace: p1.Namespace, Name: p1.Name}, p1.UID)
 	if p := x.ledger.GroupPlans(); len(p) != 0 {
 		t.Fatalf("plan kept after a member was deleted: %+v", p)
 	}

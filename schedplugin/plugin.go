@@ -24,6 +24,7 @@ import (
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 
 	"github.com/gputopo/gputopo/placement"
+	clusterrt "github.com/gputopo/gputopo/placement/cluster"
 	"github.com/gputopo/gputopo/placement/metrics"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -149,8 +150,8 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	// kube-scheduler's own pod and node informers feed the core's ledger:
 	// no second watch of every pod and node.
 	f := h.SharedInformerFactory()
-	host := &placement.HostInformers{Pods: f.Core().V1().Pods().Informer(), Nodes: f.Core().V1().Nodes().Informer()}
-	p, err := start(ctx, h.KubeConfig(), args, host)
+	host := &clusterrt.HostInformers{Pods: f.Core().V1().Pods().Informer(), Nodes: f.Core().V1().Nodes().Informer()}
+	p, err := start(ctx, h.KubeConfig(), args, host, frameworkRecorder{h.EventRecorder()})
 	if err != nil {
 		return nil, err
 	}
@@ -163,7 +164,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 // profile that enables it), for AwaitShutdown.
 var started struct {
 	sync.Mutex
-	cores []*placement.Core
+	runtimes []*clusterrt.Runtime
 }
 
 // AwaitShutdown waits, at most timeout in all, until every core the
@@ -176,34 +177,35 @@ var started struct {
 // false means some Lease may still be held.
 func AwaitShutdown(timeout time.Duration) bool {
 	started.Lock()
-	cores := slices.Clone(started.cores)
+	runtimes := slices.Clone(started.runtimes)
 	started.Unlock()
 	deadline := time.Now().Add(timeout)
 	ok := true
-	for _, x := range cores {
+	for _, x := range runtimes {
 		ok = x.AwaitDeciderReleased(max(time.Until(deadline), 0)) && ok
 	}
 	return ok
 }
 
-// start builds the core from args and runs it until ctx ends.
-func start(ctx context.Context, cfg *rest.Config, args Args, host *placement.HostInformers) (*Plugin, error) {
-	o := placement.Options{Mode: "plugin", SchedulerNames: args.SchedulerNames, HostInformers: host,
+// start builds the core from args and runs it until ctx ends; its Events
+// go to rec.
+func start(ctx context.Context, cfg *rest.Config, args Args, host *clusterrt.HostInformers, rec placement.Recorder) (*Plugin, error) {
+	o := clusterrt.Options{Mode: "plugin", Core: placement.Options{SchedulerNames: args.SchedulerNames, Recorder: rec}, HostInformers: host,
 		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
 		DeciderLeaseNamespace: args.DeciderLeaseNamespace, DeciderLeaseName: args.DeciderLeaseName}
 	if o.DeciderLeaseNamespace == "" {
-		o.DeciderLeaseNamespace = placement.DefaultDeciderLeaseNamespace
+		o.DeciderLeaseNamespace = clusterrt.DefaultDeciderLeaseNamespace
 	}
 	if msgs := validation.IsDNS1123Label(o.DeciderLeaseNamespace); len(msgs) > 0 {
 		return nil, fmt.Errorf("plugin %s: deciderLeaseNamespace %q: %s", Name, o.DeciderLeaseNamespace, strings.Join(msgs, "; "))
 	}
 	if o.DeciderLeaseName != "" {
-		if err := placement.ValidDeciderLeaseName(o.DeciderLeaseName); err != nil {
+		if err := clusterrt.ValidDeciderLeaseName(o.DeciderLeaseName); err != nil {
 			return nil, fmt.Errorf("plugin %s: %w", Name, err)
 		}
 	}
 	var err error
-	if o.Config, err = configv1alpha1.LoadExtender(args.ConfigFile); err != nil {
+	if o.Core.Config, err = configv1alpha1.LoadExtender(args.ConfigFile); err != nil {
 		return nil, fmt.Errorf("plugin %s: %w", Name, err)
 	}
 	// kube-scheduler's clientConnection (qps, burst) rules its client.
@@ -212,15 +214,16 @@ func start(ctx context.Context, cfg *rest.Config, args Args, host *placement.Hos
 		return nil, fmt.Errorf("plugin %s: kubernetes client: %w", Name, err)
 	}
 	obs := &metrics.Pending{}
-	o.Observer = obs
-	x, err := placement.New(cfg, cs, o)
+	o.Core.Observer = obs
+	rt, err := clusterrt.New(cfg, cs, o)
 	if err != nil {
 		return nil, fmt.Errorf("plugin %s: %w", Name, err)
 	}
+	x := rt.Core()
 	m := obs.Attach(x)
 	p := &Plugin{x: x}
 	started.Lock()
-	started.cores = append(started.cores, x)
+	started.runtimes = append(started.runtimes, rt)
 	started.Unlock()
 	addr := args.MetricsBindAddress
 	if addr == "" {
@@ -232,7 +235,7 @@ func start(ctx context.Context, cfg *rest.Config, args Args, host *placement.Hos
 		ctx := klog.NewContext(ctx, log)
 		_, err := metrics.Serve(ctx, addr, metrics.Handler(m, x.NotReady))
 		if err == nil {
-			err = x.Run(ctx, false)
+			err = rt.Run(ctx, false)
 		}
 		if err == nil && ctx.Err() == nil {
 			err = errors.New("stopped")

@@ -23,10 +23,12 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	fwk "k8s.io/kube-scheduler/framework"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/internal/fakeapi"
 	"github.com/gputopo/gputopo/placement"
+	clusterrt "github.com/gputopo/gputopo/placement/cluster"
 )
 
 // cycleState is the part of the framework's CycleState the plugin uses
@@ -83,7 +85,7 @@ func newCluster(t *testing.T, fixtures ...string) *cluster {
 	t.Helper()
 	cs := fake.NewClientset()
 	cs.PrependReactor("create", "pods", fakeapi.BindingReactor(cs))
-	core, err := placement.NewWithClient(cs, placement.Options{})
+	core, err := placement.New(placement.Options{API: clusterrt.ClientAPI(cs, configv1alpha1.DefaultExtenderConfiguration().BindTimeout.Duration)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,8 +115,8 @@ func (c *cluster) addNode(t *testing.T, fixture, name string, gpus int64) {
 	if _, err := c.cs.CoreV1().Nodes().Create(context.Background(), node, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	c.x.Ledger().UpsertNode(node)
-	c.x.Ledger().UpsertTopology(&v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: st})
+	c.x.Core().Ledger().UpsertNode(node)
+	c.x.Core().Ledger().UpsertTopology(&v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: st})
 	c.nodes = append(c.nodes, nodeInfo{n: node})
 }
 
@@ -422,8 +424,8 @@ func TestBadRequestsNameTheField(t *testing.T) {
 			}
 		})
 	}
-	if c.x.Ledger().Counts().Reserved != 0 {
-		t.Fatalf("reservations after refused requests: %+v", c.x.Ledger().Counts())
+	if c.x.Core().Ledger().Counts().Reserved != 0 {
+		t.Fatalf("reservations after refused requests: %+v", c.x.Core().Ledger().Counts())
 	}
 }
 
@@ -432,11 +434,11 @@ func TestBadRequestsNameTheField(t *testing.T) {
 // ledger.
 func TestNotReadyCoreRetries(t *testing.T) {
 	// A core that was never started: informers not synced.
-	x, err := placement.New(&rest.Config{Host: "http://127.0.0.1:1"}, fake.NewClientset(), placement.Options{})
+	rt, err := clusterrt.New(&rest.Config{Host: "http://127.0.0.1:1"}, fake.NewClientset(), clusterrt.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := NewForCore(x)
+	p := NewForCore(rt.Core())
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "default"}, Spec: corev1.PodSpec{Containers: []corev1.Container{{
 		Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{v1alpha1.ResourceGPU: resource.MustParse("1")}},
 	}}}}
@@ -502,7 +504,7 @@ func TestUnreserveAfterAFailedBind(t *testing.T) {
 				t.Errorf("bind outcome recorded unknown = %v, want %v", unknown, tc.wantUnknown)
 			}
 			c.p.Unreserve(context.Background(), st, p, node)
-			if got := c.x.Ledger().Counts().Reserved; got != tc.wantReserved {
+			if got := c.x.Core().Ledger().Counts().Reserved; got != tc.wantReserved {
 				t.Errorf("after Unreserve %d GPUs reserved, want %d", got, tc.wantReserved)
 			}
 		})

@@ -44,7 +44,7 @@ func (c *cluster) bindOn(t *testing.T, name, node, fixture string, i int) *corev
 	p := c.pod(t, name, 1, "")
 	p.Spec.NodeName = node
 	p.Annotations = map[string]string{v1alpha1.AnnotationAssignedGPUs: fx.Graph(node).GPU(i).UUID}
-	c.x.Ledger().UpsertPod(p)
+	c.x.Core().Ledger().UpsertPod(p)
 	return p
 }
 
@@ -186,7 +186,7 @@ func TestWaitingGroupPodDoesNotPreempt(t *testing.T) {
 	c := newCluster(t, "dgx-a100")
 	pod := c.pod(t, "g-0", 8, "")
 	pod.Annotations = map[string]string{v1alpha1.AnnotationGroup: "g", v1alpha1.AnnotationGroupSize: "3"}
-	c.x.Ledger().UpsertPod(pod)
+	c.x.Core().Ledger().UpsertPod(pod)
 	st := newState()
 	_, pre := c.p.PreFilter(context.Background(), st, pod, c.nodes)
 	if pre.IsSuccess() {

@@ -9,6 +9,6 @@
 // It is a measuring instrument, a front end of the decision core like
 // the extender: no component imports it. It must never import test/
 // packages, a test double, a live cluster client or NVML: the core runs
-// offline (placement.NewOffline) and binds through the simulator's own
+// offline (placement.New, without a Gate) and binds through the simulator's own
 // in-memory API (simAPI).
 package simulator

@@ -60,14 +60,14 @@ func newGputopoPolicy(nodes []Node, ext *configv1alpha1.ExtenderConfiguration, t
 	// Nothing refreshes the simulated topologies: their age limit is
 	// switched off, the documented way.
 	cfg.TopologyMaxAge = &metav1.Duration{Duration: -1}
-	x, err := placement.NewOffline(placement.Options{Config: cfg}, api)
+	x, err := placement.New(placement.Options{Config: cfg, API: api})
 	if err != nil {
 		return nil, err
 	}
 	p := &gputopoPolicy{x: x, api: api, table: table, index: map[string]int{}, pods: map[string]*corev1.Pod{},
 		rng: rand.New(rand.NewPCG(1, 0x6b756265))}
 	p.x.SetClock(func() time.Time { return simEpoch.Add(p.now) })
-	l := p.x.Ledger()
+	l := p.x.Feed()
 	now := metav1.NewTime(simEpoch)
 	for i, n := range nodes {
 		p.names = append(p.names, n.Name)
@@ -132,7 +132,7 @@ func (p *gputopoPolicy) newPod(id, name string, job Job, extra map[string]string
 		Status: corev1.PodStatus{Phase: corev1.PodPending},
 	}
 	p.api.pods[types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}] = pod
-	p.x.Ledger().UpsertPod(pod)
+	p.x.Feed().UpsertPod(pod)
 	p.pods[id] = pod
 	return pod, nil
 }
@@ -181,7 +181,7 @@ func (p *gputopoPolicy) placePod(id string, pod *corev1.Pod) (Placement, bool, e
 		return Placement{}, false, fmt.Errorf("job %s: bind to %s: %w", id, node, br.Err)
 	}
 	bound := p.api.pods[key]
-	p.x.Ledger().UpsertPod(bound)
+	p.x.Feed().UpsertPod(bound)
 	p.pods[id] = bound
 	pl, err := v1alpha1.ParsePlacement(bound.Annotations[v1alpha1.AnnotationPlacement])
 	if err != nil {
@@ -204,7 +204,7 @@ func (p *gputopoPolicy) deletePod(id string) error {
 	}
 	delete(p.pods, id)
 	delete(p.api.pods, types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name})
-	p.x.Ledger().DeletePod(pod)
+	p.x.Feed().DeletePod(types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}, pod.UID)
 	return nil
 }
 

@@ -141,7 +141,7 @@ func TestHoldersBelowFollowsHoldings(t *testing.T) {
 	if !below(1) {
 		t.Error("a reserved pod of priority 0: HoldersBelow(1) is false")
 	}
-	l.DeletePod(low)
+	l.DeletePod(types.NamespacedName{Namespace: low.Namespace, Name: low.Name}, low.UID)
 	l.Release(pending.UID)
 	if below(1000) {
 		t.Error("HoldersBelow(1000) after every holder left")

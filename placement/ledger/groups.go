@@ -9,7 +9,6 @@ import (
 
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
@@ -461,19 +460,11 @@ func (l *Ledger) UpsertPodGroup(pg *schedulingv1beta1.PodGroup) {
 	l.native[pg.Namespace+"/"+pg.Name] = spec
 }
 
-// DeletePodGroup forgets a Kubernetes PodGroup. It accepts the informer's
-// tombstones.
-func (l *Ledger) DeletePodGroup(obj any) {
-	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = t.Obj
-	}
-	pg, ok := obj.(*schedulingv1beta1.PodGroup)
-	if !ok {
-		return
-	}
+// DeletePodGroup forgets the Kubernetes PodGroup key.
+func (l *Ledger) DeletePodGroup(key types.NamespacedName) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	delete(l.native, pg.Namespace+"/"+pg.Name)
+	delete(l.native, key.Namespace+"/"+key.Name)
 }
 
 // NativeGroup is the spec of Kubernetes PodGroup key (namespace/name);

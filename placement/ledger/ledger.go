@@ -3,8 +3,9 @@
 // which GPU. The core decides from it, for every front end, through a
 // narrow API:
 //
-//   - feeds: UpsertTopology, DeleteTopology, UpsertNode, DeleteNode,
-//     UpsertPod, DeletePod (informer events), TopologiesListed (the
+//   - feeds (placement.Feed): UpsertTopology, DeleteTopology, UpsertNode,
+//     DeleteNode, UpsertPod, DeletePod (informer events; deletes take
+//     keys), TopologiesListed (the
 //     initial list is in) and the external telemetry rounds; a topology
 //     is checked against its Node's GPU counts and the other nodes' GPU
 //     UUIDs on these events (trust.go);

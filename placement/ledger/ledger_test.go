@@ -320,7 +320,7 @@ func TestAStaleCopyOfADeletedPodDoesNotHoldGPUsAgain(t *testing.T) {
 	}
 	stale := p.DeepCopy()
 	l.UpsertPod(p)
-	l.DeletePod(p)
+	l.DeletePod(types.NamespacedName{Namespace: p.Namespace, Name: p.Name}, p.UID)
 	l.UpsertPod(stale) // the rebuild's copy, listed before the delete
 	if h := l.Holdings(); len(h) != 0 {
 		t.Errorf("holdings after a stale copy of a deleted pod = %+v, want none", h)

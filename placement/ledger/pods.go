@@ -9,7 +9,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
@@ -198,22 +197,15 @@ func (l *Ledger) UpsertPod(p *corev1.Pod) {
 	}
 }
 
-// DeletePod forgets a deleted pod and frees what it held. It accepts the
-// informer's tombstones.
-func (l *Ledger) DeletePod(obj any) {
-	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = t.Obj
-	}
-	p, ok := obj.(*corev1.Pod)
-	if !ok {
-		return
-	}
+// DeletePod forgets the deleted pod key with UID uid and frees what it
+// held; a pod of that name with another UID (recreated) is kept.
+func (l *Ledger) DeletePod(key types.NamespacedName, uid types.UID) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if p.UID != "" {
-		l.gone[p.UID] = l.now()
+	if uid != "" {
+		l.gone[uid] = l.now()
 	}
-	l.forgetPodLocked(p.UID, types.NamespacedName{Namespace: p.Namespace, Name: p.Name})
+	l.forgetPodLocked(uid, key)
 }
 
 func (l *Ledger) forgetPodLocked(uid types.UID, key types.NamespacedName) {

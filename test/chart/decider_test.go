@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gputopo/gputopo/placement"
+	"github.com/gputopo/gputopo/placement/cluster"
 
 	"github.com/google/go-cmp/cmp"
 	appsv1 "k8s.io/api/apps/v1"
@@ -33,9 +33,9 @@ deciderLease:
 		namespace string
 		lease     string
 	}{
-		"extender mode":           {defaultRelease, "-extender", "kube-system", placement.DeciderLeaseName("nvidia.com/gpu")},
-		"plugin mode":             {pluginRelease, "-scheduler", "kube-system", placement.DeciderLeaseName("nvidia.com/gpu")},
-		"another resource and ns": {renamed, "-extender", "gputopo-shared", placement.DeciderLeaseName("example.com/gpu")},
+		"extender mode":           {defaultRelease, "-extender", "kube-system", cluster.DeciderLeaseName("nvidia.com/gpu")},
+		"plugin mode":             {pluginRelease, "-scheduler", "kube-system", cluster.DeciderLeaseName("nvidia.com/gpu")},
+		"another resource and ns": {renamed, "-extender", "gputopo-shared", cluster.DeciderLeaseName("example.com/gpu")},
 	} {
 		t.Run(name, func(t *testing.T) {
 			objs := tc.rel.render(t)

@@ -17,6 +17,7 @@ import (
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
 	core "github.com/gputopo/gputopo/placement"
+	"github.com/gputopo/gputopo/placement/cluster"
 	"github.com/gputopo/gputopo/test/harness"
 )
 
@@ -71,8 +72,8 @@ func TestBindEventNamesTheGPUs(t *testing.T) {
 		}
 		return false, "events: " + strings.Join(seen, ", ")
 	})
-	if ev.Type != corev1.EventTypeNormal || ev.Source.Component != core.EventComponent {
-		t.Errorf("event type %s from %q; want Normal from %s", ev.Type, ev.Source.Component, core.EventComponent)
+	if ev.Type != corev1.EventTypeNormal || ev.Source.Component != cluster.EventComponent {
+		t.Errorf("event type %s from %q; want Normal from %s", ev.Type, ev.Source.Component, cluster.EventComponent)
 	}
 	want := []string{"node " + got.Spec.NodeName + ":", "tier " + string(placement.Tier), "strategy " + string(placement.Strategy)}
 	want = append(want, harness.PodGPUs(t, got, v1alpha1.AnnotationAssignedGPUs)...)

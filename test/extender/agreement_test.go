@@ -271,7 +271,7 @@ func (p *realPolicy) remove(name string) error {
 
 // holds says whether the extender's ledger still counts the pod.
 func (p *realPolicy) holds(name string) bool {
-	for _, h := range p.x.Ledger().Holdings() {
+	for _, h := range p.x.Core().Ledger().Holdings() {
 		if h.Pod.Name == name {
 			return true
 		}

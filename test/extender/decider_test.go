@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gputopo/gputopo/placement"
+	"github.com/gputopo/gputopo/placement/cluster"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -48,9 +48,9 @@ func TestTwoGputopoSchedulersOnSharedNodesNeverIssueAGPUTwice(t *testing.T) {
 			cfg.Profiles[0].SchedulerName = ptr.To(pluginProfile)
 		}})
 	harness.WaitCore(t, plug, localcluster.TotalGPUs(len(e.nodes)*gpusPerNode))
-	lease := placement.DeciderLeaseName("nvidia.com/gpu")
+	lease := cluster.DeciderLeaseName("nvidia.com/gpu")
 	holder := func() string {
-		l, err := e.cp.Clientset.CoordinationV1().Leases(placement.DefaultDeciderLeaseNamespace).Get(ctx, lease, metav1.GetOptions{})
+		l, err := e.cp.Clientset.CoordinationV1().Leases(cluster.DefaultDeciderLeaseNamespace).Get(ctx, lease, metav1.GetOptions{})
 		if err != nil {
 			return ""
 		}

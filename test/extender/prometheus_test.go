@@ -187,16 +187,16 @@ func TestPrometheusTelemetrySource(t *testing.T) {
 		for _, h := range list {
 			out[h.Host] = h.Score
 		}
-		s0, f0 := x.Ledger().NodeTelemetrySource("dgx-0")
-		s1, f1 := x.Ledger().NodeTelemetrySource("dgx-1")
+		s0, f0 := x.Core().Ledger().NodeTelemetrySource("dgx-0")
+		s1, f1 := x.Core().Ledger().NodeTelemetrySource("dgx-1")
 		return out, fmt.Sprintf("scores %v; dgx-0 reads %s (fallback %q), dgx-1 %s (%q)", out, s0, f0, s1, f1)
 	}
 	prefers := func(what, winner, loser, source string) {
 		t.Helper()
 		harness.Poll(t, 30*time.Second, what, func() (bool, string) {
 			s, msg := scores()
-			src0, _ := x.Ledger().NodeTelemetrySource(winner)
-			src1, _ := x.Ledger().NodeTelemetrySource(loser)
+			src0, _ := x.Core().Ledger().NodeTelemetrySource(winner)
+			src1, _ := x.Core().Ledger().NodeTelemetrySource(loser)
 			return s != nil && s[winner] > s[loser] && src0 == source && src1 == source, msg
 		})
 	}

@@ -158,8 +158,8 @@ func TestShadowReportsDifferingDecisions(t *testing.T) {
 		}
 		harness.Poll(t, 30*time.Second, "the shadow to compare "+s.name, func() (bool, string) {
 			f, p := decided("filter"), decided("prioritize")
-			return f == s.filter && p == s.prioritize && shadow.Ledger().Counts().Held == boundGPUs(listPods(t, e)),
-				fmt.Sprintf("filter %v prioritize %v compared; shadow ledger %s", f, p, shadow.Ledger().Counts())
+			return f == s.filter && p == s.prioritize && shadow.Core().Ledger().Counts().Held == boundGPUs(listPods(t, e)),
+				fmt.Sprintf("filter %v prioritize %v compared; shadow ledger %s", f, p, shadow.Core().Ledger().Counts())
 		})
 	}
 

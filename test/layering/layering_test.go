@@ -41,6 +41,8 @@ var own = map[string][]string{
 	// The metrics the front ends export observe the core.
 	"placement/metrics": {"placement", "placement/ledger"},
 	"placement":         {"placement/ledger"},
+	// The core's runtime in a cluster starts the core and feeds its ledger.
+	"placement/cluster": {"placement", "placement/ledger"},
 	// The extender's configuration validates the requirement type.
 	"api/config/v1alpha1": {"api/v1alpha1"},
 	// The composition tier wires front ends and the local cluster.
@@ -119,6 +121,10 @@ func violations(pkgs []pkg) []string {
 			}
 			irel := strings.TrimPrefix(imp, module+"/")
 			to, toRoot := tierOf(irel)
+			if irel == "placement/ledger" && from > to {
+				out = append(out, fmt.Sprintf("%s imports placement/ledger: only the core reaches the ledger; feed it through placement.Feed and read through placement", rel))
+				continue
+			}
 			switch {
 			case to < 0:
 				out = append(out, fmt.Sprintf("%s imports %s, which is outside the layering", rel, irel))
@@ -183,6 +189,8 @@ func TestLayeringCatchesAForbiddenImport(t *testing.T) {
 		{"kubectlplugin", module + "/internal/fakeapi", "only tests may import"},
 		{"simulator", "k8s.io/client-go/kubernetes/fake", "only tests may import"},
 		{"api/v1alpha1", module + "/topology", "api/v1alpha1 (api) imports topology (topology)"},
+		{"kubectlplugin", module + "/placement/ledger", "only the core reaches the ledger"},
+		{"cmd/gputopo/app", module + "/placement/ledger", "only the core reaches the ledger"},
 	} {
 		got := violations([]pkg{{ImportPath: module + "/" + tc.from, Imports: []string{tc.imp}}})
 		if len(got) == 0 || !strings.Contains(got[0], tc.want) {
@@ -191,5 +199,77 @@ func TestLayeringCatchesAForbiddenImport(t *testing.T) {
 	}
 	if got := violations([]pkg{{ImportPath: module + "/extender", Imports: []string{module + "/placement", module + "/topology"}}}); len(got) > 0 {
 		t.Errorf("a front end importing the core and the model: %q, want none", got)
+	}
+}
+
+// pure are the packages that decide and hold state only: their whole
+// dependency tree (not just their own imports) is free of the cluster
+// runtime's libraries (docs/design.md, "Layout").
+var pure = []string{"placement", "placement/ledger"}
+
+// runtimeOnly are the libraries a pure package may not depend on: API
+// clients, REST, leader election, Event recording, controller-runtime and
+// the Prometheus client. A prefix ending in "/" covers its subtree.
+var runtimeOnly = []string{
+	"k8s.io/client-go/kubernetes",
+	"k8s.io/client-go/rest",
+	"k8s.io/client-go/tools/leaderelection",
+	"k8s.io/client-go/tools/record",
+	"sigs.k8s.io/controller-runtime/",
+	"github.com/prometheus/client_golang/",
+}
+
+// impureDeps are the dependencies of pkg (its deps, as go list -deps
+// lists them) that runtimeOnly forbids, one line each.
+func impureDeps(pkg string, deps []string) []string {
+	var out []string
+	for _, d := range deps {
+		for _, bad := range runtimeOnly {
+			if d == strings.TrimSuffix(bad, "/") || strings.HasSuffix(bad, "/") && strings.HasPrefix(d, bad) ||
+				!strings.HasSuffix(bad, "/") && strings.HasPrefix(d, bad+"/") {
+				out = append(out, fmt.Sprintf("%s depends on %s: the core decides; the cluster runtime (placement/cluster) talks to the cluster", pkg, d))
+			}
+		}
+	}
+	return out
+}
+
+// TestTheCoreDependsOnNoClusterRuntime keeps placement and
+// placement/ledger free of the runtime's libraries: go list -deps shows
+// none of them.
+func TestTheCoreDependsOnNoClusterRuntime(t *testing.T) {
+	for _, p := range pure {
+		cmd := exec.Command("go", "list", "-deps", module+"/"+p)
+		cmd.Dir = "../.."
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v\n%s", p, err, stderr.String())
+		}
+		deps := strings.Fields(string(out))
+		if len(deps) < 10 {
+			t.Fatalf("go list -deps %s listed %d packages; it has more", p, len(deps))
+		}
+		for _, v := range impureDeps(p, deps) {
+			t.Error(v)
+		}
+	}
+	for _, tc := range []struct {
+		dep  string
+		want bool
+	}{
+		{"k8s.io/client-go/rest", true},
+		{"k8s.io/client-go/kubernetes/typed/core/v1", true},
+		{"k8s.io/client-go/tools/record", true},
+		{"sigs.k8s.io/controller-runtime/pkg/cache", true},
+		{"github.com/prometheus/client_golang/prometheus", true},
+		{"k8s.io/client-go/restmapper", false},
+		{"k8s.io/api/core/v1", false},
+		{"github.com/prometheus/common/model", false},
+	} {
+		if got := len(impureDeps("placement", []string{tc.dep})) > 0; got != tc.want {
+			t.Errorf("a dependency on %s refused: %v, want %v", tc.dep, got, tc.want)
+		}
 	}
 }

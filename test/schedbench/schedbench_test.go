@@ -23,7 +23,7 @@ import (
 
 	"github.com/gputopo/gputopo/topology/machine"
 
-	"github.com/gputopo/gputopo/placement"
+	"github.com/gputopo/gputopo/placement/cluster"
 	"github.com/gputopo/gputopo/placement/ledger"
 
 	corev1 "k8s.io/api/core/v1"
@@ -420,8 +420,8 @@ func startExtender(t *testing.T, cp *harness.ControlPlane) *harness.Extender {
 func freeDeciderLease(t *testing.T, cp *harness.ControlPlane, mode string) {
 	t.Helper()
 	ctx := context.Background()
-	name := placement.DeciderLeaseName(v1alpha1.ResourceGPU)
-	leases := cp.Clientset.CoordinationV1().Leases(placement.DefaultDeciderLeaseNamespace)
+	name := cluster.DeciderLeaseName(v1alpha1.ResourceGPU)
+	leases := cp.Clientset.CoordinationV1().Leases(cluster.DefaultDeciderLeaseNamespace)
 	l, err := leases.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return
@@ -443,7 +443,7 @@ func waitLedger(t *testing.T, x *extender.Extender, nodes int) {
 	t.Helper()
 	var c ledger.Counts
 	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
-		c = x.Ledger().Counts()
+		c = x.Core().Ledger().Counts()
 		return c.Total == 8*nodes && c.Free == c.Total, nil
 	})
 	if err != nil {

@@ -1,4 +1,4 @@
-package placement
+package cluster
 
 import (
 	"encoding/json"

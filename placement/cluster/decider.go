@@ -1,4 +1,4 @@
-package placement
+package cluster
 
 import (
 	"context"
@@ -56,7 +56,7 @@ func ValidDeciderLeaseName(name string) error {
 // decider runs the election for the decider Lease and answers whether
 // this process may decide GPUs now.
 type decider struct {
-	x         *Core
+	x         *Runtime
 	namespace string
 	name      string
 	identity  string
@@ -82,7 +82,7 @@ type decider struct {
 
 // newDecider returns the decider of x, or nil when x decides nothing (a
 // shadow, or the decider Lease turned off for in-memory use).
-func newDecider(x *Core, mode string) *decider {
+func newDecider(x *Runtime, mode string) *decider {
 	if x.opts.DecidesNothing || x.client == nil {
 		return nil
 	}
@@ -99,7 +99,7 @@ func newDecider(x *Core, mode string) *decider {
 		x:         x,
 		namespace: ns,
 		name:      name,
-		identity:  fmt.Sprintf("%s (%s mode, scheduler %s)", base, mode, strings.Join(x.opts.SchedulerNames, ",")),
+		identity:  fmt.Sprintf("%s (%s mode, scheduler %s)", base, mode, strings.Join(x.opts.Core.SchedulerNames, ",")),
 		done:      make(chan struct{}),
 		settled:   make(chan struct{}),
 	}
@@ -113,10 +113,6 @@ func defaultIdentity() string {
 	_, _ = rand.Read(b)
 	return host + "_" + hex.EncodeToString(b)
 }
-
-// Identity is this process's identity in Leases (Options.Identity, else
-// hostname_random).
-func (x *Core) Identity() string { return x.opts.Identity }
 
 // lease names the Lease for messages.
 func (d *decider) lease() string { return d.namespace + "/" + d.name }
@@ -138,7 +134,7 @@ func (d *decider) start(ctx context.Context) {
 // for a core that never ran the election. A process that exits when its
 // context ends (kube-scheduler on SIGTERM) calls it before exiting;
 // false means the Lease may still be held.
-func (x *Core) AwaitDeciderReleased(timeout time.Duration) bool {
+func (x *Runtime) AwaitDeciderReleased(timeout time.Duration) bool {
 	d := x.decider.Load()
 	if d == nil || !d.started.Load() {
 		return true
@@ -236,10 +232,10 @@ func (d *decider) drain(log klog.Logger) {
 	d.holding.Store(false)
 	d.mu.Unlock()
 	deadline := time.Now().Add(d.x.cfg.BindTimeout.Duration + time.Second)
-	for d.x.binding.Load() > 0 && time.Now().Before(deadline) {
+	for d.x.core.BindsInFlight() > 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if n := d.x.binding.Load(); n > 0 {
+	if n := d.x.core.BindsInFlight(); n > 0 {
 		log.Info("releasing the decider lease with Bindings still in flight", "bindings", n)
 	}
 }
@@ -328,7 +324,7 @@ func (d *decider) refusal() string {
 // empty when it may. In-process front ends call it once per GPU pod's
 // cycle: the first call starts the election, since only the scheduling
 // replica calls it.
-func (x *Core) DeciderRefusal() string {
+func (x *Runtime) DeciderRefusal() string {
 	d := x.decider.Load()
 	if d == nil {
 		return ""
@@ -343,7 +339,7 @@ func (x *Core) DeciderRefusal() string {
 // startDecider starts the decider Lease election, if this core decides,
 // and waits for its first answer (at most firstAnswerWait), so that the
 // verbs, served once the caller reports Ready, never wait for it.
-func (x *Core) startDecider(ctx context.Context) {
+func (x *Runtime) startDecider(ctx context.Context) {
 	if d := x.decider.Load(); d != nil {
 		d.start(ctx)
 		d.awaitFirstAnswer()

@@ -1,4 +1,4 @@
-package placement
+package cluster
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/common/model"
 	"k8s.io/klog/v2"
 
+	"github.com/gputopo/gputopo/placement"
 	"github.com/gputopo/gputopo/placement/ledger"
 )
 
@@ -35,13 +36,13 @@ type promTelemetry struct {
 	cfg    *configv1alpha1.PrometheusTelemetry
 	api    promv1.API
 	ledger *ledger.Ledger
-	obs    Observer
+	obs    placement.Observer
 	now    func() time.Time
 	// lastFallback is the fallback count last logged, to log changes only.
 	lastFallback int
 }
 
-func newPromTelemetry(cfg *configv1alpha1.PrometheusTelemetry, l *ledger.Ledger, obs Observer) (*promTelemetry, error) {
+func newPromTelemetry(cfg *configv1alpha1.PrometheusTelemetry, l *ledger.Ledger, obs placement.Observer) (*promTelemetry, error) {
 	c, err := promapi.NewClient(promapi.Config{Address: cfg.URL})
 	if err != nil {
 		return nil, fmt.Errorf("telemetry.prometheus.url %q: %w", cfg.URL, err)

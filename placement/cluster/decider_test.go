@@ -1,4 +1,4 @@
-package placement
+package cluster
 
 import (
 	"context"
@@ -15,17 +15,18 @@ import (
 
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/placement"
 )
 
 // deciderPair is two cores on one clientset (one cluster), each with its
 // decider, as two gputopo schedulers side by side.
-func deciderPair(t *testing.T) (a, b *Core) {
+func deciderPair(t *testing.T) (a, b *Runtime) {
 	t.Helper()
 	cs := fake.NewClientset()
-	mk := func(id, mode string) *Core {
+	mk := func(id, mode string) *Runtime {
 		cfg := configv1alpha1.DefaultExtenderConfiguration()
 		cfg.BindTimeout.Duration = 200 * time.Millisecond
-		x, err := NewWithClient(cs, Options{Config: cfg, Identity: id, Mode: mode,
+		x, err := New(nil, cs, Options{Core: placement.Options{Config: cfg}, Identity: id, Mode: mode,
 			// Short, but with room for a renewal to be late on a loaded
 			// machine (the race detector, test packages in parallel):
 			// a renewal that misses RenewDeadline loses the Lease.
@@ -34,7 +35,6 @@ func deciderPair(t *testing.T) (a, b *Core) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		x.decider.Store(newDecider(x, mode))
 		return x
 	}
 	return mk("first", "extender"), mk("second", "plugin")
@@ -100,11 +100,11 @@ func TestDeciderLeaseNameFollowsTheResource(t *testing.T) {
 }
 
 func TestAShadowDecidesNothingAndNeedsNoLease(t *testing.T) {
-	x, err := NewWithClient(fake.NewClientset(), Options{DecidesNothing: true})
+	x, err := New(nil, fake.NewClientset(), Options{DecidesNothing: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := newDecider(x, "extender"); d != nil {
+	if d := x.decider.Load(); d != nil {
 		t.Errorf("a shadow extender has a decider %+v; it never binds", d)
 	}
 }

@@ -1,0 +1,34 @@
+package placement
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+)
+
+// Feed is how the cluster's objects reach the core's ledger: the cluster
+// runtime's informers (package placement/cluster), or a caller that feeds
+// the core itself (the simulator, `kubectl gputopo explain`, tests).
+// Upserts take the object as an informer delivers it; deletes take keys,
+// so that no tombstone type reaches the core.
+type Feed interface {
+	UpsertTopology(*v1alpha1.NodeGPUTopology)
+	DeleteTopology(name string)
+	UpsertNode(*corev1.Node)
+	DeleteNode(name string)
+	// UpsertPod records a pod as it is now; DeletePod forgets the pod key
+	// with UID uid (a recreated pod of that name is kept).
+	UpsertPod(*corev1.Pod)
+	DeletePod(key types.NamespacedName, uid types.UID)
+	UpsertPodGroup(*schedulingv1beta1.PodGroup)
+	DeletePodGroup(key types.NamespacedName)
+	// TopologiesListed says the initial list of NodeGPUTopologies is in:
+	// a GPU UUID listed from then on by a second node is that node's
+	// later claim.
+	TopologiesListed()
+}
+
+// Feed is the core's ledger as its callers feed it.
+func (x *Core) Feed() Feed { return x.ledger }
