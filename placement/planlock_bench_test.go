@@ -9,15 +9,13 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/types"
-
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
 // BenchmarkFilterWhilePlanning: 16 goroutines filter every node of a
 // 1,024-node cluster for one 1-GPU pod's cycle (as the framework's
-// parallel Filter does) while another goroutine plans groups of 32 pods ×
-// 8 GPUs repeatedly, back to back (add the pods, plan, delete them). It
+// parallel Filter does) while another goroutine plans a group of 32 pods ×
+// 8 GPUs repeatedly, back to back (plan, dissolve the plan, plan again). It
 // reports the filters' throughput and their p99 and longest latency, and
 // the plans made: a filter waits on the planner for as long as the
 // planner holds the ledger's write lock.
@@ -34,32 +32,30 @@ func BenchmarkFilterWhilePlanning(b *testing.B) {
 	stop := make(chan struct{})
 	var plans atomic.Int64
 	var wg sync.WaitGroup
+	var members []Request
+	for i := range 32 {
+		p := groupPod("g", i, 32, 8, nil)
+		x.ledger.UpsertPod(p)
+		r, err := ParseRequest(p, v1alpha1.ResourceGPU, x.Now())
+		if err != nil {
+			b.Fatal(err)
+		}
+		members = append(members, r)
+	}
 	wg.Go(func() {
-		for round := 0; ; round++ {
+		for {
 			select {
 			case <-stop:
 				return
 			default:
 			}
-			name := fmt.Sprintf("g%d", round)
-			var members []Request
-			for i := range 32 {
-				p := groupPod(name, i, 32, 8, nil)
-				x.ledger.UpsertPod(p)
-				r, err := ParseRequest(p, v1alpha1.ResourceGPU, x.Now())
-				if err != nil {
-					panic(err)
-				}
-				members = append(members, r)
-			}
 			if _, err := x.GroupSlot(ctx, members[0], nil); err != nil {
 				panic(err)
 			}
 			plans.Add(1)
-			for i := range 32 {
-				gp := groupPod(name, i, 32, 8, nil)
-				x.ledger.DeletePod(types.NamespacedName{Namespace: gp.Namespace, Name: gp.Name}, gp.UID)
-			}
+			// Dissolve the plan (a negative TTL expires it), so that the
+			// next call plans again.
+			x.ledger.SweepGroups(-time.Hour)
 		}
 	})
 	c := x.NewCycle(ctx, pr)
