@@ -324,13 +324,13 @@ func (x *Extender) tlsConfig() (*tls.Config, error) {
 	if x.opts.TLSCertFile == "" || x.opts.TLSPrivateKeyFile == "" {
 		return nil, errors.New("--tls-cert-file and --tls-private-key-file must be given together")
 	}
-	r := &certReloader{certFile: x.opts.TLSCertFile, keyFile: x.opts.TLSPrivateKeyFile}
-	if _, err := r.get(nil); err != nil {
+	r := keyPair(x.opts.TLSCertFile, x.opts.TLSPrivateKeyFile)
+	if _, err := r.get(); err != nil {
 		return nil, err
 	}
-	tc := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: r.get}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return r.get() }}
 	if x.opts.ClientCAFile != "" {
-		ca := &caReloader{file: x.opts.ClientCAFile}
+		ca := caBundle(x.opts.ClientCAFile)
 		pool, err := ca.get()
 		if err != nil {
 			return nil, err
@@ -354,71 +354,73 @@ func (x *Extender) tlsConfig() (*tls.Config, error) {
 	return tc, nil
 }
 
-// caReloader reloads a CA bundle when its file's modification time
-// changes, keeping the last good bundle while a rotation is half-written.
-type caReloader struct {
-	file    string
-	mu      sync.Mutex
-	pool    *x509.CertPool
-	modTime time.Time
+func tlsListener(ln net.Listener, tc *tls.Config) net.Listener { return tls.NewListener(ln, tc) }
+
+// reloaded is a value read from a file (a key pair, a CA bundle), read
+// again on the next handshake after the file's modification time
+// changes. A read that fails keeps the last good value, so that a rotation
+// half-written (cert-manager writes the files one by one) never stops
+// the server; only the first read's error is returned. It is checked on
+// every handshake rather than by a file watch (controller-runtime's
+// certwatcher, which the webhook uses): a rotated file is served to the
+// very next connection, and a CA bundle, which certwatcher does not
+// watch, reloads the same way.
+type reloaded[T any] struct {
+	// flag names the file in errors; file is the one whose modification
+	// time is watched.
+	flag, file string
+	read       func() (T, error)
+	mu         sync.Mutex
+	val        T
+	ok         bool
+	modTime    time.Time
 }
 
-func (r *caReloader) get() (*x509.CertPool, error) {
+func (r *reloaded[T]) get() (T, error) {
 	st, err := os.Stat(r.file)
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if err == nil && r.ok && st.ModTime().Equal(r.modTime) {
+		return r.val, nil
+	}
+	var v T
 	if err != nil {
-		if r.pool != nil {
-			return r.pool, nil
-		}
-		return nil, fmt.Errorf("stat --client-ca-file: %w", err)
-	}
-	if r.pool != nil && st.ModTime().Equal(r.modTime) {
-		return r.pool, nil
-	}
-	pem, err := os.ReadFile(r.file)
-	pool := x509.NewCertPool()
-	if err == nil && !pool.AppendCertsFromPEM(pem) {
-		err = fmt.Errorf("--client-ca-file %s holds no PEM certificate", r.file)
+		err = fmt.Errorf("stat %s: %w", r.flag, err)
+	} else {
+		v, err = r.read()
 	}
 	if err != nil {
-		if r.pool != nil {
-			return r.pool, nil // mid-rotation: keep verifying with the last good bundle
+		if r.ok {
+			return r.val, nil // mid-rotation: keep the last good one
 		}
-		return nil, fmt.Errorf("read --client-ca-file: %w", err)
+		return v, err
 	}
-	r.pool, r.modTime = pool, st.ModTime()
-	return r.pool, nil
+	r.val, r.ok, r.modTime = v, true, st.ModTime()
+	return v, nil
 }
 
-func tlsListener(ln net.Listener, tc *tls.Config) net.Listener { return tls.NewListener(ln, tc) }
-
-// certReloader reloads a key pair when its files' modification time
-// changes.
-type certReloader struct {
-	certFile, keyFile string
-	mu                sync.Mutex
-	cert              *tls.Certificate
-	modTime           time.Time
+// keyPair reads --tls-cert-file and --tls-private-key-file.
+func keyPair(certFile, keyFile string) *reloaded[*tls.Certificate] {
+	return &reloaded[*tls.Certificate]{flag: "--tls-cert-file", file: certFile, read: func() (*tls.Certificate, error) {
+		c, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("load TLS key pair: %w", err)
+		}
+		return &c, nil
+	}}
 }
 
-func (r *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-	st, err := os.Stat(r.certFile)
-	if err != nil {
-		return nil, fmt.Errorf("stat --tls-cert-file: %w", err)
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cert != nil && st.ModTime().Equal(r.modTime) {
-		return r.cert, nil
-	}
-	c, err := tls.LoadX509KeyPair(r.certFile, r.keyFile)
-	if err != nil {
-		if r.cert != nil {
-			return r.cert, nil // mid-rotation: keep serving the last good pair
+// caBundle reads --client-ca-file.
+func caBundle(file string) *reloaded[*x509.CertPool] {
+	return &reloaded[*x509.CertPool]{flag: "--client-ca-file", file: file, read: func() (*x509.CertPool, error) {
+		pem, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("read --client-ca-file: %w", err)
 		}
-		return nil, fmt.Errorf("load TLS key pair: %w", err)
-	}
-	r.cert, r.modTime = &c, st.ModTime()
-	return r.cert, nil
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--client-ca-file %s holds no PEM certificate", file)
+		}
+		return pool, nil
+	}}
 }

@@ -54,20 +54,47 @@ func (x *Core) admitBind(ctx context.Context, p *corev1.Pod, gpus int, node stri
 	case err != nil:
 		return failed(Released, ErrAPIUnknown, "bind pod %s: read node %s: %w", key, node, err)
 	}
-	ok, err := nodeaffinity.GetRequiredNodeAffinity(p).Match(n)
+	why, err := NodeRulesOf(p).Excludes(ctx, n)
 	if err != nil {
 		return failed(Released, ErrRefused, "refusing to bind pod %s: its node affinity cannot be evaluated: %w", key, err)
 	}
-	if !ok {
-		return failed(Released, ErrRefused, "refusing to bind pod %s to node %s: the pod's nodeSelector or required node affinity excludes the node", key, node)
+	if why != "" {
+		return failed(Released, ErrRefused, "refusing to bind pod %s to node %s: %s", key, node, why)
 	}
-	taint, untolerated := corev1helpers.FindMatchingUntoleratedTaint(klog.FromContext(ctx), n.Spec.Taints, p.Spec.Tolerations, func(t *corev1.Taint) bool {
+	return BindResult{}
+}
+
+// NodeRules are a pod's own rules for its node, as kube-scheduler's
+// NodeAffinity and TaintToleration filters check them: its nodeSelector
+// and required node affinity, and the NoSchedule and NoExecute taints it
+// does not tolerate.
+type NodeRules struct {
+	pod *corev1.Pod
+	aff nodeaffinity.RequiredNodeAffinity
+}
+
+// NodeRulesOf reads p's node rules once, for checking many nodes.
+func NodeRulesOf(p *corev1.Pod) NodeRules {
+	return NodeRules{pod: p, aff: nodeaffinity.GetRequiredNodeAffinity(p)}
+}
+
+// Excludes says why the rules exclude node n, "" when they do not; an
+// error when the node affinity cannot be evaluated.
+func (r NodeRules) Excludes(ctx context.Context, n *corev1.Node) (string, error) {
+	ok, err := r.aff.Match(n)
+	if err != nil {
+		return "", err
+	}
+	if !ok {
+		return "the pod's nodeSelector or required node affinity excludes the node", nil
+	}
+	taint, untolerated := corev1helpers.FindMatchingUntoleratedTaint(klog.FromContext(ctx), n.Spec.Taints, r.pod.Spec.Tolerations, func(t *corev1.Taint) bool {
 		return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
 	}, false)
 	if untolerated {
-		return failed(Released, ErrRefused, "refusing to bind pod %s to node %s: the pod does not tolerate the node's taint %s", key, node, fmt.Sprintf("%s=%s:%s", taint.Key, taint.Value, taint.Effect))
+		return fmt.Sprintf("the pod does not tolerate the node's taint %s=%s:%s", taint.Key, taint.Value, taint.Effect), nil
 	}
-	return BindResult{}
+	return "", nil
 }
 
 // errNoAPI is what a core without a cluster answers a bind.

@@ -16,25 +16,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 	"sync"
-	"time"
-
-	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 
 	"github.com/gputopo/gputopo/placement"
-	clusterrt "github.com/gputopo/gputopo/placement/cluster"
-	"github.com/gputopo/gputopo/placement/metrics"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
-	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
-	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -121,135 +110,6 @@ var (
 	_ fwk.BindPlugin      = (*Plugin)(nil)
 )
 
-// One core per process: a second profile that enables the plugin shares
-// the first's ledger (two ledgers would hand out the same GPUs), and must
-// have the same arguments.
-var (
-	sharedMu   sync.Mutex
-	shared     *Plugin
-	sharedArgs Args
-)
-
-// New is the plugin factory for app.WithPlugin. It builds the core and
-// starts it in the background (informers, ledger rebuild, /metrics); until
-// it is ready every GPU pod's cycle ends in an error that says so, and the
-// pod is retried.
-func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
-	args, err := DecodeArgs(obj)
-	if err != nil {
-		return nil, err
-	}
-	sharedMu.Lock()
-	defer sharedMu.Unlock()
-	if shared != nil {
-		if fmt.Sprint(args) != fmt.Sprint(sharedArgs) {
-			return nil, fmt.Errorf("plugin %s is enabled in two profiles with different args (%+v, %+v): one process has one GPU ledger; give both the same args", Name, sharedArgs, args)
-		}
-		return shared, nil
-	}
-	// kube-scheduler's own pod and node informers feed the core's ledger:
-	// no second watch of every pod and node.
-	f := h.SharedInformerFactory()
-	host := &clusterrt.HostInformers{Pods: f.Core().V1().Pods().Informer(), Nodes: f.Core().V1().Nodes().Informer()}
-	p, err := start(ctx, h.KubeConfig(), args, host, frameworkRecorder{h.EventRecorder()})
-	if err != nil {
-		return nil, err
-	}
-	p.h = h
-	shared, sharedArgs = p, args
-	return p, nil
-}
-
-// started are the cores the plugin built in this process (one per
-// profile that enables it), for AwaitShutdown.
-var started struct {
-	sync.Mutex
-	runtimes []*clusterrt.Runtime
-}
-
-// AwaitShutdown waits, at most timeout in all, until every core the
-// plugin started has released its decider Lease after the scheduler's
-// context ended. kube-scheduler returns from its command as soon as its
-// context ends (SIGTERM), before the plugin's goroutines finish; without
-// the wait the Lease stays held until it expires, and the next
-// gputopo-scheduler (a rolling update) decides no GPU pod for the Lease
-// duration. gputopo-scheduler's main calls it after the command returns;
-// false means some Lease may still be held.
-func AwaitShutdown(timeout time.Duration) bool {
-	started.Lock()
-	runtimes := slices.Clone(started.runtimes)
-	started.Unlock()
-	deadline := time.Now().Add(timeout)
-	ok := true
-	for _, x := range runtimes {
-		ok = x.AwaitDeciderReleased(max(time.Until(deadline), 0)) && ok
-	}
-	return ok
-}
-
-// start builds the core from args and runs it until ctx ends; its Events
-// go to rec.
-func start(ctx context.Context, cfg *rest.Config, args Args, host *clusterrt.HostInformers, rec placement.Recorder) (*Plugin, error) {
-	o := clusterrt.Options{Mode: "plugin", Core: placement.Options{SchedulerNames: args.SchedulerNames, Recorder: rec}, HostInformers: host,
-		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
-		DeciderLeaseNamespace: args.DeciderLeaseNamespace, DeciderLeaseName: args.DeciderLeaseName}
-	if o.DeciderLeaseNamespace == "" {
-		o.DeciderLeaseNamespace = clusterrt.DefaultDeciderLeaseNamespace
-	}
-	if msgs := validation.IsDNS1123Label(o.DeciderLeaseNamespace); len(msgs) > 0 {
-		return nil, fmt.Errorf("plugin %s: deciderLeaseNamespace %q: %s", Name, o.DeciderLeaseNamespace, strings.Join(msgs, "; "))
-	}
-	if o.DeciderLeaseName != "" {
-		if err := clusterrt.ValidDeciderLeaseName(o.DeciderLeaseName); err != nil {
-			return nil, fmt.Errorf("plugin %s: %w", Name, err)
-		}
-	}
-	var err error
-	if o.Core.Config, err = configv1alpha1.LoadExtender(args.ConfigFile); err != nil {
-		return nil, fmt.Errorf("plugin %s: %w", Name, err)
-	}
-	// kube-scheduler's clientConnection (qps, burst) rules its client.
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("plugin %s: kubernetes client: %w", Name, err)
-	}
-	obs := &metrics.Pending{}
-	o.Core.Observer = obs
-	rt, err := clusterrt.New(cfg, cs, o)
-	if err != nil {
-		return nil, fmt.Errorf("plugin %s: %w", Name, err)
-	}
-	x := rt.Core()
-	m := obs.Attach(x)
-	p := &Plugin{x: x}
-	started.Lock()
-	started.runtimes = append(started.runtimes, rt)
-	started.Unlock()
-	addr := args.MetricsBindAddress
-	if addr == "" {
-		addr = DefaultMetricsBindAddress
-	}
-	log := klog.FromContext(ctx).WithName(Name)
-	log.Info("starting the GPU decision core", "gputopoVersion", Version, "config", args.ConfigFile, "metrics", addr)
-	go func() {
-		ctx := klog.NewContext(ctx, log)
-		_, err := metrics.Serve(ctx, addr, metrics.Handler(m, x.NotReady))
-		if err == nil {
-			err = rt.Run(ctx, false)
-		}
-		if err == nil && ctx.Err() == nil {
-			err = errors.New("stopped")
-		}
-		if err != nil {
-			log.Error(err, "GPU decision core stopped; GPU pods stay Pending until the scheduler restarts")
-			p.mu.Lock()
-			p.stopped = err
-			p.mu.Unlock()
-		}
-	}()
-	return p, nil
-}
-
 // NewForCore wraps a core the caller runs (tests, the demo).
 func NewForCore(x *placement.Core) *Plugin { return &Plugin{x: x} }
 
@@ -293,38 +153,6 @@ func (c *cycle) Clone() fwk.StateData {
 	return out
 }
 
-// groupPreempt is a waiting group's preemption, for one of its pods: the
-// core plans it once per cycle, when kube-scheduler's preemption first
-// asks Filter.
-type groupPreempt struct {
-	uid  types.UID
-	once sync.Once
-	plan func() *placement.GroupPreemption
-	got  *placement.GroupPreemption
-}
-
-// filter passes node, with w's pods gone, only where the group's
-// preemption plan keeps this pod's place and w evicts every pod the plan
-// needs gone there; kube-scheduler's reprieve then gives back every other
-// pod. Every other node is refused, so preemption evicts nothing in vain.
-func (g *groupPreempt) filter(node string, w *placement.WhatIf) *fwk.Status {
-	g.once.Do(func() { g.got = g.plan() })
-	p := g.got
-	if p == nil {
-		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, placement.ReasonPrefix+"no eviction of lower-priority pods places the whole group")
-	}
-	slot := p.Slot(g.uid)
-	if slot != node {
-		return fwk.NewStatus(fwk.Unschedulable, fmt.Sprintf("%sgroup %s's preemption frees %s for this pod (domain %s)", placement.ReasonPrefix, p.Group, slot, p.Domain))
-	}
-	for _, uid := range p.Victims[node] {
-		if !w.Removes(uid) {
-			return fwk.NewStatus(fwk.Unschedulable, fmt.Sprintf("%sgroup %s needs the GPUs of more pods on %s", placement.ReasonPrefix, p.Group, node))
-		}
-	}
-	return nil
-}
-
 // coreCycle is the core's cycle of the pod, nil when PreFilter skipped
 // or refused it.
 func coreCycle(state fwk.CycleState) *placement.Cycle {
@@ -333,19 +161,6 @@ func coreCycle(state fwk.CycleState) *placement.Cycle {
 		return nil
 	}
 	return d.(*cycle).c
-}
-
-// whatIf is node's what-if in the cycle, made on first use.
-func (c *cycle) whatIf(node string) *placement.WhatIf {
-	w := c.over[node]
-	if w == nil {
-		if c.over == nil {
-			c.over = make(map[string]*placement.WhatIf)
-		}
-		w = &placement.WhatIf{}
-		c.over[node] = w
-	}
-	return w
 }
 
 type scores map[string]int64
@@ -495,20 +310,14 @@ func foundUnschedulable(pod *corev1.Pod) bool {
 // is planned on them only, as the extender plans on the nodes
 // kube-scheduler's filters passed.
 func schedulable(ctx context.Context, pod *corev1.Pod, nodes []fwk.NodeInfo) []string {
-	aff := nodeaffinity.GetRequiredNodeAffinity(pod)
-	log := klog.FromContext(ctx)
+	rules := placement.NodeRulesOf(pod)
 	out := make([]string, 0, len(nodes))
 	for _, ni := range nodes {
 		n := ni.Node()
 		if n == nil {
 			continue
 		}
-		if ok, err := aff.Match(n); err != nil || !ok {
-			continue
-		}
-		if _, untolerated := corev1helpers.FindMatchingUntoleratedTaint(log, n.Spec.Taints, pod.Spec.Tolerations, func(t *corev1.Taint) bool {
-			return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
-		}, false); untolerated {
+		if why, err := rules.Excludes(ctx, n); err != nil || why != "" {
 			continue
 		}
 		out = append(out, n.Name)
@@ -537,46 +346,6 @@ func (p *Plugin) activate(ctx context.Context, group string, self *corev1.Pod) {
 }
 
 // PreFilterExtensions implements fwk.PreFilterPlugin: kube-scheduler's
-// preemption removes the pods it would evict (and adds back those it
-// reprieves, and the pods nominated to a node) through AddPod and
-// RemovePod, and asks Filter again; Filter then decides on the node as
-// those changes leave its GPUs, so preemption evicts only pods whose GPUs
-// the chosen set needs.
-func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return p }
-
-// AddPod counts pod on the node in the cycle's what-if: a victim given
-// back holds its GPUs again; a pod nominated to the node, which holds none
-// yet, holds as many as it requests.
-func (p *Plugin) AddPod(_ context.Context, state fwk.CycleState, _ *corev1.Pod, pod fwk.PodInfo, nodeInfo fwk.NodeInfo) *fwk.Status {
-	c, node := p.preemptionCycle(state, nodeInfo)
-	if c == nil {
-		return nil
-	}
-	c.whatIf(node).AddPod(pod.GetPod(), p.x.Config().GPUResource())
-	return nil
-}
-
-// RemovePod takes pod's GPUs off the node in the cycle's what-if.
-func (p *Plugin) RemovePod(_ context.Context, state fwk.CycleState, _ *corev1.Pod, pod fwk.PodInfo, nodeInfo fwk.NodeInfo) *fwk.Status {
-	if c, node := p.preemptionCycle(state, nodeInfo); c != nil {
-		c.whatIf(node).Remove(pod.GetPod().UID)
-	}
-	return nil
-}
-
-// preemptionCycle is the cycle AddPod and RemovePod change, nil when the
-// pod's cycle has none (PreFilter skipped it or refused it).
-func (p *Plugin) preemptionCycle(state fwk.CycleState, nodeInfo fwk.NodeInfo) (*cycle, string) {
-	d, err := state.Read(cycleKey)
-	if err != nil || nodeInfo.Node() == nil {
-		return nil, ""
-	}
-	c := d.(*cycle)
-	if c.c == nil && c.group == nil {
-		return nil, ""
-	}
-	return c, nodeInfo.Node().Name
-}
 
 // Filter is the extender's filter verdict on the node, with its reason:
 // Unschedulable, or UnschedulableAndUnresolvable where no change of the

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"text/tabwriter"
 	"time"
 )
 
@@ -147,15 +146,11 @@ func Summarize(runs [][]Result) []Summary {
 // the worst run and the number of runs won, then the winner of each
 // column by mean.
 func WriteSummary(w io.Writer, sums []Summary) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
-	head := "| policy\t"
-	sep := "|---\t"
+	cols := []string{"policy"}
 	for _, c := range Columns {
-		head += "| " + c.Name + " (mean / worst / runs won)\t"
-		sep += "|---\t"
+		cols = append(cols, c.Name+" (mean / worst / runs won)")
 	}
-	fmt.Fprintln(tw, head+"|")
-	fmt.Fprintln(tw, sep+"|")
+	tw := markdownTable(w, cols...)
 	for _, s := range sums {
 		row := "| " + s.Policy + "\t"
 		for ci, c := range Columns {

@@ -33,6 +33,28 @@ type Config struct {
 	Preemption string
 }
 
+// check refuses a configuration without nodes or jobs or with a negative
+// MaxWait, sets MaxWait's default, and returns the policies to run
+// (defaults when Policies is nil).
+func (cfg *Config) check(defaults []string) ([]string, error) {
+	if len(cfg.Nodes) == 0 {
+		return nil, fmt.Errorf("simulate: no nodes; give a cluster")
+	}
+	if len(cfg.Jobs) == 0 {
+		return nil, fmt.Errorf("simulate: no jobs; give a trace")
+	}
+	if cfg.MaxWait == 0 {
+		cfg.MaxWait = DefaultMaxWait
+	}
+	if cfg.MaxWait < 0 {
+		return nil, fmt.Errorf("simulate: max wait %s: must be >= 0", cfg.MaxWait)
+	}
+	if cfg.Policies == nil {
+		return defaults, nil
+	}
+	return cfg.Policies, nil
+}
+
 // DefaultMaxWait is the default queue timeout.
 const DefaultMaxWait = time.Hour
 
@@ -123,24 +145,12 @@ type Sample struct {
 // fit does not block the jobs behind it: backfill), and a job still
 // waiting MaxWait after its arrival is rejected.
 func Run(cfg Config) ([]Result, error) {
-	if len(cfg.Nodes) == 0 {
-		return nil, fmt.Errorf("simulate: no nodes; give a cluster")
-	}
-	if len(cfg.Jobs) == 0 {
-		return nil, fmt.Errorf("simulate: no jobs; give a trace")
+	names, err := cfg.check(PolicyNames)
+	if err != nil {
+		return nil, err
 	}
 	if err := singlePods(cfg.Jobs); err != nil {
 		return nil, err
-	}
-	if cfg.MaxWait == 0 {
-		cfg.MaxWait = DefaultMaxWait
-	}
-	if cfg.MaxWait < 0 {
-		return nil, fmt.Errorf("simulate: max wait %s: must be >= 0", cfg.MaxWait)
-	}
-	names := cfg.Policies
-	if names == nil {
-		names = PolicyNames
 	}
 	out := make([]Result, 0, len(names))
 	for _, name := range names {
@@ -192,15 +202,23 @@ type running struct {
 	pl         Placement
 }
 
-type runHeap []running
+func (r running) endSeq() (time.Duration, int) { return r.end, r.seq }
 
-func (h runHeap) Len() int { return len(h) }
-func (h runHeap) Less(i, j int) bool {
-	return h[i].end < h[j].end || h[i].end == h[j].end && h[i].seq < h[j].seq
+type runHeap = endHeap[running]
+
+// endHeap is a container/heap of running jobs, the first to end on top
+// (then the first started).
+type endHeap[T interface{ endSeq() (time.Duration, int) }] []T
+
+func (h endHeap[T]) Len() int { return len(h) }
+func (h endHeap[T]) Less(i, j int) bool {
+	ei, si := h[i].endSeq()
+	ej, sj := h[j].endSeq()
+	return ei < ej || ei == ej && si < sj
 }
-func (h runHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *runHeap) Push(x any)   { *h = append(*h, x.(running)) }
-func (h *runHeap) Pop() any {
+func (h endHeap[T]) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *endHeap[T]) Push(x any)   { *h = append(*h, x.(T)) }
+func (h *endHeap[T]) Pop() any {
 	old := *h
 	x := old[len(old)-1]
 	*h = old[:len(old)-1]
@@ -429,16 +447,7 @@ func (e *engine) finish() {
 		res.HighEffectiveWait = (e.highWait + time.Duration(res.HighJobs-res.HighAccepted)*e.cfg.MaxWait) / time.Duration(res.HighJobs)
 	}
 	res.IslandShare = timeWeighted(res.Series)
-	res.Decisions = len(e.decisions)
-	if len(e.decisions) > 0 {
-		var sum time.Duration
-		for _, d := range e.decisions {
-			sum += d
-		}
-		res.DecisionMean = sum / time.Duration(len(e.decisions))
-		slices.Sort(e.decisions)
-		res.DecisionP99 = e.decisions[(len(e.decisions)*99+99)/100-1]
-	}
+	res.Decisions, res.DecisionMean, res.DecisionP99 = decisionStats(e.decisions)
 }
 
 // check enforces what every policy owes: the right number of GPUs, all
@@ -469,4 +478,18 @@ func timeWeighted(s []Sample) float64 {
 		sum += s[i].IslandShare * float64(s[i+1].T-s[i].T)
 	}
 	return sum / float64(s[len(s)-1].T-s[0].T)
+}
+
+// decisionStats are the count, mean and p99 of decision times (d is
+// sorted).
+func decisionStats(d []time.Duration) (n int, mean, p99 time.Duration) {
+	if len(d) == 0 {
+		return 0, 0, 0
+	}
+	var sum time.Duration
+	for _, x := range d {
+		sum += x
+	}
+	slices.Sort(d)
+	return len(d), sum / time.Duration(len(d)), d[(len(d)*99+99)/100-1]
 }

@@ -119,19 +119,7 @@ func (f *fabric) extName(x int) string {
 // domainsAt groups the nodes of idx (in their order) into their domains
 // at extended level x, each domain's nodes in idx order.
 func (f *fabric) domainsAt(idx []int, x int) [][]int {
-	pos := map[string]int{}
-	var out [][]int
-	for _, i := range idx {
-		k := f.extKey(i, x)
-		p, ok := pos[k]
-		if !ok {
-			p = len(out)
-			pos[k] = p
-			out = append(out, nil)
-		}
-		out[p] = append(out[p], i)
-	}
-	return out
+	return topology.PartitionBy(idx, func(i int) string { return f.extKey(i, x) })
 }
 
 // nvlinkPods is the most pods of gpus GPUs each that one NVLink domain of

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"time"
 
-	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology"
 )
@@ -51,23 +50,11 @@ const (
 // GangPolicyNames lists every gang policy RunGang knows.
 var GangPolicyNames = []string{GangGputopo, GangPerPod, GangFirstFit, GangTAS, GangOptimum}
 
-// GangConfig is one gang simulation: Config's fields, for traces whose
-// jobs may have several pods.
-type GangConfig struct {
-	Nodes []Node
-	Jobs  []Job
-	// MaxWait is how long a job may wait; a job not wholly placed within
-	// MaxWait of its arrival is given up (with the pods it held). Zero
-	// means DefaultMaxWait.
-	MaxWait time.Duration
-	// Policies to run, by name; nil means GangPolicyNames.
-	Policies []string
-	// Extender configures gputopo (its fabric levels are the suite's);
-	// PolicyTable is the webhook's table the pods' requirements come
-	// from (gputopo and the optimum read it). nil means the defaults.
-	Extender    *configv1alpha1.ExtenderConfiguration
-	PolicyTable *configv1alpha1.PolicyTable
-}
+// GangConfig is one gang simulation: a Config whose jobs may have
+// several pods. A job not wholly placed within MaxWait is given up with
+// the pods it held; nil Policies means GangPolicyNames; it takes no
+// Preemption.
+type GangConfig = Config
 
 // GangResult is one policy's outcome on a trace with groups.
 type GangResult struct {
@@ -128,23 +115,17 @@ func (r GangResult) OneDomainShare() float64 { return ratio(r.GroupsOneDomain, r
 // incomplete MaxWait after its arrival given up at that moment (a timeout
 // is an event of its own, so a partial hold ends on time).
 func RunGang(cfg GangConfig) ([]GangResult, error) {
-	if len(cfg.Nodes) == 0 || len(cfg.Jobs) == 0 {
-		return nil, fmt.Errorf("simulate: need nodes and jobs")
+	names, err := cfg.check(GangPolicyNames)
+	if err != nil {
+		return nil, err
 	}
-	if cfg.MaxWait == 0 {
-		cfg.MaxWait = DefaultMaxWait
-	}
-	if cfg.MaxWait < 0 {
-		return nil, fmt.Errorf("simulate: max wait %s: must be >= 0", cfg.MaxWait)
+	if cfg.Preemption != "" {
+		return nil, fmt.Errorf("simulate: preemption %q: the gang policies do not preempt; leave it empty", cfg.Preemption)
 	}
 	for _, j := range cfg.Jobs {
 		if j.GPUs < 1 {
 			return nil, fmt.Errorf("simulate: job %s asks %d GPUs", j.ID, j.GPUs)
 		}
-	}
-	names := cfg.Policies
-	if names == nil {
-		names = GangPolicyNames
 	}
 	fab := newFabric(cfg.Nodes, fabricLevels(cfg.Extender))
 	out := make([]GangResult, 0, len(names))
@@ -174,20 +155,9 @@ type gangJob struct {
 	partial bool
 }
 
-type gangHeap []*gangJob
+func (g *gangJob) endSeq() (time.Duration, int) { return g.end, g.seq }
 
-func (h gangHeap) Len() int { return len(h) }
-func (h gangHeap) Less(i, j int) bool {
-	return h[i].end < h[j].end || h[i].end == h[j].end && h[i].seq < h[j].seq
-}
-func (h gangHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *gangHeap) Push(x any)   { *h = append(*h, x.(*gangJob)) }
-func (h *gangHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
-}
+type gangHeap = endHeap[*gangJob]
 
 type gangEngine struct {
 	cfg  GangConfig
@@ -383,14 +353,5 @@ func (e *gangEngine) finish() {
 		r.GroupMeanWait = e.groupWait / time.Duration(r.Groups)
 	}
 	r.HeldGPUHours = e.heldGPUs / 3600
-	r.Decisions = len(e.decisions)
-	if len(e.decisions) > 0 {
-		var sum time.Duration
-		for _, d := range e.decisions {
-			sum += d
-		}
-		r.DecisionMean = sum / time.Duration(len(e.decisions))
-		slices.Sort(e.decisions)
-		r.DecisionP99 = e.decisions[(len(e.decisions)*99+99)/100-1]
-	}
+	r.Decisions, r.DecisionMean, r.DecisionP99 = decisionStats(e.decisions)
 }

@@ -3,7 +3,6 @@ package simulator
 import (
 	"fmt"
 	"io"
-	"text/tabwriter"
 	"time"
 
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
@@ -88,11 +87,7 @@ func (r GangRow) Result(policy string) GangResult {
 func RunGangSuite(cases []GangCase, ext *configv1alpha1.ExtenderConfiguration) ([]GangRow, error) {
 	rows := make([]GangRow, 0, len(cases))
 	for _, c := range cases {
-		tr, err := LoadTrace(c.Trace)
-		if err != nil {
-			return nil, err
-		}
-		nodes, err := ParseCluster(c.Cluster)
+		tr, nodes, err := loadCase(c.Trace, c.Cluster)
 		if err != nil {
 			return nil, err
 		}
@@ -141,9 +136,7 @@ func countPct(n, of int) string {
 // acceptance points (✗ where gputopo is behind), then per case one table
 // of every policy.
 func WriteGangSuite(w io.Writer, rows []GangRow) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
-	fmt.Fprintln(tw, "| trace\t| mix\t| groups placed gputopo / best baseline\t| best baseline keeping the intent\t| GPU-h held incomplete gputopo / per-pod\t| in one domain gputopo / tas-like\t| group GB/s gputopo / per-pod\t| all hold\t|")
-	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
+	tw := markdownTable(w, "trace", "mix", "groups placed gputopo / best baseline", "best baseline keeping the intent", "GPU-h held incomplete gputopo / per-pod", "in one domain gputopo / tas-like", "group GB/s gputopo / per-pod", "all hold")
 	for _, r := range rows {
 		g, pp, tas := r.Result(GangGputopo), r.Result(GangPerPod), r.Result(GangTAS)
 		best := r.Result(r.Best)
@@ -169,9 +162,7 @@ func WriteGangSuite(w io.Writer, rows []GangRow) error {
 
 // WriteGangTable prints one row per gang policy.
 func WriteGangTable(w io.Writer, results []GangResult) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
-	fmt.Fprintln(tw, "| policy\t| groups placed\t| in one NVLink domain\t| in one leaf\t| in one domain\t| GPU-h held incomplete\t| groups held incomplete\t| model groups off NVLink\t| jobs placed\t| job wait\t| group wait\t| group GB/s mean\t| group GB/s worst\t| decision mean\t|")
-	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
+	tw := markdownTable(w, "policy", "groups placed", "in one NVLink domain", "in one leaf", "in one domain", "GPU-h held incomplete", "groups held incomplete", "model groups off NVLink", "jobs placed", "job wait", "group wait", "group GB/s mean", "group GB/s worst", "decision mean")
 	for _, r := range results {
 		fmt.Fprintf(tw, "| %s\t| %s\t| %s\t| %s\t| %s\t| %.1f\t| %d\t| %d\t| %s\t| %s\t| %s\t| %.1f\t| %.0f\t| %s\t|\n",
 			r.Policy, countPct(r.GroupsPlaced, r.Groups), countPct(r.GroupsNVLink, r.GroupsPlaced),

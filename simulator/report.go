@@ -15,9 +15,7 @@ import (
 // WriteTable prints one row per policy, in Markdown table syntax so that
 // the same text reads in a terminal and in docs/simulator.md.
 func WriteTable(w io.Writer, results []Result) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
-	fmt.Fprintln(tw, "| policy\t| accepted\t| model jobs placed\t| model on NVLink\t| model ring GB/s\t| ring GB/s mean\t| ring GB/s worst\t| island share\t| mean wait\t| decision mean\t| decision p99\t|")
-	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
+	tw := markdownTable(w, "policy", "accepted", "model jobs placed", "model on NVLink", "model ring GB/s", "ring GB/s mean", "ring GB/s worst", "island share", "mean wait", "decision mean", "decision p99")
 	for _, r := range results {
 		fmt.Fprintf(tw, "| %s\t| %d/%d (%.1f%%)\t| %d/%d\t| %.1f%%\t| %.1f\t| %.1f\t| %.0f\t| %.3f\t| %s\t| %s\t| %s\t|\n",
 			r.Policy, r.Accepted, r.Jobs, 100*r.AcceptanceRate(), r.ModelAccepted, r.ModelJobs, 100*r.NVLinkShare(), r.ModelRingMeanGBps,
@@ -159,4 +157,18 @@ func WritePlacements(w io.Writer, results []Result) error {
 		return fmt.Errorf("write placements: %w", err)
 	}
 	return nil
+}
+
+// markdownTable is a table writer on w, its header row (cols) and the
+// separator row written: rows are "| a\t| b\t|" lines, aligned on Flush.
+func markdownTable(w io.Writer, cols ...string) *tabwriter.Writer {
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	var head, sep strings.Builder
+	for _, c := range cols {
+		head.WriteString("| " + c + "\t")
+		sep.WriteString("|---\t")
+	}
+	fmt.Fprintln(tw, head.String()+"|")
+	fmt.Fprintln(tw, sep.String()+"|")
+	return tw
 }

@@ -242,20 +242,12 @@ func simulateSeeds(w io.Writer, o Options, ext *configv1alpha1.ExtenderConfigura
 		runs = append(runs, rs)
 	}
 	head := fmt.Sprintf("traces %s .. %s (%d seeds); cluster %s; max wait %s", specs[0], specs[len(specs)-1], len(specs), cluster, maxWait)
-	fmt.Fprintln(w, head)
-	fmt.Fprintln(w)
 	var md strings.Builder
 	md.WriteString(head + "\n\n")
-	if err := WriteSummary(io.MultiWriter(w, &md), Summarize(runs)); err != nil {
+	if err := WriteSummary(&md, Summarize(runs)); err != nil {
 		return err
 	}
-	if o.OutDir == "" {
-		return nil
-	}
-	if err := os.MkdirAll(o.OutDir, 0o755); err != nil {
-		return fmt.Errorf("--out: %w", err)
-	}
-	if err := writeFile(filepath.Join(o.OutDir, "report.md"), func(w io.Writer) error { _, err := io.WriteString(w, md.String()); return err }); err != nil {
+	if err := writeReport(w, o.OutDir, md.String()); err != nil || o.OutDir == "" {
 		return err
 	}
 	fmt.Fprintf(w, "\nwrote %s/report.md\n", o.OutDir)
@@ -272,6 +264,15 @@ func simulateSuite(w io.Writer, o Options, ext *configv1alpha1.ExtenderConfigura
 	if err != nil {
 		return err
 	}
+	return writeSuiteReport(w, o, rows, func(held int) string {
+		return fmt.Sprintf("placement suite: %d traces; every acceptance point holds on %d; fallbackAfter %s in the fallback run; max wait %s\n\n", len(rows), held, SuiteFallbackAfter, DefaultMaxWait)
+	}, WriteSuite)
+}
+
+// writeSuiteReport prints (and, with OutDir, writes) a suite's report: the
+// head line, given how many rows hold every acceptance point, then the
+// table.
+func writeSuiteReport[R interface{ OK() bool }](w io.Writer, o Options, rows []R, head func(held int) string, table func(io.Writer, []R) error) error {
 	held := 0
 	for _, r := range rows {
 		if r.OK() {
@@ -279,8 +280,8 @@ func simulateSuite(w io.Writer, o Options, ext *configv1alpha1.ExtenderConfigura
 		}
 	}
 	var md strings.Builder
-	fmt.Fprintf(&md, "placement suite: %d traces; every acceptance point holds on %d; fallbackAfter %s in the fallback run; max wait %s\n\n", len(rows), held, SuiteFallbackAfter, DefaultMaxWait)
-	if err := WriteSuite(&md, rows); err != nil {
+	md.WriteString(head(held))
+	if err := table(&md, rows); err != nil {
 		return err
 	}
 	return writeReport(w, o.OutDir, md.String())
@@ -320,16 +321,7 @@ func simulateGang(w io.Writer, o Options, tr Trace, cluster string, nodes []Node
 	if err := WriteGangTable(&md, results); err != nil {
 		return err
 	}
-	if _, err := io.WriteString(w, md.String()); err != nil {
-		return err
-	}
-	if o.OutDir == "" {
-		return nil
-	}
-	if err := os.MkdirAll(o.OutDir, 0o755); err != nil {
-		return fmt.Errorf("--out: %w", err)
-	}
-	if err := writeFile(filepath.Join(o.OutDir, "report.md"), func(w io.Writer) error { _, err := io.WriteString(w, md.String()); return err }); err != nil {
+	if err := writeReport(w, o.OutDir, md.String()); err != nil || o.OutDir == "" {
 		return err
 	}
 	if err := writeFile(filepath.Join(o.OutDir, "trace.csv"), func(w io.Writer) error {
@@ -351,18 +343,9 @@ func simulateGangSuite(w io.Writer, o Options, ext *configv1alpha1.ExtenderConfi
 	if err != nil {
 		return err
 	}
-	held := 0
-	for _, r := range rows {
-		if r.OK() {
-			held++
-		}
-	}
-	var md strings.Builder
-	fmt.Fprintf(&md, "gang suite: %d traces on %d cluster mixes; every acceptance point holds on %d; max wait %s\n\n", len(rows), gangMixes(rows), held, DefaultMaxWait)
-	if err := WriteGangSuite(&md, rows); err != nil {
-		return err
-	}
-	return writeReport(w, o.OutDir, md.String())
+	return writeSuiteReport(w, o, rows, func(held int) string {
+		return fmt.Sprintf("gang suite: %d traces on %d cluster mixes; every acceptance point holds on %d; max wait %s\n\n", len(rows), gangMixes(rows), held, DefaultMaxWait)
+	}, WriteGangSuite)
 }
 
 // simulatePreemptionSuite runs the preemption suite with the extender

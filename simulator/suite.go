@@ -3,7 +3,6 @@ package simulator
 import (
 	"fmt"
 	"io"
-	"text/tabwriter"
 	"time"
 
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
@@ -79,11 +78,7 @@ func RunSuite(cases []SuiteCase, ext *configv1alpha1.ExtenderConfiguration) ([]S
 	fallback.Model.FallbackAfter = &metav1.Duration{Duration: SuiteFallbackAfter}
 	rows := make([]SuiteRow, 0, len(cases))
 	for _, c := range cases {
-		tr, err := LoadTrace(c.Trace)
-		if err != nil {
-			return nil, err
-		}
-		nodes, err := ParseCluster(c.Cluster)
+		tr, nodes, err := loadCase(c.Trace, c.Cluster)
 		if err != nil {
 			return nil, err
 		}
@@ -118,9 +113,7 @@ func RunSuite(cases []SuiteCase, ext *configv1alpha1.ExtenderConfiguration) ([]S
 // share of gputopo's model jobs, and gputopo with fallbackAfter against
 // the best count-only baseline.
 func WriteSuite(w io.Writer, rows []SuiteRow) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
-	fmt.Fprintln(tw, "| trace\t| cluster\t| model ring GB/s gputopo / optimum\t| mean wait gputopo / optimum\t| accepted gputopo / optimum\t| model on NVLink\t| accepted with fallbackAfter / best count-only\t| degraded model jobs\t| all hold\t|")
-	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
+	tw := markdownTable(w, "trace", "cluster", "model ring GB/s gputopo / optimum", "mean wait gputopo / optimum", "accepted gputopo / optimum", "model on NVLink", "accepted with fallbackAfter / best count-only", "degraded model jobs", "all hold")
 	mark := func(ok bool) string {
 		if ok {
 			return ""
@@ -147,4 +140,17 @@ func yesNo(ok bool) string {
 		return "yes"
 	}
 	return "no"
+}
+
+// loadCase loads a suite case's trace and cluster.
+func loadCase(trace, cluster string) (Trace, []Node, error) {
+	tr, err := LoadTrace(trace)
+	if err != nil {
+		return Trace{}, nil, err
+	}
+	nodes, err := ParseCluster(cluster)
+	if err != nil {
+		return Trace{}, nil, err
+	}
+	return tr, nodes, nil
 }

@@ -278,19 +278,7 @@ func allGPUs(n int) []int {
 // domains splits members by their domain at level t, each part in index
 // order and the parts in the order of their first GPU.
 func domains(g *topology.Graph, t int, members []int) [][]int {
-	at := map[int]int{}
-	var out [][]int
-	for _, i := range members {
-		d := g.Domain(t, i)
-		k, ok := at[d]
-		if !ok {
-			k = len(out)
-			at[d] = k
-			out = append(out, nil)
-		}
-		out[k] = append(out[k], i)
-	}
-	return out
+	return topology.PartitionBy(members, func(i int) int { return g.Domain(t, i) })
 }
 
 // numaID is the NUMA node the GPUs report when they agree on one, else "?".

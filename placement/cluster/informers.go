@@ -146,26 +146,20 @@ type handlers struct {
 // feedHandlers turns informer events into f's upserts and deletes.
 func feedHandlers(f placement.Feed) handlers {
 	return handlers{
-		topologies: toolscache.ResourceEventHandlerFuncs{
-			AddFunc:    func(o any) { upsertAs(o, f.UpsertTopology) },
-			UpdateFunc: func(_, o any) { upsertAs(o, f.UpsertTopology) },
-			DeleteFunc: func(o any) { deleted(o, func(m metav1.Object) { f.DeleteTopology(m.GetName()) }) },
-		},
-		podGroups: toolscache.ResourceEventHandlerFuncs{
-			AddFunc:    func(o any) { upsertAs(o, f.UpsertPodGroup) },
-			UpdateFunc: func(_, o any) { upsertAs(o, f.UpsertPodGroup) },
-			DeleteFunc: func(o any) { deleted(o, func(m metav1.Object) { f.DeletePodGroup(keyOf(m)) }) },
-		},
-		nodes: toolscache.ResourceEventHandlerFuncs{
-			AddFunc:    func(o any) { upsertAs(o, f.UpsertNode) },
-			UpdateFunc: func(_, o any) { upsertAs(o, f.UpsertNode) },
-			DeleteFunc: func(o any) { deleted(o, func(m metav1.Object) { f.DeleteNode(m.GetName()) }) },
-		},
-		pods: toolscache.ResourceEventHandlerFuncs{
-			AddFunc:    func(o any) { upsertAs(o, f.UpsertPod) },
-			UpdateFunc: func(_, o any) { upsertAs(o, f.UpsertPod) },
-			DeleteFunc: func(o any) { deleted(o, func(m metav1.Object) { f.DeletePod(keyOf(m), m.GetUID()) }) },
-		},
+		topologies: handler(f.UpsertTopology, func(m metav1.Object) { f.DeleteTopology(m.GetName()) }),
+		podGroups:  handler(f.UpsertPodGroup, func(m metav1.Object) { f.DeletePodGroup(keyOf(m)) }),
+		nodes:      handler(f.UpsertNode, func(m metav1.Object) { f.DeleteNode(m.GetName()) }),
+		pods:       handler(f.UpsertPod, func(m metav1.Object) { f.DeletePod(keyOf(m), m.GetUID()) }),
+	}
+}
+
+// handler calls upsert with each added or updated object of type T and
+// del with each deleted one (deleted).
+func handler[T any](upsert func(T), del func(metav1.Object)) toolscache.ResourceEventHandlerFuncs {
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { upsertAs(o, upsert) },
+		UpdateFunc: func(_, o any) { upsertAs(o, upsert) },
+		DeleteFunc: func(o any) { deleted(o, del) },
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	promapi "github.com/prometheus/client_golang/api"
 	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
 	"github.com/prometheus/common/model"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
 	"github.com/gputopo/gputopo/placement"
@@ -53,16 +54,7 @@ func newPromTelemetry(cfg *configv1alpha1.PrometheusTelemetry, l *ledger.Ledger,
 
 // run queries at once, then every interval, until ctx ends.
 func (p *promTelemetry) run(ctx context.Context) {
-	t := time.NewTicker(p.cfg.Interval.Duration)
-	defer t.Stop()
-	for {
-		p.round(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	wait.UntilWithContext(ctx, p.round, p.cfg.Interval.Duration)
 }
 
 // round runs one query round. A failed round keeps the previous samples,
