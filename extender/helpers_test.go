@@ -267,3 +267,18 @@ func metricValue(t testing.TB, x *Extender, name string, labels ...string) float
 	}
 	return 0
 }
+
+func uuidsOn(node string, idx ...int) []string {
+	out := make([]string, len(idx))
+	for i, j := range idx {
+		out[i] = machine.FixtureUUID(node, j)
+	}
+	return out
+}
+
+// drifted is pod name bound to node a with assigned-gpus (the plan) plan
+// and allocated-gpus (what kubelet gave) got.
+func drifted(name string, plan, got []int) *corev1.Pod {
+	return makePod(name).gpus(int64(len(plan))).node("a").assigned(uuidsOn("a", plan...)...).
+		annotate(v1alpha1.AnnotationAllocatedGPUs, v1alpha1.FormatGPUList(uuidsOn("a", got...))).obj()
+}

@@ -52,6 +52,13 @@ func offlineCore(t *testing.T) *Core {
 func fabricCore(t *testing.T, fx string, n int, labelsOf func(i int) map[string]string) (*Core, []string) {
 	t.Helper()
 	x := offlineCore(t)
+	return x, feedNodes(t, x, fx, n, labelsOf)
+}
+
+// feedNodes feeds x n nodes of fixture fx, node i carrying labelsOf(i),
+// and returns their names.
+func feedNodes(t *testing.T, x *Core, fx string, n int, labelsOf func(i int) map[string]string) []string {
+	t.Helper()
 	now := groupEpoch
 	f, err := machine.FixtureByName(fx)
 	if err != nil {
@@ -73,7 +80,7 @@ func fabricCore(t *testing.T, fx string, n int, labelsOf func(i int) map[string]
 		st.ObservedTime = metav1.NewTime(now)
 		x.ledger.UpsertTopology(&v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: st})
 	}
-	return x, names
+	return names
 }
 
 // groupPod is member i of group name (size members) asking gpus GPUs.

@@ -1,23 +1,60 @@
-package extender
+package ledger_test
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/gputopo/gputopo/topology/machine"
-
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
-	"github.com/gputopo/gputopo/placement"
 	"github.com/gputopo/gputopo/placement/ledger"
 	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
 )
+
+// podBuilder builds GPU pods for the holdings tests.
+type podBuilder struct{ p *corev1.Pod }
+
+func makePod(name string) *podBuilder {
+	return &podBuilder{p: &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID("uid-" + name)},
+		Spec:       corev1.PodSpec{SchedulerName: v1alpha1.DefaultSchedulerName, Containers: []corev1.Container{{Name: "main", Image: "busybox"}}},
+		Status:     corev1.PodStatus{Phase: corev1.PodPending},
+	}}
+}
+
+func (b *podBuilder) gpus(n int64) *podBuilder {
+	b.p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{v1alpha1.ResourceGPU: *resource.NewQuantity(n, resource.DecimalSI)}
+	return b
+}
+
+func (b *podBuilder) annotate(k, v string) *podBuilder {
+	if b.p.Annotations == nil {
+		b.p.Annotations = map[string]string{}
+	}
+	b.p.Annotations[k] = v
+	return b
+}
+
+func (b *podBuilder) node(n string) *podBuilder { b.p.Spec.NodeName = n; return b }
+
+func (b *podBuilder) phase(p corev1.PodPhase) *podBuilder { b.p.Status.Phase = p; return b }
+
+func (b *podBuilder) assigned(uuids ...string) *podBuilder {
+	return b.annotate(v1alpha1.AnnotationAssignedGPUs, v1alpha1.FormatGPUList(uuids))
+}
+
+func (b *podBuilder) obj() *corev1.Pod { return b.p.DeepCopy() }
+
+// topo is node's NodeGPUTopology of a fixture machine, observed now.
+func topo(t testing.TB, fixture, node string) *v1alpha1.NodeGPUTopology {
+	return fixtureTopology(t, fixture, node)
+}
 
 func uuidsOn(node string, idx ...int) []string {
 	out := make([]string, len(idx))
@@ -60,7 +97,7 @@ func TestLedgerHoldings(t *testing.T) {
 		events: func(l *ledger.Ledger) {
 			p := makePod("p").gpus(2).node("a").assigned(uuidsOn("a", 0, 1)...).obj()
 			l.UpsertPod(p)
-			l.DeletePod(keyOf(p), p.UID)
+			l.DeletePod(types.NamespacedName{Namespace: p.Namespace, Name: p.Name}, p.UID)
 		},
 		counts: ledger.Counts{Total: 8, Free: 8},
 	}, {
@@ -120,27 +157,25 @@ func TestLedgerHoldings(t *testing.T) {
 var cmpEmptyHoldings = cmp.FilterValues(func(a, b []ledger.Holding) bool { return len(a) == 0 && len(b) == 0 }, cmp.Ignore())
 
 func TestSweepReleasesOnlyExpiredReservations(t *testing.T) {
-	x, _ := newTestExtender(t, nil)
-	x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "a"))
-	clock := testNow
-	x.core.Ledger().SetClock(func() time.Time { return clock })
-	old := placement.Request{UID: "uid-old", Key: types.NamespacedName{Namespace: "default", Name: "old"}, Count: 2}
-	if res := x.core.Reserve(context.Background(), old, "a"); res.Err != nil {
-		t.Fatal(res.Err)
+	l := ledger.New("")
+	l.UpsertTopology(topo(t, "dgx1-v100", "a"))
+	clock := now
+	l.SetClock(func() time.Time { return clock })
+	if _, err := l.Reserve("uid-old", types.NamespacedName{Namespace: "default", Name: "old"}, "a", firstFree(2)); err != nil {
+		t.Fatal(err)
 	}
 	clock = clock.Add(time.Minute)
-	young := placement.Request{UID: "uid-new", Key: types.NamespacedName{Namespace: "default", Name: "new"}, Count: 2}
-	if res := x.core.Reserve(context.Background(), young, "a"); res.Err != nil {
-		t.Fatal(res.Err)
+	if _, err := l.Reserve("uid-new", types.NamespacedName{Namespace: "default", Name: "new"}, "a", firstFree(2)); err != nil {
+		t.Fatal(err)
 	}
 	// A bound pod's holding never expires.
-	x.core.Ledger().UpsertPod(makePod("bound").gpus(1).node("a").assigned(uuidsOn("a", 7)...).obj())
+	l.UpsertPod(makePod("bound").gpus(1).node("a").assigned(uuidsOn("a", 7)...).obj())
 	clock = clock.Add(90 * time.Second)
-	if n := x.core.Ledger().SweepReservations(2 * time.Minute); n != 1 {
+	if n := l.SweepReservations(2 * time.Minute); n != 1 {
 		t.Errorf("swept %d reservations, want 1 (the one older than the TTL)", n)
 	}
 	var left []types.UID
-	for _, h := range x.core.Ledger().Holdings() {
+	for _, h := range l.Holdings() {
 		left = append(left, h.PodUID)
 	}
 	if diff := cmp.Diff([]types.UID{"uid-bound", "uid-new"}, left); diff != "" {
@@ -272,7 +307,7 @@ func TestLedgerDoubleHeldGPUs(t *testing.T) {
 	}
 
 	// p1 ends: the conflict clears and p2 keeps its GPUs.
-	l.DeletePod(keyOf(makePod("p1").obj()), "uid-p1")
+	l.DeletePod(types.NamespacedName{Namespace: "default", Name: "p1"}, "uid-p1")
 	if diff := cmp.Diff(want, cleared); diff != "" {
 		t.Errorf("reported cleared (-want +got):\n%s", diff)
 	}
@@ -288,12 +323,11 @@ func TestLedgerDoubleHeldGPUs(t *testing.T) {
 }
 
 func TestLedgerDoubleHeldWithAReservationCountsAsHeld(t *testing.T) {
-	x, _ := newTestExtender(t, nil)
-	l := x.core.Ledger()
+	l := ledger.New("")
 	l.UpsertTopology(topo(t, "dgx1-v100", "a"))
-	res := x.core.Reserve(context.Background(), placement.Request{UID: "uid-r", Key: types.NamespacedName{Namespace: "default", Name: "r"}, Count: 1}, "a")
-	if res.Err != nil {
-		t.Fatal(res.Err)
+	res, err := l.Reserve("uid-r", types.NamespacedName{Namespace: "default", Name: "r"}, "a", firstFree(1))
+	if err != nil {
+		t.Fatal(err)
 	}
 	uuids := res.UUIDs
 	idx, _ := machine.FixtureByName("dgx1-v100")
