@@ -3,6 +3,8 @@ package placement
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -12,9 +14,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
 
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/topology/machine"
 )
 
 // memAPI is bind's API over pods and nodes in memory. bindErr, when set,
@@ -264,5 +268,88 @@ func TestConcurrentBindsNeverShareAGPU(t *testing.T) {
 			t.Fatalf("GPU %s bound twice", r.UUIDs[0])
 		}
 		seen[r.UUIDs[0]] = true
+	}
+}
+
+// A pod that preemption nominated to a node and that is bound there to
+// GPUs its victims held gets a PreemptionFreedGPUs Event naming each
+// victim and the GPUs it freed; a pod bound without preempting gets none.
+func TestBindAfterPreemptionNamesTheVictimsAndTheirGPUs(t *testing.T) {
+	api := newMemAPI()
+	rec := record.NewFakeRecorder(8)
+	cfg := configv1alpha1.DefaultExtenderConfiguration()
+	cfg.TopologyMaxAge = &metav1.Duration{Duration: -1}
+	x, err := New(Options{Config: cfg, API: api, Recorder: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x.SetClock(func() time.Time { return groupEpoch })
+	names := feedNodes(t, x, "dgx-a100", 1, func(int) map[string]string { return nil })
+	node := names[0]
+	// Eight 1-GPU victims fill the node; kube-scheduler marks and deletes them.
+	var victims []string
+	var bound []*corev1.Pod
+	for i := range 8 {
+		v := bindPod(fmt.Sprintf("low-%d", i), 1, map[string]string{})
+		api.add(v)
+		x.ledger.UpsertPod(v)
+		if res := x.Bind(context.Background(), bindReq(v, node)); res.Err != nil {
+			t.Fatal(res.Err)
+		}
+		b, _ := api.pod(bindReq(v, "").Key)
+		x.ledger.UpsertPod(b)
+		bound = append(bound, b)
+		victims = append(victims, "ml/"+v.Name)
+	}
+	for _, b := range bound {
+		gone := b.DeepCopy()
+		gone.Status.Conditions = []corev1.PodCondition{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: corev1.PodReasonPreemptionByScheduler}}
+		x.ledger.UpsertPod(gone)
+		x.ledger.DeletePod(bindReq(b, "").Key, b.UID)
+	}
+	for len(rec.Events) > 0 {
+		<-rec.Events
+	}
+	// A pod preemption did not nominate takes one freed GPU: no Event.
+	other := bindPod("other", 1, map[string]string{})
+	api.add(other)
+	x.ledger.UpsertPod(other)
+	if res := x.Bind(context.Background(), bindReq(other, node)); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	if len(rec.Events) != 0 {
+		t.Errorf("a pod bound without preempting got %q", <-rec.Events)
+	}
+	high := bindPod("high", 7, map[string]string{})
+	high.Status.NominatedNodeName = node
+	api.add(high)
+	x.ledger.UpsertPod(high)
+	res := x.Bind(context.Background(), bindReq(high, node))
+	if res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	var events []string
+	for len(rec.Events) > 0 {
+		events = append(events, <-rec.Events)
+	}
+	if len(events) != 1 || !strings.HasPrefix(events[0], "Normal "+ReasonPreemptionFreedGPUs+" node "+node+": preemption freed the GPUs of ") {
+		t.Fatalf("events = %q, want one PreemptionFreedGPUs event", events)
+	}
+	named := 0
+	for i, v := range victims {
+		u := bound[i].Annotations[v1alpha1.AnnotationAssignedGPUs]
+		idx := slices.IndexFunc([]int{0, 1, 2, 3, 4, 5, 6, 7}, func(j int) bool { return machine.FixtureUUID(node, j) == u })
+		want := fmt.Sprintf("%s (GPUs %d: %s)", v, idx, u)
+		switch got := strings.Contains(events[0], v+" "); {
+		case slices.Contains(res.UUIDs, u) && !strings.Contains(events[0], want):
+			t.Errorf("event %q does not name victim %s and its GPU: %q", events[0], v, want)
+		case !slices.Contains(res.UUIDs, u) && got:
+			t.Errorf("event %q names victim %s, whose GPU the pod did not get", events[0], v)
+		case got:
+			named++
+		}
+	}
+	if named != 7 {
+		t.Errorf("event names %d victims, want the 7 whose GPUs the pod got", named)
 	}
 }

@@ -1,8 +1,13 @@
 package placement
 
 import (
+	"context"
 	"fmt"
 	"strings"
+
+	"k8s.io/klog/v2"
+
+	"github.com/gputopo/gputopo/placement/ledger"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -19,6 +24,31 @@ const ReasonGPUsBound = "GPUsBound"
 // besides GPUsBound, when it was bound after its requirement's
 // fallbackAfter to GPUs that miss its NVLink or bandwidth requirement.
 const ReasonPlacementFellBack = "PlacementFellBack"
+
+// ReasonPreemptionFreedGPUs is the reason of the Normal Event a pod gets
+// when it is bound to GPUs that the pods its preemption evicted held: it
+// names each of those pods and the GPUs it freed.
+const ReasonPreemptionFreedGPUs = "PreemptionFreedGPUs"
+
+// recordFreed gives the pod, bound on node to uuids after preempting, its
+// PreemptionFreedGPUs Event and logs it.
+func (x *Core) recordFreed(ctx context.Context, b BindRequest, freed []ledger.Freed) {
+	victims := make([]string, len(freed))
+	for i, f := range freed {
+		idx := make([]string, len(f.Indices))
+		for j, g := range f.Indices {
+			idx[j] = fmt.Sprint(g)
+		}
+		victims[i] = fmt.Sprintf("%s (GPUs %s: %s)", f.Pod, strings.Join(idx, ","), strings.Join(f.UUIDs, ", "))
+	}
+	msg := fmt.Sprintf("node %s: preemption freed the GPUs of %s", b.Node, strings.Join(victims, "; "))
+	klog.FromContext(ctx).V(2).Info("pod bound to GPUs its preemption freed", "pod", b.Key, "node", b.Node, "victims", victims)
+	if x.recorder == nil || !x.Leading() {
+		return
+	}
+	ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: b.Key.Namespace, Name: b.Key.Name, UID: b.UID}
+	x.recorder.Event(ref, corev1.EventTypeNormal, ReasonPreemptionFreedGPUs, msg)
+}
 
 // recordBound gives the pod its GPUsBound Event (events.gpusBound), and a PlacementFellBack
 // Warning when the placement is degraded. Only the serving replica

@@ -158,6 +158,13 @@ func stripPodOf(obj any, resource corev1.ResourceName) (any, error) {
 		// A group's pods plan on the nodes preemption nominated them to.
 		Status: corev1.PodStatus{Phase: p.Status.Phase, StartTime: p.Status.StartTime, NominatedNodeName: p.Status.NominatedNodeName},
 	}
+	// A preemption victim's GPUs are remembered for the pod that
+	// preempted it (ledger.PodInfo.Preempted).
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.DisruptionTarget {
+			out.Status.Conditions = append(out.Status.Conditions, corev1.PodCondition{Type: c.Type, Status: c.Status, Reason: c.Reason})
+		}
+	}
 	if j, ok := p.Labels[v1alpha1.LabelJob]; ok {
 		out.Labels = map[string]string{v1alpha1.LabelJob: j}
 	}

@@ -3,12 +3,16 @@ package cluster
 import (
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/placement/ledger"
 	"github.com/gputopo/gputopo/topology/machine"
 )
 
@@ -101,5 +105,36 @@ func TestStripTopologyBoundsTheSharedTables(t *testing.T) {
 	}
 	if len(tables.tables) != maxLinkTables {
 		t.Errorf("%d tables kept, want the bound %d", len(tables.tables), maxLinkTables)
+	}
+}
+
+// The stripped pod keeps what preemption reads (priority, start, the node
+// it is nominated to, and kube-scheduler's mark on a victim) and drops the
+// pod's other conditions.
+func TestStripPodKeepsWhatPreemptionReads(t *testing.T) {
+	prio := int32(1000)
+	start := metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "v", Namespace: "ns", UID: "uid-v"},
+		Spec: corev1.PodSpec{Priority: &prio, Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{
+			Limits: corev1.ResourceList{v1alpha1.ResourceGPU: resource.MustParse("1")}}}}},
+		Status: corev1.PodStatus{StartTime: &start, NominatedNodeName: "n1", Conditions: []corev1.PodCondition{
+			{Type: corev1.PodReady, Status: corev1.ConditionTrue, Message: "long text"},
+			{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: corev1.PodReasonPreemptionByScheduler, Message: "gputopo-scheduler: preempting"},
+		}},
+	}
+	before := ledger.NewPodInfo(p, v1alpha1.ResourceGPU)
+	obj, err := StripPod(v1alpha1.ResourceGPU)(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := obj.(*corev1.Pod)
+	after := ledger.NewPodInfo(s, v1alpha1.ResourceGPU)
+	if !after.Preempted || after.Priority != 1000 || !after.Started.Equal(start.Time) || after.Nominated != "n1" {
+		t.Errorf("after stripping: preempted %v, priority %d, started %v, nominated %q; before: %v %d %v %q",
+			after.Preempted, after.Priority, after.Started, after.Nominated, before.Preempted, before.Priority, before.Started, before.Nominated)
+	}
+	if len(s.Status.Conditions) != 1 || s.Status.Conditions[0].Message != "" {
+		t.Errorf("conditions kept: %+v, want only DisruptionTarget, without its message", s.Status.Conditions)
 	}
 }

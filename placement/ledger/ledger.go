@@ -100,6 +100,9 @@ type Ledger struct {
 	// byPriority counts the holdings of pods by their priority
 	// (HoldersBelow).
 	byPriority map[int32]int
+	// freed are the GPUs preemption victims freed lately, oldest first
+	// (preempted.go).
+	freed []Freed
 }
 
 // New returns an empty ledger counting the extended resource (the

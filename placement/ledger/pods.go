@@ -30,6 +30,10 @@ type PodInfo struct {
 	// Nominated is status.nominatedNodeName: the node kube-scheduler's
 	// preemption made room on for it.
 	Nominated string
+	// Preempted: kube-scheduler is evicting the pod to make room for a
+	// pod of higher priority (its DisruptionTarget condition): the GPUs
+	// it frees are remembered for that pod (TakeFreed).
+	Preempted bool
 	// Requirement is the requirement annotation as written;
 	// HasRequirement says whether the pod has one.
 	Requirement    string
@@ -94,6 +98,7 @@ func NewPodInfo(p *corev1.Pod, resource corev1.ResourceName) *PodInfo {
 		info.Started = p.Status.StartTime.Time
 	}
 	info.Nominated = p.Status.NominatedNodeName
+	info.Preempted = preemptedBy(p)
 	info.Requirement, info.HasRequirement = p.Annotations[v1alpha1.AnnotationRequirement]
 	g, ok, errs := v1alpha1.ParseGroup(groupPath, p.Annotations)
 	native := p.Spec.SchedulingGroup != nil && p.Spec.SchedulingGroup.PodGroupName != nil
@@ -210,6 +215,7 @@ func (l *Ledger) DeletePod(key types.NamespacedName, uid types.UID) {
 
 func (l *Ledger) forgetPodLocked(uid types.UID, key types.NamespacedName) {
 	if info, ok := l.pods[key]; ok && info.UID == uid {
+		l.noteFreedLocked(info, l.holdings[uid])
 		l.jobDeltaLocked(info, -1)
 		l.groupLeaveLocked(info, true)
 		delete(l.pods, key)

@@ -18,6 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/placement"
 	"github.com/gputopo/gputopo/test/harness"
 )
 
@@ -169,6 +170,26 @@ func testPreemptionFreesAnNVLinkQuad(t *testing.T, e *env, s system) {
 			t.Errorf("low-priority pod %s is gone without a Preempted event", name)
 		}
 	}
+	// gputopo's event on the pod names each victim whose GPUs it got, and
+	// those GPUs.
+	harness.Poll(t, 30*time.Second, "the PreemptionFreedGPUs event", func() (bool, string) {
+		evs, err := e.cp.Clientset.CoreV1().Events(metav1.NamespaceDefault).List(harness.Context(t), metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, ev := range evs.Items {
+			if ev.InvolvedObject.Name != "high" || ev.Reason != placement.ReasonPreemptionFreedGPUs {
+				continue
+			}
+			for _, name := range gone {
+				if !strings.Contains(ev.Message, "default/"+name+" (GPUs ") {
+					return false, fmt.Sprintf("event %q does not name victim %s", ev.Message, name)
+				}
+			}
+			return strings.Contains(ev.Message, "node "+bound.Spec.NodeName+": "), ev.Message
+		}
+		return false, "no PreemptionFreedGPUs event on the pod\n" + s.tail()
+	})
 	idx := gpuIndices(t, &bound)
 	if !slices.Equal(idx, []int{0, 1, 2, 3}) && !slices.Equal(idx, []int{4, 5, 6, 7}) {
 		t.Errorf("high-priority pod on %s GPUs %v, want an NVLink-connected quad (0-3 or 4-7)", bound.Spec.NodeName, idx)
