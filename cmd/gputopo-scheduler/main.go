@@ -11,6 +11,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"time"
 
 	"k8s.io/component-base/cli"
@@ -27,11 +28,43 @@ import (
 // flight (at most the bind timeout, 10s by default) and one Lease update.
 const shutdownWait = 15 * time.Second
 
+// cpuProfileEnv names a file to write a CPU profile of the whole run to,
+// when set (docs/benchmarks.md: profiling the plugin build under the
+// scheduler benchmark).
+const cpuProfileEnv = "GPUTOPO_CPU_PROFILE"
+
 func main() {
+	stopProfile := startCPUProfile(os.Getenv(cpuProfileEnv))
 	cmd := app.NewSchedulerCommand(app.WithPlugin(schedplugin.Name, schedplugin.New))
 	code := cli.Run(cmd)
+	stopProfile()
 	if !schedplugin.AwaitShutdown(shutdownWait) {
 		fmt.Fprintf(os.Stderr, "gputopo-scheduler: the decider Lease was not released within %s; the next scheduler takes it when it expires\n", shutdownWait)
 	}
 	os.Exit(code)
+}
+
+// startCPUProfile profiles the process into path until the returned stop
+// is called; "" profiles nothing. A profile that cannot start is reported
+// and the scheduler runs without it.
+func startCPUProfile(path string) (stop func()) {
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "gputopo-scheduler: %s: %v; running without a CPU profile\n", cpuProfileEnv, err)
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		fmt.Fprintf(os.Stderr, "gputopo-scheduler: %s: %v; running without a CPU profile\n", cpuProfileEnv, err)
+		f.Close()
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			fmt.Fprintf(os.Stderr, "gputopo-scheduler: %s: %v\n", cpuProfileEnv, err)
+		}
+	}
 }
