@@ -429,23 +429,14 @@ func (e *engine) start(t time.Duration, j Job, pl Placement) {
 // finish turns the run's sums into the result's means and percentiles.
 func (e *engine) finish() {
 	res := &e.res
-	if res.MultiGPU > 0 {
-		res.RingMeanGBps = e.ringSum / float64(res.MultiGPU)
-	} else {
+	if res.MultiGPU == 0 {
 		res.RingWorstGBps = 0
 	}
-	if res.ModelAccepted > 0 {
-		res.ModelRingMeanGBps = e.modelRing / float64(res.ModelAccepted)
-	}
-	if res.Accepted > 0 {
-		res.MeanWait = e.waitSum / time.Duration(res.Accepted)
-	}
-	if res.HighAccepted > 0 {
-		res.HighMeanWait = e.highWait / time.Duration(res.HighAccepted)
-	}
-	if res.HighJobs > 0 {
-		res.HighEffectiveWait = (e.highWait + time.Duration(res.HighJobs-res.HighAccepted)*e.cfg.MaxWait) / time.Duration(res.HighJobs)
-	}
+	res.RingMeanGBps = meanOf(e.ringSum, res.MultiGPU)
+	res.ModelRingMeanGBps = meanOf(e.modelRing, res.ModelAccepted)
+	res.MeanWait = meanOf(e.waitSum, res.Accepted)
+	res.HighMeanWait = meanOf(e.highWait, res.HighAccepted)
+	res.HighEffectiveWait = meanOf(e.highWait+time.Duration(res.HighJobs-res.HighAccepted)*e.cfg.MaxWait, res.HighJobs)
 	res.IslandShare = timeWeighted(res.Series)
 	res.Decisions, res.DecisionMean, res.DecisionP99 = decisionStats(e.decisions)
 }
@@ -492,4 +483,12 @@ func decisionStats(d []time.Duration) (n int, mean, p99 time.Duration) {
 	}
 	slices.Sort(d)
 	return len(d), sum / time.Duration(len(d)), d[(len(d)*99+99)/100-1]
+}
+
+// meanOf is sum over n, 0 when n is 0.
+func meanOf[T ~float64 | ~int64](sum T, n int) T {
+	if n == 0 {
+		return 0
+	}
+	return sum / T(n)
 }

@@ -341,17 +341,12 @@ func (e *gangEngine) start(t time.Duration, gj *gangJob) {
 
 func (e *gangEngine) finish() {
 	r := &e.res
-	if r.GroupsPlaced > 0 {
-		r.GroupGBpsMean = e.bwSum / float64(r.GroupsPlaced)
-	} else {
+	if r.GroupsPlaced == 0 {
 		r.GroupGBpsWorst = 0
 	}
-	if r.Jobs > 0 {
-		r.MeanWait = e.waitSum / time.Duration(r.Jobs)
-	}
-	if r.Groups > 0 {
-		r.GroupMeanWait = e.groupWait / time.Duration(r.Groups)
-	}
+	r.GroupGBpsMean = meanOf(e.bwSum, r.GroupsPlaced)
+	r.MeanWait = meanOf(e.waitSum, r.Jobs)
+	r.GroupMeanWait = meanOf(e.groupWait, r.Groups)
 	r.HeldGPUHours = e.heldGPUs / 3600
 	r.Decisions, r.DecisionMean, r.DecisionP99 = decisionStats(e.decisions)
 }

@@ -29,15 +29,20 @@ import (
 const shutdownWait = 15 * time.Second
 
 // cpuProfileEnv names a file to write a CPU profile of the whole run to,
-// when set (docs/benchmarks.md: profiling the plugin build under the
-// scheduler benchmark).
-const cpuProfileEnv = "GPUTOPO_CPU_PROFILE"
+// and heapProfileEnv one to write a heap profile to when the scheduler
+// stops, when set (docs/benchmarks.md: profiling the plugin build under
+// the scheduler benchmark).
+const (
+	cpuProfileEnv  = "GPUTOPO_CPU_PROFILE"
+	heapProfileEnv = "GPUTOPO_HEAP_PROFILE"
+)
 
 func main() {
 	stopProfile := startCPUProfile(os.Getenv(cpuProfileEnv))
 	cmd := app.NewSchedulerCommand(app.WithPlugin(schedplugin.Name, schedplugin.New))
 	code := cli.Run(cmd)
 	stopProfile()
+	writeHeapProfile(os.Getenv(heapProfileEnv))
 	if !schedplugin.AwaitShutdown(shutdownWait) {
 		fmt.Fprintf(os.Stderr, "gputopo-scheduler: the decider Lease was not released within %s; the next scheduler takes it when it expires\n", shutdownWait)
 	}
@@ -66,5 +71,22 @@ func startCPUProfile(path string) (stop func()) {
 		if err := f.Close(); err != nil {
 			fmt.Fprintf(os.Stderr, "gputopo-scheduler: %s: %v\n", cpuProfileEnv, err)
 		}
+	}
+}
+
+// writeHeapProfile writes the heap profile into path; "" writes nothing.
+func writeHeapProfile(path string) {
+	if path == "" {
+		return
+	}
+	f, err := os.Create(path)
+	if err == nil {
+		err = pprof.Lookup("heap").WriteTo(f, 0)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "gputopo-scheduler: %s: %v\n", heapProfileEnv, err)
 	}
 }
