@@ -194,3 +194,37 @@ func (x *Core) preemptionDomains(v ledger.View, pr Request, candidates []string)
 	}
 	return out
 }
+
+// PlanGroupIf plans pr's group on the nodes as ws changes them (for the
+// plugin build: the pods kube-scheduler's pod-group preemption took out
+// of its snapshot to try), recording nothing: where its pods would go,
+// nil when the group does not fit even so, is planned already, or pr is
+// not in a group of more than one.
+func (x *Core) PlanGroupIf(ctx context.Context, pr Request, candidates []string, ws map[string]*WhatIf) *GroupPreemption {
+	if pr.group == "" || pr.Count == 0 || x.resolveGroup(&pr) != nil || pr.groupSpec.Size < 2 {
+		return nil
+	}
+	var out *GroupPreemption
+	x.ledger.Read(func(v ledger.View) {
+		g, ok := v.Group(pr.group)
+		if !ok || g.Planned {
+			return
+		}
+		need := pr.groupSpec.Size - len(g.Bound)
+		if need <= 0 {
+			return
+		}
+		slots, domain, level, err := x.planGroup(ctx, v, pr, g, need, candidates, ws)
+		if err != nil {
+			return
+		}
+		out = &GroupPreemption{Group: pr.group, Domain: domain, Level: level, Victims: map[string][]types.UID{}}
+		for _, s := range slots {
+			out.Slots = append(out.Slots, s.Node)
+		}
+		for _, m := range g.Pending {
+			out.pending = append(out.pending, m.UID)
+		}
+	})
+	return out
+}

@@ -225,6 +225,16 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev
 	var wait *placement.GroupWait
 	switch {
 	case errors.As(err, &wait):
+		if !wait.Unresolvable && pr.Group() != "" {
+			// kube-scheduler's pod-group preemption tries the group on
+			// a snapshot with its candidate victims taken out, through a
+			// fresh cycle: plan it as that snapshot has the nodes, and
+			// send each pod to its place there.
+			if node, over := p.planOnSnapshot(ctx, pr, pod, candidates, nodes); node != "" {
+				state.Write(cycleKey, &cycle{c: p.x.NewCycle(ctx, pr), over: over})
+				return &fwk.PreFilterResult{NodeNames: sets.New(node)}, nil
+			}
+		}
 		code := fwk.Unschedulable
 		if wait.Unresolvable {
 			code = fwk.UnschedulableAndUnresolvable
@@ -426,6 +436,14 @@ func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return nil }
 func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *corev1.Pod, node string) *fwk.Status {
 	c := coreCycle(state)
 	if c == nil {
+		return nil
+	}
+	if d, err := state.Read(cycleKey); err == nil && !d.(*cycle).over[node].Empty() {
+		// Decided on kube-scheduler's snapshot with pods taken out
+		// (pod-group preemption trying its victims): nothing to hold in
+		// the ledger, where those pods still hold their GPUs. The real
+		// cycle, once they are gone, reserves; and bind reserves on the
+		// ledger in any case, so no GPU is issued twice.
 		return nil
 	}
 	if res := p.x.Reserve(ctx, c.Request(), node); res.Err != nil {

@@ -66,9 +66,25 @@ func (s *cycleState) Delete(k fwk.StateKey) {
 type nodeInfo struct {
 	fwk.NodeInfo
 	n *corev1.Node
+	c *cluster
 }
 
 func (n nodeInfo) Node() *corev1.Node { return n.n }
+
+// GetPods are the pods the ledger holds GPUs for on the node: a snapshot
+// that agrees with the ledger.
+func (n nodeInfo) GetPods() []fwk.PodInfo {
+	if n.c == nil {
+		return nil
+	}
+	var out []fwk.PodInfo
+	for _, h := range n.c.x.Core().Ledger().Holdings() {
+		if h.Node == n.n.Name {
+			out = append(out, podInfo{p: &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: h.Pod.Name, Namespace: h.Pod.Namespace, UID: h.PodUID}}})
+		}
+	}
+	return out
+}
 
 var now = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 
@@ -117,7 +133,7 @@ func (c *cluster) addNode(t *testing.T, fixture, name string, gpus int64) {
 	}
 	c.x.Core().Ledger().UpsertNode(node)
 	c.x.Core().Ledger().UpsertTopology(&v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: st})
-	c.nodes = append(c.nodes, nodeInfo{n: node})
+	c.nodes = append(c.nodes, nodeInfo{n: node, c: c})
 }
 
 func (c *cluster) names() []string {

@@ -275,3 +275,64 @@ func TestNominatedPodSeesItsVictimsGoneBeforeTheLedgerDoes(t *testing.T) {
 		t.Errorf("a pod not nominated passed PreFilter on a node the ledger counts full")
 	}
 }
+
+// TestGroupPlansOnTheSnapshotPodGroupPreemptionTries: kube-scheduler's
+// pod-group preemption tries a waiting group through fresh cycles on a
+// snapshot with its candidate victims taken out. Each pod of the group
+// then passes PreFilter, on its own node of the plan made on that
+// snapshot, Filter passes it there, and Reserve holds nothing in the
+// ledger, where the victims still hold their GPUs. On a snapshot that
+// agrees with the ledger the group waits, as before.
+func TestGroupPlansOnTheSnapshotPodGroupPreemptionTries(t *testing.T) {
+	c := newCluster(t, "dgx-a100", "dgx-a100")
+	for n, ni := range c.nodes {
+		for i := range 8 {
+			c.bindOn(t, fmt.Sprintf("low-%d-%d", n, i), ni.Node().Name, "dgx-a100", i)
+		}
+	}
+	var group []*corev1.Pod
+	for i := range 2 {
+		p := c.pod(t, fmt.Sprintf("g-%d", i), 8, "")
+		p.Annotations = map[string]string{v1alpha1.AnnotationGroup: "g", v1alpha1.AnnotationGroupSize: "2"}
+		c.x.Core().Ledger().UpsertPod(p)
+		group = append(group, p)
+	}
+	ctx := context.Background()
+	if _, s := c.p.PreFilter(ctx, newState(), group[0], c.nodes); s.IsSuccess() {
+		t.Fatalf("PreFilter on a snapshot that agrees with the full ledger passed")
+	}
+	// The snapshot without the victims.
+	var empty []fwk.NodeInfo
+	for _, ni := range c.nodes {
+		empty = append(empty, nodeWithPods{nodeInfo: ni.(nodeInfo)})
+	}
+	held := c.x.Core().Ledger().Counts()
+	seen := map[string]bool{}
+	for _, p := range group {
+		st := newState()
+		res, s := c.p.PreFilter(ctx, st, p, empty)
+		if !s.IsSuccess() || res.AllNodes() || res.NodeNames.Len() != 1 {
+			t.Fatalf("PreFilter of %s on the snapshot without victims: %v %v, want its one node of the plan", p.Name, res, s)
+		}
+		node := res.NodeNames.UnsortedList()[0]
+		if seen[node] {
+			t.Errorf("two pods of the group sent to %s", node)
+		}
+		seen[node] = true
+		var ni fwk.NodeInfo
+		for _, n := range empty {
+			if n.Node().Name == node {
+				ni = n
+			}
+		}
+		if f := c.p.Filter(ctx, st, p, ni); !f.IsSuccess() {
+			t.Errorf("Filter of %s on %s: %v, want it to pass on the snapshot", p.Name, node, f)
+		}
+		if r := c.p.Reserve(ctx, st, p, node); !r.IsSuccess() {
+			t.Errorf("Reserve of %s on %s: %v, want success without the ledger", p.Name, node, r)
+		}
+	}
+	if got := c.x.Core().Ledger().Counts(); got != held {
+		t.Errorf("ledger after the tries: %s, want it unchanged (%s)", got, held)
+	}
+}

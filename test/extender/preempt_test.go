@@ -5,6 +5,7 @@ package extender_test
 import (
 	"fmt"
 	"slices"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -13,11 +14,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/placement"
 	"github.com/gputopo/gputopo/test/harness"
 )
@@ -330,6 +333,83 @@ func testGroupPreemptsWholeInOneDomain(t *testing.T, e *env, s system) {
 	}
 	if leafOf(nodes[0]) != leafOf(nodes[1]) {
 		t.Errorf("group on %v: two leaves", nodes)
+	}
+	auditPods(t, listPods(t, e))
+}
+
+// TestKubernetesPodGroupPreemptsWholeInPluginMode: a high-priority
+// Kubernetes PodGroup (gang minCount 2, one leaf) of 2 pods × 8 GPUs on
+// nodes full of low-priority 1-GPU pods goes through kube-scheduler's
+// pod-group cycle and its preemption, with gputopo's PreFilterExtensions
+// and Filter: it is bound whole on two nodes of one leaf, and only those
+// nodes' pods are evicted.
+func TestKubernetesPodGroupPreemptsWholeInPluginMode(t *testing.T) {
+	args := localcluster.GenericWorkloadAPIServerArgs()
+	args["feature-gates"] = []string{localcluster.GenericWorkloadGates + ",TopologyAwareWorkloadScheduling=true"}
+	e := newEnvWith(t, 6, harness.Options{APIServerArgs: args})
+	ctx := harness.Context(t)
+	if err := localcluster.GrantExtenderRole(ctx, e.cp.Client, harness.SchedulerUser); err != nil {
+		t.Fatal(err)
+	}
+	s := &pluginSystem{e: e, sched: e.cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModePlugin, FeatureGates: localcluster.GenericWorkloadGates})}
+	harness.WaitCore(t, s.sched, localcluster.TotalGPUs(len(e.nodes)*gpusPerNode))
+	priorityClasses(t, e)
+	labelLeaves(t, e)
+	low := fillLow(t, e)
+	nodeOf := map[string]string{}
+	for _, p := range listPods(t, e) {
+		nodeOf[p.Name] = p.Spec.NodeName
+	}
+	pg := &schedulingv1beta1.PodGroup{
+		ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: "default"},
+		Spec: schedulingv1beta1.PodGroupSpec{
+			SchedulingPolicy:      schedulingv1beta1.PodGroupSchedulingPolicy{Gang: &schedulingv1beta1.GangSchedulingPolicy{MinCount: 2}},
+			SchedulingConstraints: &schedulingv1beta1.PodGroupSchedulingConstraints{Topology: []schedulingv1beta1.TopologyConstraint{{Key: leafLabel}}},
+			// A PodGroup's pods must have its priority.
+			PriorityClassName: "high",
+		},
+	}
+	if _, err := e.cp.Clientset.SchedulingV1beta1().PodGroups("default").Create(ctx, pg, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create PodGroup: %v", err)
+	}
+	var pods []*corev1.Pod
+	for i := range 2 {
+		p := withPriority(gpuPod(fmt.Sprintf("train-%d", i), 8, ""), "high")
+		p.Spec.SchedulingGroup = &corev1.PodSchedulingGroup{PodGroupName: ptr.To("train")}
+		pods = append(pods, p)
+	}
+	createAll(t, e, pods)
+	var nodes []string
+	harness.Poll(t, 2*time.Minute, "the PodGroup bound whole", func() (bool, string) {
+		nodes = nodes[:0]
+		var msgs []string
+		for _, p := range listPods(t, e) {
+			if p.Spec.SchedulingGroup == nil {
+				continue
+			}
+			if p.Spec.NodeName != "" {
+				nodes = append(nodes, p.Spec.NodeName)
+			}
+			msgs = append(msgs, scheduledFalseMessage(&p))
+		}
+		return len(nodes) == 2, fmt.Sprintf("bound on %v; messages %q\n%s", nodes, msgs, s.tail())
+	})
+	sort.Strings(nodes)
+	left := map[string]bool{}
+	for _, p := range listPods(t, e) {
+		left[p.Name] = true
+	}
+	evicted := map[string]int{}
+	for _, name := range low {
+		if !left[name] {
+			evicted[nodeOf[name]]++
+		}
+	}
+	if want := map[string]int{nodes[0]: gpusPerNode, nodes[1]: gpusPerNode}; !cmp.Equal(evicted, want) {
+		t.Errorf("evictions per node %v; the group is on %v; want the 8 pods of each of its two nodes and none elsewhere", evicted, nodes)
+	}
+	if (nodes[0] < "dgx-4") != (nodes[1] < "dgx-4") {
+		t.Errorf("PodGroup on %v: two leaves", nodes)
 	}
 	auditPods(t, listPods(t, e))
 }
