@@ -48,17 +48,13 @@ func (g *GroupPreemption) Slot(uid types.UID) string {
 // Filter, the extender's preempt verb) evicts, one node per pod, and the
 // group is planned as usual once the GPUs are free.
 func (x *Core) PlanGroupPreemption(ctx context.Context, pr Request, priority int32, candidates []string) *GroupPreemption {
-	if pr.group == "" || pr.Count == 0 || x.resolveGroup(&pr) != nil || pr.groupSpec.Size < 2 {
+	if !x.inGroup(&pr) {
 		return nil
 	}
 	var out *GroupPreemption
 	x.ledger.Read(func(v ledger.View) {
-		g, ok := v.Group(pr.group)
-		if !ok || g.Planned {
-			return
-		}
-		need := pr.groupSpec.Size - len(g.Bound)
-		if need <= 0 {
+		g, need, ok := waitingGroup(v, pr)
+		if !ok {
 			return
 		}
 		over := map[string]*WhatIf{}
@@ -201,17 +197,13 @@ func (x *Core) preemptionDomains(v ledger.View, pr Request, candidates []string)
 // nil when the group does not fit even so, is planned already, or pr is
 // not in a group of more than one.
 func (x *Core) PlanGroupIf(ctx context.Context, pr Request, candidates []string, ws map[string]*WhatIf) *GroupPreemption {
-	if pr.group == "" || pr.Count == 0 || x.resolveGroup(&pr) != nil || pr.groupSpec.Size < 2 {
+	if !x.inGroup(&pr) {
 		return nil
 	}
 	var out *GroupPreemption
 	x.ledger.Read(func(v ledger.View) {
-		g, ok := v.Group(pr.group)
-		if !ok || g.Planned {
-			return
-		}
-		need := pr.groupSpec.Size - len(g.Bound)
-		if need <= 0 {
+		g, need, ok := waitingGroup(v, pr)
+		if !ok {
 			return
 		}
 		slots, domain, level, err := x.planGroup(ctx, v, pr, g, need, candidates, ws)
@@ -227,4 +219,22 @@ func (x *Core) PlanGroupIf(ctx context.Context, pr Request, candidates []string,
 		}
 	})
 	return out
+}
+
+// inGroup resolves pr's group and says whether pr is a GPU pod of a group
+// of more than one.
+func (x *Core) inGroup(pr *Request) bool {
+	return pr.group != "" && pr.Count > 0 && x.resolveGroup(pr) == nil && pr.groupSpec.Size >= 2
+}
+
+// waitingGroup is pr's group as v has it, with how many of its pods still
+// need a place; ok is false when the group is unseen, planned already, or
+// has every pod it needs bound.
+func waitingGroup(v ledger.View, pr Request) (g ledger.GroupView, need int, ok bool) {
+	g, ok = v.Group(pr.group)
+	if !ok || g.Planned {
+		return g, 0, false
+	}
+	need = pr.groupSpec.Size - len(g.Bound)
+	return g, need, need > 0
 }

@@ -311,16 +311,7 @@ func testGroupPreemptsWholeInOneDomain(t *testing.T, e *env, s system) {
 		t.Errorf("group bound %s after it was created (its victims have no grace period), want within 10 s", d.Round(10*time.Millisecond))
 	}
 	nodes, _ := groupNodes(t, e, "train")
-	left := map[string]bool{}
-	for _, p := range listPods(t, e) {
-		left[p.Name] = true
-	}
-	evicted := map[string]int{}
-	for _, name := range low {
-		if !left[name] {
-			evicted[nodeOf[name]]++
-		}
-	}
+	evicted := evictedPerNode(t, e, low, nodeOf)
 	want := map[string]int{nodes[0]: gpusPerNode, nodes[1]: gpusPerNode}
 	if !cmp.Equal(evicted, want) {
 		t.Errorf("evictions per node %v; the group is on %v; want the 8 pods of each of its two nodes and none elsewhere", evicted, nodes)
@@ -395,6 +386,20 @@ func TestKubernetesPodGroupPreemptsWholeInPluginMode(t *testing.T) {
 		return len(nodes) == 2, fmt.Sprintf("bound on %v; messages %q\n%s", nodes, msgs, s.tail())
 	})
 	sort.Strings(nodes)
+	evicted := evictedPerNode(t, e, low, nodeOf)
+	if want := map[string]int{nodes[0]: gpusPerNode, nodes[1]: gpusPerNode}; !cmp.Equal(evicted, want) {
+		t.Errorf("evictions per node %v; the group is on %v; want the 8 pods of each of its two nodes and none elsewhere", evicted, nodes)
+	}
+	if (nodes[0] < "dgx-4") != (nodes[1] < "dgx-4") {
+		t.Errorf("PodGroup on %v: two leaves", nodes)
+	}
+	auditPods(t, listPods(t, e))
+}
+
+// evictedPerNode counts, per node, the pods of low (on the nodes nodeOf
+// says) that are gone.
+func evictedPerNode(t *testing.T, e *env, low []string, nodeOf map[string]string) map[string]int {
+	t.Helper()
 	left := map[string]bool{}
 	for _, p := range listPods(t, e) {
 		left[p.Name] = true
@@ -405,11 +410,5 @@ func TestKubernetesPodGroupPreemptsWholeInPluginMode(t *testing.T) {
 			evicted[nodeOf[name]]++
 		}
 	}
-	if want := map[string]int{nodes[0]: gpusPerNode, nodes[1]: gpusPerNode}; !cmp.Equal(evicted, want) {
-		t.Errorf("evictions per node %v; the group is on %v; want the 8 pods of each of its two nodes and none elsewhere", evicted, nodes)
-	}
-	if (nodes[0] < "dgx-4") != (nodes[1] < "dgx-4") {
-		t.Errorf("PodGroup on %v: two leaves", nodes)
-	}
-	auditPods(t, listPods(t, e))
+	return evicted
 }
