@@ -1,0 +1,59 @@
+package cluster
+
+import (
+	"fmt"
+	"runtime"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/placement"
+)
+
+// BenchmarkMemoryPerNode is what one GPU node costs the decision core in
+// live heap: its NodeGPUTopology as the informer cache keeps it (decoded
+// from JSON, then stripped) and its Node, fed to the ledger, for 2,000
+// DGX A100 nodes. It reports bytes per node (the scheduler benchmark's
+// peak RSS grows with this, and with the heap's headroom).
+func BenchmarkMemoryPerNode(b *testing.B) {
+	const nodes = 2000
+	t := &testing.T{}
+	for b.Loop() {
+		strip := stripTopology()
+		before := liveHeap()
+		x, err := placement.New(placement.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		var keep []any
+		for i := range nodes {
+			name := fmt.Sprintf("node-%05d", i)
+			o, err := strip(decoded(t, "dgx-a100", name))
+			if err != nil {
+				b.Fatal(err)
+			}
+			topo := o.(*v1alpha1.NodeGPUTopology)
+			gpus := corev1.ResourceList{v1alpha1.ResourceGPU: *resource.NewQuantity(8, resource.DecimalSI)}
+			n, _ := stripNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}},
+				Status: corev1.NodeStatus{Capacity: gpus, Allocatable: gpus}})
+			x.Feed().UpsertNode(n.(*corev1.Node))
+			x.Feed().UpsertTopology(topo)
+			keep = append(keep, topo, n)
+		}
+		after := liveHeap()
+		b.ReportMetric(float64(after-before)/nodes, "B/node")
+		runtime.KeepAlive(x)
+		runtime.KeepAlive(keep)
+	}
+}
+
+func liveHeap() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
