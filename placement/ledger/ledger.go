@@ -82,7 +82,11 @@ type Ledger struct {
 	gone map[types.UID]time.Time
 	// claims lists, per GPU UUID, the nodes whose valid topology lists it
 	// (see trust.go); duplicateGPUs counts the UUIDs with more than one.
-	claims        map[string][]gpuClaim
+	// (claimsOf): the one claim almost every UUID has in claims, and
+	// every claim of a UUID claimed twice or more in moreClaims, so that
+	// the common case costs no slice.
+	claims        map[string]gpuClaim
+	moreClaims    map[string][]gpuClaim
 	duplicateGPUs int
 	// claimsOrdered is set by TopologiesListed; claimSeq numbers the
 	// claims seen after it.
@@ -120,7 +124,8 @@ func New(resource corev1.ResourceName) *Ledger {
 		now:        time.Now,
 		resource:   resource,
 		seed:       maphash.MakeSeed(),
-		claims:     make(map[string][]gpuClaim),
+		claims:     make(map[string]gpuClaim),
+		moreClaims: make(map[string][]gpuClaim),
 		gone:       make(map[types.UID]time.Time),
 		groups:     make(map[string]*group),
 		byPriority: make(map[int32]int),

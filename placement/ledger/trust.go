@@ -124,7 +124,7 @@ func (l *Ledger) setClaimsLocked(n *Node, uuids []string) {
 		if slices.Contains(uuids, u) {
 			continue
 		}
-		cs := l.claims[u]
+		cs := l.claimsOf(u)
 		if len(cs) > 1 {
 			l.duplicateGPUs--
 		}
@@ -132,13 +132,9 @@ func (l *Ledger) setClaimsLocked(n *Node, uuids []string) {
 		for _, c := range cs {
 			affected[c.node] = true
 		}
-		if len(cs) == 0 {
-			delete(l.claims, u)
-		} else {
-			l.claims[u] = cs
-			if len(cs) > 1 {
-				l.duplicateGPUs++
-			}
+		l.setClaims(u, cs)
+		if len(cs) > 1 {
+			l.duplicateGPUs++
 		}
 	}
 	for _, u := range uuids {
@@ -150,14 +146,14 @@ func (l *Ledger) setClaimsLocked(n *Node, uuids []string) {
 			l.claimSeq++
 			c.seq = l.claimSeq
 		}
-		cs := l.claims[u]
+		cs := l.claimsOf(u)
 		for _, o := range cs {
 			affected[o.node] = true
 		}
 		if len(cs) == 1 {
 			l.duplicateGPUs++
 		}
-		l.claims[u] = append(cs, c)
+		l.setClaims(u, append(cs, c))
 	}
 	n.claimed = uuids
 	for name := range affected {
@@ -174,7 +170,7 @@ func (l *Ledger) setClaimsLocked(n *Node, uuids []string) {
 func (l *Ledger) judgeClaimsLocked(n *Node) {
 	n.dupGPU, n.dupFirst = "", ""
 	for _, u := range n.claimed {
-		cs := l.claims[u]
+		cs := l.moreClaims[u] // only a UUID claimed twice can be a later claim
 		if len(cs) < 2 {
 			continue
 		}
@@ -243,4 +239,30 @@ func claimedUUIDs(gpus []v1alpha1.GPU) []string {
 		out[i] = gpus[i].UUID
 	}
 	return out
+}
+
+// claimsOf lists the claims of GPU UUID u.
+func (l *Ledger) claimsOf(u string) []gpuClaim {
+	if cs, ok := l.moreClaims[u]; ok {
+		return slices.Clone(cs)
+	}
+	if c, ok := l.claims[u]; ok {
+		return []gpuClaim{c}
+	}
+	return nil
+}
+
+// setClaims makes cs the claims of GPU UUID u.
+func (l *Ledger) setClaims(u string, cs []gpuClaim) {
+	switch len(cs) {
+	case 0:
+		delete(l.claims, u)
+		delete(l.moreClaims, u)
+	case 1:
+		l.claims[u] = cs[0]
+		delete(l.moreClaims, u)
+	default:
+		delete(l.claims, u)
+		l.moreClaims[u] = cs
+	}
 }
