@@ -183,11 +183,11 @@ func (x *Core) bound(ctx context.Context, b BindRequest, pr Request, res BindRes
 	x.obs.Bound(requestedTier(pr), p)
 	klog.FromContext(ctx).V(2).Info("pod bound", "pod", b.Key, "node", b.Node, "gpus", p.GPUIndices, "tier", p.Tier)
 	x.recordBound(b, res.UUIDs, p)
-	if pr.nominated == b.Node {
-		// Preemption nominated the pod here: say whose GPUs it got.
-		if freed := x.ledger.TakeFreed(b.Node, res.UUIDs); len(freed) > 0 {
-			x.recordFreed(ctx, b, freed)
-		}
+	// GPUs that preemption freed of pods of lower priority: say whose. The
+	// pod's nomination is not checked: the pod a cycle binds may be a copy
+	// read before kube-scheduler recorded it.
+	if freed := x.ledger.TakeFreed(b.Node, res.UUIDs, pr.priority); len(freed) > 0 {
+		x.recordFreed(ctx, b, freed)
 	}
 }
 

@@ -271,9 +271,9 @@ func TestConcurrentBindsNeverShareAGPU(t *testing.T) {
 	}
 }
 
-// A pod that preemption nominated to a node and that is bound there to
-// GPUs its victims held gets a PreemptionFreedGPUs Event naming each
-// victim and the GPUs it freed; a pod bound without preempting gets none.
+// A pod of higher priority bound to GPUs that preemption victims of lower
+// priority held gets a PreemptionFreedGPUs Event naming each of them and
+// the GPUs it freed; a pod of the victims' priority gets none.
 func TestBindAfterPreemptionNamesTheVictimsAndTheirGPUs(t *testing.T) {
 	api := newMemAPI()
 	rec := record.NewFakeRecorder(8)
@@ -310,7 +310,8 @@ func TestBindAfterPreemptionNamesTheVictimsAndTheirGPUs(t *testing.T) {
 	for len(rec.Events) > 0 {
 		<-rec.Events
 	}
-	// A pod preemption did not nominate takes one freed GPU: no Event.
+	// A pod of the victims' priority (which could not have preempted them)
+	// takes one freed GPU: no Event.
 	other := bindPod("other", 1, map[string]string{})
 	api.add(other)
 	x.ledger.UpsertPod(other)
@@ -321,7 +322,8 @@ func TestBindAfterPreemptionNamesTheVictimsAndTheirGPUs(t *testing.T) {
 		t.Errorf("a pod bound without preempting got %q", <-rec.Events)
 	}
 	high := bindPod("high", 7, map[string]string{})
-	high.Status.NominatedNodeName = node
+	prio := int32(1000)
+	high.Spec.Priority = &prio
 	api.add(high)
 	x.ledger.UpsertPod(high)
 	res := x.Bind(context.Background(), bindReq(high, node))

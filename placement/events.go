@@ -26,11 +26,12 @@ const ReasonGPUsBound = "GPUsBound"
 const ReasonPlacementFellBack = "PlacementFellBack"
 
 // ReasonPreemptionFreedGPUs is the reason of the Normal Event a pod gets
-// when it is bound to GPUs that the pods its preemption evicted held: it
-// names each of those pods and the GPUs it freed.
+// when it is bound to GPUs that pods of lower priority held until
+// preemption evicted them (in the last 10 minutes): it names each of those
+// pods and the GPUs it freed.
 const ReasonPreemptionFreedGPUs = "PreemptionFreedGPUs"
 
-// recordFreed gives the pod, bound on node to uuids after preempting, its
+// recordFreed gives the pod, bound to GPUs preemption freed, its
 // PreemptionFreedGPUs Event and logs it.
 func (x *Core) recordFreed(ctx context.Context, b BindRequest, freed []ledger.Freed) {
 	victims := make([]string, len(freed))

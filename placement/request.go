@@ -41,6 +41,8 @@ type Request struct {
 	// nominated is the node kube-scheduler's preemption nominated the
 	// pod to ("" for none): its group slot is taken there when it can be.
 	nominated string
+	// priority is the pod's spec.priority.
+	priority int32
 }
 
 // Group is the pod's group, namespace/name ("" for none).
@@ -65,7 +67,7 @@ func requestOf(info *ledger.PodInfo, created, now time.Time) (Request, error) {
 	if info.GroupErr != nil {
 		return Request{}, info.GroupErr
 	}
-	r := Request{UID: info.UID, Key: info.Key, Count: info.GPUs, job: info.Job, created: created, group: info.Group, groupSpec: info.GroupSpec, native: info.GroupNative, nominated: info.Nominated}
+	r := Request{UID: info.UID, Key: info.Key, Count: info.GPUs, job: info.Job, created: created, group: info.Group, groupSpec: info.GroupSpec, native: info.GroupNative, nominated: info.Nominated, priority: info.Priority}
 	if info.HasRequirement {
 		req, err := v1alpha1.ParseRequirement(info.Requirement)
 		if err != nil {

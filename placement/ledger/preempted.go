@@ -16,6 +16,8 @@ type Freed struct {
 	UUIDs   []string
 	Indices []int
 	At      time.Time
+	// Priority is the victim's: only a pod of higher priority preempts.
+	Priority int32
 }
 
 // freedTTL is how long a victim's freed GPUs are remembered for the pod
@@ -49,7 +51,7 @@ func (l *Ledger) noteFreedLocked(info *PodInfo, h *holding) {
 	if len(l.freed) >= maxFreed {
 		l.freed = slices.Delete(l.freed, 0, len(l.freed)-maxFreed+1)
 	}
-	f := Freed{Pod: h.pod, Node: h.node, UUIDs: slices.Clone(h.uuids), At: now}
+	f := Freed{Pod: h.pod, Node: h.node, UUIDs: slices.Clone(h.uuids), At: now, Priority: info.Priority}
 	if n := l.nodes[h.node]; n != nil && n.graph != nil {
 		for _, u := range h.uuids {
 			if i, ok := n.graph.IndexOf(u); ok {
@@ -61,9 +63,10 @@ func (l *Ledger) noteFreedLocked(info *PodInfo, h *holding) {
 }
 
 // TakeFreed returns, and forgets, the preemption victims of the last
-// freedTTL on node whose GPUs include one of uuids: the pods a pod bound
-// to those GPUs preempted.
-func (l *Ledger) TakeFreed(node string, uuids []string) []Freed {
+// freedTTL on node, of priority below prio, whose GPUs include one of
+// uuids: the pods whose eviction freed GPUs a pod of priority prio was
+// bound to.
+func (l *Ledger) TakeFreed(node string, uuids []string, prio int32) []Freed {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.now()
@@ -72,7 +75,7 @@ func (l *Ledger) TakeFreed(node string, uuids []string) []Freed {
 		if now.Sub(f.At) > freedTTL {
 			return true
 		}
-		if f.Node != node || !slices.ContainsFunc(f.UUIDs, func(u string) bool { return slices.Contains(uuids, u) }) {
+		if f.Node != node || f.Priority >= prio || !slices.ContainsFunc(f.UUIDs, func(u string) bool { return slices.Contains(uuids, u) }) {
 			return false
 		}
 		out = append(out, f)

@@ -37,17 +37,20 @@ func TestPreemptionVictimsGPUsAreRememberedForThePreemptor(t *testing.T) {
 	l.DeletePod(types.NamespacedName{Namespace: "default", Name: "victim"}, victim.UID)
 	l.DeletePod(types.NamespacedName{Namespace: "default", Name: "ended"}, ended.UID)
 
-	if got := l.TakeFreed("a", uuidsOn("a", 0, 1)); len(got) != 0 {
+	if got := l.TakeFreed("a", uuidsOn("a", 0, 1), 1000); len(got) != 0 {
 		t.Errorf("TakeFreed of GPUs no victim held = %+v, want none", got)
 	}
-	if got := l.TakeFreed("b", uuidsOn("a", 2)); len(got) != 0 {
+	if got := l.TakeFreed("b", uuidsOn("a", 2), 1000); len(got) != 0 {
 		t.Errorf("TakeFreed on another node = %+v, want none", got)
 	}
-	got := l.TakeFreed("a", uuidsOn("a", 1, 2, 3, 4))
+	if same := l.TakeFreed("a", uuidsOn("a", 2, 3), 0); len(same) != 0 {
+		t.Errorf("TakeFreed for a pod of the victims' priority = %+v, want none: it did not preempt them", same)
+	}
+	got := l.TakeFreed("a", uuidsOn("a", 1, 2, 3, 4), 1000)
 	if len(got) != 1 || got[0].Pod.Name != "victim" || len(got[0].Indices) != 2 || got[0].Indices[0] != 2 || got[0].Indices[1] != 3 {
 		t.Fatalf("TakeFreed = %+v, want the victim with GPUs 2 and 3 (the pod that ended was no victim)", got)
 	}
-	if again := l.TakeFreed("a", uuidsOn("a", 2, 3)); len(again) != 0 {
+	if again := l.TakeFreed("a", uuidsOn("a", 2, 3), 1000); len(again) != 0 {
 		t.Errorf("TakeFreed a second time = %+v, want none: it was taken", again)
 	}
 
@@ -56,7 +59,7 @@ func TestPreemptionVictimsGPUsAreRememberedForThePreemptor(t *testing.T) {
 	done := preempting(later)
 	done.Status.Phase = corev1.PodFailed
 	l.UpsertPod(done)
-	if got := l.TakeFreed("a", uuidsOn("a", 5)); len(got) != 1 || got[0].Pod.Name != "later" {
+	if got := l.TakeFreed("a", uuidsOn("a", 5), 1000); len(got) != 1 || got[0].Pod.Name != "later" {
 		t.Errorf("TakeFreed after the victim failed = %+v, want it", got)
 	}
 
@@ -65,7 +68,7 @@ func TestPreemptionVictimsGPUsAreRememberedForThePreemptor(t *testing.T) {
 	l.UpsertPod(preempting(last))
 	l.DeletePod(types.NamespacedName{Namespace: "default", Name: "last"}, last.UID)
 	clock = clock.Add(11 * time.Minute)
-	if got := l.TakeFreed("a", uuidsOn("a", 6)); len(got) != 0 {
+	if got := l.TakeFreed("a", uuidsOn("a", 6), 1000); len(got) != 0 {
 		t.Errorf("TakeFreed after 11 minutes = %+v, want the record expired", got)
 	}
 }
