@@ -272,8 +272,9 @@ func TestConcurrentBindsNeverShareAGPU(t *testing.T) {
 }
 
 // A pod of higher priority bound to GPUs that preemption victims of lower
-// priority held gets a PreemptionFreedGPUs Event naming each of them and
-// the GPUs it freed; a pod of the victims' priority gets none.
+// priority held gets a PreemptionFreedGPUs Event naming each of them of
+// its namespace and the GPUs it freed, and counting those of other
+// namespaces without naming them; a pod of the victims' priority gets none.
 func TestBindAfterPreemptionNamesTheVictimsAndTheirGPUs(t *testing.T) {
 	api := newMemAPI()
 	rec := record.NewFakeRecorder(8)
@@ -291,6 +292,9 @@ func TestBindAfterPreemptionNamesTheVictimsAndTheirGPUs(t *testing.T) {
 	var bound []*corev1.Pod
 	for i := range 8 {
 		v := bindPod(fmt.Sprintf("low-%d", i), 1, map[string]string{})
+		if i >= 6 {
+			v.Namespace = "other-team" // a tenant the event must not name
+		}
 		api.add(v)
 		x.ledger.UpsertPod(v)
 		if res := x.Bind(context.Background(), bindReq(v, node)); res.Err != nil {
@@ -299,7 +303,7 @@ func TestBindAfterPreemptionNamesTheVictimsAndTheirGPUs(t *testing.T) {
 		b, _ := api.pod(bindReq(v, "").Key)
 		x.ledger.UpsertPod(b)
 		bound = append(bound, b)
-		victims = append(victims, "ml/"+v.Name)
+		victims = append(victims, v.Namespace+"/"+v.Name)
 	}
 	for _, b := range bound {
 		gone := b.DeepCopy()
@@ -337,12 +341,20 @@ func TestBindAfterPreemptionNamesTheVictimsAndTheirGPUs(t *testing.T) {
 	if len(events) != 1 || !strings.HasPrefix(events[0], "Normal "+ReasonPreemptionFreedGPUs+" node "+node+": preemption freed the GPUs of ") {
 		t.Fatalf("events = %q, want one PreemptionFreedGPUs event", events)
 	}
-	named := 0
+	named, hidden := 0, 0
 	for i, v := range victims {
 		u := bound[i].Annotations[v1alpha1.AnnotationAssignedGPUs]
 		idx := slices.IndexFunc([]int{0, 1, 2, 3, 4, 5, 6, 7}, func(j int) bool { return machine.FixtureUUID(node, j) == u })
 		want := fmt.Sprintf("%s (GPUs %d: %s)", v, idx, u)
-		switch got := strings.Contains(events[0], v+" "); {
+		got := strings.Contains(events[0], v+" ")
+		switch {
+		case bound[i].Namespace != "ml":
+			if got || strings.Contains(events[0], u) {
+				t.Errorf("event %q names %s of another namespace, or its GPU's UUID", events[0], v)
+			}
+			if slices.Contains(res.UUIDs, u) {
+				hidden++
+			}
 		case slices.Contains(res.UUIDs, u) && !strings.Contains(events[0], want):
 			t.Errorf("event %q does not name victim %s and its GPU: %q", events[0], v, want)
 		case !slices.Contains(res.UUIDs, u) && got:
@@ -351,7 +363,7 @@ func TestBindAfterPreemptionNamesTheVictimsAndTheirGPUs(t *testing.T) {
 			named++
 		}
 	}
-	if named != 7 {
-		t.Errorf("event names %d victims, want the 7 whose GPUs the pod got", named)
+	if named+hidden != 7 || hidden > 0 && !strings.Contains(events[0], fmt.Sprintf("; %d pods of other namespaces (GPUs ", hidden)) {
+		t.Errorf("event %q: names %d victims and counts %d of other namespaces, want the 7 whose GPUs the pod got, those of other namespaces only counted", events[0], named, hidden)
 	}
 }

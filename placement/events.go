@@ -34,16 +34,30 @@ const ReasonPreemptionFreedGPUs = "PreemptionFreedGPUs"
 // recordFreed gives the pod, bound to GPUs preemption freed, its
 // PreemptionFreedGPUs Event and logs it.
 func (x *Core) recordFreed(ctx context.Context, b BindRequest, freed []ledger.Freed) {
-	victims := make([]string, len(freed))
-	for i, f := range freed {
+	var victims, shown []string
+	other, otherGPUs := 0, []string{}
+	for _, f := range freed {
 		idx := make([]string, len(f.Indices))
 		for j, g := range f.Indices {
 			idx[j] = fmt.Sprint(g)
 		}
-		victims[i] = fmt.Sprintf("%s (GPUs %s: %s)", f.Pod, strings.Join(idx, ","), strings.Join(f.UUIDs, ", "))
+		v := fmt.Sprintf("%s (GPUs %s: %s)", f.Pod, strings.Join(idx, ","), strings.Join(f.UUIDs, ", "))
+		victims = append(victims, v)
+		// The event is the pod's, readable in its namespace: pods of other
+		// namespaces are counted, not named (their owners see
+		// kube-scheduler's Preempted event on each).
+		if f.Pod.Namespace == b.Key.Namespace {
+			shown = append(shown, v)
+		} else {
+			other++
+			otherGPUs = append(otherGPUs, idx...)
+		}
 	}
-	msg := fmt.Sprintf("node %s: preemption freed the GPUs of %s", b.Node, strings.Join(victims, "; "))
-	klog.FromContext(ctx).V(2).Info("pod bound to GPUs its preemption freed", "pod", b.Key, "node", b.Node, "victims", victims)
+	if other > 0 {
+		shown = append(shown, fmt.Sprintf("%d pods of other namespaces (GPUs %s)", other, strings.Join(otherGPUs, ",")))
+	}
+	msg := fmt.Sprintf("node %s: preemption freed the GPUs of %s", b.Node, strings.Join(shown, "; "))
+	klog.FromContext(ctx).V(2).Info("pod bound to GPUs preemption freed", "pod", b.Key, "node", b.Node, "victims", victims)
 	if x.recorder == nil || !x.Leading() {
 		return
 	}
