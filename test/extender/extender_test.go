@@ -184,9 +184,13 @@ func TestBindStorm(t *testing.T) {
 // it decides: no GPU is issued twice, no node goes over capacity, and
 // every pod ends bound with assigned-gpus or Pending with a reason.
 func TestCrashMidStorm(t *testing.T) {
-	eachMode(t, 4, func(t *testing.T, e *env, s system) {
+	// Eight nodes: a storm of 64 GPUs takes long enough to be killed
+	// mid-way on a loaded machine (with 32, the plugin build sometimes
+	// bound every pod before the first /metrics read showed one).
+	const nodes = 8
+	eachMode(t, nodes, func(t *testing.T, e *env, s system) {
 		ctx := harness.Context(t)
-		total := 4 * gpusPerNode
+		total := nodes * gpusPerNode
 		created := make(chan error, 1)
 		go func() { created <- createAllErr(ctx, e, stormPods("crash", total)) }()
 		// SIGKILL as soon as the ledger (its /metrics, read in a tight
