@@ -166,7 +166,7 @@ image: tools gputopo-scheduler ## Build the image (and the runtime tests' pause 
 	cd hack/image && $(GO) run . -single /usr/local/bin/kube-scheduler -out $(CURDIR)/_out/kube-scheduler-image.tar \
 	  -ref localhost/gputopo/kube-scheduler:$$($(BIN)/kube-scheduler --version | cut -d' ' -f2) -version $(VERSION) -bin $(BIN)/kube-scheduler
 
-demo: tools kubectl-gputopo ## Run the whole system on a simulated mixed GPU cluster (DEMO_FLAGS=--keep keeps it up for kubectl gputopo)
+demo: tools kubectl-gputopo ## Run the whole system on a simulated mixed GPU cluster and the same workload under plain kube-scheduler, job by job (about 30 s once the tools are built; DEMO_FLAGS=--keep keeps it up for kubectl gputopo)
 	$(GO) run -ldflags "$(LDFLAGS)" ./cmd/gputopo demo $(DEMO_FLAGS)
 
 demo-plugin: tools kubectl-gputopo gputopo-scheduler ## The demo through gputopo-scheduler, the plugin build (gputopo demo --mode plugin)

@@ -36,9 +36,9 @@ func TestDemoRunsOnImportedMachines(t *testing.T) {
 	}
 	var out bytes.Buffer
 	checked := false
-	err = Run(ctx, Options{OutDir: t.TempDir(), Out: &out, Cluster: cluster, AfterPlacement: func(ctx context.Context, kubeconfig string) error {
+	err = Run(ctx, Options{OutDir: t.TempDir(), Out: &out, Cluster: cluster, AfterPlacement: func(ctx context.Context, r Result) error {
 		checked = true
-		return checkPublishedMachines(ctx, kubeconfig, cluster)
+		return checkPublishedMachines(ctx, r.Kubeconfig, cluster)
 	}})
 	if err != nil {
 		t.Fatalf("demo failed: %v\n%s", err, out.String())
@@ -49,8 +49,8 @@ func TestDemoRunsOnImportedMachines(t *testing.T) {
 		t.Error("the published topologies were not checked")
 	}
 	for _, w := range workloads {
-		if n := strings.Count(text, "\n"+w.Name+"-"); n != w.Pods {
-			t.Errorf("table has %d rows for %s, want %d", n, w.Name, w.Pods)
+		if !strings.Contains(text, "\n"+w.Name+" ") {
+			t.Errorf("the table has no row for %s", w.Name)
 		}
 	}
 	for _, node := range []string{"a30-nvlink-pairs-1", "a30-nvlink-pairs-2", "dgx1-v100-1"} {

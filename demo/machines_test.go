@@ -49,9 +49,9 @@ func TestWorkloadsForTheDefaultClusterAreTheDefaults(t *testing.T) {
 }
 
 // On a cluster of two 4-GPU imported boxes and one DGX A100 the plan pins
-// every workload to a machine the cluster has, never asks for more GPUs
-// than it has, and puts model-parallel jobs where an all-NVLink set of
-// their size exists.
+// every workload but the batch fill to a machine the cluster has, never
+// asks for more GPUs than it has before the priority case, and puts
+// model-parallel jobs where an all-NVLink set of their size exists.
 func TestWorkloadsForFitTheCluster(t *testing.T) {
 	for _, spec := range []string{importedA30 + "=2,dgx-a100=1", importedA30 + "=2," + importedV100 + "=1", importedA30 + "=1"} {
 		t.Run(filepath.Base(spec), func(t *testing.T) {
@@ -75,12 +75,20 @@ func TestWorkloadsForFitTheCluster(t *testing.T) {
 			}
 			used := map[string]int{}
 			for _, w := range got {
+				if w.Fill {
+					// It takes whatever is left, anywhere.
+					continue
+				}
 				g, ok := graphs[w.Machine]
 				if !ok {
 					t.Errorf("%s pinned to %q, which the cluster lacks", w.Name, w.Machine)
 					continue
 				}
-				used[w.Machine] += w.Pods * w.GPUs
+				if w.Priority == "" {
+					// The priority case preempts: it is planned on the idle
+					// cluster.
+					used[w.Machine] += w.Pods * w.GPUs
+				}
 				if w.Intent == v1alpha1.ParallelismModel && w.GPUs > 1 {
 					req := topology.Request{Count: w.GPUs, Requirement: v1alpha1.Requirement{RequireNVLink: true}}
 					if _, err := allocator.New(0).Allocate(g, g.All(), req); err != nil {

@@ -20,6 +20,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
@@ -46,12 +47,21 @@ type Options struct {
 	// Keep leaves the cluster running after the report, until ctx ends
 	// (Ctrl-C), for `kubectl gputopo` against it.
 	Keep bool
-	// AfterPlacement, when set, runs against the still-running cluster
-	// after the report, with an admin kubeconfig; its error is Run's.
-	AfterPlacement func(ctx context.Context, kubeconfig string) error
+	// AfterPlacement, when set, runs against the still-running clusters
+	// after the report; its error is Run's.
+	AfterPlacement func(ctx context.Context, r Result) error
 	// Mode is ModeExtender (default: kube-scheduler calls the extender)
 	// or ModePlugin (gputopo-scheduler decides in-process).
 	Mode string
+}
+
+// Result is what Run placed, for AfterPlacement.
+type Result struct {
+	// Kubeconfig is an admin kubeconfig of the gputopo cluster,
+	// PlainKubeconfig of the plain kube-scheduler one.
+	Kubeconfig, PlainKubeconfig string
+	// Jobs are the workloads as submitted, under both schedulers.
+	Jobs []JobRow
 }
 
 // The scheduler modes, as the chart's scheduler.mode.
@@ -106,20 +116,26 @@ func Run(ctx context.Context, o Options) (err error) {
 	if err != nil {
 		return err
 	}
-	placed, err := place(ctx, c, o.Workloads, nodes, say)
+	submitted, placed, err := place(ctx, c, o.Workloads, nodes, gputopoGPUs{}, true, say)
 	if err != nil {
 		return err
 	}
-	if err := report(o.Out, o.OutDir, nodes, placed); err != nil {
+	plainSay := func(format string, a ...any) { say("[plain kube-scheduler] "+format, a...) }
+	plainKubeconfig, plain, err := runPlain(ctx, o, nodes, plainSay, &stops)
+	if err != nil {
+		return err
+	}
+	rows, err := report(o.Out, o.OutDir, nodes, submitted, placed, plain)
+	if err != nil {
 		return err
 	}
 	kubeconfig, err := cp.Kubeconfig("gputopo-demo-admin", "system:masters")
 	if err != nil {
 		return err
 	}
-	printPluginCommands(o.Out, kubeconfig, example(o.Workloads, placed), o.Keep)
+	printPluginCommands(o.Out, kubeconfig, plainKubeconfig, example(o.Workloads, placed), o.Keep)
 	if o.AfterPlacement != nil {
-		if err := o.AfterPlacement(ctx, kubeconfig); err != nil {
+		if err := o.AfterPlacement(ctx, Result{Kubeconfig: kubeconfig, PlainKubeconfig: plainKubeconfig, Jobs: rows}); err != nil {
 			return err
 		}
 	}
@@ -246,63 +262,194 @@ func startScheduling(ctx context.Context, cp *localcluster.ControlPlane, c clien
 	return nil
 }
 
-// place labels the demo namespace, then submits each workload and waits
-// for its pods to be placed, numbering them in placement order.
-func place(ctx context.Context, c client.Client, ws []Workload, nodes []NodeView, say func(string, ...any)) ([]Placed, error) {
-	say("labelling namespace %s %s=%s", demoNamespace, v1alpha1.LabelInjection, v1alpha1.InjectionEnabled)
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: demoNamespace, Labels: map[string]string{v1alpha1.LabelInjection: v1alpha1.InjectionEnabled}}}); err != nil {
-		return nil, fmt.Errorf("create namespace: %w", err)
+// gpuSource is how a scheduler's bound pod gets its GPUs: gputopo's bind
+// writes them on the pod; under plain kube-scheduler the device plugin
+// chooses them when kubelet admits the pod.
+type gpuSource interface {
+	// known says whether p's GPUs can be read yet.
+	known(p *corev1.Pod) bool
+	// gpus returns the UUIDs of p's GPUs.
+	gpus(ctx context.Context, c client.Client, p *corev1.Pod) ([]string, error)
+	// gone says a pod that held uuids on node was deleted (preempted).
+	gone(node string, uuids []string)
+}
+
+// gputopoGPUs reads the GPUs gputopo's bind wrote.
+type gputopoGPUs struct{}
+
+func (gputopoGPUs) known(p *corev1.Pod) bool {
+	return p.Spec.NodeName != "" && p.Annotations[v1alpha1.AnnotationAssignedGPUs] != ""
+}
+
+func (gputopoGPUs) gpus(_ context.Context, _ client.Client, p *corev1.Pod) ([]string, error) {
+	return v1alpha1.ParseGPUList(v1alpha1.AnnotationAssignedGPUs, p.Annotations[v1alpha1.AnnotationAssignedGPUs])
+}
+
+func (gputopoGPUs) gone(string, []string) {}
+
+// place creates the namespace (labelled for gputopo's webhook when inject),
+// then submits each workload and waits for its pods to be placed,
+// numbering them in placement order. It returns the workloads as submitted
+// (a Fill workload with its pod count) and every pod placed, those
+// preempted later marked so.
+func place(ctx context.Context, c client.Client, ws []Workload, nodes []NodeView, src gpuSource, inject bool, say func(string, ...any)) ([]Workload, []Placed, error) {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: demoNamespace}}
+	if inject {
+		say("labelling namespace %s %s=%s", demoNamespace, v1alpha1.LabelInjection, v1alpha1.InjectionEnabled)
+		ns.Labels = map[string]string{v1alpha1.LabelInjection: v1alpha1.InjectionEnabled}
+	}
+	if err := c.Create(ctx, ns); err != nil {
+		return nil, nil, fmt.Errorf("create namespace: %w", err)
+	}
+	if err := createPriorityClasses(ctx, c, ws); err != nil {
+		return nil, nil, err
+	}
+	graphs := map[string]*topology.Graph{}
+	total := 0
+	for _, n := range nodes {
+		graphs[n.Name] = n.Graph
+		total += n.Graph.Len()
 	}
 	order := 0
 	var placed []Placed
+	var submitted []Workload
 	for _, w := range ws {
+		if w.Fill {
+			held := 0
+			for _, p := range placed {
+				if !p.Evicted {
+					held += len(p.GPUs)
+				}
+			}
+			if w.Pods = (total - held) / max(w.GPUs, 1); w.Pods == 0 {
+				say("skipping %s: no GPU is left for it", w.Name)
+				continue
+			}
+		}
 		say("submitting %s", describe(w))
 		if err := submit(ctx, c, w); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		pods, err := waitPlaced(ctx, c, w, nodes)
+		submitted = append(submitted, w)
+		pods, err := waitPlaced(ctx, c, w, src)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		for i := range pods {
+		// Pods this workload preempted are gone by the time it is bound:
+		// their GPUs are free again before its own are taken.
+		var live corev1.PodList
+		if err := c.List(ctx, &live, client.InNamespace(demoNamespace)); err != nil {
+			return nil, nil, fmt.Errorf("list pods: %w", err)
+		}
+		alive := map[string]bool{}
+		for _, p := range live.Items {
+			if p.DeletionTimestamp == nil {
+				alive[p.Name] = true
+			}
+		}
+		for i := range placed {
+			if p := &placed[i]; !p.Evicted && !alive[p.Name] {
+				p.Evicted, p.EvictedBy = true, w.Name
+				src.gone(p.Node, p.UUIDs)
+			}
+		}
+		for _, p := range pods {
+			pv, err := placedPod(ctx, c, src, graphs, w, &p)
+			if err != nil {
+				return nil, nil, err
+			}
 			order++
-			pods[i].Order = order
+			pv.Order = order
+			placed = append(placed, pv)
 		}
-		placed = append(placed, pods...)
 	}
-	return placed, nil
+	return submitted, placed, nil
 }
 
-// report prints the placement table and its summary to out and draws the
-// picture into dir.
-func report(out io.Writer, dir string, nodes []NodeView, placed []Placed) error {
-	rows, err := Rows(nodes, placed)
+// placedPod reads (or has chosen) p's GPUs and its group record.
+func placedPod(ctx context.Context, c client.Client, src gpuSource, graphs map[string]*topology.Graph, w Workload, p *corev1.Pod) (Placed, error) {
+	uuids, err := src.gpus(ctx, c, p)
 	if err != nil {
-		return err
+		return Placed{}, fmt.Errorf("pod %s: %w", p.Name, err)
+	}
+	g := graphs[p.Spec.NodeName]
+	if g == nil {
+		return Placed{}, fmt.Errorf("pod %s bound to unknown node %q", p.Name, p.Spec.NodeName)
+	}
+	idx := make([]int, 0, len(uuids))
+	for _, u := range uuids {
+		i, ok := g.IndexOf(u)
+		if !ok {
+			return Placed{}, fmt.Errorf("pod %s: GPU %s is not on node %s", p.Name, u, p.Spec.NodeName)
+		}
+		idx = append(idx, i)
+	}
+	pv := Placed{PodView: PodView{Name: p.Name, Node: p.Spec.NodeName, Intent: string(w.Intent), GPUs: idx}, Job: w.Name, UUIDs: uuids}
+	// The group and its domain, as gputopo's bind recorded them.
+	if pl, err := v1alpha1.ParsePlacement(p.Annotations[v1alpha1.AnnotationPlacement]); err == nil {
+		pv.Group, pv.Domain = pl.Group, pl.Domain
+	}
+	return pv, nil
+}
+
+// createPriorityClasses creates the demo's PriorityClasses that ws use.
+func createPriorityClasses(ctx context.Context, c client.Client, ws []Workload) error {
+	done := map[string]bool{}
+	for _, w := range ws {
+		if w.Priority == "" || done[w.Priority] {
+			continue
+		}
+		v, ok := priorityValues[w.Priority]
+		if !ok {
+			return fmt.Errorf("workload %s: priority %q is not one of the demo's (%s, %s)", w.Name, w.Priority, PriorityBatch, PriorityServing)
+		}
+		done[w.Priority] = true
+		pc := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: w.Priority}, Value: v}
+		if err := c.Create(ctx, pc); err != nil {
+			return fmt.Errorf("create PriorityClass %s: %w", w.Priority, err)
+		}
+	}
+	return nil
+}
+
+// report prints what each job shows, the per-job table and its headline
+// to out, and draws both placements into dir.
+func report(out io.Writer, dir string, nodes []NodeView, ws []Workload, gputopo, plain []Placed) ([]JobRow, error) {
+	rows, err := Jobs(ws, nodes, gputopo, plain)
+	if err != nil {
+		return nil, err
 	}
 	fmt.Fprintln(out)
-	if err := WriteTable(out, rows); err != nil {
-		return err
+	if err := WriteJobs(out, rows); err != nil {
+		return nil, err
 	}
 	fmt.Fprintln(out)
-	fmt.Fprintln(out, Summary(rows))
-	svgPath := filepath.Join(dir, "placement.svg")
-	f, err := os.Create(svgPath)
+	fmt.Fprintln(out, Headline(rows))
+	for _, side := range []struct {
+		file, who string
+		pods      []Placed
+	}{{"placement.svg", "gputopo", gputopo}, {"placement-plain.svg", "plain kube-scheduler", plain}} {
+		path := filepath.Join(dir, side.file)
+		if err := writeSVGFile(path, nodes, live(side.pods)); err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(out, "picture of every node's GPUs and links, coloured by pod, under %s: %s\n", side.who, path)
+	}
+	return rows, nil
+}
+
+func writeSVGFile(path string, nodes []NodeView, pods []PodView) error {
+	f, err := os.Create(path)
 	if err != nil {
-		return fmt.Errorf("create %s: %w", svgPath, err)
+		return fmt.Errorf("create %s: %w", path, err)
 	}
-	views := make([]PodView, len(placed))
-	for i, p := range placed {
-		views[i] = p.PodView
-	}
-	if err := WriteSVG(f, nodes, views); err != nil {
+	if err := WriteSVG(f, nodes, pods); err != nil {
 		f.Close()
-		return fmt.Errorf("write %s: %w", svgPath, err)
+		return fmt.Errorf("write %s: %w", path, err)
 	}
 	if err := f.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", svgPath, err)
+		return fmt.Errorf("write %s: %w", path, err)
 	}
-	fmt.Fprintf(out, "picture of every node's GPUs and links, coloured by pod: %s\n", svgPath)
 	return nil
 }
 
@@ -324,7 +471,7 @@ func example(ws []Workload, placed []Placed) PodView {
 
 // printPluginCommands shows the kubectl gputopo commands to try against
 // the demo's cluster (make kubectl-gputopo builds the plugin into bin/).
-func printPluginCommands(w io.Writer, kubeconfig string, ex PodView, kept bool) {
+func printPluginCommands(w io.Writer, kubeconfig, plainKubeconfig string, ex PodView, kept bool) {
 	fmt.Fprintf(w, "\nsee what gputopo sees with the kubectl plugin (make kubectl-gputopo; kubectl finds bin/kubectl-gputopo on PATH):\n\n")
 	fmt.Fprintf(w, "  export KUBECONFIG=%s PATH=$PWD/bin:$PATH\n", kubeconfig)
 	for _, c := range []string{
@@ -336,6 +483,7 @@ func printPluginCommands(w io.Writer, kubeconfig string, ex PodView, kept bool) 
 	} {
 		fmt.Fprintf(w, "  %s\n", c)
 	}
+	fmt.Fprintf(w, "\nthe plain kube-scheduler cluster (its pods' GPUs in annotation %s):\n\n  KUBECONFIG=%s kubectl get pods -n %s -o wide\n", AnnotationDevicePluginGPUs, plainKubeconfig, demoNamespace)
 	if !kept {
 		fmt.Fprintf(w, "\n(run the demo with --keep to keep the cluster up for these until Ctrl-C)\n")
 	}
@@ -430,6 +578,10 @@ func describe(w Workload) string {
 
 func submit(ctx context.Context, c client.Client, w Workload) error {
 	spec := localcluster.GPUPodSpec(w.GPUs)
+	// No kubelet runs to confirm a graceful deletion: a preempted pod
+	// is gone at once.
+	spec.TerminationGracePeriodSeconds = ptr.To[int64](0)
+	spec.PriorityClassName = w.Priority
 	if w.Machine != "" {
 		spec.NodeSelector = map[string]string{labelMachine: w.Machine}
 	}
@@ -466,9 +618,9 @@ func submit(ctx context.Context, c client.Client, w Workload) error {
 	return nil
 }
 
-// waitPlaced waits until the workload's pods are all bound with an
-// assignment, and returns them in bind order.
-func waitPlaced(ctx context.Context, c client.Client, w Workload, nodes []NodeView) ([]Placed, error) {
+// waitPlaced waits until the workload's pods are all bound and their GPUs
+// known, and returns them in bind order.
+func waitPlaced(ctx context.Context, c client.Client, w Workload, src gpuSource) ([]corev1.Pod, error) {
 	var pods corev1.PodList
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		if err := c.List(ctx, &pods, client.InNamespace(demoNamespace), client.MatchingLabels{"demo": w.Name}); err != nil {
@@ -477,8 +629,8 @@ func waitPlaced(ctx context.Context, c client.Client, w Workload, nodes []NodeVi
 		if len(pods.Items) < w.Pods {
 			return false, nil
 		}
-		for _, p := range pods.Items {
-			if p.Spec.NodeName == "" || p.Annotations[v1alpha1.AnnotationAssignedGPUs] == "" {
+		for i := range pods.Items {
+			if !src.known(&pods.Items[i]) {
 				return false, nil
 			}
 		}
@@ -487,37 +639,8 @@ func waitPlaced(ctx context.Context, c client.Client, w Workload, nodes []NodeVi
 	if err != nil {
 		return nil, fmt.Errorf("%s: pods not placed: %w%s", w.Name, err, pending(pods.Items))
 	}
-	graphs := map[string]*topology.Graph{}
-	for _, n := range nodes {
-		graphs[n.Name] = n.Graph
-	}
-	sort.Slice(pods.Items, func(i, j int) bool { return scheduledAt(&pods.Items[i]).Before(scheduledAt(&pods.Items[j])) })
-	out := make([]Placed, 0, len(pods.Items))
-	for _, p := range pods.Items {
-		uuids, err := v1alpha1.ParseGPUList(v1alpha1.AnnotationAssignedGPUs, p.Annotations[v1alpha1.AnnotationAssignedGPUs])
-		if err != nil {
-			return nil, fmt.Errorf("pod %s: %w", p.Name, err)
-		}
-		g := graphs[p.Spec.NodeName]
-		if g == nil {
-			return nil, fmt.Errorf("pod %s bound to unknown node %q", p.Name, p.Spec.NodeName)
-		}
-		idx := make([]int, 0, len(uuids))
-		for _, u := range uuids {
-			i, ok := g.IndexOf(u)
-			if !ok {
-				return nil, fmt.Errorf("pod %s: GPU %s is not on node %s", p.Name, u, p.Spec.NodeName)
-			}
-			idx = append(idx, i)
-		}
-		pv := Placed{PodView: PodView{Name: p.Name, Node: p.Spec.NodeName, Intent: string(w.Intent), GPUs: idx}}
-		// The group and its domain, as bind recorded them.
-		if pl, err := v1alpha1.ParsePlacement(p.Annotations[v1alpha1.AnnotationPlacement]); err == nil {
-			pv.Group, pv.Domain = pl.Group, pl.Domain
-		}
-		out = append(out, pv)
-	}
-	return out, nil
+	sort.SliceStable(pods.Items, func(i, j int) bool { return scheduledAt(&pods.Items[i]).Before(scheduledAt(&pods.Items[j])) })
+	return pods.Items, nil
 }
 
 func scheduledAt(p *corev1.Pod) time.Time {

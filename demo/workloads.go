@@ -45,7 +45,26 @@ type Workload struct {
 	// Machine, when set, pins the pods to nodes of that machine (its name),
 	// as a team pins work to its own pool of machines.
 	Machine string
+	// Priority is the pods' PriorityClass: PriorityBatch, PriorityServing
+	// or "" (none: priority 0).
+	Priority string
+	// Fill makes Pods the number of GPUs still free when the workload is
+	// submitted (GPUs must be 1): the cluster is then full, and what comes
+	// next must preempt.
+	Fill bool
+	// Shows is what the workload demonstrates, as the report says it.
+	Shows string
 }
+
+// The demo's PriorityClasses: preemptible batch below the default 0, and
+// serving above it.
+const (
+	PriorityBatch   = "demo-batch"
+	PriorityServing = "demo-serving"
+)
+
+// priorityValues are the demo's PriorityClasses' values.
+var priorityValues = map[string]int32{PriorityBatch: -100, PriorityServing: 1000}
 
 // labelMachine is the node label the demo sets to the node's machine name.
 const labelMachine = "demo.gputopo.io/machine"
@@ -114,7 +133,9 @@ func ParseMachines(spec string) ([]NodeSpec, error) {
 // the webhook's default requirement for their intent and the allocator's
 // own choice of GPUs among those still free. A job too large for every
 // machine halves its GPUs per pod; a workload with no room left is
-// dropped. Pinning keeps the scheduler from spending a machine the plan
+// dropped. The priority case comes last: the batch fill as it is, then
+// the high-priority job, pinned where it fits best on the idle cluster
+// (it preempts there). Pinning keeps the scheduler from spending a machine the plan
 // saved for a later job.
 func WorkloadsFor(cluster []NodeSpec) ([]Workload, error) {
 	if slices.Equal(cluster, DefaultCluster) {
@@ -170,18 +191,37 @@ func WorkloadsFor(cluster []NodeSpec) ([]Workload, error) {
 	}
 	planned := make([]*Workload, len(DefaultWorkloads))
 	order := make([]int, 0, len(DefaultWorkloads))
+	// The priority case comes last, in its own order: the batch fill, then
+	// what preempts it.
+	late := func(w Workload) bool { return w.Fill || w.Priority != "" }
 	for i, w := range DefaultWorkloads {
-		if w.Intent == v1alpha1.ParallelismModel {
+		if w.Intent == v1alpha1.ParallelismModel && !late(w) {
 			order = append(order, i)
 		}
 	}
 	for i, w := range DefaultWorkloads {
-		if w.Intent != v1alpha1.ParallelismModel {
+		if w.Intent != v1alpha1.ParallelismModel && !late(w) {
+			order = append(order, i)
+		}
+	}
+	for i, w := range DefaultWorkloads {
+		if late(w) {
 			order = append(order, i)
 		}
 	}
 	for _, i := range order {
 		w := DefaultWorkloads[i]
+		if w.Fill {
+			planned[i] = &w
+			continue
+		}
+		if w.Priority != "" {
+			// It preempts: planned on the idle cluster, where the GPUs it
+			// frees are.
+			for _, n := range nodes {
+				n.free = n.g.All()
+			}
+		}
 		for gpus := min(w.GPUs, largest); gpus >= 1 && planned[i] == nil; gpus /= 2 {
 			best, bestPods := "", 0
 			var bestTaken map[*planNode]topology.Mask
@@ -209,12 +249,21 @@ func WorkloadsFor(cluster []NodeSpec) ([]Workload, error) {
 	return out, nil
 }
 
-// DefaultWorkloads fill most of the cluster: model-parallel jobs that need
-// NVLink, data-parallel jobs, and single-GPU notebooks that must not break
-// up NVLink islands.
+// DefaultWorkloads fill the cluster: model-parallel jobs that need NVLink,
+// a data-parallel job, single-GPU notebooks that must not break up NVLink
+// islands, preemptible batch work on every GPU left, and then a
+// high-priority model-parallel job that must preempt some of it.
 var DefaultWorkloads = []Workload{
-	{Name: "llm-pretrain", Intent: v1alpha1.ParallelismModel, Pods: 1, GPUs: 8},
-	{Name: "notebook", Pods: 2, GPUs: 1, Bare: true, Machine: "dgx1-v100"},
-	{Name: "resnet", Intent: v1alpha1.ParallelismData, Pods: 2, GPUs: 2, Machine: "pcie-8x"},
-	{Name: "llm-finetune", Intent: v1alpha1.ParallelismModel, Pods: 3, GPUs: 4},
+	{Name: "llm-pretrain", Intent: v1alpha1.ParallelismModel, Pods: 1, GPUs: 8,
+		Shows: "an 8-GPU model-parallel pod gets a whole NVSwitch node"},
+	{Name: "notebook", Pods: 2, GPUs: 1, Bare: true, Machine: "dgx1-v100",
+		Shows: "single-GPU notebooks leave NVLink-connected GPUs whole for later jobs"},
+	{Name: "resnet", Intent: v1alpha1.ParallelismData, Pods: 2, GPUs: 2, Machine: "pcie-8x",
+		Shows: "a data-parallel job's pods share a PCIe switch, on one node"},
+	{Name: "llm-finetune", Intent: v1alpha1.ParallelismModel, Pods: 3, GPUs: 4,
+		Shows: "a 3-pod model-parallel group is placed whole, on NVLink quads under one leaf switch"},
+	{Name: "batch", Pods: 1, GPUs: 1, Bare: true, Fill: true, Priority: PriorityBatch,
+		Shows: "preemptible batch work takes every GPU left: the cluster is full"},
+	{Name: "llm-serve", Intent: v1alpha1.ParallelismModel, Pods: 1, GPUs: 4, Priority: PriorityServing,
+		Shows: "a high-priority 4-GPU model-parallel pod preempts batch pods that free NVLink-connected GPUs"},
 }

@@ -8,6 +8,7 @@ import (
 	"html"
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -407,14 +408,16 @@ func drawNode(p *printer, n NodeView, owner map[int]int, ox, oy int, l layout) {
 		// The NUMA nodes, lightly, under the circle.
 		var parts []string
 		for _, members := range domains(g, topology.DomainLevels-1, allGPUs(g.Len())) {
-			parts = append(parts, "NUMA "+l.numaOf[members[0]]+": GPUs "+spans(members))
+			parts = append(parts, "NUMA "+l.numaOf[members[0]]+": GPUs "+Spans(members))
 		}
 		p.f(`<text x="%d" y="%d" font-size="10" fill="#777777">%s</text>`+"\n", ox+15, oy+l.h-14, html.EscapeString(strings.Join(parts, " · ")))
 	}
 }
 
-// spans renders sorted indices with runs shortened: "0-3,6".
-func spans(v []int) string {
+// Spans renders indices sorted, runs shortened: [6 2 0 1 3] is "0-3,6",
+// [0 1] is "0,1".
+func Spans(idx []int) string {
+	v := slices.Sorted(slices.Values(idx))
 	var parts []string
 	for i := 0; i < len(v); {
 		j := i

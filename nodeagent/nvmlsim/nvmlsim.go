@@ -240,10 +240,24 @@ func (s *Simulator) gate(i int, call string) nvml.Return {
 	return nvml.SUCCESS
 }
 
+// indexOf is the index of d, one of this simulator's handles or a
+// wrapper around one (go-nvlib's device.Device embeds the handle and
+// passes itself to calls such as GetTopologyCommonAncestor): a wrapper is
+// known by the UUID it forwards.
 func (s *Simulator) indexOf(d nvml.Device) int {
 	for i, dev := range s.devices {
 		if nvml.Device(dev) == d {
 			return i
+		}
+	}
+	if d == nil {
+		return -1
+	}
+	if u, ret := d.GetUUID(); ret == nvml.SUCCESS {
+		for i, g := range s.gpus {
+			if g.UUID == u {
+				return i
+			}
 		}
 	}
 	return -1

@@ -69,9 +69,9 @@ func TestKubectlGputopoOnTheDemoCluster(t *testing.T) {
 	ran := false
 	err := demo.Run(ctx, demo.Options{
 		Cluster: cluster, Workloads: workloads, OutDir: t.TempDir(), Out: &out,
-		AfterPlacement: func(ctx context.Context, kubeconfig string) error {
+		AfterPlacement: func(ctx context.Context, r demo.Result) error {
 			ran = true
-			checkPlugin(ctx, t, kubeconfig)
+			checkPlugin(ctx, t, r.Kubeconfig)
 			return nil
 		},
 	})

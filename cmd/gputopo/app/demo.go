@@ -20,10 +20,15 @@ func newDemoCommand() *cobra.Command {
 from bin/ (make tools), the webhook, the extender and a node agent on
 simulated NVML per node of a mixed cluster (2x DGX A100, 2x DGX-1 V100,
 2x 8-GPU PCIe), submits model-parallel, data-parallel and single-GPU work,
-and prints each pod's GPUs against what count-only scheduling would have
-given. It writes a picture of every node to <out>/placement.svg, prints the
-kubectl gputopo commands to try with the cluster's kubeconfig, and tears
-everything down on exit or Ctrl-C (with --keep, only on Ctrl-C).
+preemptible batch work on every GPU left, then a high-priority job that
+must preempt. Then it places the same workload on the same nodes in a
+second control plane through plain kube-scheduler (its default profile),
+each pod's GPUs chosen as NVIDIA's device plugin chooses them, and prints
+per job where its pods went under each scheduler and the bandwidth that
+sets its pace. It draws both placements (<out>/placement.svg and
+<out>/placement-plain.svg), prints the kubectl gputopo commands to try
+with the cluster's kubeconfig, and tears everything down on exit or
+Ctrl-C (with --keep, only on Ctrl-C).
 
 --mode plugin runs gputopo-scheduler (kube-scheduler with gputopo's
 framework plugin, make gputopo-scheduler) instead of kube-scheduler and the
@@ -48,7 +53,7 @@ workloads shrink to fit them.`,
 			return demo.Run(cmd.Context(), opts)
 		},
 	}
-	cmd.Flags().StringVar(&opts.OutDir, "out", opts.OutDir, "directory for placement.svg and component logs")
+	cmd.Flags().StringVar(&opts.OutDir, "out", opts.OutDir, "directory for placement.svg, placement-plain.svg and component logs")
 	cmd.Flags().StringVar(&machines, "machines", "", "nodes as machine=count,... where a machine is a fixture name or a machine file, e.g. mybox.yaml=2,dgx-a100=2 (default: 2x dgx-a100, 2x dgx1-v100, 2x pcie-8x)")
 	cmd.Flags().StringVar(&opts.Mode, "mode", demo.ModeExtender, "extender: kube-scheduler calls the HTTP extender; plugin: gputopo-scheduler decides in-process (bin/gputopo-scheduler, make gputopo-scheduler)")
 	cmd.Flags().BoolVar(&opts.Keep, "keep", false, "keep the cluster running after the report, for kubectl gputopo, until Ctrl-C")
