@@ -34,6 +34,8 @@ var Columns = []Column{
 	{Name: "ring GB/s mean", Value: func(r Result) float64 { return r.RingMeanGBps }, Higher: true, Format: gbps},
 	{Name: "island share", Value: func(r Result) float64 { return r.IslandShare }, Higher: true, Format: share},
 	{Name: "mean wait", Value: func(r Result) float64 { return float64(r.MeanWait) }, Higher: false, Format: wait},
+	{Name: "effective wait", Value: func(r Result) float64 { return float64(r.EffectiveWait) }, Higher: false, Format: wait},
+	{Name: "model NVLink work", Value: func(r Result) float64 { return r.NVLinkWork }, Higher: true, Format: pct},
 }
 
 // better says whether a beats b on c.

@@ -78,8 +78,15 @@ type Result struct {
 	// IslandShare is the time-weighted mean of the fragmentation measure
 	// (see Sample); 1 means no NVLink island was ever broken needlessly.
 	IslandShare float64
-	// MeanWait is over accepted jobs.
-	MeanWait time.Duration
+	// MeanWait is over accepted jobs. EffectiveWait is over every job, a
+	// rejected one counting the full MaxWait: it does not reward
+	// accepting fewer.
+	MeanWait, EffectiveWait time.Duration
+	// NVLinkWork is the model-parallel multi-GPU work that ran on a fully
+	// NVLink- or NVSwitch-connected set, in GPU-hours, per GPU-hour of
+	// such work submitted: 1 when every model-parallel job ran at NVLink
+	// speed, lower for each one rejected or placed on PCIe.
+	NVLinkWork float64
 	// Decisions counts Place calls (one per job per scheduling attempt);
 	// DecisionMean and DecisionP99 are their wall-clock times.
 	Decisions                 int
@@ -244,6 +251,9 @@ type engine struct {
 	ringSum   float64
 	modelRing float64
 	waitSum   time.Duration
+	// modelWork and nvlinkWork are the submitted model-parallel GPU-hours
+	// and those run on NVLink.
+	modelWork, nvlinkWork float64
 	// started are the jobs started at least once (an evicted job starts
 	// again); highWait sums the high-priority jobs' first waits.
 	started  map[string]bool
@@ -293,6 +303,7 @@ func newEngine(cfg Config, p Policy) *engine {
 	for _, j := range cfg.Jobs {
 		if j.Model() {
 			e.res.ModelJobs++
+			e.modelWork += gpuHours(j)
 		}
 		if j.Priority > 0 {
 			e.res.HighJobs++
@@ -420,6 +431,7 @@ func (e *engine) start(t time.Duration, j Job, pl Placement) {
 		e.modelRing += float64(m.RingGBps)
 		if m.Tier == v1alpha1.TierNVLink || m.Tier == v1alpha1.TierNVSwitch {
 			res.ModelNVLink++
+			e.nvlinkWork += gpuHours(j)
 		}
 	}
 	res.Placed = append(res.Placed, Placed{Job: j, Start: t, Node: n.Name, Fixture: n.Fixture,
@@ -435,11 +447,18 @@ func (e *engine) finish() {
 	res.RingMeanGBps = meanOf(e.ringSum, res.MultiGPU)
 	res.ModelRingMeanGBps = meanOf(e.modelRing, res.ModelAccepted)
 	res.MeanWait = meanOf(e.waitSum, res.Accepted)
+	res.EffectiveWait = meanOf(e.waitSum+time.Duration(res.Jobs-res.Accepted)*e.cfg.MaxWait, res.Jobs)
+	if e.modelWork > 0 {
+		res.NVLinkWork = e.nvlinkWork / e.modelWork
+	}
 	res.HighMeanWait = meanOf(e.highWait, res.HighAccepted)
 	res.HighEffectiveWait = meanOf(e.highWait+time.Duration(res.HighJobs-res.HighAccepted)*e.cfg.MaxWait, res.HighJobs)
 	res.IslandShare = timeWeighted(res.Series)
 	res.Decisions, res.DecisionMean, res.DecisionP99 = decisionStats(e.decisions)
 }
+
+// gpuHours is the GPU-hours job j runs for.
+func gpuHours(j Job) float64 { return float64(j.GPUs) * j.Duration.Hours() }
 
 // check enforces what every policy owes: the right number of GPUs, all
 // of them free, on a node that exists.

@@ -167,3 +167,30 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		})
 	}
 }
+
+// Effective wait counts a rejected job's full MaxWait; NVLink work is the
+// model-parallel GPU-hours run on NVLink per submitted one. One DGX A100:
+// an 8-GPU model job runs 2 h from 0; a 4-GPU model job arriving at 0
+// waits past the 1 h MaxWait and is rejected.
+func TestEffectiveWaitAndNVLinkWork(t *testing.T) {
+	nodes, err := ParseCluster("dgx-a100=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobs := mustJobs(t, TraceHeader+"\n"+"big,0,7200,8,model\n"+"late,0,3600,4,model\n")
+	rs, err := Run(Config{Nodes: nodes, Jobs: jobs, MaxWait: time.Hour, Policies: []string{PolicyFirstFit}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rs[0]
+	if r.Accepted != 1 || r.MeanWait != 0 {
+		t.Fatalf("accepted %d, mean wait %s; want 1 and 0", r.Accepted, r.MeanWait)
+	}
+	if r.EffectiveWait != 30*time.Minute {
+		t.Errorf("effective wait %s, want 30m (0 and the rejected job's 1h)", r.EffectiveWait)
+	}
+	// 16 GPU-hours on NVSwitch of 16 + 4 submitted.
+	if want := 0.8; r.NVLinkWork < want-1e-9 || r.NVLinkWork > want+1e-9 {
+		t.Errorf("NVLink work %.3f, want %.3f", r.NVLinkWork, want)
+	}
+}

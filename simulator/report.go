@@ -15,11 +15,12 @@ import (
 // WriteTable prints one row per policy, in Markdown table syntax so that
 // the same text reads in a terminal and in docs/simulator.md.
 func WriteTable(w io.Writer, results []Result) error {
-	tw := markdownTable(w, "policy", "accepted", "model jobs placed", "model on NVLink", "model ring GB/s", "ring GB/s mean", "ring GB/s worst", "island share", "mean wait", "decision mean", "decision p99")
+	tw := markdownTable(w, "policy", "accepted", "model jobs placed", "model on NVLink", "model ring GB/s", "ring GB/s mean", "ring GB/s worst", "island share", "mean wait", "effective wait", "model NVLink work", "decision mean", "decision p99")
 	for _, r := range results {
-		fmt.Fprintf(tw, "| %s\t| %d/%d (%.1f%%)\t| %d/%d\t| %.1f%%\t| %.1f\t| %.1f\t| %.0f\t| %.3f\t| %s\t| %s\t| %s\t|\n",
+		fmt.Fprintf(tw, "| %s\t| %d/%d (%.1f%%)\t| %d/%d\t| %.1f%%\t| %.1f\t| %.1f\t| %.0f\t| %.3f\t| %s\t| %s\t| %.1f%%\t| %s\t| %s\t|\n",
 			r.Policy, r.Accepted, r.Jobs, 100*r.AcceptanceRate(), r.ModelAccepted, r.ModelJobs, 100*r.NVLinkShare(), r.ModelRingMeanGBps,
-			r.RingMeanGBps, r.RingWorstGBps, r.IslandShare, r.MeanWait.Round(time.Second), roundDur(r.DecisionMean), roundDur(r.DecisionP99))
+			r.RingMeanGBps, r.RingWorstGBps, r.IslandShare, r.MeanWait.Round(time.Second), r.EffectiveWait.Round(time.Second), 100*r.NVLinkWork,
+			roundDur(r.DecisionMean), roundDur(r.DecisionP99))
 	}
 	return tw.Flush()
 }
