@@ -7,16 +7,19 @@ import (
 	"time"
 )
 
-// Column is one quality measure of a Result that policies are compared
-// on, with the direction that is better.
-type Column struct {
+// ColumnOf is one quality measure of a result R (Result, GangResult)
+// that policies are compared on, with the direction that is better.
+type ColumnOf[R any] struct {
 	Name string
 	// Value reads the measure; Higher says a larger value is better.
-	Value  func(Result) float64
+	Value  func(R) float64
 	Higher bool
 	// Format prints a value.
 	Format func(float64) string
 }
+
+// Column is a measure of a single-pod run's Result.
+type Column = ColumnOf[Result]
 
 func pct(v float64) string  { return fmt.Sprintf("%.1f%%", 100*v) }
 func gbps(v float64) string { return fmt.Sprintf("%.1f", v) }
@@ -39,7 +42,7 @@ var Columns = []Column{
 }
 
 // better says whether a beats b on c.
-func (c Column) better(a, b float64) bool {
+func (c ColumnOf[R]) better(a, b float64) bool {
 	if c.Higher {
 		return a > b
 	}
@@ -48,7 +51,7 @@ func (c Column) better(a, b float64) bool {
 
 // Winners names, per column, the policies with the best value (several
 // on a tie), over values[policy].
-func winners(c Column, names []string, values []float64) []string {
+func winners[R any](c ColumnOf[R], names []string, values []float64) []string {
 	best := -1
 	for i := range values {
 		if best < 0 || c.better(values[i], values[best]) {
@@ -70,14 +73,14 @@ func WriteWinners(w io.Writer, results []Result) error {
 	for i, r := range results {
 		names[i] = r.Policy
 	}
-	return writeWinnerLine(w, "best per column", names, func(ci, i int) float64 { return Columns[ci].Value(results[i]) })
+	return writeWinnerLine(w, Columns, "best per column", names, func(ci, i int) float64 { return Columns[ci].Value(results[i]) })
 }
 
 // writeWinnerLine prints "<label>: column: winners; ..." where value(ci, i)
-// is policy i's value in column ci.
-func writeWinnerLine(w io.Writer, label string, names []string, value func(ci, i int) float64) error {
+// is policy i's value in column ci of cols.
+func writeWinnerLine[R any](w io.Writer, cols []ColumnOf[R], label string, names []string, value func(ci, i int) float64) error {
 	var parts []string
-	for ci, c := range Columns {
+	for ci, c := range cols {
 		vals := make([]float64, len(names))
 		for i := range names {
 			vals[i] = value(ci, i)
@@ -99,21 +102,27 @@ type Summary struct {
 }
 
 // Summarize folds runs (each one Run's results, same policies in the same
-// order) into one Summary per policy.
+// order) into one Summary per policy, over Columns.
 func Summarize(runs [][]Result) []Summary {
+	return summarizeBy(runs, Columns, func(r Result) string { return r.Policy })
+}
+
+// summarizeBy folds runs of results R into one Summary per policy (named
+// by policy) over cols.
+func summarizeBy[R any](runs [][]R, cols []ColumnOf[R], policy func(R) string) []Summary {
 	if len(runs) == 0 {
 		return nil
 	}
 	out := make([]Summary, len(runs[0]))
 	for p, r := range runs[0] {
-		out[p] = Summary{Policy: r.Policy, Mean: make([]float64, len(Columns)), Worst: make([]float64, len(Columns)), Wins: make([]int, len(Columns))}
+		out[p] = Summary{Policy: policy(r), Mean: make([]float64, len(cols)), Worst: make([]float64, len(cols)), Wins: make([]int, len(cols))}
 	}
 	names := make([]string, len(out))
 	for p := range out {
 		names[p] = out[p].Policy
 	}
 	for ri, results := range runs {
-		for ci, c := range Columns {
+		for ci, c := range cols {
 			vals := make([]float64, len(results))
 			for p, r := range results {
 				v := c.Value(r)
@@ -137,7 +146,7 @@ func Summarize(runs [][]Result) []Summary {
 		}
 	}
 	for p := range out {
-		for ci := range Columns {
+		for ci := range cols {
 			out[p].Mean[ci] /= float64(out[p].Runs)
 		}
 	}
@@ -148,14 +157,19 @@ func Summarize(runs [][]Result) []Summary {
 // the worst run and the number of runs won, then the winner of each
 // column by mean.
 func WriteSummary(w io.Writer, sums []Summary) error {
-	cols := []string{"policy"}
-	for _, c := range Columns {
-		cols = append(cols, c.Name+" (mean / worst / runs won)")
+	return writeSummaryBy(w, Columns, sums)
+}
+
+// writeSummaryBy is WriteSummary over cols.
+func writeSummaryBy[R any](w io.Writer, cols []ColumnOf[R], sums []Summary) error {
+	head := []string{"policy"}
+	for _, c := range cols {
+		head = append(head, c.Name+" (mean / worst / runs won)")
 	}
-	tw := markdownTable(w, cols...)
+	tw := markdownTable(w, head...)
 	for _, s := range sums {
 		row := "| " + s.Policy + "\t"
-		for ci, c := range Columns {
+		for ci, c := range cols {
 			row += fmt.Sprintf("| %s / %s / %d\t", c.Format(s.Mean[ci]), c.Format(s.Worst[ci]), s.Wins[ci])
 		}
 		fmt.Fprintln(tw, row+"|")
@@ -168,5 +182,5 @@ func WriteSummary(w io.Writer, sums []Summary) error {
 		names[i] = s.Policy
 	}
 	fmt.Fprintln(w)
-	return writeWinnerLine(w, "best mean per column", names, func(ci, i int) float64 { return sums[i].Mean[ci] })
+	return writeWinnerLine(w, cols, "best mean per column", names, func(ci, i int) float64 { return sums[i].Mean[ci] })
 }

@@ -91,34 +91,44 @@ func RunGangSuite(cases []GangCase, ext *configv1alpha1.ExtenderConfiguration) (
 		if err != nil {
 			return nil, err
 		}
-		rs, err := RunGang(GangConfig{Nodes: nodes, Jobs: tr.Jobs, MaxWait: DefaultMaxWait, Extender: ext})
+		row, err := runGangCase(c, tr.Jobs, nodes, ext)
 		if err != nil {
-			return nil, fmt.Errorf("%s on %s: %w", c.Trace, c.Cluster, err)
+			return nil, err
 		}
-		row := GangRow{Case: c, Nodes: len(nodes), Results: rs}
-		for _, n := range nodes {
-			row.GPUs += n.Graph.Len()
-		}
-		g := row.Result(GangGputopo)
-		best := GangResult{GroupsPlaced: -1}
-		for _, r := range rs {
-			if r.Policy != GangGputopo && r.GroupsPlaced > best.GroupsPlaced {
-				best = r
-			}
-		}
-		row.Best = best.Policy
-		for _, r := range rs {
-			if r.Policy != GangGputopo {
-				row.BestKeepingIntent = max(row.BestKeepingIntent, r.GroupsPlaced-r.ModelGroupsOffNVLink)
-			}
-		}
-		row.PlacedOK = g.GroupsPlaced >= best.GroupsPlaced
-		row.HeldOK = g.HeldGPUHours == 0
-		row.DomainOK = g.OneDomainShare() >= row.Result(GangTAS).OneDomainShare()
-		row.BandwidthOK = g.GroupGBpsMean >= row.Result(GangPerPod).GroupGBpsMean
 		rows = append(rows, row)
 	}
 	return rows, nil
+}
+
+// runGangCase runs jobs on nodes through every gang policy and judges
+// gputopo's outcome against the others.
+func runGangCase(c GangCase, jobs []Job, nodes []Node, ext *configv1alpha1.ExtenderConfiguration) (GangRow, error) {
+	rs, err := RunGang(GangConfig{Nodes: nodes, Jobs: jobs, MaxWait: DefaultMaxWait, Extender: ext})
+	if err != nil {
+		return GangRow{}, fmt.Errorf("%s on %s: %w", c.Trace, c.Cluster, err)
+	}
+	row := GangRow{Case: c, Nodes: len(nodes), Results: rs}
+	for _, n := range nodes {
+		row.GPUs += n.Graph.Len()
+	}
+	g := row.Result(GangGputopo)
+	best := GangResult{GroupsPlaced: -1}
+	for _, r := range rs {
+		if r.Policy != GangGputopo && r.GroupsPlaced > best.GroupsPlaced {
+			best = r
+		}
+	}
+	row.Best = best.Policy
+	for _, r := range rs {
+		if r.Policy != GangGputopo {
+			row.BestKeepingIntent = max(row.BestKeepingIntent, r.GroupsPlaced-r.ModelGroupsOffNVLink)
+		}
+	}
+	row.PlacedOK = g.GroupsPlaced >= best.GroupsPlaced
+	row.HeldOK = g.HeldGPUHours == 0
+	row.DomainOK = g.OneDomainShare() >= row.Result(GangTAS).OneDomainShare()
+	row.BandwidthOK = g.GroupGBpsMean >= row.Result(GangPerPod).GroupGBpsMean
+	return row, nil
 }
 
 func mark(ok bool) string {

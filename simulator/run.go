@@ -46,6 +46,13 @@ type Options struct {
 	// priority traces, gputopo's preemption against count-only
 	// preemption.
 	PreemptionSuite bool
+	// Family runs the generalisation benchmark's family of that name
+	// (FamilyTune or FamilyTest): FamilySize cases (FamilySize when 0) of
+	// random cluster mixes, with the built-in machines and
+	// FamilyMachines (machine files).
+	Family         string
+	FamilySize     int
+	FamilyMachines []string
 }
 
 // configs loads the extender and webhook configuration files of o.
@@ -109,8 +116,11 @@ func Simulate(w io.Writer, o Options) error {
 	if err != nil {
 		return err
 	}
-	if n := btoi(o.Suite) + btoi(o.GangSuite) + btoi(o.PreemptionSuite); n > 1 {
-		return fmt.Errorf("--suite, --gang-suite and --preemption-suite: give one")
+	if n := btoi(o.Suite) + btoi(o.GangSuite) + btoi(o.PreemptionSuite) + btoi(o.Family != ""); n > 1 {
+		return fmt.Errorf("--suite, --gang-suite, --preemption-suite and --family: give one")
+	}
+	if o.Family != "" {
+		return simulateFamily(w, o, ext)
 	}
 	if o.PreemptionSuite {
 		return simulatePreemptionSuite(w, o, ext)
@@ -346,6 +356,32 @@ func simulateGangSuite(w io.Writer, o Options, ext *configv1alpha1.ExtenderConfi
 	return writeSuiteReport(w, o, rows, func(held int) string {
 		return fmt.Sprintf("gang suite: %d traces on %d cluster mixes; every acceptance point holds on %d; max wait %s\n\n", len(rows), gangMixes(rows), held, DefaultMaxWait)
 	}, WriteGangSuite)
+}
+
+// simulateFamily runs a family of the generalisation benchmark with the
+// extender configuration of o and prints (and, with OutDir, writes) its
+// report.
+func simulateFamily(w io.Writer, o Options, ext *configv1alpha1.ExtenderConfiguration) error {
+	if err := fixedSuite(o, "--family"); err != nil {
+		return err
+	}
+	size := o.FamilySize
+	if size == 0 {
+		size = FamilySize
+	}
+	cases, err := FamilyCases(o.Family, size, o.FamilyMachines)
+	if err != nil {
+		return err
+	}
+	run, err := RunFamily(o.Family, cases, ext)
+	if err != nil {
+		return err
+	}
+	var md strings.Builder
+	if err := WriteFamily(&md, run); err != nil {
+		return err
+	}
+	return writeReport(w, o.OutDir, md.String())
 }
 
 // simulatePreemptionSuite runs the preemption suite with the extender

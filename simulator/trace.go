@@ -344,10 +344,7 @@ func Generate(spec string) (Trace, error) {
 		}
 	}
 	rng := rand.New(rand.NewPCG(seed, 0x67707574))
-	expo := func(mean, lo, hi float64) time.Duration {
-		v := min(max(rng.ExpFloat64()*mean, lo), hi)
-		return time.Duration(math.Round(v)) * time.Second
-	}
+	expo := expoDraw(rng)
 	var jobs []Job
 	var cluster string
 	var t float64
@@ -386,7 +383,11 @@ func Generate(spec string) (Trace, error) {
 		jobs = generatePriority(rng, n, load, expo)
 	case "gang-nvl72", "gang-hgx", "gang-fleet":
 		cluster = map[string]string{"gang-nvl72": ClusterNVL72, "gang-hgx": ClusterHGXFabric, "gang-fleet": ClusterGangFleet}[kind]
-		jobs = generateGang(rng, cluster, n, load, expo)
+		nodes, err := ParseCluster(cluster)
+		if err != nil {
+			return Trace{}, fmt.Errorf("generator %q: cluster: %w", spec, err)
+		}
+		jobs = generateGang(rng, nodes, n, load, expo)
 	default:
 		return Trace{}, fmt.Errorf("generator %q: unknown kind %q; known: mixed, fragment, priority, gang-nvl72, gang-hgx, gang-fleet", spec, kind)
 	}
@@ -425,12 +426,8 @@ func generatePriority(rng *rand.Rand, n int, load float64, expo func(mean, lo, h
 	return jobs
 }
 
-// generateGang draws the gang generators' jobs for cluster (see Generate).
-func generateGang(rng *rand.Rand, cluster string, n int, load float64, expo func(mean, lo, hi float64) time.Duration) []Job {
-	nodes, err := ParseCluster(cluster)
-	if err != nil {
-		panic(fmt.Sprintf("gang cluster %q: %v", cluster, err)) // fixed specs, checked by the tests
-	}
+// generateGang draws the gang generators' jobs for nodes (see Generate).
+func generateGang(rng *rand.Rand, nodes []Node, n int, load float64, expo func(mean, lo, hi float64) time.Duration) []Job {
 	gpus, widest := 0, 0
 	for _, nd := range nodes {
 		gpus += nd.Graph.Len()

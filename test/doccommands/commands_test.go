@@ -379,7 +379,8 @@ func (r *runner) realRun(h *helpInfo, args []string) ([]string, bool) {
 		}
 		return args, true
 	case "gputopo simulate":
-		if slices.Contains(args, "--suite") {
+		// The suites and families run long: checked with --help.
+		if slices.Contains(args, "--suite") || slices.Contains(args, "--family") {
 			return nil, false
 		}
 		if i, ok := value("--cluster"); ok {

@@ -1,6 +1,8 @@
 package app
 
 import (
+	"strconv"
+
 	"github.com/spf13/cobra"
 
 	"github.com/gputopo/gputopo/simulator"
@@ -36,7 +38,8 @@ See docs/simulator.md.`,
   gputopo simulate --trace gen:mixed:load=1.0 --seeds 10 --extender-config my-extender.yaml --webhook-config my-webhook.yaml
   gputopo simulate --extender-config my-extender.yaml --seeds 10
   gputopo simulate --gang-suite --out _out/sim-gang
-  gputopo simulate --preemption-suite --out _out/sim-preempt`,
+  gputopo simulate --preemption-suite --out _out/sim-preempt
+  gputopo simulate --family test --out _out/sim-family`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if opts.Seeds > 1 && !cmd.Flags().Changed("trace") {
@@ -58,6 +61,9 @@ See docs/simulator.md.`,
 	f.BoolVar(&opts.Suite, "suite", false, "run the placement suite (12 traces on 5 cluster mixes) and print gputopo against the optimum and the count-only baselines, with and without fallbackAfter")
 	f.BoolVar(&opts.GangSuite, "gang-suite", false, "run the gang suite (groups of pods on NVL72, HGX/DGX and mixed fleets in a fabric) and print gputopo's group planning against per-pod gputopo, a count-only gang scheduler, a Kueue-TAS-like placer and the greedy optimum")
 	f.BoolVar(&opts.PreemptionSuite, "preemption-suite", false, "run the preemption suite (priority traces on a mixed cluster) and print gputopo's preemption against count-only preemption (kube-scheduler's victim search without gputopo's filter) and plain kube-scheduler")
+	f.StringVar(&opts.Family, "family", "", "run a family of the generalisation benchmark: "+simulator.FamilyTune+" (seeds from "+strconv.Itoa(simulator.FamilyTuneSeed)+", for tuning) or "+simulator.FamilyTest+" (seeds from "+strconv.Itoa(simulator.FamilyTestSeed)+", never tuned on): random cluster mixes and workloads, single pods and groups, every policy, mean, worst and traces won per column, and the acceptance points")
+	f.IntVar(&opts.FamilySize, "family-size", 0, "cases of --family (default "+strconv.Itoa(simulator.FamilySize)+")")
+	f.StringSliceVar(&opts.FamilyMachines, "family-machines", nil, "machine files (gputopo machine import) the --family mixes draw from beside the built-in machines")
 	f.IntVar(&opts.Seeds, "seeds", 0, "run this many seeds of a gen: trace (its seed, then +1, ...; without --trace, "+SeedsTrace+") and report mean, worst and runs won per column")
 	return cmd
 }

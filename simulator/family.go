@@ -1,0 +1,461 @@
+package simulator
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/topology/machine"
+)
+
+// The generalisation benchmark's families (docs/benchmarks.md): random
+// cluster mixes and workloads drawn from a seed each. Weights and defaults
+// may be tuned on the tuning family; the test family is only ever
+// measured. Seeds of a family of n cases are its first seed .. +n-1.
+const (
+	FamilyTune = "tune"
+	FamilyTest = "test"
+	// FamilyTuneSeed and FamilyTestSeed are the families' first seeds.
+	FamilyTuneSeed = 1000
+	FamilyTestSeed = 5000
+	// FamilySize is the cases a family run draws unless told otherwise.
+	FamilySize = 100
+	// FamilySingleJobs and FamilyGangJobs are the jobs of a case's
+	// single-pod and group traces.
+	FamilySingleJobs = 300
+	FamilyGangJobs   = 200
+)
+
+// FamilyCase is one case of a family: a cluster mix, a load, and two
+// traces drawn for them.
+type FamilyCase struct {
+	Seed uint64
+	// Cluster is the ParseCluster spec of the mix, Mix the same with
+	// machine names for machine files; Fabric says whether its nodes
+	// carry leaf and spine labels.
+	Cluster, Mix string
+	Fabric       bool
+	Nodes   []Node
+	GPUs    int
+	Load    float64
+	// Single are single-pod jobs; Gang half groups, half single pods
+	// (generateGang).
+	Single, Gang Trace
+}
+
+// FamilySeeds resolves a family name to its first seed.
+func FamilySeeds(family string) (uint64, error) {
+	switch family {
+	case FamilyTune:
+		return FamilyTuneSeed, nil
+	case FamilyTest:
+		return FamilyTestSeed, nil
+	}
+	return 0, fmt.Errorf("--family %q: want %s (seeds from %d, for tuning) or %s (seeds from %d, never tuned on)", family, FamilyTune, FamilyTuneSeed, FamilyTest, FamilyTestSeed)
+}
+
+// FamilyCases draws n cases of the family. The machines are every
+// built-in fixture and each of machineFiles (machine files imported from
+// real servers; one named like a fixture stands in for it).
+func FamilyCases(family string, n int, machineFiles []string) ([]FamilyCase, error) {
+	first, err := FamilySeeds(family)
+	if err != nil {
+		return nil, err
+	}
+	if n < 1 || n > 1000 {
+		return nil, fmt.Errorf("--family-size %d: must be 1..1000", n)
+	}
+	pool, err := familyMachines(machineFiles)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]FamilyCase, 0, n)
+	for i := range n {
+		c, err := drawCase(first+uint64(i), pool)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// familyMachine is a machine the family draws from: its source (fixture
+// name or file) and size.
+type familyMachine struct {
+	source, name string
+	gpus         int
+	// tray: a multi-node NVLink domain's compute tray, drawn as whole
+	// racks of rackTrays.
+	tray bool
+}
+
+const rackTrays = 18
+
+func familyMachines(files []string) ([]familyMachine, error) {
+	var pool []familyMachine
+	for _, f := range machine.Fixtures() {
+		pool = append(pool, familyMachine{source: f.Name, name: f.Name, gpus: f.GPUs, tray: f.FabricClique != ""})
+	}
+	for _, path := range files {
+		f, err := machine.Load(path)
+		if err != nil {
+			return nil, fmt.Errorf("family machine %s: %w", path, err)
+		}
+		m := familyMachine{source: path, name: f.Name, gpus: f.GPUs}
+		if i := slices.IndexFunc(pool, func(p familyMachine) bool { return p.name == f.Name }); i >= 0 {
+			pool[i] = m
+			continue
+		}
+		pool = append(pool, m)
+	}
+	return pool, nil
+}
+
+// drawCase draws one case from seed: 2 to 4 machine kinds, 8 to 64 nodes
+// (racks of GB200 trays count 18 nodes each), leaf switches of 4 or 8
+// nodes (a rack's 18 trays) under spines of 2 leaves on half the cases,
+// a load of 0.6 to 1.3, and the two traces.
+func drawCase(seed uint64, pool []familyMachine) (FamilyCase, error) {
+	rng := rand.New(rand.NewPCG(seed, 0x66616d696c79))
+	c := FamilyCase{Seed: seed, Fabric: rng.IntN(2) == 0}
+	total := 8 + rng.IntN(57)
+	kinds := 2 + rng.IntN(3)
+	order := rng.Perm(len(pool))
+	var entries, mix []string
+	left := total
+	for _, pi := range order {
+		if len(entries) == kinds || left <= 0 {
+			break
+		}
+		m := pool[pi]
+		var count int
+		switch {
+		case m.tray && left < rackTrays:
+			continue
+		case m.tray:
+			count = rackTrays * (1 + rng.IntN(left/rackTrays))
+		case len(entries) == kinds-1:
+			count = left
+		default:
+			count = 1 + rng.IntN(max(1, left-(kinds-1-len(entries))))
+		}
+		left -= count
+		attrs := ""
+		if m.tray {
+			attrs += fmt.Sprintf("/rack=%d", rackTrays)
+		}
+		if c.Fabric {
+			leaf := []int{4, 8}[rng.IntN(2)]
+			if m.tray {
+				leaf = rackTrays
+			}
+			attrs += fmt.Sprintf("/leaf=%d", leaf)
+		}
+		entries = append(entries, fmt.Sprintf("%s=%d%s", m.source, count, attrs))
+		mix = append(mix, fmt.Sprintf("%s=%d%s", m.name, count, attrs))
+	}
+	c.Cluster, c.Mix = strings.Join(entries, ","), strings.Join(mix, ",")
+	if c.Fabric {
+		c.Cluster += ";spine=2"
+		c.Mix += ";spine=2"
+	}
+	nodes, err := ParseCluster(c.Cluster)
+	if err != nil {
+		return FamilyCase{}, fmt.Errorf("family seed %d: %w", seed, err)
+	}
+	c.Nodes = nodes
+	widest := 0
+	for _, n := range nodes {
+		c.GPUs += n.Graph.Len()
+		widest = max(widest, n.Graph.Len())
+	}
+	c.Load = math.Round((0.6+0.7*rng.Float64())*20) / 20
+	expo := expoDraw(rng)
+	c.Single = Trace{Name: fmt.Sprintf("family:%d:single", seed), Cluster: c.Cluster, Jobs: drawSingle(rng, c.GPUs, widest, c.Load, expo)}
+	c.Gang = Trace{Name: fmt.Sprintf("family:%d:gang", seed), Cluster: c.Cluster, Jobs: generateGang(rng, nodes, FamilyGangJobs, c.Load, expo)}
+	return c, nil
+}
+
+// expoDraw returns a draw of exponential durations from rng with the given
+// mean, clipped to lo..hi seconds.
+func expoDraw(rng *rand.Rand) func(mean, lo, hi float64) time.Duration {
+	return func(mean, lo, hi float64) time.Duration {
+		v := min(max(rng.ExpFloat64()*mean, lo), hi)
+		return time.Duration(math.Round(v)) * time.Second
+	}
+}
+
+// drawSingle draws a single-pod workload for a cluster of gpus GPUs whose
+// largest node has widest: sizes 1, 2, 4 and 8 (as far as the widest node
+// holds them) with random weights 1 to 4, a model-parallel share of 20 to
+// 70%, Poisson arrivals at the offered load, durations exponential (mean
+// 1 h, clipped to 1 min..8 h).
+func drawSingle(rng *rand.Rand, gpus, widest int, load float64, expo func(mean, lo, hi float64) time.Duration) []Job {
+	var sizes []int
+	for _, s := range []int{1, 2, 4, 8, 16} {
+		if s <= widest {
+			for range 1 + rng.IntN(4) {
+				sizes = append(sizes, s)
+			}
+		}
+	}
+	model := 0.2 + 0.5*rng.Float64()
+	const meanDur = 3600.0
+	meanSize := 0.0
+	for _, s := range sizes {
+		meanSize += float64(s)
+	}
+	meanSize /= float64(len(sizes))
+	gap := meanSize * meanDur / (load * float64(gpus))
+	jobs := make([]Job, 0, FamilySingleJobs)
+	var t float64
+	for i := range FamilySingleJobs {
+		t += rng.ExpFloat64() * gap
+		j := Job{ID: fmt.Sprintf("s%04d", i), Arrival: time.Duration(math.Round(t)) * time.Second,
+			Duration: expo(meanDur, 60, 8*3600), GPUs: sizes[rng.IntN(len(sizes))], Parallelism: v1alpha1.ParallelismData}
+		if rng.Float64() < model {
+			j.Parallelism = v1alpha1.ParallelismModel
+		}
+		jobs = append(jobs, j)
+	}
+	return jobs
+}
+
+// FamilyPolicies are the single-pod policies a family compares.
+var FamilyPolicies = []string{PolicyGputopo, PolicyOptimum, PolicyFirstFit, PolicyPairSum, PolicyPartition}
+
+// GangColumns are the measures of a group trace the family summarises.
+var GangColumns = []ColumnOf[GangResult]{
+	{Name: "groups placed", Value: GangResult.GroupsPlacedShare, Higher: true, Format: pct},
+	{Name: "in one domain", Value: GangResult.OneDomainShare, Higher: true, Format: pct},
+	{Name: "group GB/s", Value: func(r GangResult) float64 { return r.GroupGBpsMean }, Higher: true, Format: gbps},
+	{Name: "group wait", Value: func(r GangResult) float64 { return float64(r.GroupMeanWait) }, Higher: false, Format: wait},
+	{Name: "job wait", Value: func(r GangResult) float64 { return float64(r.MeanWait) }, Higher: false, Format: wait},
+	{Name: "GPU-h held incomplete", Value: func(r GangResult) float64 { return r.HeldGPUHours }, Higher: false, Format: func(v float64) string { return fmt.Sprintf("%.1f", v) }},
+}
+
+// FamilyRun is a family's outcome: per case the single-pod policies'
+// results (FamilyPolicies order) and the group trace's row.
+type FamilyRun struct {
+	Family string
+	Cases  []FamilyCase
+	Single [][]Result
+	Gang   []GangRow
+}
+
+// RunFamily replays every case's two traces through the policies, with
+// ext (nil: defaults) and the default policy table; cases run in parallel,
+// one per CPU.
+func RunFamily(family string, cases []FamilyCase, ext *configv1alpha1.ExtenderConfiguration) (FamilyRun, error) {
+	run := FamilyRun{Family: family, Cases: cases, Single: make([][]Result, len(cases)), Gang: make([]GangRow, len(cases))}
+	table := configv1alpha1.DefaultWebhookConfiguration().PolicyTable
+	var g errgroup.Group
+	g.SetLimit(runtime.GOMAXPROCS(0))
+	for i, c := range cases {
+		g.Go(func() error {
+			rs, err := Run(Config{Nodes: c.Nodes, Jobs: c.Single.Jobs, MaxWait: DefaultMaxWait, Extender: ext, PolicyTable: &table, Policies: FamilyPolicies})
+			if err != nil {
+				return fmt.Errorf("%s on %s: %w", c.Single.Name, c.Cluster, err)
+			}
+			run.Single[i] = rs
+			row, err := runGangCase(GangCase{Trace: c.Gang.Name, Cluster: c.Cluster, Mix: fmt.Sprintf("seed %d", c.Seed)}, c.Gang.Jobs, c.Nodes, ext)
+			if err != nil {
+				return err
+			}
+			run.Gang[i] = row
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return FamilyRun{}, err
+	}
+	return run, nil
+}
+
+// FamilyTolerance is how much worse than the optimum a column may be on a
+// trace and still count as held: 3%, and for a wait also one minute (an
+// optimum that waits 0 s is not beaten by 3% of nothing).
+const FamilyTolerance = 0.03
+
+// FamilyVerdict is how gputopo fares on a family against the acceptance
+// points of docs/benchmarks.md.
+type FamilyVerdict struct {
+	// MeanVsOptimum: per single-pod column, gputopo's mean against the
+	// optimum's (acceptance, effective wait, model ring, NVLink work).
+	MeanVsOptimum []MeanCheck
+	// NVLinkAll: every placed model-parallel job on NVLink on every
+	// trace; NVLinkWorst is the lowest share.
+	NVLinkAll   bool
+	NVLinkWorst float64
+	// WithinTolerance counts the traces where none of the checked columns
+	// (familyMeanColumns: those that do not reward accepting fewer, and
+	// model ring bandwidth) is worse than the optimum's by more than
+	// FamilyTolerance; Losses names the others.
+	WithinTolerance int
+	Losses          []string
+	// Groups: gputopo's mean share in one domain against tas-like's, the
+	// traces where it is at least tas-like's, the traces where it places
+	// at least the best baseline keeping the intent, and mean group
+	// bandwidth against tas-like's.
+	DomainMean, DomainMeanTAS float64
+	DomainTraces              int
+	PlacedTraces              int
+	GBpsMean, GBpsMeanTAS     float64
+	GangLosses                []string
+	Traces                    int
+}
+
+// MeanCheck is gputopo's mean on one column against the optimum's.
+type MeanCheck struct {
+	Column           string
+	Gputopo, Optimum float64
+	OK               bool
+	Format           func(float64) string
+}
+
+// familyMeanColumns are the single-pod columns gputopo is judged on
+// against the optimum, in mean and per trace. Mean wait over accepted jobs
+// rewards rejecting (effective wait does not), and the ring bandwidth of
+// every multi-GPU job counts data-parallel jobs, which gputopo puts on
+// slower links on purpose to keep NVLink sets for model-parallel ones
+// (model ring and NVLink work measure that): both stay in the tables.
+var familyMeanColumns = []string{"accepted", "effective wait", "model ring GB/s", "model NVLink work"}
+
+// Verdict judges gputopo on the run.
+func (run FamilyRun) Verdict() FamilyVerdict {
+	v := FamilyVerdict{Traces: len(run.Cases), NVLinkAll: true, NVLinkWorst: 1}
+	sums := Summarize(run.Single)
+	gi, oi := policyIndex(sums, PolicyGputopo), policyIndex(sums, PolicyOptimum)
+	for ci, c := range Columns {
+		if !slices.Contains(familyMeanColumns, c.Name) {
+			continue
+		}
+		g, o := sums[gi].Mean[ci], sums[oi].Mean[ci]
+		v.MeanVsOptimum = append(v.MeanVsOptimum, MeanCheck{Column: c.Name, Gputopo: g, Optimum: o, OK: !c.better(o, g), Format: c.Format})
+	}
+	for i, rs := range run.Single {
+		g, o := rs[gi], rs[oi]
+		if g.ModelAccepted > 0 && g.NVLinkShare() < v.NVLinkWorst {
+			v.NVLinkWorst = g.NVLinkShare()
+		}
+		var worse []string
+		for _, c := range Columns {
+			if !slices.Contains(familyMeanColumns, c.Name) {
+				continue
+			}
+			if beyondTolerance(c, c.Value(g), c.Value(o)) {
+				worse = append(worse, fmt.Sprintf("%s %s vs %s", c.Name, c.Format(c.Value(g)), c.Format(c.Value(o))))
+			}
+		}
+		if len(worse) == 0 {
+			v.WithinTolerance++
+		} else {
+			v.Losses = append(v.Losses, fmt.Sprintf("seed %d (%s, load %.2f): %s", run.Cases[i].Seed, run.Cases[i].Mix, run.Cases[i].Load, strings.Join(worse, "; ")))
+		}
+	}
+	v.NVLinkAll = v.NVLinkWorst == 1
+	for i, row := range run.Gang {
+		g, tas := row.Result(GangGputopo), row.Result(GangTAS)
+		v.DomainMean += g.OneDomainShare()
+		v.DomainMeanTAS += tas.OneDomainShare()
+		v.GBpsMean += g.GroupGBpsMean
+		v.GBpsMeanTAS += tas.GroupGBpsMean
+		var lost []string
+		if g.OneDomainShare() >= tas.OneDomainShare() {
+			v.DomainTraces++
+		} else {
+			lost = append(lost, fmt.Sprintf("in one domain %.1f%% vs tas-like %.1f%%", 100*g.OneDomainShare(), 100*tas.OneDomainShare()))
+		}
+		if g.GroupsPlaced >= row.BestKeepingIntent {
+			v.PlacedTraces++
+		} else {
+			lost = append(lost, fmt.Sprintf("groups placed %d vs %d by the best baseline keeping the intent", g.GroupsPlaced, row.BestKeepingIntent))
+		}
+		if len(lost) > 0 {
+			v.GangLosses = append(v.GangLosses, fmt.Sprintf("seed %d (%s, load %.2f): %s", run.Cases[i].Seed, run.Cases[i].Mix, run.Cases[i].Load, strings.Join(lost, "; ")))
+		}
+	}
+	if n := float64(len(run.Gang)); n > 0 {
+		v.DomainMean, v.DomainMeanTAS, v.GBpsMean, v.GBpsMeanTAS = v.DomainMean/n, v.DomainMeanTAS/n, v.GBpsMean/n, v.GBpsMeanTAS/n
+	}
+	return v
+}
+
+// beyondTolerance says whether g is worse than o on c by more than
+// FamilyTolerance.
+func beyondTolerance(c Column, g, o float64) bool {
+	if c.Higher {
+		return g < o*(1-FamilyTolerance)
+	}
+	return g > o*(1+FamilyTolerance)+float64(time.Minute)
+}
+
+func policyIndex(sums []Summary, name string) int {
+	return slices.IndexFunc(sums, func(s Summary) bool { return s.Policy == name })
+}
+
+// WriteFamily prints the family's report: what was drawn, the single-pod
+// and group summaries (mean, worst trace, traces won per policy and
+// column), the acceptance points, and every trace where gputopo loses.
+func WriteFamily(w io.Writer, run FamilyRun) error {
+	fabric, gpus := 0, 0
+	minN, maxN := math.MaxInt, 0
+	for _, c := range run.Cases {
+		if c.Fabric {
+			fabric++
+		}
+		gpus += c.GPUs
+		minN, maxN = min(minN, len(c.Nodes)), max(maxN, len(c.Nodes))
+	}
+	n := len(run.Cases)
+	if n == 0 {
+		return fmt.Errorf("family %s: no cases", run.Family)
+	}
+	fmt.Fprintf(w, "family %s: %d cases, seeds %d..%d; up to 4 machine kinds, %d to %d nodes (%d GPUs on average), leaf and spine labels on %d; loads 0.6 to 1.3; max wait %s\n\n",
+		run.Family, n, run.Cases[0].Seed, run.Cases[n-1].Seed, minN, maxN, gpus/n, fabric, DefaultMaxWait)
+	fmt.Fprintf(w, "### Single-pod jobs (%d per case)\n\n", FamilySingleJobs)
+	if err := WriteSummary(w, Summarize(run.Single)); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\n### Groups (%d jobs per case, half of them groups)\n\n", FamilyGangJobs)
+	gangRuns := make([][]GangResult, len(run.Gang))
+	for i, r := range run.Gang {
+		gangRuns[i] = r.Results
+	}
+	if err := writeSummaryBy(w, GangColumns, summarizeBy(gangRuns, GangColumns, func(r GangResult) string { return r.Policy })); err != nil {
+		return err
+	}
+	v := run.Verdict()
+	fmt.Fprintf(w, "\n### Acceptance points\n\n")
+	var means []string
+	for _, m := range v.MeanVsOptimum {
+		means = append(means, fmt.Sprintf("%s %s / %s%s", m.Column, m.Format(m.Gputopo), m.Format(m.Optimum), mark(m.OK)))
+	}
+	fmt.Fprintf(w, "- single pods, gputopo's mean / the optimum's: %s\n", strings.Join(means, "; "))
+	fmt.Fprintf(w, "- model-parallel jobs on NVLink: worst trace %.1f%%%s\n", 100*v.NVLinkWorst, mark(v.NVLinkAll))
+	fmt.Fprintf(w, "- traces where none of those columns is more than %.0f%% worse than the optimum's: %s (want ≥ 90%%)%s\n", 100*FamilyTolerance, countPct(v.WithinTolerance, n), mark(10*v.WithinTolerance >= 9*n))
+	fmt.Fprintf(w, "- groups in one domain, mean gputopo / tas-like: %.1f%% / %.1f%%%s; traces at least tas-like's: %s (want ≥ 80%%)%s\n",
+		100*v.DomainMean, 100*v.DomainMeanTAS, mark(v.DomainMean >= v.DomainMeanTAS), countPct(v.DomainTraces, n), mark(10*v.DomainTraces >= 8*n))
+	fmt.Fprintf(w, "- traces where gputopo places at least the groups of the best baseline keeping the intent: %s (want ≥ 90%%)%s\n", countPct(v.PlacedTraces, n), mark(10*v.PlacedTraces >= 9*n))
+	fmt.Fprintf(w, "- group GB/s, mean gputopo / tas-like: %.1f / %.1f%s\n", v.GBpsMean, v.GBpsMeanTAS, mark(v.GBpsMean >= v.GBpsMeanTAS))
+	if len(v.Losses)+len(v.GangLosses) > 0 {
+		fmt.Fprintf(w, "\n### Where gputopo loses\n\n")
+		for _, l := range v.Losses {
+			fmt.Fprintf(w, "- single pods, %s\n", l)
+		}
+		for _, l := range v.GangLosses {
+			fmt.Fprintf(w, "- groups, %s\n", l)
+		}
+	}
+	return nil
+}
