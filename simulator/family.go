@@ -44,9 +44,9 @@ type FamilyCase struct {
 	// carry leaf and spine labels.
 	Cluster, Mix string
 	Fabric       bool
-	Nodes   []Node
-	GPUs    int
-	Load    float64
+	Nodes        []Node
+	GPUs         int
+	Load         float64
 	// Single are single-pod jobs; Gang half groups, half single pods
 	// (generateGang).
 	Single, Gang Trace
