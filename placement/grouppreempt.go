@@ -48,15 +48,7 @@ func (g *GroupPreemption) Slot(uid types.UID) string {
 // Filter, the extender's preempt verb) evicts, one node per pod, and the
 // group is planned as usual once the GPUs are free.
 func (x *Core) PlanGroupPreemption(ctx context.Context, pr Request, priority int32, candidates []string) *GroupPreemption {
-	if !x.inGroup(&pr) {
-		return nil
-	}
-	var out *GroupPreemption
-	x.ledger.Read(func(v ledger.View) {
-		g, need, ok := waitingGroup(v, pr)
-		if !ok {
-			return
-		}
+	return x.planWaitingGroup(pr, func(v ledger.View, g ledger.GroupView, need int) *GroupPreemption {
 		over := map[string]*WhatIf{}
 		evictable := map[string][]ledger.Holder{}
 		v.EachNode(func(n *ledger.Node) {
@@ -74,7 +66,7 @@ func (x *Core) PlanGroupPreemption(ctx context.Context, pr Request, priority int
 			}
 		})
 		if len(over) == 0 {
-			return
+			return nil
 		}
 		// The planner's own plan (its tightest, best-fitting domain),
 		// then one plan per domain of the group's required level; the
@@ -94,15 +86,8 @@ func (x *Core) PlanGroupPreemption(ctx context.Context, pr Request, priority int
 				best, bestCost = gp, cost
 			}
 		}
-		if best == nil {
-			return
-		}
-		out = best
-		for _, m := range g.Pending {
-			out.pending = append(out.pending, m.UID)
-		}
+		return best
 	})
-	return out
 }
 
 // preemptCost orders group preemption plans: jobs disrupted, victims,
@@ -197,6 +182,24 @@ func (x *Core) preemptionDomains(v ledger.View, pr Request, candidates []string)
 // nil when the group does not fit even so, is planned already, or pr is
 // not in a group of more than one.
 func (x *Core) PlanGroupIf(ctx context.Context, pr Request, candidates []string, ws map[string]*WhatIf) *GroupPreemption {
+	return x.planWaitingGroup(pr, func(v ledger.View, g ledger.GroupView, need int) *GroupPreemption {
+		slots, domain, level, err := x.planGroup(ctx, v, pr, g, need, candidates, ws)
+		if err != nil {
+			return nil
+		}
+		out := &GroupPreemption{Group: pr.group, Domain: domain, Level: level, Victims: map[string][]types.UID{}}
+		for _, s := range slots {
+			out.Slots = append(out.Slots, s.Node)
+		}
+		return out
+	})
+}
+
+// planWaitingGroup runs plan on a read view of the ledger for pr's group
+// when pr is in a group of more than one that still waits (waitingGroup),
+// and records the group's pending pods on what plan returns (nil: no
+// plan).
+func (x *Core) planWaitingGroup(pr Request, plan func(v ledger.View, g ledger.GroupView, need int) *GroupPreemption) *GroupPreemption {
 	if !x.inGroup(&pr) {
 		return nil
 	}
@@ -206,13 +209,8 @@ func (x *Core) PlanGroupIf(ctx context.Context, pr Request, candidates []string,
 		if !ok {
 			return
 		}
-		slots, domain, level, err := x.planGroup(ctx, v, pr, g, need, candidates, ws)
-		if err != nil {
+		if out = plan(v, g, need); out == nil {
 			return
-		}
-		out = &GroupPreemption{Group: pr.group, Domain: domain, Level: level, Victims: map[string][]types.UID{}}
-		for _, s := range slots {
-			out.Slots = append(out.Slots, s.Node)
 		}
 		for _, m := range g.Pending {
 			out.pending = append(out.pending, m.UID)

@@ -289,12 +289,22 @@ func writeSuiteReport[R interface{ OK() bool }](w io.Writer, o Options, rows []R
 			held++
 		}
 	}
+	return renderReport(w, o.OutDir, func(md io.Writer) error {
+		if _, err := io.WriteString(md, head(held)); err != nil {
+			return err
+		}
+		return table(md, rows)
+	})
+}
+
+// renderReport renders a report's Markdown with write, then prints (and,
+// with outDir, writes) it (writeReport).
+func renderReport(w io.Writer, outDir string, write func(io.Writer) error) error {
 	var md strings.Builder
-	md.WriteString(head(held))
-	if err := table(&md, rows); err != nil {
+	if err := write(&md); err != nil {
 		return err
 	}
-	return writeReport(w, o.OutDir, md.String())
+	return writeReport(w, outDir, md.String())
 }
 
 func hasGroups(jobs []Job) bool {
@@ -377,11 +387,7 @@ func simulateFamily(w io.Writer, o Options, ext *configv1alpha1.ExtenderConfigur
 	if err != nil {
 		return err
 	}
-	var md strings.Builder
-	if err := WriteFamily(&md, run); err != nil {
-		return err
-	}
-	return writeReport(w, o.OutDir, md.String())
+	return renderReport(w, o.OutDir, func(md io.Writer) error { return WriteFamily(md, run) })
 }
 
 // simulatePreemptionSuite runs the preemption suite with the extender
@@ -394,11 +400,7 @@ func simulatePreemptionSuite(w io.Writer, o Options, ext *configv1alpha1.Extende
 	if err != nil {
 		return err
 	}
-	var md strings.Builder
-	if err := WritePreemptionSuite(&md, rows); err != nil {
-		return err
-	}
-	return writeReport(w, o.OutDir, md.String())
+	return renderReport(w, o.OutDir, func(md io.Writer) error { return WritePreemptionSuite(md, rows) })
 }
 
 // fixedSuite refuses, for the suite flag, the options a suite with its own
