@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/gputopo/gputopo/placement"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 )
 
@@ -101,6 +103,10 @@ func httpFilterPrioritize(b *testing.B, h http.Handler, names []string) {
 // cluster it runs in its own pod).
 func BenchmarkHTTPShadowMirror(b *testing.B) {
 	const n = 1000
+	// A refused shadow is logged, as it should be: not into the results.
+	klog.LogToStderr(false)
+	klog.SetOutput(io.Discard)
+	b.Cleanup(func() { klog.LogToStderr(true) })
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
