@@ -135,7 +135,7 @@ bench: ## Benchmarks (allocator, extender, webhook), the simulator on the bundle
 SCHEDBENCH_NODES ?= 1000,5000,15000
 SCHEDBENCH_PODS  ?= 1000
 SCHEDBENCH_REPS  ?= 3
-bench-scheduler: tools gputopo-scheduler ## kube-scheduler pods/s: plain, no-op HTTP extender, gputopo extender, gputopo plugin build (GPUsBound Event off and on); 1000, 5000 and 15000 nodes x 3, about 10 minutes; regenerates docs/benchmarks.md
+bench-scheduler: tools gputopo-scheduler ## kube-scheduler pods/s: plain, no-op HTTP extender, gputopo extender, gputopo plugin build (GPUsBound Event off and on); 1000, 5000 and 15000 nodes x 3, about 12 minutes; regenerates docs/benchmarks.md
 	@mkdir -p _out
 	SCHEDBENCH_NODES=$(SCHEDBENCH_NODES) SCHEDBENCH_PODS=$(SCHEDBENCH_PODS) SCHEDBENCH_REPS=$(SCHEDBENCH_REPS) SCHEDBENCH_OUT=_out/schedbench.md \
 	  $(GO) test -tags schedbench -run TestSchedulerThroughput -count=1 -v -timeout 90m ./test/schedbench/ > _out/schedbench.log 2>&1 \
