@@ -168,8 +168,8 @@ func WriteJobs(w io.Writer, rows []JobRow) error {
 		return err
 	}
 	// The gputopo line's last cell is empty: no padding after it.
-	for _, l := range strings.SplitAfter(buf.String(), "\n") {
-		if _, err := io.WriteString(w, strings.TrimRight(l, " \n")+strings.Repeat("\n", strings.Count(l, "\n"))); err != nil {
+	for _, l := range strings.Split(strings.TrimSuffix(buf.String(), "\n"), "\n") {
+		if _, err := io.WriteString(w, strings.TrimRight(l, " ")+"\n"); err != nil {
 			return err
 		}
 	}

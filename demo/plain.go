@@ -32,12 +32,13 @@ func (s plainGPUs) gpus(ctx context.Context, c client.Client, p *corev1.Pod) ([]
 	if v := p.Annotations[AnnotationDevicePluginGPUs]; v != "" {
 		return v1alpha1.ParseGPUList(AnnotationDevicePluginGPUs, v)
 	}
-	count := 0
-	for _, ctr := range p.Spec.Containers {
-		q := ctr.Resources.Limits[corev1.ResourceName(v1alpha1.ResourceGPU)]
-		count += int(q.Value())
+	// What kubelet hands the device plugin: the pod's demand, init and
+	// sidecar containers counted as Kubernetes counts them.
+	count, err := v1alpha1.PodGPUDemand(&p.Spec, corev1.ResourceName(v1alpha1.ResourceGPU))
+	if err != nil {
+		return nil, err
 	}
-	uuids, err := s.dp.allocate(p.Spec.NodeName, count)
+	uuids, err := s.dp.allocate(p.Spec.NodeName, int(count))
 	if err != nil {
 		return nil, err
 	}

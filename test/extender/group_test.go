@@ -247,17 +247,8 @@ func TestKubernetesPodGroupIsPlacedWholeInPluginMode(t *testing.T) {
 }
 
 func testKubernetesPodGroup(t *testing.T, gates string) {
-	args := localcluster.GenericWorkloadAPIServerArgs()
-	// The apiserver keeps a PodGroup's schedulingConstraints only with
-	// the topology gate; the scheduler runs its plain pod-group cycle.
-	args["feature-gates"] = []string{localcluster.GenericWorkloadGates + ",TopologyAwareWorkloadScheduling=true"}
-	e := newEnvWith(t, 6, harness.Options{APIServerArgs: args})
+	e, s := podGroupPlugin(t, gates)
 	ctx := harness.Context(t)
-	if err := localcluster.GrantExtenderRole(ctx, e.cp.Client, harness.SchedulerUser); err != nil {
-		t.Fatal(err)
-	}
-	s := &pluginSystem{e: e, sched: e.cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModePlugin, FeatureGates: gates})}
-	harness.WaitCore(t, s.sched, localcluster.TotalGPUs(len(e.nodes)*gpusPerNode))
 	labelLeaves(t, e)
 	busy := pinned("busy", 8, "dgx-0")
 	createAll(t, e, []*corev1.Pod{busy})
@@ -317,4 +308,22 @@ func testKubernetesPodGroup(t *testing.T, gates string) {
 		sort.Strings(nodes)
 		return len(nodes) == 4 && strings.Join(nodes, ",") == "dgx-0,dgx-1,dgx-2,dgx-3", fmt.Sprintf("bound on %v", nodes)
 	})
+}
+
+// podGroupPlugin starts six nodes on an apiserver serving the Workload and
+// PodGroup API and the plugin build with gates, its core ready. The
+// apiserver keeps a PodGroup's schedulingConstraints only with the
+// topology gate; the scheduler runs its plain pod-group cycle unless gates
+// say otherwise.
+func podGroupPlugin(t *testing.T, gates string) (*env, *pluginSystem) {
+	t.Helper()
+	args := localcluster.GenericWorkloadAPIServerArgs()
+	args["feature-gates"] = []string{localcluster.GenericWorkloadGates + ",TopologyAwareWorkloadScheduling=true"}
+	e := newEnvWith(t, 6, harness.Options{APIServerArgs: args})
+	if err := localcluster.GrantExtenderRole(harness.Context(t), e.cp.Client, harness.SchedulerUser); err != nil {
+		t.Fatal(err)
+	}
+	s := &pluginSystem{e: e, sched: e.cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModePlugin, FeatureGates: gates})}
+	harness.WaitCore(t, s.sched, localcluster.TotalGPUs(len(e.nodes)*gpusPerNode))
+	return e, s
 }

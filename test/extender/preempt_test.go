@@ -65,6 +65,21 @@ func fillLow(t *testing.T, e *env) []string {
 	return names
 }
 
+// fillLowInLeaves creates the PriorityClasses, labels the nodes into
+// leaves and fills every GPU with a low-priority pod (fillLow); it returns
+// their names and the node each is bound to.
+func fillLowInLeaves(t *testing.T, e *env) ([]string, map[string]string) {
+	t.Helper()
+	priorityClasses(t, e)
+	labelLeaves(t, e)
+	low := fillLow(t, e)
+	nodeOf := map[string]string{}
+	for _, p := range listPods(t, e) {
+		nodeOf[p.Name] = p.Spec.NodeName
+	}
+	return low, nodeOf
+}
+
 // gpuIndices are the fixture indices of the GPUs assigned to p.
 func gpuIndices(t *testing.T, p *corev1.Pod) []int {
 	t.Helper()
@@ -289,13 +304,7 @@ func TestGroupPreemptsWholeInOneDomain(t *testing.T) {
 }
 
 func testGroupPreemptsWholeInOneDomain(t *testing.T, e *env, s system) {
-	priorityClasses(t, e)
-	labelLeaves(t, e)
-	low := fillLow(t, e)
-	nodeOf := map[string]string{}
-	for _, p := range listPods(t, e) {
-		nodeOf[p.Name] = p.Spec.NodeName
-	}
+	low, nodeOf := fillLowInLeaves(t, e)
 	group := groupPods("train", 2, 8, "leaf")
 	for _, p := range group {
 		withPriority(p, "high")
@@ -335,22 +344,9 @@ func testGroupPreemptsWholeInOneDomain(t *testing.T, e *env, s system) {
 // and Filter: it is bound whole on two nodes of one leaf, and only those
 // nodes' pods are evicted.
 func TestKubernetesPodGroupPreemptsWholeInPluginMode(t *testing.T) {
-	args := localcluster.GenericWorkloadAPIServerArgs()
-	args["feature-gates"] = []string{localcluster.GenericWorkloadGates + ",TopologyAwareWorkloadScheduling=true"}
-	e := newEnvWith(t, 6, harness.Options{APIServerArgs: args})
+	e, s := podGroupPlugin(t, localcluster.GenericWorkloadGates)
 	ctx := harness.Context(t)
-	if err := localcluster.GrantExtenderRole(ctx, e.cp.Client, harness.SchedulerUser); err != nil {
-		t.Fatal(err)
-	}
-	s := &pluginSystem{e: e, sched: e.cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModePlugin, FeatureGates: localcluster.GenericWorkloadGates})}
-	harness.WaitCore(t, s.sched, localcluster.TotalGPUs(len(e.nodes)*gpusPerNode))
-	priorityClasses(t, e)
-	labelLeaves(t, e)
-	low := fillLow(t, e)
-	nodeOf := map[string]string{}
-	for _, p := range listPods(t, e) {
-		nodeOf[p.Name] = p.Spec.NodeName
-	}
+	low, nodeOf := fillLowInLeaves(t, e)
 	pg := &schedulingv1beta1.PodGroup{
 		ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: "default"},
 		Spec: schedulingv1beta1.PodGroupSpec{
