@@ -1,7 +1,7 @@
 package ledger
 
 import (
-	"maps"
+	"math/bits"
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -25,26 +25,66 @@ const IndexMax = 32
 // filter (an observedTime past its age, GPU memory, pair bandwidth), a
 // node outside it always fails.
 type fitIndex struct {
-	free, linked [IndexMax + 1]sets.Set[string]
-	// offers are each indexed node's values; ever[t] counts the nodes
-	// whose machine, with every GPU free and healthy, could ever hold t
-	// NVLink-joined GPUs (everFree: t GPUs).
-	offers         map[string]offer
+	// free[t] and linked[t] are sets of node ordinals (ord): a bit per
+	// node and count rather than a set of names, so a large cluster's
+	// index costs a few bytes per node.
+	free, linked [IndexMax + 1]ordSet
+	// ord numbers the indexed nodes; names and offers are by ordinal
+	// ("" and the zero offer where unused), spare the unused ordinals.
+	ord    map[string]int32
+	names  []string
+	offers []offer
+	spare  []int32
+	// ever[t] counts the nodes whose machine, with every GPU free and
+	// healthy, could ever hold t NVLink-joined GPUs (everFree: t GPUs).
 	ever, everFree [IndexMax + 1]int
 	unusable       int
 }
 
 // offer is what one node offers now and, with every GPU free, ever.
 type offer struct {
-	free, linked, everFree, everLinked int
+	free, linked, everFree, everLinked int32
 	unusable                           bool
 }
 
-func (ix *fitIndex) init() {
-	for t := range ix.free {
-		ix.free[t], ix.linked[t] = sets.New[string](), sets.New[string]()
+// ordSet is a set of node ordinals, with its size.
+type ordSet struct {
+	w   []uint64
+	len int
+}
+
+func (s *ordSet) insert(i int32) {
+	word, bit := int(i)/64, uint64(1)<<(uint(i)%64)
+	if word >= len(s.w) {
+		s.w = append(s.w, make([]uint64, word+1-len(s.w))...)
 	}
-	ix.offers = make(map[string]offer)
+	if s.w[word]&bit == 0 {
+		s.w[word] |= bit
+		s.len++
+	}
+}
+
+func (s *ordSet) delete(i int32) {
+	word, bit := int(i)/64, uint64(1)<<(uint(i)%64)
+	if word < len(s.w) && s.w[word]&bit != 0 {
+		s.w[word] &^= bit
+		s.len--
+	}
+}
+
+// each calls f with every ordinal in s.
+func (s *ordSet) each(f func(int32)) {
+	for word, w := range s.w {
+		for w != 0 {
+			b := bits.TrailingZeros64(w)
+			f(int32(word*64 + b))
+			w &= w - 1
+		}
+	}
+}
+
+func (ix *fitIndex) init() {
+	ix.ord = make(map[string]int32)
 }
 
 // offerOf is n's offer; the caller holds the write lock.
@@ -52,11 +92,12 @@ func offerOf(n *Node) offer {
 	if n.graph == nil || n.topo == nil {
 		return offer{unusable: n.hasTopology || n.allocatable > 0}
 	}
-	o := offer{everFree: n.size, everLinked: n.topo.maxIsland}
+	everFree, everLinked := n.size, n.topo.maxIsland
 	if n.allocatable >= 0 {
-		o.everFree = min(o.everFree, n.allocatable)
-		o.everLinked = min(o.everLinked, n.allocatable)
+		everFree = min(everFree, n.allocatable)
+		everLinked = min(everLinked, n.allocatable)
 	}
+	o := offer{everFree: int32(everFree), everLinked: int32(everLinked)}
 	if n.stale || n.distrust != "" {
 		o.unusable = true
 		return o
@@ -65,12 +106,12 @@ func offerOf(n *Node) offer {
 	// the mask may name GPUs the graph lacks; the recompute that follows
 	// indexes the node again.
 	free := n.freeMask.Intersect(n.graph.All())
-	o.free = free.Count() - n.unknownHeld
+	nfree := free.Count() - n.unknownHeld
 	if n.allocatable >= 0 {
-		o.free = min(o.free, n.allocatable)
+		nfree = min(nfree, n.allocatable)
 	}
-	o.free = max(o.free, 0)
-	o.linked = min(o.free, n.topo.freeClique(n.graph, free))
+	nfree = max(nfree, 0)
+	o.free, o.linked = int32(nfree), int32(min(nfree, n.topo.freeClique(n.graph, free)))
 	return o
 }
 
@@ -116,12 +157,25 @@ func (l *Ledger) indexLocked(n *Node) {
 func (l *Ledger) unindexLocked(name string) { l.index.set(name, offer{}) }
 
 func (ix *fitIndex) set(name string, o offer) {
-	old := ix.offers[name]
+	i, ok := ix.ord[name]
+	var old offer
+	if ok {
+		old = ix.offers[i]
+	}
 	if old == o {
 		return
 	}
-	move(ix.free[:], name, old.free, o.free)
-	move(ix.linked[:], name, old.linked, o.linked)
+	if !ok {
+		if k := len(ix.spare); k > 0 {
+			i, ix.spare = ix.spare[k-1], ix.spare[:k-1]
+		} else {
+			i = int32(len(ix.names))
+			ix.names, ix.offers = append(ix.names, ""), append(ix.offers, offer{})
+		}
+		ix.ord[name], ix.names[i] = i, name
+	}
+	move(ix.free[:], i, old.free, o.free)
+	move(ix.linked[:], i, old.linked, o.linked)
 	count(ix.everFree[:], old.everFree, -1)
 	count(ix.everFree[:], o.everFree, 1)
 	count(ix.ever[:], old.everLinked, -1)
@@ -132,27 +186,28 @@ func (ix *fitIndex) set(name string, o offer) {
 	if o.unusable {
 		ix.unusable++
 	}
+	ix.offers[i] = o
 	if o == (offer{}) {
-		delete(ix.offers, name)
-	} else {
-		ix.offers[name] = o
+		delete(ix.ord, name)
+		ix.names[i] = ""
+		ix.spare = append(ix.spare, i)
 	}
 }
 
-// move puts name into s[1..to] and out of s[to+1..from].
-func move(s []sets.Set[string], name string, from, to int) {
+// move puts node i into s[1..to] and out of s[to+1..from].
+func move(s []ordSet, i int32, from, to int32) {
 	from, to = min(from, IndexMax), min(to, IndexMax)
 	for t := to + 1; t <= from; t++ {
-		s[t].Delete(name)
+		s[t].delete(i)
 	}
 	for t := from + 1; t <= to; t++ {
-		s[t].Insert(name)
+		s[t].insert(i)
 	}
 }
 
 // count adds d to c[1..v].
-func count(c []int, v, d int) {
-	for t := 1; t <= min(v, IndexMax); t++ {
+func count(c []int, v int32, d int) {
+	for t := 1; t <= min(int(v), IndexMax); t++ {
 		c[t] += d
 	}
 }
@@ -200,23 +255,22 @@ func (v View) Fits(count int, linked bool, limit int, uid types.UID) Fit {
 			}
 		}
 	}
-	if limit >= 0 && s.Len() > limit {
+	if limit >= 0 && s.len > limit {
 		return f
 	}
-	f.Nodes = maps.Clone(s)
-	if f.Nodes == nil {
-		f.Nodes = sets.New[string]()
-	}
+	f.Nodes = make(sets.Set[string], s.len)
+	s.each(func(i int32) { f.Nodes.Insert(ix.names[i]) })
 	if node, ok := v.reservedNode(uid); ok {
 		f.Nodes.Insert(node)
 	}
 	if len(f.Nodes) == 0 {
-		for name, o := range ix.offers {
-			most := o.free
+		for i, o := range ix.offers {
+			name := ix.names[i]
+			most := int(o.free)
 			if linked && count > 1 {
-				most = o.linked
+				most = int(o.linked)
 			}
-			if most > f.Most || most == f.Most && most > 0 && name < f.MostNode {
+			if name != "" && (most > f.Most || most == f.Most && most > 0 && name < f.MostNode) {
 				f.Most, f.MostNode = most, name
 			}
 		}

@@ -1,0 +1,84 @@
+package ledger_test
+
+import (
+	"fmt"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/placement/ledger"
+	"github.com/gputopo/gputopo/topology/machine"
+)
+
+// The fit index follows nodes that come, fill and go, across more nodes
+// than one word of its sets holds, and reuses the places of nodes that
+// left without mixing them up.
+func TestFitIndexFollowsNodesThatComeFillAndGo(t *testing.T) {
+	f, err := machine.FixtureByName("dgx-a100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for i := range 150 {
+		names = append(names, fmt.Sprintf("n-%03d", i))
+	}
+	l := newLedger(t, names...)
+	fits := func(count int, linked bool) ledger.Fit {
+		var got ledger.Fit
+		l.Read(func(v ledger.View) { got = v.Fits(count, linked, -1, "") })
+		return got
+	}
+	want := sets.New(names...)
+	// Every third node holds a 6-GPU pod: 2 GPUs left there.
+	for i := 0; i < len(names); i += 3 {
+		uuids := []string{}
+		for _, g := range f.Graph(names[i]).Status().GPUs[:6] {
+			uuids = append(uuids, g.UUID)
+		}
+		l.UpsertPod(pod(fmt.Sprintf("p-%d", i), names[i], "", 6, uuids...))
+		want.Delete(names[i])
+	}
+	// Every fifth node goes (its topology deleted, no Node object).
+	for i := 1; i < len(names); i += 5 {
+		l.DeleteTopology(names[i])
+		want.Delete(names[i])
+	}
+	// New nodes take the places the gone ones left.
+	for i := range 20 {
+		name := fmt.Sprintf("new-%02d", i)
+		st := f.Graph(name).Status()
+		st.ObservedTime = metav1.NewTime(now)
+		l.UpsertTopology(&v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: st})
+		want.Insert(name)
+	}
+	for _, count := range []int{3, 8} {
+		for _, linked := range []bool{false, true} {
+			got := fits(count, linked)
+			if !got.Nodes.Equal(want) {
+				t.Errorf("Fits(%d, linked=%v): %d nodes, want %d; extra %v, missing %v", count, linked,
+					got.Nodes.Len(), want.Len(), sets.List(got.Nodes.Difference(want)), sets.List(want.Difference(got.Nodes)))
+			}
+		}
+	}
+	all := fits(2, true)
+	for i := 0; i < len(names); i += 3 {
+		if i%5 != 1 && !all.Nodes.Has(names[i]) {
+			t.Errorf("Fits(2, linked): %s (2 free GPUs) missing", names[i])
+		}
+	}
+	// Fill every free node to 1 GPU: nothing fits 8, and the most any
+	// node offers (2, on the nodes of 6-GPU pods) is named, first by name.
+	for _, name := range sets.List(want) {
+		var uuids []string
+		for _, g := range f.Graph(name).Status().GPUs[:7] {
+			uuids = append(uuids, g.UUID)
+		}
+		l.UpsertPod(pod("fill-"+name, name, "", 7, uuids...))
+	}
+	got := fits(8, false)
+	if got.Nodes.Len() != 0 || got.Most != 2 || got.MostNode != "n-000" {
+		t.Errorf("Fits(8) on full nodes = %d nodes, most %d on %q; want none, 2 on n-000", got.Nodes.Len(), got.Most, got.MostNode)
+	}
+}
