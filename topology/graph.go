@@ -13,8 +13,21 @@ import (
 // every pair of them. It is built once per observed topology and then only
 // read, so one Graph is safe for any number of concurrent readers.
 type Graph struct {
-	n     int
-	gpus  []v1alpha1.GPU
+	n       int
+	gpus    []v1alpha1.GPU
+	healthy Bitset
+	// uuid finds a GPU by UUID on graphs of more than uuidScan GPUs; a
+	// smaller one is scanned.
+	uuid     map[string]int
+	hash     string
+	healthyW Mask
+	// The link tables, which graphs of one machine shape share
+	// (SharingTables): a node's graph then costs its GPUs and little more.
+	*tables
+}
+
+// tables are a graph's link tables, derived from its links alone.
+type tables struct {
 	links []v1alpha1.Link // n*n, symmetric; links[i*n+j] has A<B
 	bw    []int           // n*n pair bandwidth, GB/s bidirectional
 	// The set searches' view, filled on graphs of at most WindowGPUs GPUs
@@ -23,17 +36,15 @@ type Graph struct {
 	rank []int8   // n*n PCIe level rank, see pcieRanks
 	// domBit[t][i] is the bit of dom[t][i]; OR-ing them over a set and
 	// counting bits gives the number of domains the set spans at level t.
-	domBit  [DomainLevels][]Bitset
-	healthy Bitset
-	uuid    map[string]int
-	hash    string
-
+	domBit [DomainLevels][]Bitset
 	// dom[t][i] numbers the PCIe/NUMA domain of GPU i at domain level t
 	// (see domainLevels), 0..n-1.
-	dom      [DomainLevels][]int
-	nvW      []Mask // nvW[i]: GPUs NVLinked to i, on graphs of any size
-	healthyW Mask
+	dom [DomainLevels][]int
+	nvW []Mask // nvW[i]: GPUs NVLinked to i, on graphs of any size
 }
+
+// uuidScan is the most GPUs a graph finds a UUID in by scanning them.
+const uuidScan = 16
 
 // pcieRanks orders the PCIe levels from nearest to farthest, as NVML does.
 var pcieRanks = map[v1alpha1.PCIeLevel]int8{
@@ -88,12 +99,26 @@ const (
 // described by exactly one link (A and B in either order). Every problem
 // found is reported, each naming the offending entry.
 func NewGraph(gpus []v1alpha1.GPU, links []v1alpha1.Link) (*Graph, error) {
+	return newGraph(gpus, links, false)
+}
+
+// newGraph is NewGraph; with keep, the graph holds gpus itself when they
+// are listed in index order, rather than a copy.
+func newGraph(gpus []v1alpha1.GPU, links []v1alpha1.Link, keep bool) (*Graph, error) {
 	n := len(gpus)
 	if n > MaxGPUs {
 		return nil, fmt.Errorf("gpus: %d GPUs listed; at most %d are supported per node", n, MaxGPUs)
 	}
 	var bad problems
-	g := &Graph{n: n, gpus: make([]v1alpha1.GPU, n), uuid: make(map[string]int, n)}
+	g := &Graph{n: n, tables: &tables{}}
+	if keep && inIndexOrder(gpus) {
+		g.gpus = gpus
+	} else {
+		g.gpus = make([]v1alpha1.GPU, n)
+	}
+	if n > uuidScan {
+		g.uuid = make(map[string]int, n)
+	}
 	seen := g.addGPUs(gpus, &bad)
 	linkPos := g.addLinks(links, &bad)
 	missingLinks(n, seen, linkPos, &bad)
@@ -102,6 +127,30 @@ func NewGraph(gpus []v1alpha1.GPU, links []v1alpha1.Link) (*Graph, error) {
 	}
 	g.index()
 	return g, nil
+}
+
+func inIndexOrder(gpus []v1alpha1.GPU) bool {
+	for i := range gpus {
+		if gpus[i].Index != i {
+			return false
+		}
+	}
+	return true
+}
+
+// listedBefore finds the index of a GPU placed before gpus[pos] with its
+// UUID.
+func (g *Graph) listedBefore(gpus []v1alpha1.GPU, pos int, seen []int) (int, bool) {
+	if g.uuid != nil {
+		i, ok := g.uuid[gpus[pos].UUID]
+		return i, ok
+	}
+	for q, o := range gpus[:pos] {
+		if o.UUID == gpus[pos].UUID && o.Index >= 0 && o.Index < len(seen) && seen[o.Index] == q+1 {
+			return o.Index, true
+		}
+	}
+	return 0, false
 }
 
 // problems collects what NewGraph finds wrong, in the order it finds it.
@@ -128,9 +177,9 @@ func (g *Graph) addGPUs(gpus []v1alpha1.GPU, bad *problems) (seen []int) {
 		seen[gpu.Index] = pos + 1
 		if gpu.UUID == "" {
 			bad.add("gpus[%d].uuid: must not be empty (GPU %d)", pos, gpu.Index)
-		} else if other, dup := g.uuid[gpu.UUID]; dup {
+		} else if other, dup := g.listedBefore(gpus, pos, seen); dup {
 			bad.add("gpus[%d].uuid: %q is also the UUID of GPU %d; UUIDs must be unique", pos, gpu.UUID, other)
-		} else {
+		} else if g.uuid != nil {
 			g.uuid[gpu.UUID] = gpu.Index
 		}
 		if gpu.MemoryMiB < 0 {
@@ -144,7 +193,9 @@ func (g *Graph) addGPUs(gpus []v1alpha1.GPU, bad *problems) (seen []int) {
 		default:
 			bad.add("gpus[%d].health: %q is not one of %q, %q", pos, gpu.Health, v1alpha1.GPUHealthy, v1alpha1.GPUUnhealthy)
 		}
-		g.gpus[gpu.Index] = gpu
+		if &g.gpus[gpu.Index] != &gpus[pos] { // not kept as they are
+			g.gpus[gpu.Index] = gpu
+		}
 	}
 	return seen
 }
@@ -234,10 +285,22 @@ func missingLinks(n int, seen, linkPos []int, bad *problems) {
 // FromStatus builds a Graph from a NodeGPUTopology status. Telemetry, times
 // and the stored hash are not read: the hash is recomputed from the facts.
 func FromStatus(st *v1alpha1.NodeGPUTopologyStatus) (*Graph, error) {
+	return fromStatus(st, false)
+}
+
+// FromStatusKeeping is FromStatus for a status that never changes (an
+// informer cache's objects are read-only): the graph holds the status's
+// GPU list itself rather than a copy, so a cached topology's GPUs are in
+// memory once.
+func FromStatusKeeping(st *v1alpha1.NodeGPUTopologyStatus) (*Graph, error) {
+	return fromStatus(st, true)
+}
+
+func fromStatus(st *v1alpha1.NodeGPUTopologyStatus, keep bool) (*Graph, error) {
 	if st == nil {
 		return nil, errors.New("status: is nil")
 	}
-	g, err := NewGraph(st.GPUs, st.Links)
+	g, err := newGraph(st.GPUs, st.Links, keep)
 	if err != nil {
 		return nil, fmt.Errorf("status: %w", err)
 	}
@@ -357,8 +420,7 @@ func (g *Graph) SharingTables(o *Graph) *Graph {
 		return g
 	}
 	c := *g
-	c.links, c.bw, c.rank, c.nv, c.nvW = o.links, o.bw, o.rank, o.nv, o.nvW
-	c.dom, c.domBit = o.dom, o.domBit
+	c.tables = o.tables
 	return &c
 }
 
@@ -414,8 +476,16 @@ func (g *Graph) Healthy() Mask { return g.healthyW }
 
 // IndexOf finds a GPU by UUID.
 func (g *Graph) IndexOf(uuid string) (int, bool) {
-	i, ok := g.uuid[uuid]
-	return i, ok
+	if g.uuid != nil {
+		i, ok := g.uuid[uuid]
+		return i, ok
+	}
+	for i := range g.gpus {
+		if g.gpus[i].UUID == uuid && uuid != "" {
+			return i, true
+		}
+	}
+	return 0, false
 }
 
 // GPU returns GPU i; the zero GPU when i is out of range.

@@ -2,6 +2,7 @@ package topology_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -436,5 +437,63 @@ func TestSharingTablesKeepsTheNodesOwnGPUs(t *testing.T) {
 	a, other := mustFixture(t, "dgx1-v100"), mustFixture(t, "dgx-a100")
 	if a.SharingTables(other) != a || a.SharingTables(nil) != a {
 		t.Error("a graph of another machine (or none) must not share tables")
+	}
+}
+
+// A graph kept from a read-only status is the graph FromStatus builds,
+// for GPUs listed in index order (kept as they are) or not (copied), on
+// every machine and on one of 24 GPUs (past the size where UUIDs are
+// scanned rather than mapped), and a duplicate UUID is still refused
+// naming the GPU listed first.
+func TestFromStatusKeepingIsFromStatus(t *testing.T) {
+	var wide v1alpha1.NodeGPUTopologyStatus
+	for i := range 24 {
+		wide.GPUs = append(wide.GPUs, v1alpha1.GPU{Index: i, UUID: fmt.Sprintf("GPU-w%02d", i), MemoryMiB: 1024})
+		for j := i + 1; j < 24; j++ {
+			wide.Links = append(wide.Links, v1alpha1.Link{A: i, B: j, PCIe: v1alpha1.PCIeCrossSocket, BandwidthGBps: 20})
+		}
+	}
+	statuses := map[string]func() v1alpha1.NodeGPUTopologyStatus{"24 GPUs": func() v1alpha1.NodeGPUTopologyStatus {
+		c := wide
+		c.GPUs = append([]v1alpha1.GPU(nil), wide.GPUs...)
+		return c
+	}}
+	for _, f := range machine.Fixtures() {
+		statuses[f.Name] = func() v1alpha1.NodeGPUTopologyStatus { return f.Graph("node-a").Status() }
+	}
+	for name, status := range statuses {
+		f := struct{ Name string }{name}
+		for _, shuffled := range []bool{false, true} {
+			st := status()
+			if shuffled {
+				rand.New(rand.NewPCG(1, 2)).Shuffle(len(st.GPUs), func(i, j int) { st.GPUs[i], st.GPUs[j] = st.GPUs[j], st.GPUs[i] })
+			}
+			before := append([]v1alpha1.GPU(nil), st.GPUs...)
+			want, err := topology.FromStatus(&st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := topology.FromStatusKeeping(&st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(want.Status(), got.Status()); diff != "" {
+				t.Errorf("%s (shuffled %t): status (-FromStatus +Keeping):\n%s", f.Name, shuffled, diff)
+			}
+			if diff := cmp.Diff(before, st.GPUs); diff != "" {
+				t.Errorf("%s (shuffled %t): the status's GPUs changed:\n%s", f.Name, shuffled, diff)
+			}
+			for i := range got.Len() {
+				if j, ok := got.IndexOf(got.GPU(i).UUID); !ok || j != i || got.GPU(i).Index != i {
+					t.Errorf("%s (shuffled %t): IndexOf(GPU %d) = %d, %t", f.Name, shuffled, i, j, ok)
+				}
+			}
+		}
+		st := status()
+		st.GPUs[len(st.GPUs)-1].UUID = st.GPUs[0].UUID
+		_, err := topology.FromStatusKeeping(&st)
+		if want := "is also the UUID of GPU 0"; err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: a duplicate UUID: %v, want %q", f.Name, err, want)
+		}
 	}
 }

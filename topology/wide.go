@@ -31,8 +31,8 @@ func (g *Graph) Wide() bool { return g.n > WindowGPUs }
 func (g *Graph) Window(u Mask) (w *Graph, idx []int) {
 	idx = u.Indices()
 	n := len(idx)
-	w = &Graph{n: n, gpus: make([]v1alpha1.GPU, n), links: make([]v1alpha1.Link, n*n),
-		bw: make([]int, n*n), rank: make([]int8, n*n), nvW: make([]Mask, n)}
+	w = &Graph{n: n, gpus: make([]v1alpha1.GPU, n), tables: &tables{links: make([]v1alpha1.Link, n*n),
+		bw: make([]int, n*n), rank: make([]int8, n*n), nvW: make([]Mask, n)}}
 	for i, gi := range idx {
 		gpu := g.gpus[gi]
 		gpu.Index = i

@@ -23,7 +23,9 @@ func (l *Ledger) UpsertTopology(obj *v1alpha1.NodeGPUTopology) {
 	had := n.hasTopology
 	n.hasTopology = true
 	if sig := l.signature(st); !had || sig != n.topoSig {
-		g, err := topology.FromStatus(st)
+		// The object is the informer cache's (read-only): the graph keeps
+		// its GPU list rather than a copy.
+		g, err := topology.FromStatusKeeping(st)
 		var uuids []string
 		if err != nil {
 			n.graph, n.topo = nil, nil
