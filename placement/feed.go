@@ -11,8 +11,10 @@ import (
 // Feed is how the cluster's objects reach the core's ledger: the cluster
 // runtime's informers (package placement/cluster), or a caller that feeds
 // the core itself (the simulator, `kubectl gputopo explain`, tests).
-// Upserts take the object as an informer delivers it; deletes take keys,
-// so that no tombstone type reaches the core.
+// Upserts take the object as an informer delivers it, and the core may
+// keep parts of it: an object fed must not change afterwards (a cache's
+// objects never do); deletes take keys, so that no tombstone type reaches
+// the core.
 type Feed interface {
 	UpsertTopology(*v1alpha1.NodeGPUTopology)
 	DeleteTopology(name string)

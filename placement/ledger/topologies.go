@@ -14,7 +14,9 @@ import (
 // UpsertTopology records a NodeGPUTopology. The graph is rebuilt whenever
 // the GPUs or links it is built from changed, whatever topologyHash the
 // object carries (the graph never reads it), and not on a telemetry round
-// that changed neither.
+// that changed neither. The ledger keeps obj's GPU list and telemetry
+// rather than copies: obj must not change afterwards (an informer cache's
+// objects never do).
 func (l *Ledger) UpsertTopology(obj *v1alpha1.NodeGPUTopology) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
