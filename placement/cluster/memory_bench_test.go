@@ -15,9 +15,10 @@ import (
 
 // BenchmarkMemoryPerNode is what one GPU node costs the decision core in
 // live heap: its NodeGPUTopology as the informer cache keeps it (decoded
-// from JSON, then stripped) and its Node, fed to the ledger, for 2,000
-// DGX A100 nodes. It reports bytes per node (the scheduler benchmark's
-// peak RSS grows with this, and with the heap's headroom).
+// from JSON, then stripped) and its Node (with leaf and spine labels), fed
+// to the ledger, for 2,000 DGX A100 nodes. It reports bytes per node (the
+// scheduler benchmark's peak RSS grows with this, and with the heap's
+// headroom).
 func BenchmarkMemoryPerNode(b *testing.B) {
 	const nodes = 2000
 	t := &testing.T{}
@@ -39,7 +40,9 @@ func BenchmarkMemoryPerNode(b *testing.B) {
 			}
 			topo := o.(*v1alpha1.NodeGPUTopology)
 			gpus := corev1.ResourceList{v1alpha1.ResourceGPU: *resource.NewQuantity(8, resource.DecimalSI)}
-			n, _ := stripNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}},
+			labels := map[string]string{"kubernetes.io/hostname": name, // leaves of 8 nodes, spines of 16 leaves
+				"network.topology.nvidia.com/leaf": fmt.Sprintf("leaf-%d", i/8), "network.topology.nvidia.com/spine": fmt.Sprintf("spine-%d", i/128)}
+			n, _ := stripNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
 				Status: corev1.NodeStatus{Capacity: gpus, Allocatable: gpus}})
 			x.Feed().UpsertNode(n.(*corev1.Node))
 			x.Feed().UpsertTopology(topo)

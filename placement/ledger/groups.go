@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
@@ -117,16 +118,42 @@ func (l *Ledger) setDomainsLocked(n *Node, labels map[string]string) {
 	if len(l.fabric) == 0 {
 		return
 	}
-	d := make([]string, len(l.fabric))
+	var d []string
 	for i, keys := range l.fabric {
 		for _, k := range keys {
 			if v := labels[k]; v != "" {
+				if d == nil {
+					d = make([]string, len(l.fabric))
+				}
 				d[i] = k + "=" + v
 				break
 			}
 		}
 	}
-	n.domains = d
+	n.domains = l.domainSetLocked(d)
+}
+
+// maxDomainSets bounds the distinct domain lists the ledger shares; past
+// it (a fleet labelled one domain per node) each node keeps its own.
+const maxDomainSets = 1 << 16
+
+// domainSetLocked returns the one copy of the domain list d that the
+// nodes of one leaf share (nil stays nil: a node without fabric labels).
+func (l *Ledger) domainSetLocked(d []string) []string {
+	if d == nil {
+		return nil
+	}
+	key := strings.Join(d, "\x00")
+	if s, ok := l.domainSets[key]; ok {
+		return s
+	}
+	if l.domainSets == nil {
+		l.domainSets = make(map[string][]string)
+	}
+	if len(l.domainSets) < maxDomainSets {
+		l.domainSets[key] = d
+	}
+	return d
 }
 
 // EachNode calls fn with every node the ledger knows, in no order.

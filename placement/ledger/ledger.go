@@ -96,6 +96,9 @@ type Ledger struct {
 	// (SetFabric); groups are the groups with live pods (groups.go).
 	fabric [][]string
 	groups map[string]*group
+	// domainSets are the nodes' domain lists, one copy each
+	// (domainSetLocked).
+	domainSets map[string][]string
 	// native are the Kubernetes PodGroups' specs, by namespace/name.
 	native map[string]v1alpha1.GroupSpec
 	// index is, per GPU count, the nodes that can hold that many now
