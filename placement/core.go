@@ -142,6 +142,11 @@ func New(o Options) (*Core, error) {
 // Ledger is the core's GPU ledger.
 func (x *Core) Ledger() *ledger.Ledger { return x.ledger }
 
+// OnNodeUsable sets the function told when a node comes to offer GPUs it
+// did not from its topology's or Node's side (ledger.Ledger.OnUsable); it
+// must not block.
+func (x *Core) OnNodeUsable(fn func()) { x.ledger.OnUsable(fn) }
+
 // Config is the configuration the core decides with.
 func (x *Core) Config() *configv1alpha1.ExtenderConfiguration { return x.cfg }
 

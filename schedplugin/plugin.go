@@ -17,9 +17,12 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
+	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/placement"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -351,6 +354,99 @@ func (p *Plugin) activate(ctx context.Context, group string, self *corev1.Pod) {
 		}
 	}
 	if len(pods) > 0 {
+		p.h.Activate(klog.FromContext(ctx), pods)
+	}
+}
+
+// Waiting pods are tried again usableGather after a node comes to offer
+// GPUs (a node agent's first publish and a restart of many agents come as
+// bursts), and at most once per usableEvery: a node agent flapping its
+// topology cannot make the scheduler retry every waiting pod more often
+// than kube-scheduler's own backoff would.
+const (
+	usableGather = 200 * time.Millisecond
+	usableEvery  = 5 * time.Second
+)
+
+// watchUsable tries the pods waiting for GPUs again whenever a node comes
+// to offer GPUs it did not from its topology's side (a topology
+// published, trusted or fresh again): kube-scheduler does not watch
+// NodeGPUTopologies, so without this such a pod would wait for the next
+// cluster event it does watch, or its 5-minute flush of unschedulable
+// pods.
+func (p *Plugin) watchUsable(ctx context.Context) {
+	b := newBatch(usableGather, usableEvery, func() { p.activatePending(ctx) })
+	p.x.OnNodeUsable(b.signal)
+	go b.run(ctx)
+}
+
+// batch runs act after signals, gathering them for gather and leaving at
+// least every between two runs; a signal is never left without a run
+// that starts after it.
+type batch struct {
+	wake          chan struct{}
+	gather, every time.Duration
+	act           func()
+}
+
+func newBatch(gather, every time.Duration, act func()) *batch {
+	return &batch{wake: make(chan struct{}, 1), gather: gather, every: every, act: act}
+}
+
+// signal asks for a run; it never blocks.
+func (b *batch) signal() {
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (b *batch) run(ctx context.Context) {
+	var last time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-b.wake:
+		}
+		wait := max(b.gather, time.Until(last.Add(b.every)))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		select { // the run below covers a signal that came meanwhile
+		case <-b.wake:
+		default:
+		}
+		last = time.Now()
+		b.act()
+	}
+}
+
+// activatePending moves every pod that waits for GPUs to the active
+// queue; kube-scheduler ignores those not in its queue (another
+// scheduler's).
+func (p *Plugin) activatePending(ctx context.Context) {
+	if p.h == nil || p.h.SharedInformerFactory() == nil {
+		return
+	}
+	all, err := p.h.SharedInformerFactory().Core().V1().Pods().Lister().List(labels.Everything())
+	if err != nil {
+		return
+	}
+	res := p.x.Config().GPUResource()
+	pods := map[string]*corev1.Pod{}
+	for _, pod := range all {
+		if pod.Spec.NodeName != "" || pod.DeletionTimestamp != nil {
+			continue
+		}
+		if n, err := v1alpha1.PodGPUDemand(&pod.Spec, res); err == nil && n > 0 {
+			pods[pod.Namespace+"/"+pod.Name] = pod
+		}
+	}
+	if len(pods) > 0 {
+		klog.FromContext(ctx).V(4).Info("nodes came to offer GPUs: trying the waiting GPU pods again", "pods", len(pods))
 		p.h.Activate(klog.FromContext(ctx), pods)
 	}
 }

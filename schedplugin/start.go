@@ -57,6 +57,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 		return nil, err
 	}
 	p.h = h
+	p.watchUsable(ctx)
 	shared, sharedArgs = p, args
 	return p, nil
 }

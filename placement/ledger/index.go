@@ -150,7 +150,25 @@ func (l *Ledger) indexLocked(n *Node) {
 	if l.nodes[n.name] != n {
 		return
 	}
-	l.index.set(n.name, offerOf(n))
+	o := offerOf(n)
+	if l.onUsable != nil && l.index.gains(n.name, o) {
+		l.onUsable()
+	}
+	l.index.set(n.name, o)
+}
+
+// gains says whether o, a node's new offer, is usable where its indexed
+// offer was not (or the node was not indexed), or could ever hold more
+// GPUs than it.
+func (ix *fitIndex) gains(name string, o offer) bool {
+	if o.unusable || o.everFree == 0 {
+		return false
+	}
+	var old offer
+	if i, ok := ix.ord[name]; ok {
+		old = ix.offers[i]
+	}
+	return old.unusable || old.everFree < o.everFree || old.everLinked < o.everLinked
 }
 
 // unindexLocked drops a node that left the ledger.

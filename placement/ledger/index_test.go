@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -81,4 +82,37 @@ func TestFitIndexFollowsNodesThatComeFillAndGo(t *testing.T) {
 	if got.Nodes.Len() != 0 || got.Most != 2 || got.MostNode != "n-000" {
 		t.Errorf("Fits(8) on full nodes = %d nodes, most %d on %q; want none, 2 on n-000", got.Nodes.Len(), got.Most, got.MostNode)
 	}
+}
+
+// OnUsable is told when a node comes to offer GPUs it did not from its
+// topology's or Node's side, and not when only its pods change.
+func TestOnUsableFollowsWhatTheTopologyAndNodeOffer(t *testing.T) {
+	l := ledger.New("")
+	l.SetClock(func() time.Time { return now })
+	told := 0
+	l.OnUsable(func() { told++ })
+	step := func(what string, want int, f func()) {
+		t.Helper()
+		told = 0
+		f()
+		if told != want {
+			t.Errorf("%s: told %d times, want %d", what, told, want)
+		}
+	}
+	step("a Node without GPUs' topology", 0, func() { l.UpsertNode(kubeletNode("a", 8, 8)) })
+	step("its topology published", 1, func() { l.UpsertTopology(fixtureTopology(t, "dgx-a100", "a")) })
+	step("the same topology again", 0, func() { l.UpsertTopology(fixtureTopology(t, "dgx-a100", "a")) })
+	step("a pod bound there, then gone", 0, func() {
+		p := pod("p", "a", "", 2)
+		l.UpsertPod(p)
+		l.DeletePod(key("p"), p.UID)
+	})
+	step("kubelet counting 4 GPUs (not trusted)", 0, func() { l.UpsertNode(kubeletNode("a", 4, 4)) })
+	step("kubelet agreeing again", 1, func() { l.UpsertNode(kubeletNode("a", 8, 8)) })
+	stale := fixtureTopology(t, "dgx-a100", "a")
+	stale.Status.Stale, stale.Status.StaleReason = true, "NVML: timeout"
+	step("the agent marking it stale", 0, func() { l.UpsertTopology(stale) })
+	step("the agent reading it again", 1, func() { l.UpsertTopology(fixtureTopology(t, "dgx-a100", "a")) })
+	step("another node joining with its topology", 1, func() { l.UpsertTopology(fixtureTopology(t, "dgx-a100", "b")) })
+	step("its topology deleted", 0, func() { l.DeleteTopology("b") })
 }

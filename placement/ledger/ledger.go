@@ -74,6 +74,9 @@ type Ledger struct {
 	// is called under the ledger's lock: it must not block or call back
 	// into the ledger.
 	onDoubleHeld func(added, cleared []DoubleHold)
+	// onUsable, when set, is told when a node comes to offer GPUs it did
+	// not from its topology's side (OnUsable).
+	onUsable func()
 	// seed keys the topology signatures (signature).
 	seed maphash.Seed
 	// gone remembers, for goneTTL, the UIDs of pods that were deleted or
@@ -166,6 +169,19 @@ func (l *Ledger) OnDoubleHeld(fn func(added, cleared []DoubleHold)) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.onDoubleHeld = fn
+}
+
+// OnUsable sets the function told when a node comes to offer GPUs it did
+// not, from its topology's or its Node's side: a node that joins, a
+// topology published, valid, trusted or no longer marked stale again, a
+// larger allocatable. Nothing kube-scheduler watches says so (the
+// topology is gputopo's own object), so the plugin build tries its
+// waiting pods again on it. It is called under the ledger's lock: it must
+// not block or call back into the ledger.
+func (l *Ledger) OnUsable(fn func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.onUsable = fn
 }
 
 // Topo is shared by every node of one topology hash.
