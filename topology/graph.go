@@ -424,6 +424,31 @@ func (g *Graph) SharingTables(o *Graph) *Graph {
 	return &c
 }
 
+// Rebased is g holding gpus, a newer copy of its own GPU list (a status
+// the node agent wrote again with only its telemetry changed), in place of
+// the list it holds: a read-only status's list is then kept once, however
+// often the status is rewritten. g itself when gpus is not the same list
+// in index order.
+func (g *Graph) Rebased(gpus []v1alpha1.GPU) *Graph {
+	if len(gpus) != g.n || len(gpus) > 0 && &gpus[0] == &g.gpus[0] {
+		return g
+	}
+	for i := range gpus {
+		if gpus[i] != g.gpus[i] {
+			return g
+		}
+	}
+	c := *g
+	c.gpus = gpus
+	if g.uuid != nil {
+		c.uuid = make(map[string]int, len(gpus))
+		for i := range gpus {
+			c.uuid[gpus[i].UUID] = i
+		}
+	}
+	return &c
+}
+
 // Len is the number of GPUs.
 func (g *Graph) Len() int { return g.n }
 

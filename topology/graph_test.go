@@ -446,18 +446,7 @@ func TestSharingTablesKeepsTheNodesOwnGPUs(t *testing.T) {
 // scanned rather than mapped), and a duplicate UUID is still refused
 // naming the GPU listed first.
 func TestFromStatusKeepingIsFromStatus(t *testing.T) {
-	var wide v1alpha1.NodeGPUTopologyStatus
-	for i := range 24 {
-		wide.GPUs = append(wide.GPUs, v1alpha1.GPU{Index: i, UUID: fmt.Sprintf("GPU-w%02d", i), MemoryMiB: 1024})
-		for j := i + 1; j < 24; j++ {
-			wide.Links = append(wide.Links, v1alpha1.Link{A: i, B: j, PCIe: v1alpha1.PCIeCrossSocket, BandwidthGBps: 20})
-		}
-	}
-	statuses := map[string]func() v1alpha1.NodeGPUTopologyStatus{"24 GPUs": func() v1alpha1.NodeGPUTopologyStatus {
-		c := wide
-		c.GPUs = append([]v1alpha1.GPU(nil), wide.GPUs...)
-		return c
-	}}
+	statuses := map[string]func() v1alpha1.NodeGPUTopologyStatus{"24 GPUs": func() v1alpha1.NodeGPUTopologyStatus { return pcieStatus(24) }}
 	for _, f := range machine.Fixtures() {
 		statuses[f.Name] = func() v1alpha1.NodeGPUTopologyStatus { return f.Graph("node-a").Status() }
 	}
@@ -494,6 +483,71 @@ func TestFromStatusKeepingIsFromStatus(t *testing.T) {
 		_, err := topology.FromStatusKeeping(&st)
 		if want := "is also the UUID of GPU 0"; err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: a duplicate UUID: %v, want %q", f.Name, err, want)
+		}
+	}
+}
+
+// pcieStatus is a machine of n GPUs on PCIe only, across sockets.
+func pcieStatus(n int) v1alpha1.NodeGPUTopologyStatus {
+	var st v1alpha1.NodeGPUTopologyStatus
+	for i := range n {
+		st.GPUs = append(st.GPUs, v1alpha1.GPU{Index: i, UUID: fmt.Sprintf("GPU-w%02d", i), MemoryMiB: 1024})
+		for j := i + 1; j < n; j++ {
+			st.Links = append(st.Links, v1alpha1.Link{A: i, B: j, PCIe: v1alpha1.PCIeCrossSocket, BandwidthGBps: 20})
+		}
+	}
+	return st
+}
+
+// A graph rebased on a newer copy of its GPU list is the same graph; on
+// another list it is left as it is. On every machine and one of 24 GPUs
+// (whose UUIDs are mapped).
+func TestRebasedKeepsTheGraphOnANewerCopyOnly(t *testing.T) {
+	type machineOf struct {
+		Name  string
+		Graph func(node string) *topology.Graph
+	}
+	wide := machineOf{"24 GPUs", func(node string) *topology.Graph {
+		st := pcieStatus(24)
+		for i := range st.GPUs {
+			st.GPUs[i].UUID += "-" + node
+		}
+		g, err := topology.FromStatus(&st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}}
+	machines := []machineOf{wide}
+	for _, f := range machine.Fixtures() {
+		machines = append(machines, machineOf{f.Name, f.Graph})
+	}
+	for _, f := range machines {
+		st := f.Graph("node-a").Status()
+		g, err := topology.FromStatusKeeping(&st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again := f.Graph("node-a").Status().GPUs
+		r := g.Rebased(again)
+		if r == g {
+			t.Errorf("%s: Rebased on an equal copy returned the graph unchanged", f.Name)
+		}
+		if diff := cmp.Diff(g.Status(), r.Status()); diff != "" {
+			t.Errorf("%s: rebased status (-before +after):\n%s", f.Name, diff)
+		}
+		for i := range r.Len() {
+			if j, ok := r.IndexOf(again[i].UUID); !ok || j != i {
+				t.Errorf("%s: IndexOf(GPU %d) = %d, %t after Rebased", f.Name, i, j, ok)
+			}
+		}
+		other := f.Graph("node-b").Status().GPUs
+		healthier := f.Graph("node-a").Status().GPUs
+		healthier[0].Health = v1alpha1.GPUUnhealthy
+		for what, gpus := range map[string][]v1alpha1.GPU{"another node's": other, "a changed": healthier, "a shorter": again[1:], "its own": st.GPUs} {
+			if g.Rebased(gpus) != g {
+				t.Errorf("%s: Rebased on %s list changed the graph", f.Name, what)
+			}
 		}
 	}
 }

@@ -16,8 +16,9 @@ import (
 // BenchmarkMemoryPerNode is what one GPU node costs the decision core in
 // live heap: its NodeGPUTopology as the informer cache keeps it (decoded
 // from JSON, then stripped) and its Node (with leaf and spine labels), fed
-// to the ledger, for 2,000 DGX A100 nodes. It reports bytes per node (the
-// scheduler benchmark's peak RSS grows with this, and with the heap's
+// to the ledger, for 2,000 DGX A100 nodes, after one telemetry round (each
+// topology written again, as its agent does). It reports bytes per node
+// (the scheduler benchmark's peak RSS grows with this, and with the heap's
 // headroom).
 func BenchmarkMemoryPerNode(b *testing.B) {
 	const nodes = 2000
@@ -30,15 +31,23 @@ func BenchmarkMemoryPerNode(b *testing.B) {
 			b.Fatal(err)
 		}
 		var keep []any
-		for i := range nodes {
-			name := fmt.Sprintf("node-%05d", i)
-			d := decoded(t, "dgx-a100", name)
+		topos := make([]*v1alpha1.NodeGPUTopology, nodes)
+		// publish is the node agent's write as the cache keeps it: a new
+		// object each time, round telling the telemetry apart.
+		publish := func(i, round int) *v1alpha1.NodeGPUTopology {
+			d := decoded(t, "dgx-a100", fmt.Sprintf("node-%05d", i))
 			d.Status.Stale, d.Status.StaleReason = false, "" // a node in use
+			d.Status.Telemetry[0].UtilizationPercent = int32(round)
 			o, err := strip(d)
 			if err != nil {
 				b.Fatal(err)
 			}
-			topo := o.(*v1alpha1.NodeGPUTopology)
+			topos[i] = o.(*v1alpha1.NodeGPUTopology)
+			return topos[i]
+		}
+		for i := range nodes {
+			name := fmt.Sprintf("node-%05d", i)
+			topo := publish(i, 0)
 			gpus := corev1.ResourceList{v1alpha1.ResourceGPU: *resource.NewQuantity(8, resource.DecimalSI)}
 			labels := map[string]string{"kubernetes.io/hostname": name, // leaves of 8 nodes, spines of 16 leaves
 				"network.topology.nvidia.com/leaf": fmt.Sprintf("leaf-%d", i/8), "network.topology.nvidia.com/spine": fmt.Sprintf("spine-%d", i/128)}
@@ -46,12 +55,18 @@ func BenchmarkMemoryPerNode(b *testing.B) {
 				Status: corev1.NodeStatus{Capacity: gpus, Allocatable: gpus}})
 			x.Feed().UpsertNode(n.(*corev1.Node))
 			x.Feed().UpsertTopology(topo)
-			keep = append(keep, topo, n)
+			keep = append(keep, n)
+		}
+		// A telemetry round: every agent writes its status again, the
+		// cache replaces each object.
+		for i := range nodes {
+			x.Feed().UpsertTopology(publish(i, 1))
 		}
 		after := liveHeap()
 		b.ReportMetric(float64(after-before)/nodes, "B/node")
 		runtime.KeepAlive(x)
 		runtime.KeepAlive(keep)
+		runtime.KeepAlive(topos)
 	}
 }
 

@@ -40,6 +40,11 @@ func (l *Ledger) UpsertTopology(obj *v1alpha1.NodeGPUTopology) {
 		}
 		n.topoSig = sig
 		l.setClaimsLocked(n, uuids)
+	} else if n.graph != nil {
+		// The same GPUs (a telemetry round): the graph holds this copy
+		// of their list, so that the cache's older copy goes.
+		n.graph = n.graph.Rebased(st.GPUs)
+		l.rekeyClaimsLocked(n, st.GPUs)
 	}
 	n.stale, n.staleReason = st.Stale, st.StaleReason
 	n.observed = st.ObservedTime.Time

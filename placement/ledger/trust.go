@@ -241,6 +241,32 @@ func claimedUUIDs(gpus []v1alpha1.GPU) []string {
 	return out
 }
 
+// rekeyClaimsLocked points n's claims at the UUID strings of gpus, a
+// newer copy of the GPU list its claims were made from (same UUIDs, same
+// order), so that the older copy's strings go with it. A map assignment
+// to an existing string key stores the new key.
+func (l *Ledger) rekeyClaimsLocked(n *Node, gpus []v1alpha1.GPU) {
+	if len(gpus) != len(n.claimed) {
+		return
+	}
+	for i := range gpus {
+		u := gpus[i].UUID
+		if u != n.claimed[i] {
+			return // not the same list: setClaimsLocked's business
+		}
+	}
+	for i := range gpus {
+		u := gpus[i].UUID
+		n.claimed[i] = u
+		if c, ok := l.claims[u]; ok {
+			l.claims[u] = c
+		}
+		if cs, ok := l.moreClaims[u]; ok {
+			l.moreClaims[u] = cs
+		}
+	}
+}
+
 // claimsOf lists the claims of GPU UUID u.
 func (l *Ledger) claimsOf(u string) []gpuClaim {
 	if cs, ok := l.moreClaims[u]; ok {

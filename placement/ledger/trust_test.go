@@ -1,6 +1,7 @@
 package ledger_test
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -164,11 +165,17 @@ func TestGPUClaimedByTwoNodesDistrustsTheLaterClaim(t *testing.T) {
 		if got := l.DuplicateGPUs(); got != 1 {
 			t.Errorf("DuplicateGPUs = %d, want 1", got)
 		}
-		// Telemetry rounds do not make the claim new again.
-		l.UpsertTopology(honest)
-		l.UpsertTopology(copied())
+		// Telemetry rounds (each a new object with the same GPUs) do not
+		// make the claim new again, nor forget it.
+		for range 2 {
+			l.UpsertTopology(fixtureTopology(t, "dgx-a100", "honest"))
+			l.UpsertTopology(copied())
+		}
 		if st, _ := judged(l, "honest"); st != ledger.TopoFresh {
 			t.Errorf("honest after more rounds: %s, want fresh", st)
+		}
+		if st, r := judged(l, "liar"); st != ledger.TopoUntrusted || !strings.Contains(r, want) || l.DuplicateGPUs() != 1 {
+			t.Errorf("liar after more rounds: %s (%q), %d duplicates; want untrusted, 1", st, r, l.DuplicateGPUs())
 		}
 		// The liar stops listing the GPU: both are trusted, nothing shared.
 		l.UpsertTopology(fixtureTopology(t, "dgx-a100", "liar"))
@@ -247,13 +254,18 @@ func TestLinksRepublishedUnderTheOldHashRebuildTheGraph(t *testing.T) {
 		t.Fatalf("dgx-a100 GPU 0-1: %d GB/s, want 600", bw)
 	}
 
-	// A telemetry round: same GPUs and links, the graph is kept.
+	// A telemetry round: same GPUs and links, the same graph, holding the
+	// new object's GPU list (the cache's older copy can go).
 	o := fixtureTopology(t, "dgx-a100", "a")
 	o.Status.Telemetry = []v1alpha1.Telemetry{{Index: 0, UtilizationPercent: 50}}
 	l.UpsertTopology(o)
 	l.Read(func(v ledger.View) {
-		if v.Node("a").Graph() != before {
-			t.Error("a telemetry round rebuilt the graph")
+		after := v.Node("a").Graph()
+		if !reflect.DeepEqual(after.Status(), before.Status()) {
+			t.Errorf("a telemetry round changed the graph: %+v", after.Status())
+		}
+		if gpusOf(after) != &o.Status.GPUs[0] {
+			t.Error("after a telemetry round the graph holds an older copy of the GPU list")
 		}
 	})
 
@@ -297,4 +309,9 @@ func TestLinksRepublishedUnderTheOldHashRebuildTheGraph(t *testing.T) {
 			t.Errorf("after republishing the original: hash %s, GPU 0-1 %d GB/s; want %s, 600", g.Hash(), g.Bandwidth(0, 1), oldHash)
 		}
 	})
+}
+
+// gpusOf is the first element of the GPU list a graph holds.
+func gpusOf(g *topology.Graph) *v1alpha1.GPU {
+	return (*v1alpha1.GPU)(reflect.ValueOf(g).Elem().FieldByName("gpus").UnsafePointer())
 }
