@@ -131,6 +131,7 @@ func New(o Options) (*Core, error) {
 		log:      o.Logger,
 	}
 	l.OnDoubleHeld(x.onDoubleHeld)
+	l.SetTopologyMaxAge(cfg.TopologyAgeLimit())
 	fabric := make([][]string, len(cfg.Fabric.Levels))
 	for i, lvl := range cfg.Fabric.Levels {
 		fabric[i] = lvl.Labels

@@ -88,7 +88,9 @@ func TestFitIndexFollowsNodesThatComeFillAndGo(t *testing.T) {
 // topology's or Node's side, and not when only its pods change.
 func TestOnUsableFollowsWhatTheTopologyAndNodeOffer(t *testing.T) {
 	l := ledger.New("")
-	l.SetClock(func() time.Time { return now })
+	clock := now
+	l.SetClock(func() time.Time { return clock })
+	l.SetTopologyMaxAge(15 * time.Minute)
 	told := 0
 	l.OnUsable(func() { told++ })
 	step := func(what string, want int, f func()) {
@@ -114,5 +116,18 @@ func TestOnUsableFollowsWhatTheTopologyAndNodeOffer(t *testing.T) {
 	step("the agent marking it stale", 0, func() { l.UpsertTopology(stale) })
 	step("the agent reading it again", 1, func() { l.UpsertTopology(fixtureTopology(t, "dgx-a100", "a")) })
 	step("another node joining with its topology", 1, func() { l.UpsertTopology(fixtureTopology(t, "dgx-a100", "b")) })
+	// The agent is away 20 minutes (its topology is too old), then
+	// publishes again.
+	clock = now.Add(20 * time.Minute)
+	step("the agent back after 20 minutes", 1, func() {
+		o := fixtureTopology(t, "dgx-a100", "a")
+		o.Status.ObservedTime = metav1.NewTime(clock)
+		l.UpsertTopology(o)
+	})
+	step("its next refresh", 0, func() {
+		o := fixtureTopology(t, "dgx-a100", "a")
+		o.Status.ObservedTime = metav1.NewTime(clock.Add(time.Minute))
+		l.UpsertTopology(o)
+	})
 	step("its topology deleted", 0, func() { l.DeleteTopology("b") })
 }

@@ -75,8 +75,11 @@ type Ledger struct {
 	// into the ledger.
 	onDoubleHeld func(added, cleared []DoubleHold)
 	// onUsable, when set, is told when a node comes to offer GPUs it did
-	// not from its topology's side (OnUsable).
+	// not from its topology's side (OnUsable); maxAge is the topology age
+	// limit filter applies (SetTopologyMaxAge), for a topology that is
+	// fresh again.
 	onUsable func()
+	maxAge   time.Duration
 	// seed keys the topology signatures (signature).
 	seed maphash.Seed
 	// gone remembers, for goneTTL, the UIDs of pods that were deleted or
@@ -173,8 +176,8 @@ func (l *Ledger) OnDoubleHeld(fn func(added, cleared []DoubleHold)) {
 
 // OnUsable sets the function told when a node comes to offer GPUs it did
 // not, from its topology's or its Node's side: a node that joins, a
-// topology published, valid, trusted or no longer marked stale again, a
-// larger allocatable. Nothing kube-scheduler watches says so (the
+// topology published, valid, trusted, no longer marked stale or no longer
+// too old (SetTopologyMaxAge) again, a larger allocatable. Nothing kube-scheduler watches says so (the
 // topology is gputopo's own object), so the plugin build tries its
 // waiting pods again on it. It is called under the ledger's lock: it must
 // not block or call back into the ledger.
@@ -182,6 +185,15 @@ func (l *Ledger) OnUsable(fn func()) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.onUsable = fn
+}
+
+// SetTopologyMaxAge sets the age limit of a topology's observedTime that
+// filter applies (the configuration's topologyMaxAge; 0: off), so that
+// OnUsable is told when an old topology is published fresh again.
+func (l *Ledger) SetTopologyMaxAge(d time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.maxAge = d
 }
 
 // Topo is shared by every node of one topology hash.

@@ -22,6 +22,7 @@ func (l *Ledger) UpsertTopology(obj *v1alpha1.NodeGPUTopology) {
 	defer l.mu.Unlock()
 	n := l.nodeLocked(obj.Name)
 	st := &obj.Status
+	wasOld := l.onUsable != nil && n.State(NewFreshWindow(l.now(), l.maxAge)) == TopoOld
 	had := n.hasTopology
 	n.hasTopology = true
 	if sig := l.signature(st); !had || sig != n.topoSig {
@@ -62,6 +63,9 @@ func (l *Ledger) UpsertTopology(obj *v1alpha1.NodeGPUTopology) {
 	n.statusTel, n.statusTelTime = st.Telemetry, st.TelemetryTime.Time
 	l.applyTelemetryLocked(n)
 	l.trustLocked(n)
+	if wasOld && n.State(NewFreshWindow(l.now(), l.maxAge)) == TopoFresh {
+		l.onUsable() // published again after its agent was away too long
+	}
 }
 
 // topoLocked returns the shared entry for g's topology hash.
