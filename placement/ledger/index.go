@@ -151,22 +151,17 @@ func (l *Ledger) indexLocked(n *Node) {
 		return
 	}
 	o := offerOf(n)
-	if l.onUsable != nil && l.index.gains(n.name, o) {
+	if old := l.index.set(n.name, o); l.onUsable != nil && gains(old, o) {
 		l.onUsable()
 	}
-	l.index.set(n.name, o)
 }
 
-// gains says whether o, a node's new offer, is usable where its indexed
-// offer was not (or the node was not indexed), or could ever hold more
-// GPUs than it.
-func (ix *fitIndex) gains(name string, o offer) bool {
+// gains says whether o, a node's new offer, is usable where old, its
+// previous one, was not (the zero offer: the node was not indexed), or
+// could ever hold more GPUs than it.
+func gains(old, o offer) bool {
 	if o.unusable || o.everFree == 0 {
 		return false
-	}
-	var old offer
-	if i, ok := ix.ord[name]; ok {
-		old = ix.offers[i]
 	}
 	return old.unusable || old.everFree < o.everFree || old.everLinked < o.everLinked
 }
@@ -174,14 +169,14 @@ func (ix *fitIndex) gains(name string, o offer) bool {
 // unindexLocked drops a node that left the ledger.
 func (l *Ledger) unindexLocked(name string) { l.index.set(name, offer{}) }
 
-func (ix *fitIndex) set(name string, o offer) {
+// set makes o name's offer and returns the one it replaces.
+func (ix *fitIndex) set(name string, o offer) (old offer) {
 	i, ok := ix.ord[name]
-	var old offer
 	if ok {
 		old = ix.offers[i]
 	}
 	if old == o {
-		return
+		return old
 	}
 	if !ok {
 		if k := len(ix.spare); k > 0 {
@@ -210,6 +205,7 @@ func (ix *fitIndex) set(name string, o offer) {
 		ix.names[i] = ""
 		ix.spare = append(ix.spare, i)
 	}
+	return old
 }
 
 // move puts node i into s[1..to] and out of s[to+1..from].

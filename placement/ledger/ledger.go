@@ -177,10 +177,11 @@ func (l *Ledger) OnDoubleHeld(fn func(added, cleared []DoubleHold)) {
 // OnUsable sets the function told when a node comes to offer GPUs it did
 // not, from its topology's or its Node's side: a node that joins, a
 // topology published, valid, trusted, no longer marked stale or no longer
-// too old (SetTopologyMaxAge) again, a larger allocatable. Nothing kube-scheduler watches says so (the
-// topology is gputopo's own object), so the plugin build tries its
-// waiting pods again on it. It is called under the ledger's lock: it must
-// not block or call back into the ledger.
+// too old (SetTopologyMaxAge) again, a larger allocatable. Nothing
+// kube-scheduler watches says so (the topology is gputopo's own object),
+// so the plugin build tries its waiting pods again on it. It is called
+// under the ledger's lock: it must not block or call back into the
+// ledger.
 func (l *Ledger) OnUsable(fn func()) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
