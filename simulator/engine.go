@@ -500,8 +500,17 @@ func decisionStats(d []time.Duration) (n int, mean, p99 time.Duration) {
 	for _, x := range d {
 		sum += x
 	}
+	return len(d), sum / time.Duration(len(d)), percentile(d, 99)
+}
+
+// percentile is the p-th percentile of d (nearest rank), 0 when d is
+// empty; it sorts d.
+func percentile(d []time.Duration, p int) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
 	slices.Sort(d)
-	return len(d), sum / time.Duration(len(d)), d[(len(d)*99+99)/100-1]
+	return d[(len(d)*p+99)/100-1]
 }
 
 // meanOf is sum over n, 0 when n is 0.

@@ -1,6 +1,7 @@
 package simulator
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -192,5 +193,20 @@ func TestEffectiveWaitAndNVLinkWork(t *testing.T) {
 	// 16 GPU-hours on NVSwitch of 16 + 4 submitted.
 	if want := 0.8; r.NVLinkWork < want-1e-9 || r.NVLinkWork > want+1e-9 {
 		t.Errorf("NVLink work %.3f, want %.3f", r.NVLinkWork, want)
+	}
+}
+
+func TestPercentileIsTheNearestRank(t *testing.T) {
+	var d []time.Duration
+	for i := 20; i >= 1; i-- {
+		d = append(d, time.Duration(i)*time.Second)
+	}
+	for p, want := range map[int]time.Duration{50: 10 * time.Second, 95: 19 * time.Second, 99: 20 * time.Second, 100: 20 * time.Second} {
+		if got := percentile(slices.Clone(d), p); got != want {
+			t.Errorf("p%d of 1..20 s = %s, want %s", p, got, want)
+		}
+	}
+	if got := percentile(nil, 95); got != 0 {
+		t.Errorf("p95 of nothing = %s, want 0", got)
 	}
 }

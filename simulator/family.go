@@ -240,6 +240,8 @@ var GangColumns = []ColumnOf[GangResult]{
 	{Name: "in one domain", Value: GangResult.OneDomainShare, Higher: true, Format: pct},
 	{Name: "group GB/s", Value: func(r GangResult) float64 { return r.GroupGBpsMean }, Higher: true, Format: gbps},
 	{Name: "group wait", Value: func(r GangResult) float64 { return float64(r.GroupMeanWait) }, Higher: false, Format: wait},
+	{Name: "group wait p95", Value: func(r GangResult) float64 { return float64(r.GroupWaitP95) }, Higher: false, Format: wait},
+	{Name: "single-pod wait", Value: func(r GangResult) float64 { return float64(r.SingleMeanWait) }, Higher: false, Format: wait},
 	{Name: "job wait", Value: func(r GangResult) float64 { return float64(r.MeanWait) }, Higher: false, Format: wait},
 	{Name: "GPU-h held incomplete", Value: func(r GangResult) float64 { return r.HeldGPUHours }, Higher: false, Format: func(v float64) string { return fmt.Sprintf("%.1f", v) }},
 }

@@ -81,8 +81,12 @@ type GangResult struct {
 	GroupsPartial int
 	HeldGPUHours  float64
 	// MeanWait is over every job, one not placed counting MaxWait;
-	// GroupMeanWait the same over the groups.
-	MeanWait, GroupMeanWait time.Duration
+	// GroupMeanWait, GroupWaitP95 and GroupWaitMax the same over the
+	// groups (p95: nearest rank), SingleMeanWait over the single-pod jobs:
+	// what a group placed sooner costs the others.
+	MeanWait, GroupMeanWait    time.Duration
+	GroupWaitP95, GroupWaitMax time.Duration
+	SingleMeanWait             time.Duration
 	// GroupGBpsMean and GroupGBpsWorst are over the placed groups' group
 	// bandwidths (see groupShape).
 	GroupGBpsMean, GroupGBpsWorst float64
@@ -173,8 +177,12 @@ type gangEngine struct {
 	fitNV     map[int]int // pod GPUs -> pods one NVLink domain holds
 	waitSum   time.Duration
 	groupWait time.Duration
-	bwSum     float64
-	heldGPUs  float64 // GPU-seconds
+	// groupWaits are each group's wait; singleWait sums the single-pod
+	// jobs' waits.
+	groupWaits []time.Duration
+	singleWait time.Duration
+	bwSum      float64
+	heldGPUs   float64 // GPU-seconds
 }
 
 func runGang(cfg GangConfig, fab *fabric, p GangPolicy) (GangResult, error) {
@@ -290,10 +298,7 @@ func (e *gangEngine) drop(t time.Duration, gj *gangJob) error {
 		return err
 	}
 	e.freePods(gj.pods)
-	e.waitSum += e.cfg.MaxWait
-	if gj.job.Group() {
-		e.groupWait += e.cfg.MaxWait
-	}
+	e.waited(gj.job, e.cfg.MaxWait)
 	return nil
 }
 
@@ -301,10 +306,9 @@ func (e *gangEngine) start(t time.Duration, gj *gangJob) {
 	j := gj.job
 	e.hold(t, gj)
 	e.res.Accepted++
-	e.waitSum += t - j.Arrival
+	e.waited(j, t-j.Arrival)
 	if j.Group() {
 		r := &e.res
-		e.groupWait += t - j.Arrival
 		s := e.fab.shape(gj.pods)
 		r.GroupsPlaced++
 		fits, ok := e.fitNV[j.GPUs]
@@ -339,8 +343,23 @@ func (e *gangEngine) start(t time.Duration, gj *gangJob) {
 	heap.Push(&e.run, gj)
 }
 
+// waited counts job j's wait: from its arrival to its start, or MaxWait
+// when it was given up.
+func (e *gangEngine) waited(j Job, w time.Duration) {
+	e.waitSum += w
+	if j.Group() {
+		e.groupWait += w
+		e.groupWaits = append(e.groupWaits, w)
+	} else {
+		e.singleWait += w
+	}
+}
+
 func (e *gangEngine) finish() {
 	r := &e.res
+	r.GroupWaitMax = slices.Max(append([]time.Duration{0}, e.groupWaits...))
+	r.GroupWaitP95 = percentile(e.groupWaits, 95)
+	r.SingleMeanWait = meanOf(e.singleWait, r.Jobs-r.Groups)
 	if r.GroupsPlaced == 0 {
 		r.GroupGBpsWorst = 0
 	}

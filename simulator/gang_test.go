@@ -171,6 +171,8 @@ func TestPartialHoldIsMeasured(t *testing.T) {
 		GroupsPlaced, GroupsPartial int
 		HeldGPUHours                float64
 		GroupMeanWait               time.Duration
+		GroupWaitP95, GroupWaitMax  time.Duration
+		SingleMeanWait              time.Duration
 		GBps                        float64
 	}
 	// The group fits only once the solo job ends at 1000 s. The per-pod
@@ -179,11 +181,12 @@ func TestPartialHoldIsMeasured(t *testing.T) {
 	// nothing. Either way the group starts at 1000 s, over one leaf.
 	got := map[string]outcome{}
 	for _, r := range gangCase(t, time.Hour) {
-		got[r.Policy] = outcome{r.GroupsPlaced, r.GroupsPartial, r.HeldGPUHours, r.GroupMeanWait, r.GroupGBpsMean}
+		got[r.Policy] = outcome{r.GroupsPlaced, r.GroupsPartial, r.HeldGPUHours, r.GroupMeanWait, r.GroupWaitP95, r.GroupWaitMax, r.SingleMeanWait, r.GroupGBpsMean}
 	}
-	all := outcome{1, 0, 0, 990 * time.Second, 100}
+	// The solo job starts as it arrives: the single-pod wait is 0.
+	all := outcome{1, 0, 0, 990 * time.Second, 990 * time.Second, 990 * time.Second, 0, 100}
 	want := map[string]outcome{GangGputopo: all, GangFirstFit: all, GangTAS: all, GangOptimum: all,
-		GangPerPod: {1, 1, 8 * 990.0 / 3600, 990 * time.Second, 100}}
+		GangPerPod: {1, 1, 8 * 990.0 / 3600, 990 * time.Second, 990 * time.Second, 990 * time.Second, 0, 100}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("outcomes (-want +got):\n%s", diff)
 	}
@@ -194,8 +197,9 @@ func TestPartialHoldIsMeasured(t *testing.T) {
 		if r.Policy == GangPerPod {
 			held = 8 * 500.0 / 3600
 		}
-		if r.GroupsPlaced != 0 || r.Accepted != 1 || r.HeldGPUHours != held || r.GroupMeanWait != 500*time.Second || r.MeanWait != 250*time.Second {
-			t.Errorf("%s with a 500 s timeout: %+v; want the group given up, %.2f GPU-h held, group wait 500s, job wait 250s", r.Policy, r, held)
+		if r.GroupsPlaced != 0 || r.Accepted != 1 || r.HeldGPUHours != held || r.GroupMeanWait != 500*time.Second || r.MeanWait != 250*time.Second ||
+			r.GroupWaitP95 != 500*time.Second || r.GroupWaitMax != 500*time.Second || r.SingleMeanWait != 0 {
+			t.Errorf("%s with a 500 s timeout: %+v; want the group given up, %.2f GPU-h held, group wait 500s (p95 and max too), job wait 250s, single-pod wait 0", r.Policy, r, held)
 		}
 	}
 }

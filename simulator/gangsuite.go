@@ -172,13 +172,14 @@ func WriteGangSuite(w io.Writer, rows []GangRow) error {
 
 // WriteGangTable prints one row per gang policy.
 func WriteGangTable(w io.Writer, results []GangResult) error {
-	tw := markdownTable(w, "policy", "groups placed", "in one NVLink domain", "in one leaf", "in one domain", "GPU-h held incomplete", "groups held incomplete", "model groups off NVLink", "jobs placed", "job wait", "group wait", "group GB/s mean", "group GB/s worst", "decision mean")
+	tw := markdownTable(w, "policy", "groups placed", "in one NVLink domain", "in one leaf", "in one domain", "GPU-h held incomplete", "groups held incomplete", "model groups off NVLink", "jobs placed", "job wait", "single-pod wait", "group wait", "group wait p95", "group wait max", "group GB/s mean", "group GB/s worst", "decision mean")
 	for _, r := range results {
-		fmt.Fprintf(tw, "| %s\t| %s\t| %s\t| %s\t| %s\t| %.1f\t| %d\t| %d\t| %s\t| %s\t| %s\t| %.1f\t| %.0f\t| %s\t|\n",
+		fmt.Fprintf(tw, "| %s\t| %s\t| %s\t| %s\t| %s\t| %.1f\t| %d\t| %d\t| %s\t| %s\t| %s\t| %s\t| %s\t| %s\t| %.1f\t| %.0f\t| %s\t|\n",
 			r.Policy, countPct(r.GroupsPlaced, r.Groups), countPct(r.GroupsNVLink, r.GroupsPlaced),
 			countPct(r.GroupsLeaf, r.GroupsPlaced), countPct(r.GroupsOneDomain, r.GroupsPlaced),
 			r.HeldGPUHours, r.GroupsPartial, r.ModelGroupsOffNVLink, countPct(r.Accepted, r.Jobs),
-			r.MeanWait.Round(time.Second), r.GroupMeanWait.Round(time.Second),
+			r.MeanWait.Round(time.Second), r.SingleMeanWait.Round(time.Second), r.GroupMeanWait.Round(time.Second),
+			r.GroupWaitP95.Round(time.Second), r.GroupWaitMax.Round(time.Second),
 			r.GroupGBpsMean, r.GroupGBpsWorst, roundDur(r.DecisionMean))
 	}
 	return tw.Flush()
