@@ -41,13 +41,14 @@ const (
 	ReasonInfeasible
 	ReasonUntrustedTopology
 	ReasonGroup
+	ReasonReserved
 	NumReasons
 )
 
 var reasonNames = [NumReasons]string{
 	"", "no_topology", "invalid_topology", "stale_topology", "too_few_gpus",
 	"not_enough_free", "memory", "nvlink", "bandwidth", "infeasible",
-	"untrusted_topology", "group",
+	"untrusted_topology", "group", "reserved_for_group",
 }
 
 // String is the reason's metric label ("" for ReasonNone).
@@ -186,12 +187,17 @@ func (e *evaluator) checkNode(n *ledger.Node) *verdict {
 	if a := n.Allocatable(); a >= 0 && e.pr.Count > a {
 		return &verdict{code: ReasonTooFewGPUs, unresolvable: true, reason: fmt.Sprintf("pod requests %d GPUs; node advertises %d %s", e.pr.Count, a, e.cfg.GPUResource())}
 	}
-	free := n.Free()
+	free := e.freeFor(n)
 	if u := n.UnknownHeld(); u > 0 && free.Count()-u < e.pr.Count {
 		return &verdict{code: ReasonNotEnoughFree, reason: fmt.Sprintf("needs %d GPUs; %d of %d are free (%d more are held by pods whose GPUs are not recorded yet)",
 			e.pr.Count, max(free.Count()-u, 0), n.Size(), u)}
 	}
 	v := e.allocate(n, free, false)
+	if !v.ok && free != n.Free() {
+		if e.allocate(n, n.Free(), false).ok {
+			return e.keptForGroups(n)
+		}
+	}
 	if v.ok || v.code != ReasonInfeasible && v.code != ReasonNotEnoughFree && v.code != ReasonMemory && v.code != ReasonNVLink && v.code != ReasonBandwidth {
 		return v
 	}
@@ -433,7 +439,7 @@ type Components struct {
 }
 
 func (e *evaluator) components(n *ledger.Node, v *verdict, affinity float64, co cohort) Components {
-	size, topo, freeMask := n.Size(), n.Topo(), n.Free()
+	size, topo, freeMask := n.Size(), n.Topo(), e.freeFor(n)
 	tel := n.Telemetry(e.telemetryAfterNs)
 	gpus := v.res.GPUs
 	// Utilization balance: 1 - the node's busy fraction after placement.

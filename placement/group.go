@@ -80,6 +80,9 @@ func (x *Core) GroupSlot(ctx context.Context, pr Request, candidates []string) (
 	if errors.Is(err, ledger.ErrGroupUnseen) {
 		return nil, &GroupWait{Group: pr.group, Msg: fmt.Sprintf("group %s waits for its pods: %s", pr.group, err)}
 	}
+	if w := (*GroupWait)(nil); errors.As(err, &w) && !w.Unresolvable {
+		x.keepForGroup(ctx, pr, candidates)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -317,7 +320,7 @@ func (x *Core) groupNodes(e *evaluator, v ledger.View, pr Request, need int, can
 			return
 		}
 		gn := &groupNode{n: n}
-		free := n.Free()
+		free := e.freeFor(n)
 		if u := n.UnknownHeld(); u > 0 {
 			return // GPUs held but not identified: not a node to plan exact GPUs on
 		}

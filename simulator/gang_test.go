@@ -1,11 +1,14 @@
 package simulator
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
@@ -234,5 +237,44 @@ func TestGangPoliciesPlaceGroupsWhole(t *testing.T) {
 		if r.Policy != GangFirstFit && (len(racks) != 1 || !p.Shape.NVLink || p.Shape.GBps != 1800) {
 			t.Errorf("%s: group over racks %v (%+v), want one rack at 1800 GB/s", r.Policy, racks, p.Shape)
 		}
+	}
+}
+
+// A stream of small jobs keeps two HGX H100 nodes busy: 16 one-GPU jobs
+// at 0 s ending one every 5 minutes, then a one-GPU job every 4 minutes
+// lasting 30. A group of two 8-GPU pods arrives at 1 minute. Each GPU
+// that frees goes to the stream, so the group never has both nodes free
+// at once; once it has waited fabric.reserveAfter (10 minutes), the GPUs
+// it needs are kept for it, the stream's pods wait, and it starts when
+// the last pod on them ends (80 minutes, the last of the first 16).
+func TestReservationStartsAGroupAStreamOfSmallJobsStarves(t *testing.T) {
+	var jobs []Job
+	for i := range 16 {
+		jobs = append(jobs, Job{ID: fmt.Sprintf("first-%02d", i), Duration: time.Duration(i+1) * 5 * time.Minute, GPUs: 1, Pods: 1, Parallelism: v1alpha1.ParallelismData})
+	}
+	jobs = append(jobs, Job{ID: "pair", Arrival: time.Minute, Duration: 10 * time.Minute, GPUs: 8, Pods: 2, Parallelism: v1alpha1.ParallelismModel})
+	for i := range 45 {
+		jobs = append(jobs, Job{ID: fmt.Sprintf("stream-%02d", i), Arrival: 2*time.Minute + time.Duration(i)*4*time.Minute, Duration: 30 * time.Minute, GPUs: 1, Pods: 1, Parallelism: v1alpha1.ParallelismData})
+	}
+	run := func(reserveAfter time.Duration) GangResult {
+		ext := configv1alpha1.DefaultExtenderConfiguration()
+		ext.Fabric.ReserveAfter = metav1.Duration{Duration: reserveAfter}
+		ext.Fabric.ReserveMaxPercent = ptr.To[int32](100)
+		ext.Fabric.ReserveMaxDuration = metav1.Duration{Duration: 2 * time.Hour}
+		rs, err := RunGang(GangConfig{Nodes: mustCluster(t, "hgx-h100=2/leaf=2"), Jobs: jobs, MaxWait: 2 * time.Hour, Extender: ext, Policies: []string{GangGputopo}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rs[0]
+	}
+	if r := run(0); r.GroupsPlaced != 0 {
+		t.Fatalf("without reservations the group was placed (%+v); the case no longer starves it", r.Placed)
+	}
+	r := run(10 * time.Minute)
+	if r.GroupsPlaced != 1 || r.Placed[0].Start != 80*time.Minute {
+		t.Fatalf("with reservations: %d groups placed %+v; want the group started at 80m, when its GPUs drained", r.GroupsPlaced, r.Placed)
+	}
+	if r.Accepted != len(jobs) {
+		t.Errorf("with reservations %d of %d jobs placed; the stream's pods wait, they are not lost", r.Accepted, len(jobs))
 	}
 }

@@ -29,6 +29,8 @@ import (
 type group struct {
 	members map[types.NamespacedName]*PodInfo
 	plan    *plan
+	// reserve is what the group keeps while it waits (groupreserve.go).
+	reserve *groupReservation
 }
 
 // plan is a group's slots, made at since.
@@ -203,6 +205,7 @@ func (l *Ledger) groupLeaveLocked(info *PodInfo, gone bool) {
 		if g.plan != nil {
 			l.dissolveLocked(info.Group, g)
 		}
+		l.endReservationLocked(info.Group, g)
 		delete(l.groups, info.Group)
 	}
 }
@@ -309,6 +312,8 @@ func (l *Ledger) recordPlanLocked(key string, g *group, slots []Slot, domain, le
 		p.slots = append(p.slots, &slot{node: s.Node, holder: holder})
 	}
 	g.plan = p
+	l.endReservationLocked(key, g)
+	g.reserve = nil
 }
 
 func (l *Ledger) groupViewLocked(key string, g *group) GroupView {

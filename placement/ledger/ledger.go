@@ -290,6 +290,9 @@ type Node struct {
 	// doubleHeld lists the GPUs that more than one holding names, sorted
 	// by UUID; nil when none (the usual case).
 	doubleHeld []DoubleHold
+	// reservedFor is what waiting groups keep here (groupreserve.go); nil
+	// when none (the usual case). It is replaced, never changed in place.
+	reservedFor []NodeReservation
 }
 
 func (n *Node) empty() bool {

@@ -183,13 +183,31 @@ func ledgerCollector(l *ledger.Ledger) *scrape {
 	return &scrape{descs: []*prometheus.Desc{prometheus.NewDesc("gputopo_extender_ledger_gpus",
 		"GPUs in the extender's ledger by state (free, held, reserved, unhealthy, total).", []string{"state"}, nil),
 		prometheus.NewDesc("gputopo_extender_ledger_double_held_gpus",
-			"GPUs held by more than one live pod now (each counted once in gputopo_extender_ledger_gpus). 0 in a healthy cluster.", nil, nil)},
+			"GPUs held by more than one live pod now (each counted once in gputopo_extender_ledger_gpus). 0 in a healthy cluster.", nil, nil),
+		prometheus.NewDesc("gputopo_extender_group_reservations",
+			"Waiting groups whose GPUs are kept from later pods of their priority or lower now (fabric.reserveAfter).", nil, nil),
+		prometheus.NewDesc("gputopo_extender_group_reserved_gpus",
+			"GPUs kept for waiting groups, by whether they are free now (free) or still held by the pods the group waits for (held).", []string{"state"}, nil),
+		prometheus.NewDesc("gputopo_extender_group_reservation_oldest_seconds",
+			"How long the oldest reservation for a waiting group has lasted; 0 when none.", nil, nil)},
 		collect: func(ch chan<- prometheus.Metric, d []*prometheus.Desc) {
 			n := l.Counts()
 			for state, v := range map[string]int{"total": n.Total, "free": n.Free, "held": n.Held, "reserved": n.Reserved, "unhealthy": n.Unhealthy} {
 				gauge(ch, d[0], v, state)
 			}
 			gauge(ch, d[1], n.DoubleHeld)
+			rs := l.GroupReservations()
+			var free, kept int
+			oldest := time.Duration(0)
+			for _, r := range rs {
+				free += r.Free
+				kept += r.GPUs
+				oldest = max(oldest, r.Age)
+			}
+			gauge(ch, d[2], len(rs))
+			gauge(ch, d[3], free, "free")
+			gauge(ch, d[3], kept-free, "held")
+			ch <- prometheus.MustNewConstMetric(d[4], prometheus.GaugeValue, oldest.Seconds())
 		}}
 }
 

@@ -118,6 +118,19 @@ type Fabric struct {
 	// when all of its pods fit; pods that do not come within the TTL give
 	// their GPUs back and the group is planned again. Default 2m.
 	GroupReservationTTL metav1.Duration `json:"groupReservationTTL"`
+	// ReserveAfter turns on reservations for waiting groups: once a group
+	// has waited this long for room, the GPUs of the place where it would
+	// fit soonest are refused to pods of the same or lower priority that
+	// come after it, until it fits there (docs/groups.md, "A group that
+	// waits"). Nothing is held for the group itself. 0 (the default): off;
+	// docs/benchmarks.md has what it costs the other pods.
+	ReserveAfter metav1.Duration `json:"reserveAfter"`
+	// ReserveMaxPercent is the most of the cluster's GPUs kept for waiting
+	// groups at once, 1 to 100. Default 25.
+	ReserveMaxPercent *int32 `json:"reserveMaxPercent,omitempty"`
+	// ReserveMaxDuration ends a group's reservation after this long; the
+	// group then waits without one. Default 30m.
+	ReserveMaxDuration metav1.Duration `json:"reserveMaxDuration"`
 }
 
 // FabricLevel is one level of the fabric.
@@ -402,6 +415,8 @@ func SetExtenderDefaults(c *ExtenderConfiguration) {
 	setDuration(&c.BindTimeout, 4*time.Second)
 	setDuration(&c.ReservationTTL, 2*time.Minute)
 	setDuration(&c.Fabric.GroupReservationTTL, 2*time.Minute)
+	setInt32(&c.Fabric.ReserveMaxPercent, 25)
+	setDuration(&c.Fabric.ReserveMaxDuration, 30*time.Minute)
 	if c.Fabric.Levels == nil {
 		c.Fabric.Levels = DefaultFabricLevels()
 	}

@@ -84,6 +84,15 @@ func (f *Fabric) validate(path *field.Path) field.ErrorList {
 	if f.GroupReservationTTL.Duration <= 0 {
 		errs = append(errs, field.Invalid(path.Child("groupReservationTTL"), f.GroupReservationTTL.Duration.String(), "must be positive, e.g. 2m"))
 	}
+	if f.ReserveAfter.Duration < 0 {
+		errs = append(errs, field.Invalid(path.Child("reserveAfter"), f.ReserveAfter.Duration.String(), "must be 0 (reservations off) or positive, e.g. 10m"))
+	}
+	if p := f.ReserveMaxPercent; p != nil && (*p < 1 || *p > 100) {
+		errs = append(errs, field.Invalid(path.Child("reserveMaxPercent"), *p, "must be between 1 and 100 (percent of the cluster's GPUs); reservations are off while reserveAfter is 0"))
+	}
+	if f.ReserveMaxDuration.Duration < 0 {
+		errs = append(errs, field.Invalid(path.Child("reserveMaxDuration"), f.ReserveMaxDuration.Duration.String(), "must be positive, e.g. 30m"))
+	}
 	names := map[string]bool{}
 	labels := map[string]string{}
 	for i, l := range f.Levels {

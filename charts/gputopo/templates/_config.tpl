@@ -66,6 +66,9 @@ events:
 {{- $f := $v.fabric | default dict }}
 fabric:
   groupReservationTTL: {{ $f.groupReservationTTL | default "2m" | quote }}
+  reserveAfter: {{ $f.reserveAfter | default "0s" | quote }}
+  reserveMaxPercent: {{ $f.reserveMaxPercent | default 25 }}
+  reserveMaxDuration: {{ $f.reserveMaxDuration | default "30m" | quote }}
   {{- if $f.levels }}
   levels: {{ toJson $f.levels }}
   {{- end }}

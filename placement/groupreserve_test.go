@@ -1,0 +1,189 @@
+package placement
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gputopo/gputopo/placement/ledger"
+)
+
+// reserveCase is two HGX H100 nodes in one leaf with reservations on
+// after 10 minutes: node-0 is taken whole by "big", node-1 half by
+// "half"; a group of two 8-GPU pods (created at groupEpoch) waits for
+// both nodes. now moves the core's clock.
+func reserveCase(t *testing.T, percent int32) (x *Core, names []string, now *time.Time, pods []*corev1.Pod) {
+	t.Helper()
+	x, names = groupCore(t, "hgx-h100", 2, func(int) string { return "a" })
+	clock := groupEpoch
+	now = &clock
+	x.SetClock(func() time.Time { return *now })
+	f := &x.Config().Fabric
+	f.ReserveAfter = metav1.Duration{Duration: 10 * time.Minute}
+	f.ReserveMaxPercent = &percent
+	f.ReserveMaxDuration = metav1.Duration{Duration: 30 * time.Minute}
+	big := gpuPod("big", 8, map[string]string{})
+	if n, ans := place(t, x, names, big); n == "" {
+		t.Fatalf("big not placed: %s", anyReason(ans))
+	}
+	half := gpuPod("half", 4, map[string]string{})
+	if n, ans := place(t, x, names, half); n == "" {
+		t.Fatalf("half not placed: %s", anyReason(ans))
+	}
+	pods = []*corev1.Pod{big, half, groupPod("g", 0, 2, 8, nil), groupPod("g", 1, 2, 8, nil)}
+	x.ledger.UpsertPod(pods[3])
+	return x, names, now, pods
+}
+
+func gone(x *Core, p *corev1.Pod) {
+	x.ledger.DeletePod(types.NamespacedName{Namespace: p.Namespace, Name: p.Name}, p.UID)
+}
+
+func withPriority(p *corev1.Pod, prio int32) *corev1.Pod {
+	p.Spec.Priority = &prio
+	return p
+}
+
+func TestWaitingGroupKeepsTheGPUsItNeedsFromLaterPods(t *testing.T) {
+	x, names, now, pods := reserveCase(t, 100)
+	g0 := pods[2]
+	// Before reserveAfter the group waits and keeps nothing: a 2-GPU pod
+	// takes half of what is left on node-1.
+	*now = groupEpoch.Add(time.Minute)
+	if n, _ := place(t, x, names, g0); n != "" {
+		t.Fatalf("group pod placed on %s while node-0 is taken", n)
+	}
+	if r := x.ledger.GroupReservations(); len(r) != 0 {
+		t.Fatalf("reservations before reserveAfter: %+v", r)
+	}
+	early := gpuPod("early", 2, map[string]string{})
+	if n, ans := place(t, x, names, early); n != "node-1" {
+		t.Fatalf("early: node %q, reason %q; want node-1", n, anyReason(ans))
+	}
+	// Past reserveAfter the group keeps both nodes' GPUs (the only place it
+	// fits), holding none of them.
+	*now = groupEpoch.Add(11 * time.Minute)
+	if n, _ := place(t, x, names, g0); n != "" {
+		t.Fatalf("group pod placed on %s while it does not fit", n)
+	}
+	res := x.ledger.GroupReservations()
+	if len(res) != 1 || res[0].Group != "ml/g" || res[0].GPUs != 16 || res[0].Free != 2 || len(res[0].Nodes) != 2 {
+		t.Fatalf("reservations %+v; want ml/g keeping 16 GPUs on both nodes, 2 of them free", res)
+	}
+	if p := x.ledger.GroupPlans(); len(p) != 0 {
+		t.Fatalf("the waiting group holds a plan: %+v", p)
+	}
+	// A later pod of the same priority is refused the kept GPUs, in words
+	// naming the group; it is not unresolvable (it may fit later).
+	late := gpuPod("late", 1, map[string]string{})
+	n, ans := place(t, x, names, late)
+	if n != "" || len(ans.Unresolvable) != 0 || !strings.Contains(ans.Failed["node-1"], "kept for group ml/g") {
+		t.Fatalf("late: node %q, answer %+v; want refused on node-1 as kept for group ml/g", n, ans)
+	}
+	// A pod of higher priority is not held back by a lower one's group.
+	urgent := withPriority(gpuPod("urgent", 1, map[string]string{}), 1000)
+	if n, ans := place(t, x, names, urgent); n != "node-1" {
+		t.Fatalf("urgent: node %q, reason %q; want node-1", n, anyReason(ans))
+	}
+	// The pods on the kept GPUs finish: the group is planned and placed, and
+	// its reservation ends.
+	for _, p := range []*corev1.Pod{pods[0], pods[1], early, urgent} {
+		gone(x, p)
+	}
+	for _, p := range pods[2:] {
+		if n, ans := place(t, x, names, p); n == "" {
+			t.Fatalf("%s not placed once the GPUs freed: %s", p.Name, anyReason(ans))
+		}
+	}
+	if r := x.ledger.GroupReservations(); len(r) != 0 {
+		t.Errorf("reservation kept after the group was planned: %+v", r)
+	}
+}
+
+func TestGroupReservationIsBounded(t *testing.T) {
+	// At most 25% of the 16 GPUs may be kept: the group needs all 16, so
+	// nothing is kept and later pods are placed as before.
+	x, names, now, pods := reserveCase(t, 25)
+	*now = groupEpoch.Add(11 * time.Minute)
+	if n, _ := place(t, x, names, pods[2]); n != "" {
+		t.Fatalf("group pod placed on %s", n)
+	}
+	if r := x.ledger.GroupReservations(); len(r) != 0 {
+		t.Fatalf("reservation over reserveMaxPercent: %+v", r)
+	}
+	if n, ans := place(t, x, names, gpuPod("late", 1, map[string]string{})); n != "node-1" {
+		t.Fatalf("late: node %q, reason %q; want node-1", n, anyReason(ans))
+	}
+
+	// With room for it, the reservation lasts reserveMaxDuration from when
+	// it was made, then ends for good.
+	x, names, now, pods = reserveCase(t, 100)
+	*now = groupEpoch.Add(11 * time.Minute)
+	place(t, x, names, pods[2])
+	*now = groupEpoch.Add(40 * time.Minute)
+	place(t, x, names, pods[2])
+	if r := x.ledger.GroupReservations(); len(r) != 1 || !r[0].Since.Equal(groupEpoch.Add(11*time.Minute)) || !r[0].Made.Equal(groupEpoch.Add(40*time.Minute)) {
+		t.Fatalf("reservations %+v; want one, first made at 11m, made again at 40m", r)
+	}
+	// Another member tried within reserveRefresh leaves it as it is.
+	*now = groupEpoch.Add(40*time.Minute + 5*time.Second)
+	x.ledger.UpsertPod(pods[3])
+	place(t, x, names, pods[3])
+	if r := x.ledger.GroupReservations(); len(r) != 1 || !r[0].Made.Equal(groupEpoch.Add(40*time.Minute)) {
+		t.Fatalf("reservations %+v; want the one made at 40m, kept", r)
+	}
+	*now = groupEpoch.Add(42 * time.Minute)
+	place(t, x, names, pods[2])
+	if r := x.ledger.GroupReservations(); len(r) != 0 {
+		t.Fatalf("reservation kept past reserveMaxDuration: %+v", r)
+	}
+	for _, at := range []time.Duration{50 * time.Minute, time.Hour} {
+		*now = groupEpoch.Add(at)
+		place(t, x, names, pods[2])
+		if r := x.ledger.GroupReservations(); len(r) != 0 {
+			t.Fatalf("reservation made again %s after it ran out: %+v", at, r)
+		}
+	}
+	if n, ans := place(t, x, names, gpuPod("late", 1, map[string]string{})); n != "node-1" {
+		t.Fatalf("late after the reservation ended: node %q, reason %q", n, anyReason(ans))
+	}
+
+	// Off (reserveAfter 0): nothing is kept however long the group waits.
+	x, names, now, pods = reserveCase(t, 100)
+	x.Config().Fabric.ReserveAfter = metav1.Duration{}
+	*now = groupEpoch.Add(5 * time.Hour)
+	place(t, x, names, pods[2])
+	if r := x.ledger.GroupReservations(); len(r) != 0 {
+		t.Fatalf("reservation with reserveAfter 0: %+v", r)
+	}
+}
+
+// The group is gone: its reservation goes with it.
+func TestGroupReservationEndsWithTheGroup(t *testing.T) {
+	x, names, now, pods := reserveCase(t, 100)
+	*now = groupEpoch.Add(11 * time.Minute)
+	place(t, x, names, pods[2])
+	if r := x.ledger.GroupReservations(); len(r) != 1 {
+		t.Fatalf("reservations %+v, want one", r)
+	}
+	var kept int
+	x.ledger.Read(func(v ledger.View) {
+		v.Nodes(func(n *ledger.Node) { kept += len(n.Reservations()) })
+	})
+	if kept != 2 {
+		t.Fatalf("%d node reservations, want one on each node", kept)
+	}
+	gone(x, pods[2])
+	gone(x, pods[3])
+	kept = 0
+	x.ledger.Read(func(v ledger.View) {
+		v.Nodes(func(n *ledger.Node) { kept += len(n.Reservations()) })
+	})
+	if r := x.ledger.GroupReservations(); len(r) != 0 || kept != 0 {
+		t.Fatalf("reservations %+v and %d on nodes after the group's pods went", r, kept)
+	}
+}
