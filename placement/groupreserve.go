@@ -34,7 +34,16 @@ func (e *evaluator) freeFor(n *ledger.Node) topology.Mask {
 	if len(n.Reservations()) == 0 {
 		return free
 	}
-	return free.Minus(n.ReservedAgainst(e.pr.priority, e.pr.group))
+	return free.Minus(n.ReservedAgainst(e.pr.priority, e.pr.group, e.ends()))
+}
+
+// ends is when the evaluator's pod would be gone at the latest if it
+// started now (its activeDeadlineSeconds); zero when it does not say.
+func (e *evaluator) ends() time.Time {
+	if e.pr.deadline <= 0 {
+		return time.Time{}
+	}
+	return e.now.Add(e.pr.deadline)
 }
 
 // keptForGroups is filter's verdict on n for a pod that would fit there
@@ -48,8 +57,8 @@ func (e *evaluator) keptForGroups(n *ledger.Node) *verdict {
 			groups = append(groups, r.Group)
 		}
 	}
-	kept := n.Free().Intersect(n.ReservedAgainst(e.pr.priority, e.pr.group))
-	return &verdict{code: ReasonReserved, reason: fmt.Sprintf("GPUs %s are kept for group %s, which has waited longer for room (fabric.reserveAfter); pods of its priority or lower are placed on other GPUs",
+	kept := n.Free().Intersect(n.ReservedAgainst(e.pr.priority, e.pr.group, e.ends()))
+	return &verdict{code: ReasonReserved, reason: fmt.Sprintf("GPUs %s are kept for group %s, which has waited longer for room (fabric.reserveAfter); pods of its priority or lower are placed on other GPUs, or on these when their activeDeadlineSeconds ends them before the group can start",
 		kept, strings.Join(groups, ", "))}
 }
 
@@ -59,12 +68,17 @@ func (e *evaluator) keptForGroups(n *ledger.Node) *verdict {
 const reserveRefresh = 10 * time.Second
 
 // reserveSlot is one place a waiting group's pod could take: a GPU set on
-// a node, and how many of its GPUs are still held.
+// a node, how many of its GPUs are still held, and when they are free at
+// the latest (the zero time: now; never: a pod holding them does not say).
 type reserveSlot struct {
-	node string
-	gpus topology.Mask
-	held int
+	node  string
+	gpus  topology.Mask
+	held  int
+	ready time.Time
 }
+
+// never stands for "a pod holding the GPUs does not say when it ends".
+var never = time.Unix(1<<62, 0)
 
 // keepForGroup is called when pr's group was tried and does not fit: once
 // the group has waited fabric.reserveAfter, it keeps GPUs for the group
@@ -79,6 +93,7 @@ func (x *Core) keepForGroup(ctx context.Context, pr Request, candidates []string
 	var (
 		keep          map[string]topology.Mask
 		domain, level string
+		start         time.Time
 		act           = reserveKeep // leave it as it is
 	)
 	x.ledger.Read(func(v ledger.View) {
@@ -99,7 +114,7 @@ func (x *Core) keepForGroup(ctx context.Context, pr Request, candidates []string
 		if !ok || len(g.Pending)+len(g.Bound) < pr.groupSpec.Size {
 			return
 		}
-		keep, domain, level = x.soonestSlots(ctx, v, pr, g, need, candidates)
+		keep, domain, level, start = x.soonestSlots(ctx, v, pr, g, need, candidates)
 		if keep == nil {
 			return
 		}
@@ -107,6 +122,16 @@ func (x *Core) keepForGroup(ctx context.Context, pr Request, candidates []string
 		v.EachNode(func(n *ledger.Node) { total += n.Size() })
 		for _, m := range keep {
 			kept += m.Count()
+		}
+		if !start.IsZero() {
+			r, ok := v.Reservation(pr.group)
+			since := now
+			if ok {
+				since = r.Since
+			}
+			if start.After(since.Add(f.ReserveMaxDuration.Duration)) {
+				return // it would run out before the GPUs are free
+			}
 		}
 		if limit := int64(total) * int64(*f.ReserveMaxPercent) / 100; int64(v.ReservedGPUs(pr.group)+kept) <= limit {
 			act = reserveMake
@@ -116,7 +141,7 @@ func (x *Core) keepForGroup(ctx context.Context, pr Request, candidates []string
 	case reserveExpire:
 		x.ledger.EndGroupReservation(pr.group, true)
 	case reserveMake:
-		x.ledger.ReserveForGroup(pr.group, pr.priority, domain, level, keep)
+		x.ledger.ReserveForGroup(pr.group, pr.priority, domain, level, start, keep)
 	case reserveEnd:
 		x.ledger.EndGroupReservation(pr.group, false)
 	}
@@ -131,23 +156,26 @@ const (
 )
 
 // soonestSlots finds, at the group's allowed fabric levels, the domain
-// whose best need slots have the fewest GPUs still held, counting every
-// GPU as if its pod had finished; the tighter level among equals. It
-// returns the slots' GPUs by node, nil when no domain could hold the
-// group even so.
-func (x *Core) soonestSlots(ctx context.Context, v ledger.View, pr Request, g ledger.GroupView, need int, candidates []string) (map[string]topology.Mask, string, string) {
+// whose best need slots are free soonest (by the activeDeadlineSeconds of
+// the pods holding them), then have the fewest GPUs still held; the
+// tighter level among equals. On each node the slots come from its free
+// GPUs first, then from the GPUs its pods free, in the order they end. It
+// returns the slots' GPUs by node and when they are all free at the
+// latest (zero: unknown), nil when no domain could hold the group even
+// with every pod gone.
+func (x *Core) soonestSlots(ctx context.Context, v ledger.View, pr Request, g ledger.GroupView, need int, candidates []string) (map[string]topology.Mask, string, string, time.Time) {
 	levels := x.cfg.Fabric.Levels
 	top := len(levels)
 	req, pref := top, 0
 	if spec := pr.groupSpec; spec.Required != "" {
 		i, ok := configv1alpha1.FabricLevelIndex(levels, spec.Required)
 		if !ok {
-			return nil, "", ""
+			return nil, "", "", time.Time{}
 		}
 		req = i
 	}
 	if len(g.Bound) > 0 {
-		return nil, "", "" // a group with pods bound keeps to their domain; it is planned, not kept for
+		return nil, "", "", time.Time{} // a group with pods bound keeps to their domain; it is planned, not kept for
 	}
 	var only map[string]bool
 	if candidates != nil {
@@ -157,40 +185,29 @@ func (x *Core) soonestSlots(ctx context.Context, v ledger.View, pr Request, g le
 		}
 	}
 	e := newEvaluator(ctx, x.alloc, x.cfg, pr, x.now())
-	treq := topology.Request{Count: pr.Count, Requirement: pr.req}
 	var nodes []*ledger.Node
 	slotsOf := map[string][]reserveSlot{}
 	v.Nodes(func(n *ledger.Node) {
 		if only != nil && !only[n.Name()] || n.State(e.window) != ledger.TopoFresh || n.UnknownHeld() > 0 || n.Graph() == nil {
 			return
 		}
-		free := e.freeFor(n)
-		all := n.Graph().Healthy()
-		if len(n.Reservations()) > 0 {
-			all = all.Minus(n.ReservedAgainst(pr.priority, pr.group))
-		}
-		var out []reserveSlot
-		for _, from := range []*topology.Mask{&free, &all} {
-			for len(out) < need {
-				res, err := e.alloc.Allocate(n.Graph(), *from, treq)
-				if err != nil {
-					break
-				}
-				set := topology.MaskOf(res.GPUs...)
-				out = append(out, reserveSlot{node: n.Name(), gpus: set, held: set.Minus(free).Count()})
-				free, all = free.Minus(set), all.Minus(set)
-			}
-		}
-		if len(out) > 0 {
+		if out := x.nodeSlots(e, v, n, pr, need); len(out) > 0 {
 			nodes = append(nodes, n)
 			slotsOf[n.Name()] = out
 		}
 	})
 	type pick struct {
 		slots []reserveSlot
+		start time.Time
 		held  int
 		name  string
 		lvl   int
+	}
+	better := func(a, b *pick) bool {
+		if !a.start.Equal(b.start) {
+			return a.start.Before(b.start)
+		}
+		return a.held < b.held
 	}
 	var best *pick
 	for lvl := pref; lvl <= req; lvl++ {
@@ -209,22 +226,89 @@ func (x *Core) soonestSlots(ctx context.Context, v ledger.View, pr Request, g le
 			if len(s) < need {
 				continue
 			}
-			sort.SliceStable(s, func(i, j int) bool { return s[i].held < s[j].held })
+			sort.SliceStable(s, func(i, j int) bool {
+				if !s[i].ready.Equal(s[j].ready) {
+					return s[i].ready.Before(s[j].ready)
+				}
+				return s[i].held < s[j].held
+			})
 			p := &pick{slots: s[:need], name: d, lvl: lvl}
 			for _, sl := range p.slots {
 				p.held += sl.held
+				if sl.ready.After(p.start) {
+					p.start = sl.ready
+				}
 			}
-			if best == nil || p.held < best.held {
+			if best == nil || better(p, best) {
 				best = p
 			}
 		}
 	}
 	if best == nil {
-		return nil, "", ""
+		return nil, "", "", time.Time{}
 	}
 	keep := map[string]topology.Mask{}
 	for _, sl := range best.slots {
 		keep[sl.node] = keep[sl.node].Union(sl.gpus)
 	}
-	return keep, best.name, levelName(levels, best.lvl)
+	start := best.start
+	if start.Equal(never) {
+		start = time.Time{}
+	} else if start.IsZero() {
+		start = e.now
+	}
+	return keep, best.name, levelName(levels, best.lvl), start
+}
+
+// nodeSlots are up to need slots for pr's group on n, soonest first: sets
+// of the GPUs free for it now, then, pod by pod in the order they end (the
+// pods that do not say last, together), sets of those and the GPUs their
+// pods free.
+func (x *Core) nodeSlots(e *evaluator, v ledger.View, n *ledger.Node, pr Request, need int) []reserveSlot {
+	treq := topology.Request{Count: pr.Count, Requirement: pr.req}
+	free := e.freeFor(n)
+	kept := topology.Mask{}
+	if len(n.Reservations()) > 0 {
+		kept = n.ReservedAgainst(pr.priority, pr.group, time.Time{})
+	}
+	type release struct {
+		at   time.Time
+		gpus topology.Mask
+	}
+	var rel []release
+	for _, h := range v.Holders(n) {
+		at := h.Ends
+		if at.IsZero() || h.Reserved {
+			at = never
+		}
+		var m topology.Mask
+		for _, u := range h.UUIDs {
+			if i, ok := n.Graph().IndexOf(u); ok {
+				m = m.With(i)
+			}
+		}
+		rel = append(rel, release{at: at, gpus: m.Minus(kept)})
+	}
+	sort.SliceStable(rel, func(i, j int) bool { return rel[i].at.Before(rel[j].at) })
+	avail := free
+	var at time.Time // zero: now
+	var out []reserveSlot
+	for len(out) < need {
+		res, err := e.alloc.Allocate(n.Graph(), avail, treq)
+		if err == nil {
+			set := topology.MaskOf(res.GPUs...)
+			out = append(out, reserveSlot{node: n.Name(), gpus: set, held: set.Minus(free).Count(), ready: at})
+			avail = avail.Minus(set)
+			continue
+		}
+		if len(rel) == 0 {
+			break
+		}
+		at = rel[0].at
+		for len(rel) > 0 && rel[0].at.Equal(at) {
+			avail = avail.Union(rel[0].gpus.Intersect(n.Graph().Healthy()))
+			rel = rel[1:]
+		}
+	}
+	return out
 }

@@ -187,3 +187,67 @@ func TestGroupReservationEndsWithTheGroup(t *testing.T) {
 		t.Fatalf("reservations %+v and %d on nodes after the group's pods went", r, kept)
 	}
 }
+
+// declared gives pod p an activeDeadlineSeconds of d and, when started is
+// not zero, a start time.
+func declared(p *corev1.Pod, d time.Duration, started time.Time) *corev1.Pod {
+	secs := int64(d / time.Second)
+	p.Spec.ActiveDeadlineSeconds = &secs
+	if !started.IsZero() {
+		p.Status.StartTime = &metav1.Time{Time: started}
+	}
+	return p
+}
+
+// With every pod declaring how long it runs, a reservation knows when its
+// group can start, and pods that end before then still get its GPUs.
+func TestReservationBackfillsPodsThatEndBeforeTheGroupCanStart(t *testing.T) {
+	x, names := groupCore(t, "hgx-h100", 2, func(int) string { return "a" })
+	now := groupEpoch
+	x.SetClock(func() time.Time { return now })
+	f := &x.Config().Fabric
+	f.ReserveAfter = metav1.Duration{Duration: 10 * time.Minute}
+	f.ReserveMaxPercent = ptrTo[int32](100)
+	f.ReserveMaxDuration = metav1.Duration{Duration: 2 * time.Hour}
+	// node-0 is free at 1h, node-1's pod ends at 30m.
+	for _, p := range []*corev1.Pod{
+		declared(gpuPod("big", 8, map[string]string{}), time.Hour, groupEpoch),
+		declared(gpuPod("half", 4, map[string]string{}), 30*time.Minute, groupEpoch),
+	} {
+		if n, ans := place(t, x, names, p); n == "" {
+			t.Fatalf("%s not placed: %s", p.Name, anyReason(ans))
+		}
+	}
+	g := []*corev1.Pod{groupPod("g", 0, 2, 8, nil), groupPod("g", 1, 2, 8, nil)}
+	x.ledger.UpsertPod(g[1])
+	now = groupEpoch.Add(11 * time.Minute)
+	place(t, x, names, g[0])
+	var start time.Time
+	x.ledger.Read(func(v ledger.View) {
+		for _, r := range v.Node("node-1").Reservations() {
+			start = r.Start
+		}
+	})
+	if !start.Equal(groupEpoch.Add(time.Hour)) {
+		t.Fatalf("reservation starts at %s, want 1h (when big ends)", start.Sub(groupEpoch))
+	}
+	// Ends at 31m, before 1h: placed on the kept GPUs of node-1.
+	if n, ans := place(t, x, names, declared(gpuPod("short", 1, map[string]string{}), 20*time.Minute, time.Time{})); n != "node-1" {
+		t.Fatalf("short: node %q, reason %q; want node-1", n, anyReason(ans))
+	}
+	// Would run past 1h, or does not say: refused there.
+	for _, p := range []*corev1.Pod{declared(gpuPod("long", 1, map[string]string{}), 2*time.Hour, time.Time{}), gpuPod("silent", 1, map[string]string{})} {
+		if n, ans := place(t, x, names, p); n != "" || !strings.Contains(ans.Failed["node-1"], "kept for group ml/g") {
+			t.Fatalf("%s: node %q, answer %+v; want refused on node-1 as kept for group ml/g", p.Name, n, ans)
+		}
+	}
+
+	// A reservation that would run out before its GPUs are free is not
+	// made: with reserveMaxDuration 30m, 11m + 30m is before 1h.
+	x.ledger.EndGroupReservation("ml/g", false)
+	f.ReserveMaxDuration = metav1.Duration{Duration: 30 * time.Minute}
+	place(t, x, names, g[0])
+	if r := x.ledger.GroupReservations(); len(r) != 0 {
+		t.Fatalf("reservations %+v; none can drain within reserveMaxDuration", r)
+	}
+}

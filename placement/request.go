@@ -43,6 +43,9 @@ type Request struct {
 	nominated string
 	// priority is the pod's spec.priority.
 	priority int32
+	// deadline is the pod's activeDeadlineSeconds (0: none): how long it
+	// runs at most.
+	deadline time.Duration
 }
 
 // Group is the pod's group, namespace/name ("" for none).
@@ -67,7 +70,7 @@ func requestOf(info *ledger.PodInfo, created, now time.Time) (Request, error) {
 	if info.GroupErr != nil {
 		return Request{}, info.GroupErr
 	}
-	r := Request{UID: info.UID, Key: info.Key, Count: info.GPUs, job: info.Job, created: created, group: info.Group, groupSpec: info.GroupSpec, native: info.GroupNative, nominated: info.Nominated, priority: info.Priority}
+	r := Request{UID: info.UID, Key: info.Key, Count: info.GPUs, job: info.Job, created: created, group: info.Group, groupSpec: info.GroupSpec, native: info.GroupNative, nominated: info.Nominated, priority: info.Priority, deadline: info.Deadline}
 	if info.HasRequirement {
 		req, err := v1alpha1.ParseRequirement(info.Requirement)
 		if err != nil {

@@ -83,12 +83,16 @@ func (r GangRow) Result(policy string) GangResult {
 }
 
 // RunGangSuite runs every case through every gang policy with ext (nil:
-// defaults) and the default policy table.
-func RunGangSuite(cases []GangCase, ext *configv1alpha1.ExtenderConfiguration) ([]GangRow, error) {
+// defaults) and the default policy table, the jobs declaring their
+// durations by the model declare (DeclareDurations).
+func RunGangSuite(cases []GangCase, ext *configv1alpha1.ExtenderConfiguration, declare string) ([]GangRow, error) {
 	rows := make([]GangRow, 0, len(cases))
 	for _, c := range cases {
 		tr, nodes, err := loadCase(c.Trace, c.Cluster)
 		if err != nil {
+			return nil, err
+		}
+		if err := DeclareDurations(tr.Jobs, declare); err != nil {
 			return nil, err
 		}
 		row, err := runGangCase(c, tr.Jobs, nodes, ext)

@@ -67,7 +67,7 @@ func TestGangSuiteAcceptance(t *testing.T) {
 	if len(GangSuite) < 8 {
 		t.Fatalf("the gang suite has %d traces, want at least 8", len(GangSuite))
 	}
-	rows, err := RunGangSuite(GangSuite, nil)
+	rows, err := RunGangSuite(GangSuite, nil, DeclareNone)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -131,6 +131,10 @@ func (p *gputopoPolicy) newPod(id, name string, job Job, extra map[string]string
 		}}},
 		Status: corev1.PodStatus{Phase: corev1.PodPending},
 	}
+	if job.Declared > 0 {
+		secs := int64((job.Declared + time.Second - 1) / time.Second)
+		pod.Spec.ActiveDeadlineSeconds = &secs
+	}
 	p.api.pods[types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}] = pod
 	p.x.Feed().UpsertPod(pod)
 	p.pods[id] = pod
@@ -181,6 +185,10 @@ func (p *gputopoPolicy) placePod(id string, pod *corev1.Pod) (Placement, bool, e
 		return Placement{}, false, fmt.Errorf("job %s: bind to %s: %w", id, node, br.Err)
 	}
 	bound := p.api.pods[key]
+	if bound.Spec.ActiveDeadlineSeconds != nil {
+		// kubelet starts it now: its deadline counts from here.
+		bound.Status.StartTime = &metav1.Time{Time: simEpoch.Add(p.now)}
+	}
 	p.x.Feed().UpsertPod(bound)
 	p.pods[id] = bound
 	pl, err := v1alpha1.ParsePlacement(bound.Annotations[v1alpha1.AnnotationPlacement])

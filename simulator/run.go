@@ -42,6 +42,9 @@ type Options struct {
 	// GangSuite runs the gang suite (GangSuite): groups of pods on
 	// clusters in a fabric, every gang policy side by side.
 	GangSuite bool
+	// DeclaredDurations is how the gang suite's jobs declare their
+	// durations (DeclareDurations; "": none).
+	DeclaredDurations string
 	// PreemptionSuite runs the preemption suite (PreemptionSuite):
 	// priority traces, gputopo's preemption against count-only
 	// preemption.
@@ -118,6 +121,9 @@ func Simulate(w io.Writer, o Options) error {
 	}
 	if n := btoi(o.Suite) + btoi(o.GangSuite) + btoi(o.PreemptionSuite) + btoi(o.Family != ""); n > 1 {
 		return fmt.Errorf("--suite, --gang-suite, --preemption-suite and --family: give one")
+	}
+	if d := o.DeclaredDurations; d != "" && d != DeclareNone && !o.GangSuite {
+		return fmt.Errorf("--declared-durations %s: only with --gang-suite (the traces declare no durations)", d)
 	}
 	if o.Family != "" {
 		return simulateFamily(w, o, ext)
@@ -359,7 +365,7 @@ func simulateGangSuite(w io.Writer, o Options, ext *configv1alpha1.ExtenderConfi
 	if err := fixedSuite(o, "--gang-suite"); err != nil {
 		return err
 	}
-	rows, err := RunGangSuite(GangSuite, ext)
+	rows, err := RunGangSuite(GangSuite, ext, o.DeclaredDurations)
 	if err != nil {
 		return err
 	}

@@ -40,6 +40,45 @@ type Job struct {
 	// With Config.Preemption a job that fits nowhere evicts running jobs
 	// of lower priority.
 	Priority int32
+	// Declared is what its pods declare they run at most
+	// (spec.activeDeadlineSeconds; 0: nothing). Traces carry none; the
+	// gang suite's --declared-durations sets it (DeclareDurations).
+	Declared time.Duration
+}
+
+// How a trace's jobs declare their durations (DeclareDurations).
+const (
+	// DeclareNone: no job declares one, as in the traces.
+	DeclareNone = "none"
+	// DeclareExact: each job declares its duration.
+	DeclareExact = "exact"
+	// DeclareDouble: each job declares twice its duration.
+	DeclareDouble = "double"
+	// DeclareHours: each job declares its duration rounded up to whole
+	// hours, as a time limit is often set.
+	DeclareHours = "hours"
+)
+
+// DeclareDurations sets what each job declares it runs at most, by model
+// (DeclareNone, DeclareExact, DeclareDouble, DeclareHours; "" is
+// DeclareNone).
+func DeclareDurations(jobs []Job, model string) error {
+	for i := range jobs {
+		d := jobs[i].Duration
+		switch model {
+		case "", DeclareNone:
+			d = 0
+		case DeclareExact:
+		case DeclareDouble:
+			d *= 2
+		case DeclareHours:
+			d = (d + time.Hour - 1) / time.Hour * time.Hour
+		default:
+			return fmt.Errorf("--declared-durations %q: want %s, %s, %s or %s", model, DeclareNone, DeclareExact, DeclareDouble, DeclareHours)
+		}
+		jobs[i].Declared = d
+	}
+	return nil
 }
 
 // PodCount is the job's number of pods (at least 1).

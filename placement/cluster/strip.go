@@ -154,7 +154,7 @@ func stripPodOf(obj any, resource corev1.ResourceName) (any, error) {
 			// The pod's Kubernetes PodGroup (groups).
 			SchedulingGroup: p.Spec.SchedulingGroup,
 			// Preemption orders victims by priority and start.
-			Priority: p.Spec.Priority},
+			Priority: p.Spec.Priority, ActiveDeadlineSeconds: p.Spec.ActiveDeadlineSeconds},
 		// A group's pods plan on the nodes preemption nominated them to.
 		Status: corev1.PodStatus{Phase: p.Status.Phase, StartTime: p.Status.StartTime, NominatedNodeName: p.Status.NominatedNodeName},
 	}

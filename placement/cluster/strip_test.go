@@ -109,14 +109,15 @@ func TestStripTopologyBoundsTheSharedTables(t *testing.T) {
 }
 
 // The stripped pod keeps what preemption reads (priority, start, the node
-// it is nominated to, and kube-scheduler's mark on a victim) and drops the
+// it is nominated to, and kube-scheduler's mark on a victim) and what a
+// waiting group's reservation reads (activeDeadlineSeconds), and drops the
 // pod's other conditions.
 func TestStripPodKeepsWhatPreemptionReads(t *testing.T) {
-	prio := int32(1000)
+	prio, deadline := int32(1000), int64(3600)
 	start := metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "v", Namespace: "ns", UID: "uid-v"},
-		Spec: corev1.PodSpec{Priority: &prio, Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{
+		Spec: corev1.PodSpec{Priority: &prio, ActiveDeadlineSeconds: &deadline, Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{
 			Limits: corev1.ResourceList{v1alpha1.ResourceGPU: resource.MustParse("1")}}}}},
 		Status: corev1.PodStatus{StartTime: &start, NominatedNodeName: "n1", Conditions: []corev1.PodCondition{
 			{Type: corev1.PodReady, Status: corev1.ConditionTrue, Message: "long text"},
@@ -130,9 +131,9 @@ func TestStripPodKeepsWhatPreemptionReads(t *testing.T) {
 	}
 	s := obj.(*corev1.Pod)
 	after := ledger.NewPodInfo(s, v1alpha1.ResourceGPU)
-	if !after.Preempted || after.Priority != 1000 || !after.Started.Equal(start.Time) || after.Nominated != "n1" {
-		t.Errorf("after stripping: preempted %v, priority %d, started %v, nominated %q; before: %v %d %v %q",
-			after.Preempted, after.Priority, after.Started, after.Nominated, before.Preempted, before.Priority, before.Started, before.Nominated)
+	if !after.Preempted || after.Priority != 1000 || !after.Started.Equal(start.Time) || after.Nominated != "n1" || after.Deadline != time.Hour {
+		t.Errorf("after stripping: preempted %v, priority %d, started %v, nominated %q, deadline %s; before: %v %d %v %q %s",
+			after.Preempted, after.Priority, after.Started, after.Nominated, after.Deadline, before.Preempted, before.Priority, before.Started, before.Nominated, before.Deadline)
 	}
 	if len(s.Status.Conditions) != 1 || s.Status.Conditions[0].Message != "" {
 		t.Errorf("conditions kept: %+v, want only DisruptionTarget, without its message", s.Status.Conditions)

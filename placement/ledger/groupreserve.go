@@ -22,6 +22,10 @@ type NodeReservation struct {
 	Priority int32
 	// GPUs are the node's GPUs the group's plan takes, free or not.
 	GPUs topology.Mask
+	// Start is when the GPUs the group waits for are free at the latest,
+	// by the activeDeadlineSeconds of the pods holding them; zero when a
+	// pod among them does not say.
+	Start time.Time
 }
 
 // groupReservation is a group's reservation: its plan's GPUs by node.
@@ -35,12 +39,13 @@ type groupReservation struct {
 }
 
 // ReservedAgainst is the GPUs of n that a pod of priority prio in group
-// ("" for none) must leave alone: those kept for other groups of the same
-// or higher priority.
-func (n *Node) ReservedAgainst(prio int32, group string) topology.Mask {
+// ("" for none) that is gone by ends (zero: it does not say) must leave
+// alone: those kept for other groups of the same or higher priority,
+// unless the pod is gone before the group can start (backfill).
+func (n *Node) ReservedAgainst(prio int32, group string, ends time.Time) topology.Mask {
 	var m topology.Mask
 	for _, r := range n.reservedFor {
-		if r.Priority >= prio && r.Group != group {
+		if r.Priority >= prio && r.Group != group && (ends.IsZero() || r.Start.IsZero() || ends.After(r.Start)) {
 			m = m.Union(r.GPUs)
 		}
 	}
@@ -65,11 +70,12 @@ type GroupReservation struct {
 }
 
 // ReserveForGroup keeps gpus (by node) for group key, a group of priority
-// prio whose plan lies in domain at level. It replaces the group's
+// prio whose plan lies in domain at level and can start by start (zero:
+// unknown). It replaces the group's
 // reservation, keeping when it began. It does nothing for a group that is
 // planned, has no pod, or whose reservation ended; it says whether the
 // reservation is in place.
-func (l *Ledger) ReserveForGroup(key string, prio int32, domain, level string, gpus map[string]topology.Mask) bool {
+func (l *Ledger) ReserveForGroup(key string, prio int32, domain, level string, start time.Time, gpus map[string]topology.Mask) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	g := l.groups[key]
@@ -89,7 +95,7 @@ func (l *Ledger) ReserveForGroup(key string, prio int32, domain, level string, g
 		}
 		r.nodes[name] = m
 		// A new slice: views taken before keep theirs.
-		n.reservedFor = append(slices.Clone(n.reservedFor), NodeReservation{Group: key, Priority: prio, GPUs: m})
+		n.reservedFor = append(slices.Clone(n.reservedFor), NodeReservation{Group: key, Priority: prio, GPUs: m, Start: start})
 	}
 	g.reserve = r
 	return true

@@ -402,6 +402,10 @@ type Holder struct {
 	// Group is the pod's group ("" for none): evicting one pod of a group
 	// stops the whole group.
 	Group string
+	// Ends is when the pod is gone at the latest (its activeDeadlineSeconds
+	// after it started, or after now when it has not started yet); zero
+	// when it does not say.
+	Ends time.Time
 }
 
 // Holders are the pods holding GPUs on node n, by UID.
@@ -414,6 +418,13 @@ func (v View) Holders(n *Node) []Holder {
 		hd := Holder{UID: uid, Pod: h.pod, Reserved: h.reserved, UUIDs: h.uuids, Unknown: h.unknown}
 		if info := v.l.pods[h.pod]; info != nil && info.UID == uid {
 			hd.Priority, hd.Started, hd.Group = info.Priority, info.Started, info.Group
+			if info.Deadline > 0 {
+				start := info.Started
+				if start.IsZero() {
+					start = v.l.now()
+				}
+				hd.Ends = start.Add(info.Deadline)
+			}
 		}
 		out = append(out, hd)
 	}

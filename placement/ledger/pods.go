@@ -27,6 +27,10 @@ type PodInfo struct {
 	// victims by them, as kube-scheduler does.
 	Priority int32
 	Started  time.Time
+	// Deadline is the pod's spec.activeDeadlineSeconds (0 when unset):
+	// kubelet ends the pod that long after it started, so it is gone by
+	// then (a waiting group's reservation counts on it).
+	Deadline time.Duration
 	// Nominated is status.nominatedNodeName: the node kube-scheduler's
 	// preemption made room on for it.
 	Nominated string
@@ -96,6 +100,9 @@ func NewPodInfo(p *corev1.Pod, resource corev1.ResourceName) *PodInfo {
 	}
 	if p.Status.StartTime != nil {
 		info.Started = p.Status.StartTime.Time
+	}
+	if d := p.Spec.ActiveDeadlineSeconds; d != nil && *d > 0 && *d < math.MaxInt64/int64(time.Second) {
+		info.Deadline = time.Duration(*d) * time.Second
 	}
 	info.Nominated = p.Status.NominatedNodeName
 	info.Preempted = preemptedBy(p)
