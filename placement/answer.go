@@ -36,7 +36,10 @@ func (x *Core) Filter(ctx context.Context, pr Request, names []string) (FilterAn
 		return FilterAnswer{}, fmt.Errorf("%s", msg)
 	}
 	var ans0 FilterAnswer
-	slot, err := x.GroupSlot(ctx, pr, names)
+	// kube-scheduler passes only the nodes its own filters let through,
+	// so nodes full now are not among names: a waiting group's GPUs are
+	// kept over every node (docs/groups.md, "A group that waits").
+	slot, err := x.groupSlot(ctx, pr, names, nil)
 	if err != nil {
 		return x.groupRefusal(names, err)
 	}

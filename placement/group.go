@@ -53,6 +53,12 @@ func (s *GroupSlot) OtherNodeReason() string {
 // keeps to them); the plugin build calls it in PreFilter, once per cycle,
 // with nil (every node).
 func (x *Core) GroupSlot(ctx context.Context, pr Request, candidates []string) (*GroupSlot, error) {
+	return x.groupSlot(ctx, pr, candidates, candidates)
+}
+
+// groupSlot is GroupSlot; a group that waits keeps GPUs on the nodes of
+// reserveOver (nil: every node).
+func (x *Core) groupSlot(ctx context.Context, pr Request, candidates, reserveOver []string) (*GroupSlot, error) {
 	if pr.group == "" || pr.Count == 0 {
 		return nil, nil
 	}
@@ -81,7 +87,7 @@ func (x *Core) GroupSlot(ctx context.Context, pr Request, candidates []string) (
 		return nil, &GroupWait{Group: pr.group, Msg: fmt.Sprintf("group %s waits for its pods: %s", pr.group, err)}
 	}
 	if w := (*GroupWait)(nil); errors.As(err, &w) && !w.Unresolvable {
-		x.keepForGroup(ctx, pr, candidates)
+		x.keepForGroup(ctx, pr, reserveOver)
 	}
 	if err != nil {
 		return nil, err

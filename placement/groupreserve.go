@@ -12,6 +12,7 @@ import (
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/placement/ledger"
 	"github.com/gputopo/gputopo/topology"
+	"k8s.io/klog/v2"
 )
 
 // A group that waits (docs/groups.md): a group is placed only when every
@@ -137,13 +138,18 @@ func (x *Core) keepForGroup(ctx context.Context, pr Request, candidates []string
 			act = reserveMake
 		}
 	})
+	log := klog.FromContext(ctx)
 	switch act {
 	case reserveExpire:
 		x.ledger.EndGroupReservation(pr.group, true)
+		log.V(2).Info("group reservation ran out", "group", pr.group, "reserveMaxDuration", f.ReserveMaxDuration.Duration)
 	case reserveMake:
-		x.ledger.ReserveForGroup(pr.group, pr.priority, domain, level, start, keep)
+		if x.ledger.ReserveForGroup(pr.group, pr.priority, domain, level, start, keep) {
+			log.V(4).Info("GPUs kept for a waiting group", "group", pr.group, "domain", domain, "level", level, "nodes", len(keep), "start", start)
+		}
 	case reserveEnd:
 		x.ledger.EndGroupReservation(pr.group, false)
+		log.V(4).Info("no GPUs kept for a waiting group", "group", pr.group, "found", keep != nil)
 	}
 }
 

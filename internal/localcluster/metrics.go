@@ -15,7 +15,8 @@ import (
 // gputopo-scheduler plugin build's metricsBindAddress) and returns its
 // ledger's GPUs by state (gputopo_extender_ledger_gpus: free, held,
 // reserved, unhealthy) plus "double_held"
-// (gputopo_extender_ledger_double_held_gpus).
+// (gputopo_extender_ledger_double_held_gpus) and "group_reservations"
+// (gputopo_extender_group_reservations).
 func LedgerGPUs(url string) (map[string]float64, error) {
 	hc := &http.Client{Timeout: 5 * time.Second}
 	resp, err := hc.Get(url)
@@ -45,6 +46,9 @@ func LedgerGPUs(url string) (map[string]float64, error) {
 	}
 	if f := fams["gputopo_extender_ledger_double_held_gpus"]; f != nil && len(f.Metric) > 0 {
 		out["double_held"] = f.Metric[0].GetGauge().GetValue()
+	}
+	if f := fams["gputopo_extender_group_reservations"]; f != nil && len(f.Metric) > 0 {
+		out["group_reservations"] = f.Metric[0].GetGauge().GetValue()
 	}
 	return out, nil
 }

@@ -347,20 +347,21 @@ type extenderProcess struct {
 func (p *extenderProcess) url() string { return "http://127.0.0.1:" + strconv.Itoa(p.port) }
 
 // startExtenderProcess runs `gputopo extender` on port with kubeconfig's
-// user (the extenderUser and its RBAC) and /metrics on a free port.
-func startExtenderProcess(t *testing.T, name, kubeconfig string, port int) *extenderProcess {
+// user (the extenderUser and its RBAC), /metrics on a free port, and the
+// extra flags.
+func startExtenderProcess(t *testing.T, name, kubeconfig string, port int, extra ...string) *extenderProcess {
 	t.Helper()
 	bin := gputopoBinary(t)
 	metricsPort, err := harness.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := harness.StartProcess(t, name, bin, "extender",
+	p := harness.StartProcess(t, name, bin, append([]string{"extender",
 		"--kubeconfig", kubeconfig,
 		"--bind-address", "127.0.0.1",
 		"--port", strconv.Itoa(port),
-		"--metrics-bind-address", "127.0.0.1:"+strconv.Itoa(metricsPort),
-		"--v=2")
+		"--metrics-bind-address", "127.0.0.1:" + strconv.Itoa(metricsPort),
+		"--v=2"}, extra...)...)
 	return &extenderProcess{Process: p, port: port, metricsPort: metricsPort}
 }
 

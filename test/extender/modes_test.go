@@ -61,15 +61,21 @@ type extenderSystem struct {
 	n          int
 	x          *extenderProcess
 	sched      *harness.Decider
+	// flags are the extender's extra flags.
+	flags []string
 }
 
-func startExtenderSystem(t *testing.T, e *env) system {
+func startExtenderSystem(t *testing.T, e *env) system { return startExtenderSystemWith(t, e) }
+
+// startExtenderSystemWith is startExtenderSystem with extra extender
+// flags.
+func startExtenderSystemWith(t *testing.T, e *env, flags ...string) system {
 	t.Helper()
 	port, err := harness.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &extenderSystem{e: e, kubeconfig: e.cp.Kubeconfig(t, extenderUser), port: port}
+	s := &extenderSystem{e: e, kubeconfig: e.cp.Kubeconfig(t, extenderUser), port: port, flags: flags}
 	s.restart(t)
 	s.sched = e.cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModeExtender, ExtenderURL: s.x.url()})
 	return s
@@ -91,7 +97,7 @@ func sigkill(t *testing.T, p *harness.Process) {
 func (s *extenderSystem) restart(t *testing.T) {
 	t.Helper()
 	s.n++
-	s.x = startExtenderProcess(t, "extender-"+strconv.Itoa(s.n), s.kubeconfig, s.port)
+	s.x = startExtenderProcess(t, "extender-"+strconv.Itoa(s.n), s.kubeconfig, s.port, s.flags...)
 	waitProcessReady(t, s.x)
 }
 
