@@ -54,8 +54,11 @@ func (e *evaluator) ends() time.Time {
 func (e *evaluator) keptForGroups(n *ledger.Node) *verdict {
 	var groups []string
 	for _, r := range n.Reservations() {
-		if r.Priority >= e.pr.priority && r.Group != e.pr.group && !slices.Contains(groups, r.Group) {
-			groups = append(groups, r.Group)
+		if r.Priority >= e.pr.priority && r.Group != e.pr.group {
+			g := fmt.Sprintf("%s (since %s)", r.Group, r.Since.UTC().Format(time.RFC3339))
+			if !slices.Contains(groups, g) {
+				groups = append(groups, g)
+			}
 		}
 	}
 	kept := n.Free().Intersect(n.ReservedAgainst(e.pr.priority, e.pr.group, e.ends()))

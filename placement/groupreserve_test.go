@@ -81,8 +81,8 @@ func TestWaitingGroupKeepsTheGPUsItNeedsFromLaterPods(t *testing.T) {
 	// naming the group; it is not unresolvable (it may fit later).
 	late := gpuPod("late", 1, map[string]string{})
 	n, ans := place(t, x, names, late)
-	if n != "" || len(ans.Unresolvable) != 0 || !strings.Contains(ans.Failed["node-1"], "kept for group ml/g") {
-		t.Fatalf("late: node %q, answer %+v; want refused on node-1 as kept for group ml/g", n, ans)
+	if n != "" || len(ans.Unresolvable) != 0 || !strings.Contains(ans.Failed["node-1"], "kept for group ml/g (since 2026-01-01T00:11:00Z)") {
+		t.Fatalf("late: node %q, answer %+v; want refused on node-1 as kept for group ml/g since 11m", n, ans)
 	}
 	// A pod of higher priority is not held back by a lower one's group.
 	urgent := withPriority(gpuPod("urgent", 1, map[string]string{}), 1000)

@@ -26,6 +26,8 @@ type NodeReservation struct {
 	// by the activeDeadlineSeconds of the pods holding them; zero when a
 	// pod among them does not say.
 	Start time.Time
+	// Since is when the group's reservation was first made.
+	Since time.Time
 }
 
 // groupReservation is a group's reservation: its plan's GPUs by node.
@@ -95,7 +97,7 @@ func (l *Ledger) ReserveForGroup(key string, prio int32, domain, level string, s
 		}
 		r.nodes[name] = m
 		// A new slice: views taken before keep theirs.
-		n.reservedFor = append(slices.Clone(n.reservedFor), NodeReservation{Group: key, Priority: prio, GPUs: m, Start: start})
+		n.reservedFor = append(slices.Clone(n.reservedFor), NodeReservation{Group: key, Priority: prio, GPUs: m, Start: start, Since: since})
 	}
 	g.reserve = r
 	return true
