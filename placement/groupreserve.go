@@ -84,9 +84,11 @@ type reserveSlot struct {
 // never stands for "a pod holding the GPUs does not say when it ends".
 var never = time.Unix(1<<62, 0)
 
-// keepForGroup is called when pr's group was tried and does not fit: once
-// the group has waited fabric.reserveAfter, it keeps GPUs for the group
-// (see above), or ends the group's reservation when it ran out.
+// keepForGroup is called when pr's group was tried and does not fit:
+// from fabric.reserveAfter after the pod was created until
+// reserveMaxDuration later, it keeps GPUs for the group (see above); then
+// it ends the group's reservation for good. The window is the pod's own,
+// so a new decider (failover) keeps the same one.
 func (x *Core) keepForGroup(ctx context.Context, pr Request, candidates []string) {
 	f := &x.cfg.Fabric
 	after := f.ReserveAfter.Duration
@@ -94,6 +96,7 @@ func (x *Core) keepForGroup(ctx context.Context, pr Request, candidates []string
 	if after <= 0 || pr.created.IsZero() || now.Sub(pr.created) < after {
 		return
 	}
+	until := pr.created.Add(after + f.ReserveMaxDuration.Duration)
 	var (
 		keep          map[string]topology.Mask
 		domain, level string
@@ -101,17 +104,15 @@ func (x *Core) keepForGroup(ctx context.Context, pr Request, candidates []string
 		act           = reserveKeep // leave it as it is
 	)
 	x.ledger.Read(func(v ledger.View) {
-		if v.ReservationEnded(pr.group) {
+		r, had := v.Reservation(pr.group)
+		if !now.Before(until) {
+			if had {
+				act = reserveExpire
+			}
 			return
 		}
-		if r, ok := v.Reservation(pr.group); ok {
-			if now.Sub(r.Since) >= f.ReserveMaxDuration.Duration {
-				act = reserveExpire
-				return
-			}
-			if now.Sub(r.Made) < reserveRefresh {
-				return // each member is filtered in turn: plan once for all of them
-			}
+		if had && now.Sub(r.Made) < reserveRefresh {
+			return // each member is filtered in turn: plan once for all of them
 		}
 		act = reserveEnd
 		g, need, ok := waitingGroup(v, pr)
@@ -119,23 +120,13 @@ func (x *Core) keepForGroup(ctx context.Context, pr Request, candidates []string
 			return
 		}
 		keep, domain, level, start = x.soonestSlots(ctx, v, pr, g, need, candidates)
-		if keep == nil {
-			return
+		if keep == nil || !start.IsZero() && start.After(until) {
+			return // nothing to keep, or it would run out before the GPUs are free
 		}
 		total, kept := 0, 0
 		v.EachNode(func(n *ledger.Node) { total += n.Size() })
 		for _, m := range keep {
 			kept += m.Count()
-		}
-		if !start.IsZero() {
-			r, ok := v.Reservation(pr.group)
-			since := now
-			if ok {
-				since = r.Since
-			}
-			if start.After(since.Add(f.ReserveMaxDuration.Duration)) {
-				return // it would run out before the GPUs are free
-			}
 		}
 		if limit := int64(total) * int64(*f.ReserveMaxPercent) / 100; int64(v.ReservedGPUs(pr.group)+kept) <= limit {
 			act = reserveMake
@@ -144,14 +135,14 @@ func (x *Core) keepForGroup(ctx context.Context, pr Request, candidates []string
 	log := klog.FromContext(ctx)
 	switch act {
 	case reserveExpire:
-		x.ledger.EndGroupReservation(pr.group, true)
-		log.V(2).Info("group reservation ran out", "group", pr.group, "reserveMaxDuration", f.ReserveMaxDuration.Duration)
+		x.ledger.EndGroupReservation(pr.group)
+		log.V(2).Info("group reservation ran out", "group", pr.group, "reserveAfter", after, "reserveMaxDuration", f.ReserveMaxDuration.Duration)
 	case reserveMake:
 		if x.ledger.ReserveForGroup(pr.group, pr.priority, domain, level, start, keep) {
 			log.V(4).Info("GPUs kept for a waiting group", "group", pr.group, "domain", domain, "level", level, "nodes", len(keep), "start", start)
 		}
 	case reserveEnd:
-		x.ledger.EndGroupReservation(pr.group, false)
+		x.ledger.EndGroupReservation(pr.group)
 		log.V(4).Info("no GPUs kept for a waiting group", "group", pr.group, "found", keep != nil)
 	}
 }

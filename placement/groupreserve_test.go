@@ -119,33 +119,30 @@ func TestGroupReservationIsBounded(t *testing.T) {
 		t.Fatalf("late: node %q, reason %q; want node-1", n, anyReason(ans))
 	}
 
-	// With room for it, the reservation lasts reserveMaxDuration from when
-	// it was made, then ends for good.
+	// With room for it, reservations are made from reserveAfter (10m)
+	// after the group's pods were created until reserveMaxDuration (30m)
+	// later, then never again: the window is the pods' own, so a new
+	// decider keeps it.
 	x, names, now, pods = reserveCase(t, 100)
 	*now = groupEpoch.Add(11 * time.Minute)
 	place(t, x, names, pods[2])
-	*now = groupEpoch.Add(40 * time.Minute)
+	*now = groupEpoch.Add(39 * time.Minute)
 	place(t, x, names, pods[2])
-	if r := x.ledger.GroupReservations(); len(r) != 1 || !r[0].Since.Equal(groupEpoch.Add(11*time.Minute)) || !r[0].Made.Equal(groupEpoch.Add(40*time.Minute)) {
-		t.Fatalf("reservations %+v; want one, first made at 11m, made again at 40m", r)
+	if r := x.ledger.GroupReservations(); len(r) != 1 || !r[0].Since.Equal(groupEpoch.Add(11*time.Minute)) || !r[0].Made.Equal(groupEpoch.Add(39*time.Minute)) {
+		t.Fatalf("reservations %+v; want one, first made at 11m, made again at 39m", r)
 	}
 	// Another member tried within reserveRefresh leaves it as it is.
-	*now = groupEpoch.Add(40*time.Minute + 5*time.Second)
+	*now = groupEpoch.Add(39*time.Minute + 5*time.Second)
 	x.ledger.UpsertPod(pods[3])
 	place(t, x, names, pods[3])
-	if r := x.ledger.GroupReservations(); len(r) != 1 || !r[0].Made.Equal(groupEpoch.Add(40*time.Minute)) {
-		t.Fatalf("reservations %+v; want the one made at 40m, kept", r)
+	if r := x.ledger.GroupReservations(); len(r) != 1 || !r[0].Made.Equal(groupEpoch.Add(39*time.Minute)) {
+		t.Fatalf("reservations %+v; want the one made at 39m, kept", r)
 	}
-	*now = groupEpoch.Add(42 * time.Minute)
-	place(t, x, names, pods[2])
-	if r := x.ledger.GroupReservations(); len(r) != 0 {
-		t.Fatalf("reservation kept past reserveMaxDuration: %+v", r)
-	}
-	for _, at := range []time.Duration{50 * time.Minute, time.Hour} {
+	for _, at := range []time.Duration{40 * time.Minute, 50 * time.Minute, time.Hour} {
 		*now = groupEpoch.Add(at)
 		place(t, x, names, pods[2])
 		if r := x.ledger.GroupReservations(); len(r) != 0 {
-			t.Fatalf("reservation made again %s after it ran out: %+v", at, r)
+			t.Fatalf("reservation kept or made at %s, past reserveAfter + reserveMaxDuration: %+v", at, r)
 		}
 	}
 	if n, ans := place(t, x, names, gpuPod("late", 1, map[string]string{})); n != "node-1" {
@@ -244,7 +241,7 @@ func TestReservationBackfillsPodsThatEndBeforeTheGroupCanStart(t *testing.T) {
 
 	// A reservation that would run out before its GPUs are free is not
 	// made: with reserveMaxDuration 30m, 11m + 30m is before 1h.
-	x.ledger.EndGroupReservation("ml/g", false)
+	x.ledger.EndGroupReservation("ml/g")
 	f.ReserveMaxDuration = metav1.Duration{Duration: 30 * time.Minute}
 	place(t, x, names, g[0])
 	if r := x.ledger.GroupReservations(); len(r) != 0 {

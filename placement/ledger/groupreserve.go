@@ -36,8 +36,6 @@ type groupReservation struct {
 	since, made   time.Time
 	domain, level string
 	nodes         map[string]topology.Mask
-	// ended: the reservation ran out; none is made again for the group.
-	ended bool
 }
 
 // ReservedAgainst is the GPUs of n that a pod of priority prio in group
@@ -75,13 +73,12 @@ type GroupReservation struct {
 // prio whose plan lies in domain at level and can start by start (zero:
 // unknown). It replaces the group's
 // reservation, keeping when it began. It does nothing for a group that is
-// planned, has no pod, or whose reservation ended; it says whether the
-// reservation is in place.
+// planned or has no pod; it says whether the reservation is in place.
 func (l *Ledger) ReserveForGroup(key string, prio int32, domain, level string, start time.Time, gpus map[string]topology.Mask) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	g := l.groups[key]
-	if g == nil || g.plan != nil || g.reserve != nil && g.reserve.ended {
+	if g == nil || g.plan != nil {
 		return false
 	}
 	since := l.now()
@@ -103,19 +100,12 @@ func (l *Ledger) ReserveForGroup(key string, prio int32, domain, level string, s
 	return true
 }
 
-// EndGroupReservation ends group key's reservation; with final, none is
-// made again for the group (it ran out).
-func (l *Ledger) EndGroupReservation(key string, final bool) {
+// EndGroupReservation ends group key's reservation.
+func (l *Ledger) EndGroupReservation(key string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	g := l.groups[key]
-	if g == nil || g.reserve == nil {
-		return
-	}
-	l.endReservationLocked(key, g)
-	if final {
-		g.reserve = &groupReservation{ended: true}
-	} else {
+	if g := l.groups[key]; g != nil && g.reserve != nil {
+		l.endReservationLocked(key, g)
 		g.reserve = nil
 	}
 }
@@ -158,16 +148,10 @@ func (l *Ledger) unreserveLocked(key string, g *group) {
 // place.
 func (v View) Reservation(key string) (GroupReservation, bool) {
 	g := v.l.groups[key]
-	if g == nil || g.reserve == nil || g.reserve.ended {
+	if g == nil || g.reserve == nil {
 		return GroupReservation{}, false
 	}
 	return v.l.reservationLocked(key, g.reserve), true
-}
-
-// ReservationEnded says whether group key's reservation ran out.
-func (v View) ReservationEnded(key string) bool {
-	g := v.l.groups[key]
-	return g != nil && g.reserve != nil && g.reserve.ended
 }
 
 // ReservedGPUs counts the GPUs kept for every group but except.
@@ -190,7 +174,7 @@ func (l *Ledger) GroupReservations() []GroupReservation {
 	defer l.mu.RUnlock()
 	var out []GroupReservation
 	for key, g := range l.groups {
-		if g.reserve != nil && !g.reserve.ended {
+		if g.reserve != nil {
 			out = append(out, l.reservationLocked(key, g.reserve))
 		}
 	}

@@ -77,6 +77,6 @@ gputopo_extender_group_reserved_gpus{state="held"} %s
 	}
 	clock = at.Add(90 * time.Second)
 	want(fill("90", "1", "6", "2"))
-	l.EndGroupReservation("ml/g", false)
+	l.EndGroupReservation("ml/g")
 	want(fill("0", "0", "0", "0"))
 }

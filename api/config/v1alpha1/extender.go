@@ -128,8 +128,8 @@ type Fabric struct {
 	// ReserveMaxPercent is the most of the cluster's GPUs kept for waiting
 	// groups at once, 1 to 100. Default 25.
 	ReserveMaxPercent *int32 `json:"reserveMaxPercent,omitempty"`
-	// ReserveMaxDuration ends a group's reservation after this long; the
-	// group then waits without one. Default 30m.
+	// ReserveMaxDuration is how long, from reserveAfter on, GPUs are kept
+	// for a waiting group; it then waits without them. Default 30m.
 	ReserveMaxDuration metav1.Duration `json:"reserveMaxDuration"`
 }
 
