@@ -1,12 +1,14 @@
 package simulator
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"math"
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -33,6 +35,12 @@ const (
 	// single-pod and group traces.
 	FamilySingleJobs = 300
 	FamilyGangJobs   = 200
+	// FamilyReplicas is how many times a family run replays each case
+	// unless told otherwise: its drawn traces, then copies of them whose
+	// arrivals are each moved later by up to FamilyJitter (Replicate).
+	FamilyReplicas = 3
+	// FamilyJitter bounds how far a replica moves an arrival.
+	FamilyJitter = time.Minute
 )
 
 // FamilyCase is one case of a family: a cluster mix, a load, and two
@@ -50,6 +58,45 @@ type FamilyCase struct {
 	// Single are single-pod jobs; Gang half groups, half single pods
 	// (generateGang).
 	Single, Gang Trace
+	// Replica is 0 for the drawn traces and r > 0 for their r-th copy
+	// with arrivals moved (Replicate).
+	Replica int
+}
+
+// Replicate returns every case k times, in case order: the case as drawn,
+// then k-1 copies whose jobs each arrive later by a whole number of
+// seconds below FamilyJitter, drawn from the case's seed and the copy's
+// number. A copy is the same workload on the same cluster, so what
+// differs between a case's replicas is what a policy's outcome owes to
+// the exact moments jobs arrive, not to the policy.
+func Replicate(cases []FamilyCase, k int) ([]FamilyCase, error) {
+	if k < 1 || k > 10 {
+		return nil, fmt.Errorf("--family-replicas %d: must be 1..10", k)
+	}
+	out := make([]FamilyCase, 0, k*len(cases))
+	for _, c := range cases {
+		for r := range k {
+			rc := c
+			rc.Replica = r
+			if r > 0 {
+				rng := rand.New(rand.NewPCG(c.Seed, uint64(r)))
+				rc.Single.Jobs, rc.Gang.Jobs = jitterArrivals(rng, c.Single.Jobs), jitterArrivals(rng, c.Gang.Jobs)
+			}
+			out = append(out, rc)
+		}
+	}
+	return out, nil
+}
+
+// jitterArrivals copies jobs with each arrival moved later by up to
+// FamilyJitter, in arrival order.
+func jitterArrivals(rng *rand.Rand, jobs []Job) []Job {
+	out := slices.Clone(jobs)
+	for i := range out {
+		out[i].Arrival += time.Duration(rng.IntN(int(FamilyJitter/time.Second))) * time.Second
+	}
+	slices.SortStableFunc(out, func(a, b Job) int { return cmp.Compare(a.Arrival, b.Arrival) })
+	return out
 }
 
 // FamilySeeds resolves a family name to its first seed.
@@ -333,9 +380,11 @@ type MeanCheck struct {
 // (model ring and NVLink work measure that): both stay in the tables.
 var familyMeanColumns = []string{"accepted", "effective wait", "model ring GB/s", "model NVLink work"}
 
-// Verdict judges gputopo on the run.
+// Verdict judges gputopo on the run, case by case: a case's value of a
+// column is its mean over the case's replicas (one replica: the drawn
+// traces, as the acceptance points state them).
 func (run FamilyRun) Verdict() FamilyVerdict {
-	v := FamilyVerdict{Traces: len(run.Cases), NVLinkAll: true, NVLinkWorst: 1}
+	v := FamilyVerdict{Traces: len(run.caseRuns()), NVLinkAll: true, NVLinkWorst: 1}
 	sums := Summarize(run.Single)
 	gi, oi := policyIndex(sums, PolicyGputopo), policyIndex(sums, PolicyOptimum)
 	for ci, c := range Columns {
@@ -345,52 +394,173 @@ func (run FamilyRun) Verdict() FamilyVerdict {
 		g, o := sums[gi].Mean[ci], sums[oi].Mean[ci]
 		v.MeanVsOptimum = append(v.MeanVsOptimum, MeanCheck{Column: c.Name, Gputopo: g, Optimum: o, OK: !c.better(o, g), Format: c.Format})
 	}
-	for i, rs := range run.Single {
-		g, o := rs[gi], rs[oi]
-		if g.ModelAccepted > 0 && g.NVLinkShare() < v.NVLinkWorst {
+	for _, rs := range run.Single {
+		if g := rs[gi]; g.ModelAccepted > 0 && g.NVLinkShare() < v.NVLinkWorst {
 			v.NVLinkWorst = g.NVLinkShare()
 		}
+	}
+	v.NVLinkAll = v.NVLinkWorst == 1
+	for _, idx := range run.caseRuns() {
+		c := run.Cases[idx[0]]
+		where := fmt.Sprintf("seed %d (%s, load %.2f)", c.Seed, c.Mix, c.Load)
 		var worse []string
-		for _, c := range Columns {
-			if !slices.Contains(familyMeanColumns, c.Name) {
+		for _, col := range Columns {
+			if !slices.Contains(familyMeanColumns, col.Name) {
 				continue
 			}
-			if beyondTolerance(c, c.Value(g), c.Value(o)) {
-				worse = append(worse, fmt.Sprintf("%s %s vs %s", c.Name, c.Format(c.Value(g)), c.Format(c.Value(o))))
+			g := meanOver(idx, func(i int) float64 { return col.Value(run.Single[i][gi]) })
+			o := meanOver(idx, func(i int) float64 { return col.Value(run.Single[i][oi]) })
+			if beyondTolerance(col, g, o) {
+				worse = append(worse, fmt.Sprintf("%s %s vs %s", col.Name, col.Format(g), col.Format(o)))
 			}
 		}
 		if len(worse) == 0 {
 			v.WithinTolerance++
 		} else {
-			v.Losses = append(v.Losses, fmt.Sprintf("seed %d (%s, load %.2f): %s", run.Cases[i].Seed, run.Cases[i].Mix, run.Cases[i].Load, strings.Join(worse, "; ")))
+			v.Losses = append(v.Losses, fmt.Sprintf("%s: %s", where, strings.Join(worse, "; ")))
 		}
-	}
-	v.NVLinkAll = v.NVLinkWorst == 1
-	for i, row := range run.Gang {
-		g, tas := row.Result(GangGputopo), row.Result(GangTAS)
-		v.DomainMean += g.OneDomainShare()
-		v.DomainMeanTAS += tas.OneDomainShare()
-		v.GBpsMean += g.GroupGBpsMean
-		v.GBpsMeanTAS += tas.GroupGBpsMean
+		if len(run.Gang) == 0 {
+			continue
+		}
+		gang := func(policy string, f func(GangResult) float64) float64 {
+			return meanOver(idx, func(i int) float64 { return f(run.Gang[i].Result(policy)) })
+		}
+		domain, domainTAS := gang(GangGputopo, GangResult.OneDomainShare), gang(GangTAS, GangResult.OneDomainShare)
+		v.DomainMean += domain
+		v.DomainMeanTAS += domainTAS
+		v.GBpsMean += gang(GangGputopo, func(r GangResult) float64 { return r.GroupGBpsMean })
+		v.GBpsMeanTAS += gang(GangTAS, func(r GangResult) float64 { return r.GroupGBpsMean })
 		var lost []string
-		if g.OneDomainShare() >= tas.OneDomainShare() {
+		if domain >= domainTAS {
 			v.DomainTraces++
 		} else {
-			lost = append(lost, fmt.Sprintf("in one domain %.1f%% vs tas-like %.1f%%", 100*g.OneDomainShare(), 100*tas.OneDomainShare()))
+			lost = append(lost, fmt.Sprintf("in one domain %.1f%% vs tas-like %.1f%%", 100*domain, 100*domainTAS))
 		}
-		if g.GroupsPlaced >= row.BestKeepingIntent {
+		// The best baseline keeping the intent: the most groups a
+		// baseline placed on the case, on the mean of its replicas, less
+		// its model-parallel groups off NVLink.
+		placed, best := gang(GangGputopo, func(r GangResult) float64 { return float64(r.GroupsPlaced) }), 0.0
+		for _, p := range GangPolicyNames {
+			if p != GangGputopo {
+				best = max(best, gang(p, func(r GangResult) float64 { return float64(r.GroupsPlaced - r.ModelGroupsOffNVLink) }))
+			}
+		}
+		if placed >= best {
 			v.PlacedTraces++
 		} else {
-			lost = append(lost, fmt.Sprintf("groups placed %d vs %d by the best baseline keeping the intent", g.GroupsPlaced, row.BestKeepingIntent))
+			lost = append(lost, fmt.Sprintf("groups placed %s vs %s by the best baseline keeping the intent", groupsFmt(placed), groupsFmt(best)))
 		}
 		if len(lost) > 0 {
-			v.GangLosses = append(v.GangLosses, fmt.Sprintf("seed %d (%s, load %.2f): %s", run.Cases[i].Seed, run.Cases[i].Mix, run.Cases[i].Load, strings.Join(lost, "; ")))
+			v.GangLosses = append(v.GangLosses, fmt.Sprintf("%s: %s", where, strings.Join(lost, "; ")))
 		}
 	}
-	if n := float64(len(run.Gang)); n > 0 {
+	if n := float64(v.Traces); n > 0 {
 		v.DomainMean, v.DomainMeanTAS, v.GBpsMean, v.GBpsMeanTAS = v.DomainMean/n, v.DomainMeanTAS/n, v.GBpsMean/n, v.GBpsMeanTAS/n
 	}
 	return v
+}
+
+// groupsFmt prints a count of groups, a mean over replicas with one
+// decimal.
+func groupsFmt(v float64) string {
+	if v == math.Trunc(v) {
+		return strconv.Itoa(int(v))
+	}
+	return strconv.FormatFloat(v, 'f', 1, 64)
+}
+
+// caseRuns lists, per case in run order, the indices of its replicas'
+// runs (run.Cases, run.Single and run.Gang share them).
+func (run FamilyRun) caseRuns() [][]int {
+	var out [][]int
+	at := map[uint64]int{}
+	for i, c := range run.Cases {
+		k, ok := at[c.Seed]
+		if !ok {
+			k = len(out)
+			at[c.Seed] = k
+			out = append(out, nil)
+		}
+		out[k] = append(out[k], i)
+	}
+	return out
+}
+
+// meanOver is the mean of f over idx.
+func meanOver(idx []int, f func(int) float64) float64 {
+	s := 0.0
+	for _, i := range idx {
+		s += f(i)
+	}
+	return s / float64(len(idx))
+}
+
+// Replica is the run restricted to every case's replica r (0: the drawn
+// traces).
+func (run FamilyRun) Replica(r int) FamilyRun {
+	out := FamilyRun{Family: run.Family}
+	for i, c := range run.Cases {
+		if c.Replica == r {
+			out.Cases = append(out.Cases, c)
+			out.Single = append(out.Single, run.Single[i])
+			out.Gang = append(out.Gang, run.Gang[i])
+		}
+	}
+	return out
+}
+
+// FamilyNoise is how far the per-trace points move with the exact moments
+// jobs arrive: each case's replica 1 against its replica 0, the same
+// policy on the same workload and cluster.
+type FamilyNoise struct {
+	Cases int
+	// GputopoWithin and OptimumWithin count the cases where the policy's
+	// replica 1 is within FamilyTolerance of its replica 0 on every
+	// judged single-pod column (as WithinTolerance judges gputopo against
+	// the optimum).
+	GputopoWithin, OptimumWithin int
+	// PlacedAtLeast and DomainAtLeast count the cases where gputopo's
+	// replica 1 places at least the groups of its replica 0, and puts at
+	// least its share of them in one domain.
+	PlacedAtLeast, DomainAtLeast int
+}
+
+// Noise measures the run's FamilyNoise; false without a replica 1.
+func (run FamilyRun) Noise() (FamilyNoise, bool) {
+	a, b := run.Replica(0), run.Replica(1)
+	if len(b.Cases) == 0 || len(b.Cases) != len(a.Cases) {
+		return FamilyNoise{}, false
+	}
+	n := FamilyNoise{Cases: len(a.Cases)}
+	sums := Summarize(a.Single)
+	gi, oi := policyIndex(sums, PolicyGputopo), policyIndex(sums, PolicyOptimum)
+	within := func(x, y Result) bool {
+		for _, c := range Columns {
+			if slices.Contains(familyMeanColumns, c.Name) && beyondTolerance(c, c.Value(y), c.Value(x)) {
+				return false
+			}
+		}
+		return true
+	}
+	for i := range a.Cases {
+		if within(a.Single[i][gi], b.Single[i][gi]) {
+			n.GputopoWithin++
+		}
+		if within(a.Single[i][oi], b.Single[i][oi]) {
+			n.OptimumWithin++
+		}
+		if len(a.Gang) == 0 {
+			continue
+		}
+		x, y := a.Gang[i].Result(GangGputopo), b.Gang[i].Result(GangGputopo)
+		if y.GroupsPlaced >= x.GroupsPlaced {
+			n.PlacedAtLeast++
+		}
+		if y.OneDomainShare() >= x.OneDomainShare() {
+			n.DomainAtLeast++
+		}
+	}
+	return n, true
 }
 
 // beyondTolerance says whether g is worse than o on c by more than
@@ -410,22 +580,27 @@ func policyIndex(sums []Summary, name string) int {
 // and group summaries (mean, worst trace, traces won per policy and
 // column), the acceptance points, and every trace where gputopo loses.
 func WriteFamily(w io.Writer, run FamilyRun) error {
+	drawn := run.Replica(0)
 	fabric, gpus := 0, 0
 	minN, maxN := math.MaxInt, 0
-	for _, c := range run.Cases {
+	for _, c := range drawn.Cases {
 		if c.Fabric {
 			fabric++
 		}
 		gpus += c.GPUs
 		minN, maxN = min(minN, len(c.Nodes)), max(maxN, len(c.Nodes))
 	}
-	n := len(run.Cases)
+	n := len(drawn.Cases)
 	if n == 0 {
 		return fmt.Errorf("family %s: no cases", run.Family)
 	}
-	fmt.Fprintf(w, "family %s: %d cases, seeds %d..%d; up to 4 machine kinds, %d to %d nodes (%d GPUs on average), leaf and spine labels on %d; loads 0.6 to 1.3; max wait %s\n\n",
-		run.Family, n, run.Cases[0].Seed, run.Cases[n-1].Seed, minN, maxN, gpus/n, fabric, DefaultMaxWait)
-	fmt.Fprintf(w, "### Single-pod jobs (%d per case)\n\n", FamilySingleJobs)
+	replicas := len(run.Cases) / n
+	fmt.Fprintf(w, "family %s: %d cases, seeds %d..%d; up to 4 machine kinds, %d to %d nodes (%d GPUs on average), leaf and spine labels on %d; loads 0.6 to 1.3; max wait %s",
+		run.Family, n, drawn.Cases[0].Seed, drawn.Cases[n-1].Seed, minN, maxN, gpus/n, fabric, DefaultMaxWait)
+	if replicas > 1 {
+		fmt.Fprintf(w, "; each case replayed %d times, the drawn traces and %d copies with every arrival moved later by up to %s (%d runs)", replicas, replicas-1, FamilyJitter, len(run.Cases))
+	}
+	fmt.Fprintf(w, "\n\n### Single-pod jobs (%d per case)\n\n", FamilySingleJobs)
 	if err := WriteSummary(w, Summarize(run.Single)); err != nil {
 		return err
 	}
@@ -439,19 +614,29 @@ func WriteFamily(w io.Writer, run FamilyRun) error {
 	}
 	v := run.Verdict()
 	fmt.Fprintf(w, "\n### Acceptance points\n\n")
+	if replicas > 1 {
+		fmt.Fprintf(w, "Per case on the mean of its %d replicas:\n\n", replicas)
+	}
 	var means []string
 	for _, m := range v.MeanVsOptimum {
 		means = append(means, fmt.Sprintf("%s %s / %s%s", m.Column, m.Format(m.Gputopo), m.Format(m.Optimum), mark(m.OK)))
 	}
 	fmt.Fprintf(w, "- single pods, gputopo's mean / the optimum's: %s\n", strings.Join(means, "; "))
-	fmt.Fprintf(w, "- model-parallel jobs on NVLink: worst trace %.1f%%%s\n", 100*v.NVLinkWorst, mark(v.NVLinkAll))
-	fmt.Fprintf(w, "- traces where none of those columns is more than %.0f%% worse than the optimum's: %s (want ≥ 90%%)%s\n", 100*FamilyTolerance, countPct(v.WithinTolerance, n), mark(10*v.WithinTolerance >= 9*n))
-	fmt.Fprintf(w, "- groups in one domain, mean gputopo / tas-like: %.1f%% / %.1f%%%s; traces at least tas-like's: %s (want ≥ 80%%)%s\n",
-		100*v.DomainMean, 100*v.DomainMeanTAS, mark(v.DomainMean >= v.DomainMeanTAS), countPct(v.DomainTraces, n), mark(10*v.DomainTraces >= 8*n))
-	fmt.Fprintf(w, "- traces where gputopo places at least the groups of the best baseline keeping the intent: %s (want ≥ 90%%)%s\n", countPct(v.PlacedTraces, n), mark(10*v.PlacedTraces >= 9*n))
-	fmt.Fprintf(w, "- group GB/s, mean gputopo / tas-like: %.1f / %.1f%s\n", v.GBpsMean, v.GBpsMeanTAS, mark(v.GBpsMean >= v.GBpsMeanTAS))
+	fmt.Fprintf(w, "- model-parallel jobs on NVLink: worst run %.1f%%%s\n", 100*v.NVLinkWorst, mark(v.NVLinkAll))
+	writePoints(w, v)
+	if replicas > 1 {
+		fmt.Fprintf(w, "\nPer drawn trace (replica 0 alone):\n\n")
+		writePoints(w, drawn.Verdict())
+		if nf, ok := run.Noise(); ok {
+			fmt.Fprintf(w, "\nThe same policy against itself (each case's replica 1 against its drawn traces): gputopo within %.0f%% of itself on %s, the optimum on %s; gputopo places at least its own groups on %s and puts at least its own share in one domain on %s\n",
+				100*FamilyTolerance, countPct(nf.GputopoWithin, nf.Cases), countPct(nf.OptimumWithin, nf.Cases), countPct(nf.PlacedAtLeast, nf.Cases), countPct(nf.DomainAtLeast, nf.Cases))
+		}
+	}
 	if len(v.Losses)+len(v.GangLosses) > 0 {
 		fmt.Fprintf(w, "\n### Where gputopo loses\n\n")
+		if replicas > 1 {
+			fmt.Fprintf(w, "Means over each case's %d replicas.\n\n", replicas)
+		}
 		for _, l := range v.Losses {
 			fmt.Fprintf(w, "- single pods, %s\n", l)
 		}
@@ -460,4 +645,14 @@ func WriteFamily(w io.Writer, run FamilyRun) error {
 		}
 	}
 	return nil
+}
+
+// writePoints prints the per-case acceptance points of v.
+func writePoints(w io.Writer, v FamilyVerdict) {
+	n := v.Traces
+	fmt.Fprintf(w, "- traces where none of those columns is more than %.0f%% worse than the optimum's: %s (want ≥ 90%%)%s\n", 100*FamilyTolerance, countPct(v.WithinTolerance, n), mark(10*v.WithinTolerance >= 9*n))
+	fmt.Fprintf(w, "- groups in one domain, mean gputopo / tas-like: %.1f%% / %.1f%%%s; traces at least tas-like's: %s (want ≥ 80%%)%s\n",
+		100*v.DomainMean, 100*v.DomainMeanTAS, mark(v.DomainMean >= v.DomainMeanTAS), countPct(v.DomainTraces, n), mark(10*v.DomainTraces >= 8*n))
+	fmt.Fprintf(w, "- traces where gputopo places at least the groups of the best baseline keeping the intent: %s (want ≥ 90%%)%s\n", countPct(v.PlacedTraces, n), mark(10*v.PlacedTraces >= 9*n))
+	fmt.Fprintf(w, "- group GB/s, mean gputopo / tas-like: %.1f / %.1f%s\n", v.GBpsMean, v.GBpsMeanTAS, mark(v.GBpsMean >= v.GBpsMeanTAS))
 }

@@ -124,3 +124,114 @@ func TestFamilyVerdict(t *testing.T) {
 		t.Error("every model job on NVLink, judged not")
 	}
 }
+
+// Replicas: the first of a case's replicas is the case as drawn; the
+// others hold the same jobs, each arriving later by less than
+// FamilyJitter, in arrival order, and are the same when replicated again.
+func TestReplicateMovesArrivalsWithinTheJitter(t *testing.T) {
+	cases, err := FamilyCases(FamilyTune, 2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := Replicate(cases, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Replicate(cases, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a) != 6 {
+		t.Fatalf("%d replicas of 2 cases × 3", len(a))
+	}
+	for i, rc := range a {
+		c := cases[i/3]
+		if rc.Seed != c.Seed || rc.Replica != i%3 || rc.Cluster != c.Cluster {
+			t.Fatalf("replica %d: seed %d replica %d", i, rc.Seed, rc.Replica)
+		}
+		if !cmp.Equal(rc.Gang.Jobs, b[i].Gang.Jobs) {
+			t.Errorf("seed %d replica %d differs when replicated again", rc.Seed, rc.Replica)
+		}
+		for _, pair := range [][2][]Job{{c.Single.Jobs, rc.Single.Jobs}, {c.Gang.Jobs, rc.Gang.Jobs}} {
+			drawn, moved := pair[0], pair[1]
+			if rc.Replica == 0 {
+				if !cmp.Equal(drawn, moved) {
+					t.Errorf("seed %d: replica 0 is not the drawn trace", c.Seed)
+				}
+				continue
+			}
+			at := map[string]Job{}
+			for _, j := range drawn {
+				at[j.ID] = j
+			}
+			changed := 0
+			for k, j := range moved {
+				d := at[j.ID]
+				shift := j.Arrival - d.Arrival
+				if shift < 0 || shift >= FamilyJitter || j.Duration != d.Duration || j.GPUs != d.GPUs || j.Pods != d.Pods {
+					t.Fatalf("seed %d replica %d: job %s moved by %s (or changed)", c.Seed, rc.Replica, j.ID, shift)
+				}
+				if shift > 0 {
+					changed++
+				}
+				if k > 0 && moved[k-1].Arrival > j.Arrival {
+					t.Fatalf("seed %d replica %d: not in arrival order at %d", c.Seed, rc.Replica, k)
+				}
+			}
+			if len(moved) != len(drawn) || changed == 0 {
+				t.Errorf("seed %d replica %d: %d jobs of %d, %d moved", c.Seed, rc.Replica, len(moved), len(drawn), changed)
+			}
+		}
+	}
+	if cmp.Equal(a[1].Single.Jobs, a[2].Single.Jobs) {
+		t.Error("replicas 1 and 2 are the same")
+	}
+	for _, k := range []int{0, 11} {
+		if _, err := Replicate(cases, k); err == nil || !strings.Contains(err.Error(), "--family-replicas") {
+			t.Errorf("%d replicas: err = %v", k, err)
+		}
+	}
+}
+
+// With replicas, the verdict judges a case on the means of its replicas,
+// the drawn traces alone (Replica(0)) may judge otherwise, and Noise
+// compares each policy's replica 1 with its replica 0.
+func TestFamilyVerdictOnReplicaMeans(t *testing.T) {
+	res := func(policy string, accepted int) Result {
+		return Result{Policy: policy, Jobs: 100, Accepted: accepted, ModelAccepted: 1, ModelNVLink: 1}
+	}
+	gang := func(placed, tasPlaced, tasOff, optPlaced int) GangRow {
+		return GangRow{Results: []GangResult{
+			{Policy: GangGputopo, Groups: 100, GroupsPlaced: placed},
+			{Policy: GangTAS, Groups: 100, GroupsPlaced: tasPlaced, ModelGroupsOffNVLink: tasOff},
+			{Policy: GangOptimum, Groups: 100, GroupsPlaced: optPlaced},
+		}}
+	}
+	run := FamilyRun{
+		Cases: []FamilyCase{{Seed: 1, Mix: "a"}, {Seed: 1, Mix: "a", Replica: 1}},
+		Single: [][]Result{
+			// The drawn trace: 90 of the optimum's 100 accepted, beyond
+			// the tolerance; replica 1: 100 of 90. Means 95 / 95.
+			{res(PolicyGputopo, 90), res(PolicyOptimum, 100)},
+			{res(PolicyGputopo, 100), res(PolicyOptimum, 90)},
+		},
+		// Groups: 80 against the optimum's 81 as drawn, 84 against 81 in
+		// replica 1 (tas-like keeps 70 - 10 of its intent): means 82 / 81.
+		Gang: []GangRow{gang(80, 70, 10, 81), gang(84, 90, 30, 81)},
+	}
+	v := run.Verdict()
+	if v.Traces != 1 || v.WithinTolerance != 1 || v.PlacedTraces != 1 || len(v.Losses) != 0 {
+		t.Errorf("replica means: %d traces, within %d, placed %d, losses %q", v.Traces, v.WithinTolerance, v.PlacedTraces, v.Losses)
+	}
+	d := run.Replica(0).Verdict()
+	if d.Traces != 1 || d.WithinTolerance != 0 || d.PlacedTraces != 0 || len(d.GangLosses) != 1 || !strings.Contains(d.GangLosses[0], "groups placed 80 vs 81") {
+		t.Errorf("drawn traces: %d traces, within %d, placed %d, gang losses %q", d.Traces, d.WithinTolerance, d.PlacedTraces, d.GangLosses)
+	}
+	nf, ok := run.Noise()
+	if !ok || nf.Cases != 1 || nf.GputopoWithin != 1 || nf.OptimumWithin != 0 || nf.PlacedAtLeast != 1 {
+		t.Errorf("noise %+v, %v", nf, ok)
+	}
+	if _, ok := run.Replica(0).Noise(); ok {
+		t.Error("noise measured without a replica 1")
+	}
+}

@@ -56,6 +56,9 @@ type Options struct {
 	Family         string
 	FamilySize     int
 	FamilyMachines []string
+	// FamilyReplicas is how many times each case is replayed
+	// (FamilyReplicas when 0; Replicate).
+	FamilyReplicas int
 }
 
 // configs loads the extender and webhook configuration files of o.
@@ -387,6 +390,13 @@ func simulateFamily(w io.Writer, o Options, ext *configv1alpha1.ExtenderConfigur
 	}
 	cases, err := FamilyCases(o.Family, size, o.FamilyMachines)
 	if err != nil {
+		return err
+	}
+	replicas := o.FamilyReplicas
+	if replicas == 0 {
+		replicas = FamilyReplicas
+	}
+	if cases, err = Replicate(cases, replicas); err != nil {
 		return err
 	}
 	run, err := RunFamily(o.Family, cases, ext)
