@@ -38,7 +38,7 @@ type cycleCounts struct {
 // The previous cycle's counts, if it was never scored (no node passed),
 // are handed to the observer now.
 func (x *Core) NewCycle(ctx context.Context, pr Request) *Cycle {
-	c := &Cycle{x: x, pr: pr, e: newEvaluator(ctx, x.alloc, x.cfg, pr, x.now())}
+	c := &Cycle{x: x, pr: pr, e: x.evaluatorFor(ctx, pr)}
 	c.e.concurrent = true
 	if prev := x.lastCycle.Swap(c); prev != nil {
 		prev.flush()

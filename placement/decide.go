@@ -42,13 +42,14 @@ const (
 	ReasonUntrustedTopology
 	ReasonGroup
 	ReasonReserved
+	ReasonPatience
 	NumReasons
 )
 
 var reasonNames = [NumReasons]string{
 	"", "no_topology", "invalid_topology", "stale_topology", "too_few_gpus",
 	"not_enough_free", "memory", "nvlink", "bandwidth", "infeasible",
-	"untrusted_topology", "group", "reserved_for_group",
+	"untrusted_topology", "group", "reserved_for_group", "bandwidth_patience",
 }
 
 // String is the reason's metric label ("" for ReasonNone).
@@ -112,6 +113,9 @@ type evaluator struct {
 	// the per-node verdict log.
 	log   klog.Logger
 	trace bool
+	// patience refuses slower sets while the pod waits for a faster one
+	// (evaluatorFor; zero: none).
+	patience patience
 }
 
 // evalSlots is the size of the evaluator's direct-mapped cache (a power of
@@ -198,7 +202,10 @@ func (e *evaluator) checkNode(n *ledger.Node) *verdict {
 			return e.keptForGroups(n)
 		}
 	}
-	if v.ok || v.code != ReasonInfeasible && v.code != ReasonNotEnoughFree && v.code != ReasonMemory && v.code != ReasonNVLink && v.code != ReasonBandwidth {
+	if v.ok {
+		return e.patient(n, v)
+	}
+	if v.code != ReasonInfeasible && v.code != ReasonNotEnoughFree && v.code != ReasonMemory && v.code != ReasonNVLink && v.code != ReasonBandwidth {
 		return v
 	}
 	if p := e.allocate(n, n.Topo().Pristine().All(), true); !p.ok {

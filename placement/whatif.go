@@ -161,7 +161,7 @@ func (x *Core) Lagging(w *WhatIf, node string, present func(types.UID) bool) *Wh
 // with every lower-priority pod gone: kube-scheduler then drops the node
 // rather than evict in vain.
 func (x *Core) Victims(ctx context.Context, pr Request, priority int32, node string, proposed []types.UID) (victims []types.UID, ok bool) {
-	e := newEvaluator(ctx, x.alloc, x.cfg, pr, x.now())
+	e := x.evaluatorFor(ctx, pr)
 	x.ledger.Read(func(lv ledger.View) {
 		n := lv.NodeFor(node, pr.UID)
 		holders := lv.Holders(n)

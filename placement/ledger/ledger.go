@@ -49,9 +49,11 @@ import (
 // finishes: binding cannot be undone, so no reordering of events can free a
 // GPU that a live pod holds.
 type Ledger struct {
-	mu       stripedLock
-	nodes    map[string]*Node
-	topos    map[string]*Topo
+	mu    stripedLock
+	nodes map[string]*Node
+	topos map[string]*Topo
+	// shapes are the distinct topologies of the nodes (View.Shapes).
+	shapes   shapeIndex
 	holdings map[types.UID]*holding
 	pods     map[types.NamespacedName]*PodInfo
 	// jobs counts live bound pods per job (namespace/label) per node.

@@ -85,6 +85,37 @@ type ExtenderConfiguration struct {
 
 	// Events chooses the Events gputopo records on pods.
 	Events Events `json:"events"`
+
+	// Patience bounds how long a pod waits for a faster GPU set than the
+	// free ones (docs/extender.md, "Waiting for a faster set").
+	Patience Patience `json:"patience"`
+}
+
+// Patience is how long a pod that asks for bandwidth waits for a faster
+// set. Such a pod (the model-parallel intent, NVLink required or a
+// minimum pair bandwidth, more than one GPU) that is not in a group is
+// refused, from its creation until BandwidthWait later, every set whose
+// ring bandwidth is below BandwidthPercent of the best ring the cluster's
+// machines could give it with every GPU free; after that it takes the
+// best set free, as it does without patience.
+type Patience struct {
+	// BandwidthWait is how long the pod waits, counted from its creation.
+	// Default 10m; 0 turns patience off.
+	BandwidthWait *metav1.Duration `json:"bandwidthWait"`
+	// BandwidthPercent is the share of the cluster's best ring below
+	// which a set is refused while the pod waits, 1 to 100. Default 50.
+	BandwidthPercent *int32 `json:"bandwidthPercent"`
+}
+
+// BandwidthPatience is how long a pod that asks for bandwidth waits for a
+// faster set (0: it does not) and the share, 0..1, of the cluster's best
+// ring it waits for.
+func (c *ExtenderConfiguration) BandwidthPatience() (time.Duration, float64) {
+	p := c.Patience
+	if p.BandwidthWait == nil || p.BandwidthWait.Duration <= 0 || p.BandwidthPercent == nil {
+		return 0, 0
+	}
+	return p.BandwidthWait.Duration, float64(*p.BandwidthPercent) / 100
 }
 
 // Events chooses the Events gputopo records on pods. A degraded placement
@@ -420,6 +451,10 @@ func SetExtenderDefaults(c *ExtenderConfiguration) {
 	if c.Fabric.Levels == nil {
 		c.Fabric.Levels = DefaultFabricLevels()
 	}
+	if c.Patience.BandwidthWait == nil {
+		c.Patience.BandwidthWait = &metav1.Duration{Duration: 10 * time.Minute}
+	}
+	setInt32(&c.Patience.BandwidthPercent, 50)
 	if c.Events.GPUsBound == nil {
 		c.Events.GPUsBound = new(false)
 	}

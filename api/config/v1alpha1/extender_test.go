@@ -82,6 +82,21 @@ func TestParseExtender(t *testing.T) {
 			}
 		},
 	}, {
+		name: "patience defaults to 10m at 50%; bandwidthWait 0s turns it off",
+		doc:  "patience:\n  bandwidthWait: 0s\n",
+		check: func(t *testing.T, c *ExtenderConfiguration) {
+			if w, share := c.BandwidthPatience(); w != 0 || share != 0 {
+				t.Errorf("patience in force = %s at %.2f, want off", w, share)
+			}
+			if w, share := DefaultExtenderConfiguration().BandwidthPatience(); w != 10*time.Minute || share != 0.5 {
+				t.Errorf("default patience = %s at %.2f, want 10m at 0.50", w, share)
+			}
+		},
+	}, {
+		name:    "patience out of range names the field and the range",
+		doc:     "patience:\n  bandwidthWait: -1m\n  bandwidthPercent: 0\n",
+		wantErr: []string{`patience.bandwidthWait: Invalid value: "-1m0s": must be 0 (patience off) or a duration up to 24h`, `patience.bandwidthPercent: Invalid value: 0: must be between 1 and 100`},
+	}, {
 		name:    "a duration other than 0 without a unit is refused with a hint",
 		doc:     "topologyMaxAge: 900\nbindTimeout: 4\n",
 		wantErr: []string{`topologyMaxAge: Invalid value: "900": a duration needs a unit`, `bindTimeout: Invalid value: "4": a duration needs a unit`},

@@ -76,6 +76,7 @@ func (c *ExtenderConfiguration) Validate() field.ErrorList {
 	}
 	errs = append(errs, validateExtendedResourceName(field.NewPath("resourceName"), c.ResourceName)...)
 	errs = append(errs, c.Fabric.validate(field.NewPath("fabric"))...)
+	errs = append(errs, c.Patience.validate(field.NewPath("patience"))...)
 	return append(errs, c.Telemetry.validate(field.NewPath("telemetry"))...)
 }
 
@@ -195,6 +196,21 @@ func validateExtendedResourceName(path *field.Path, name string) field.ErrorList
 	var errs field.ErrorList
 	for _, msg := range validation.IsQualifiedName(corev1.DefaultResourceRequestsPrefix + name) {
 		errs = append(errs, field.Invalid(path, name, hint+": "+msg))
+	}
+	return errs
+}
+
+func (p *Patience) validate(path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if w := p.BandwidthWait; w == nil {
+		errs = append(errs, field.Required(path.Child("bandwidthWait"), "set by defaulting; must not be null (0 turns patience off)"))
+	} else if w.Duration < 0 || w.Duration > 24*time.Hour {
+		errs = append(errs, field.Invalid(path.Child("bandwidthWait"), w.Duration.String(), "must be 0 (patience off) or a duration up to 24h, e.g. 10m"))
+	}
+	if pc := p.BandwidthPercent; pc == nil {
+		errs = append(errs, field.Required(path.Child("bandwidthPercent"), "set by defaulting; must not be null"))
+	} else if *pc < 1 || *pc > 100 {
+		errs = append(errs, field.Invalid(path.Child("bandwidthPercent"), *pc, "must be between 1 and 100 (percent of the best ring the cluster's machines could give the pod)"))
 	}
 	return errs
 }

@@ -1,0 +1,114 @@
+package placement
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/topology/machine"
+)
+
+// patienceCase is an offline core with an HGX H100 ("fast", NVSwitch,
+// 900 GB/s rings) taken whole by "busy" and a DGX-1 V100 ("slow", a
+// hybrid cube mesh whose 4-GPU rings are far below half of that) free,
+// with its clock at groupEpoch + at.
+func patienceCase(t *testing.T) (x *Core, names []string, now *time.Time, busy *corev1.Pod) {
+	t.Helper()
+	x = offlineCore(t)
+	clock := groupEpoch
+	now = &clock
+	x.SetClock(func() time.Time { return *now })
+	for _, n := range []struct{ name, fx string }{{"fast", "hgx-h100"}, {"slow", "dgx1-v100"}} {
+		f, err := machine.FixtureByName(n.fx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := f.Graph(n.name)
+		gpus := corev1.ResourceList{v1alpha1.ResourceGPU: *resource.NewQuantity(int64(g.Len()), resource.DecimalSI)}
+		x.ledger.UpsertNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}, Status: corev1.NodeStatus{Capacity: gpus, Allocatable: gpus}})
+		st := g.Status()
+		st.ObservedTime = metav1.NewTime(groupEpoch)
+		x.ledger.UpsertTopology(&v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: n.name}, Status: st})
+		names = append(names, n.name)
+	}
+	busy = gpuPod("busy", 8, map[string]string{})
+	if n, ans := place(t, x, []string{"fast"}, busy); n != "fast" {
+		t.Fatalf("busy not placed on fast: %s", anyReason(ans))
+	}
+	return x, names, now, busy
+}
+
+func modelPod(name string, gpus int) *corev1.Pod {
+	return gpuPod(name, gpus, map[string]string{v1alpha1.AnnotationRequirement: `{"requireNVLink":true,"strategy":"highest_bandwidth"}`})
+}
+
+func TestModelPodWaitsForAFasterSetWithinItsPatience(t *testing.T) {
+	x, names, now, _ := patienceCase(t)
+	// A minute after its creation the model-parallel pod is refused the
+	// V100's sets (their rings are under half of the H100's 900 GB/s);
+	// no eviction there would help, so the node is unresolvable.
+	*now = groupEpoch.Add(time.Minute)
+	m := modelPod("m", 4)
+	n, ans := place(t, x, names, m)
+	if n != "" {
+		t.Fatalf("model pod placed on %s during its patience", n)
+	}
+	slow := ans.Unresolvable["slow"]
+	for _, want := range []string{"under 50% of the 900 GB/s", "waits 9m0s more", "patience.bandwidthWait"} {
+		if !strings.Contains(slow, want) {
+			t.Errorf("slow node's reason %q lacks %q", slow, want)
+		}
+	}
+	if _, ok := ans.Failed["fast"]; !ok {
+		t.Errorf("fast node (full now) not refused as resolvable: %+v", ans)
+	}
+	// A pod that asks for no bandwidth takes the V100 at once.
+	if n, ans := place(t, x, names, gpuPod("data", 2, map[string]string{})); n != "slow" {
+		t.Fatalf("data-parallel pod: node %q, reason %q; want slow", n, anyReason(ans))
+	}
+	// Past its patience it takes the best free set, as it would without.
+	*now = groupEpoch.Add(10*time.Minute + time.Second)
+	if n, ans := place(t, x, names, m); n != "slow" {
+		t.Fatalf("model pod after its patience: node %q, reason %q; want slow", n, anyReason(ans))
+	}
+}
+
+func TestModelPodTakesTheFasterSetThatFreesWithinItsPatience(t *testing.T) {
+	x, names, now, busy := patienceCase(t)
+	m := modelPod("m", 4)
+	*now = groupEpoch.Add(time.Minute)
+	if n, _ := place(t, x, names, m); n != "" {
+		t.Fatalf("model pod placed on %s during its patience", n)
+	}
+	gone(x, busy)
+	*now = groupEpoch.Add(3 * time.Minute)
+	if n, ans := place(t, x, names, m); n != "fast" {
+		t.Fatalf("model pod once the H100 freed: node %q, reason %q; want fast", n, anyReason(ans))
+	}
+}
+
+func TestPatienceLeavesGroupsAndIsOffAtZero(t *testing.T) {
+	x, names, now, _ := patienceCase(t)
+	*now = groupEpoch.Add(time.Minute)
+	x.Config().Patience.BandwidthWait = &metav1.Duration{}
+	if n, ans := place(t, x, names, modelPod("m", 2)); n != "slow" {
+		t.Fatalf("patience off: node %q, reason %q; want slow", n, anyReason(ans))
+	}
+	x.Config().Patience.BandwidthWait = &metav1.Duration{Duration: 10 * time.Minute}
+	// A group of two 2-GPU model pods is planned whole where it fits now:
+	// patience is for pods outside groups.
+	g0, g1 := groupPod("g", 0, 2, 2, nil), groupPod("g", 1, 2, 2, nil)
+	x.ledger.UpsertPod(g1)
+	if n, ans := place(t, x, names, g0); n != "slow" {
+		t.Fatalf("group pod: node %q, reason %q; want slow", n, anyReason(ans))
+	}
+	// A 1-GPU model pod asks no bandwidth between GPUs: never held back.
+	if n, ans := place(t, x, names, modelPod("one", 1)); n != "slow" {
+		t.Fatalf("1-GPU model pod: node %q, reason %q; want slow", n, anyReason(ans))
+	}
+}
