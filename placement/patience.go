@@ -41,6 +41,14 @@ func (x *Core) patienceFor(pr Request, now time.Time) patience {
 	if wait <= 0 || !pr.wantsBandwidth() || pr.group != "" || pr.created.IsZero() {
 		return patience{}
 	}
+	if fa := pr.strict.FallbackAfter; fa != nil && fa.Duration < wait {
+		// The requirement says how long the pod waits for the links it
+		// asks for; it does not wait longer for faster ones.
+		wait = fa.Duration
+	}
+	if pr.fallback {
+		return patience{}
+	}
 	left := pr.created.Add(wait).Sub(now)
 	if left <= 0 {
 		return patience{}

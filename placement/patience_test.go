@@ -23,24 +23,29 @@ func patienceCase(t *testing.T) (x *Core, names []string, now *time.Time, busy *
 	clock := groupEpoch
 	now = &clock
 	x.SetClock(func() time.Time { return *now })
-	for _, n := range []struct{ name, fx string }{{"fast", "hgx-h100"}, {"slow", "dgx1-v100"}} {
-		f, err := machine.FixtureByName(n.fx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		g := f.Graph(n.name)
-		gpus := corev1.ResourceList{v1alpha1.ResourceGPU: *resource.NewQuantity(int64(g.Len()), resource.DecimalSI)}
-		x.ledger.UpsertNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}, Status: corev1.NodeStatus{Capacity: gpus, Allocatable: gpus}})
-		st := g.Status()
-		st.ObservedTime = metav1.NewTime(groupEpoch)
-		x.ledger.UpsertTopology(&v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: n.name}, Status: st})
-		names = append(names, n.name)
-	}
+	names = []string{feedMachine(t, x, "fast", "hgx-h100", 8), feedMachine(t, x, "slow", "dgx1-v100", 8)}
 	busy = gpuPod("busy", 8, map[string]string{})
 	if n, ans := place(t, x, []string{"fast"}, busy); n != "fast" {
 		t.Fatalf("busy not placed on fast: %s", anyReason(ans))
 	}
 	return x, names, now, busy
+}
+
+// feedMachine feeds x node name of fixture fx whose Node advertises
+// advertised GPUs, and returns the name.
+func feedMachine(t *testing.T, x *Core, name, fx string, advertised int) string {
+	t.Helper()
+	f, err := machine.FixtureByName(fx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := f.Graph(name)
+	gpus := corev1.ResourceList{v1alpha1.ResourceGPU: *resource.NewQuantity(int64(advertised), resource.DecimalSI)}
+	x.ledger.UpsertNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{Capacity: gpus, Allocatable: gpus}})
+	st := g.Status()
+	st.ObservedTime = metav1.NewTime(groupEpoch)
+	x.ledger.UpsertTopology(&v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: st})
+	return name
 }
 
 func modelPod(name string, gpus int) *corev1.Pod {
@@ -110,5 +115,36 @@ func TestPatienceLeavesGroupsAndIsOffAtZero(t *testing.T) {
 	// A 1-GPU model pod asks no bandwidth between GPUs: never held back.
 	if n, ans := place(t, x, names, modelPod("one", 1)); n != "slow" {
 		t.Fatalf("1-GPU model pod: node %q, reason %q; want slow", n, anyReason(ans))
+	}
+}
+
+// A requirement's fallbackAfter shorter than the patience ends the wait:
+// the pod asked to wait that long for its links, not longer for speed.
+func TestPatienceEndsWithTheRequirementsFallback(t *testing.T) {
+	x, names, now, _ := patienceCase(t)
+	m := gpuPod("m", 4, map[string]string{v1alpha1.AnnotationRequirement: `{"requireNVLink":true,"strategy":"highest_bandwidth","fallbackAfter":"5m"}`})
+	*now = groupEpoch.Add(3 * time.Minute)
+	if n, ans := place(t, x, names, m); n != "" || !strings.Contains(ans.Unresolvable["slow"], "waits 2m0s more") {
+		t.Fatalf("at 3m: node %q, slow node's reason %q; want refused, 2m left", n, ans.Unresolvable["slow"])
+	}
+	*now = groupEpoch.Add(5*time.Minute + time.Second)
+	if n, ans := place(t, x, names, m); n != "slow" {
+		t.Fatalf("past fallbackAfter: node %q, reason %q; want slow", n, anyReason(ans))
+	}
+}
+
+// A node whose topology is not trusted (a compromised agent claiming a
+// faster machine than kubelet reports) does not raise the bar: the pod
+// takes the best trusted set at once. Once the claim is trusted, it waits.
+func TestPatienceCountsOnlyTrustedMachines(t *testing.T) {
+	x := offlineCore(t)
+	names := []string{feedMachine(t, x, "slow", "dgx1-v100", 8), feedMachine(t, x, "liar", "hgx-h100", 4)}
+	x.SetClock(func() time.Time { return groupEpoch.Add(time.Minute) })
+	if n, ans := place(t, x, names, modelPod("m", 4)); n != "slow" {
+		t.Fatalf("with the H100 untrusted: node %q, reason %q; want slow", n, anyReason(ans))
+	}
+	feedMachine(t, x, "liar", "hgx-h100", 8)
+	if n, ans := place(t, x, []string{"slow"}, modelPod("m2", 4)); n != "" || !strings.Contains(ans.Unresolvable["slow"], "900 GB/s") {
+		t.Fatalf("with the H100 trusted: node %q, slow node's reason %q; want refused for the 900 GB/s machine", n, ans.Unresolvable["slow"])
 	}
 }

@@ -17,12 +17,15 @@ type shapeIndex struct {
 	cache atomic.Pointer[shapeCache]
 }
 
-// shapesChangedLocked is called, under the write lock, when a node's
-// topology may have changed shape or gone.
+// shapesChangedLocked is called, under the write lock, whenever a node's
+// topology or its trust is decided again (trustLocked).
 func (l *Ledger) shapesChangedLocked() { l.shapes.gen.Add(1) }
 
-// Shapes returns the machine shapes of the nodes that have a topology,
-// each once, in no particular order. Callers must not modify the slice.
+// Shapes returns the machine shapes of the nodes whose topology is valid,
+// not marked stale by its agent and trusted, each once, in no particular
+// order: a node that is refused anyway (a compromised agent claiming a
+// machine it does not have, whose claims kubelet contradicts) does not
+// count. Staleness by age is not looked at. Callers must not modify the slice.
 // It is rebuilt, under the caller's read lock, only after a topology
 // changed: a cluster of thousands of nodes has a handful of shapes.
 func (v View) Shapes() []*Topo {
@@ -34,7 +37,7 @@ func (v View) Shapes() []*Topo {
 	seen := map[*Topo]bool{}
 	var out []*Topo
 	for _, n := range v.l.nodes {
-		if t := n.topo; t != nil && !seen[t] {
+		if t := n.topo; t != nil && n.graph != nil && !n.stale && n.distrust == "" && !seen[t] {
 			seen[t] = true
 			out = append(out, t)
 		}

@@ -40,7 +40,6 @@ func (l *Ledger) UpsertTopology(obj *v1alpha1.NodeGPUTopology) {
 			uuids = claimedUUIDs(st.GPUs)
 		}
 		n.topoSig = sig
-		l.shapesChangedLocked()
 		l.setClaimsLocked(n, uuids)
 	} else if n.graph != nil {
 		// The same GPUs (a telemetry round): the graph holds this copy
@@ -104,7 +103,6 @@ func (l *Ledger) DeleteTopology(name string) {
 	}
 	n.hasTopology, n.graph, n.topo, n.topoErr = false, nil, nil, ""
 	n.topoSig = 0
-	l.shapesChangedLocked()
 	n.statusTel, n.statusTelTime = nil, time.Time{}
 	l.applyTelemetryLocked(n)
 	l.setClaimsLocked(n, nil)

@@ -63,6 +63,10 @@ bindTimeout: {{ $v.bindTimeout | quote }}
 reservationTTL: {{ $v.reservationTTL | quote }}
 events:
   gpusBound: {{ (($v.events | default dict).gpusBound) | default false }}
+{{- $pt := $v.patience | default dict }}
+patience:
+  bandwidthWait: {{ $pt.bandwidthWait | default "10m" | quote }}
+  bandwidthPercent: {{ $pt.bandwidthPercent | default 50 }}
 {{- $f := $v.fabric | default dict }}
 fabric:
   groupReservationTTL: {{ $f.groupReservationTTL | default "2m" | quote }}
