@@ -3,7 +3,10 @@ package placement
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/gputopo/gputopo/placement/ledger"
 	"github.com/gputopo/gputopo/topology"
@@ -31,14 +34,14 @@ type patience struct {
 // evaluatorFor is newEvaluator for pr with its patience.
 func (x *Core) evaluatorFor(ctx context.Context, pr Request) *evaluator {
 	e := newEvaluator(ctx, x.alloc, x.cfg, pr, x.now())
-	e.patience = x.patienceFor(pr, e.now)
+	e.patience = x.patienceFor(ctx, pr, e.now)
 	return e
 }
 
 // patienceFor is pr's patience at now.
-func (x *Core) patienceFor(pr Request, now time.Time) patience {
+func (x *Core) patienceFor(ctx context.Context, pr Request, now time.Time) patience {
 	wait, share := x.cfg.BandwidthPatience()
-	if wait <= 0 || !pr.wantsBandwidth() || pr.group != "" || pr.created.IsZero() {
+	if wait <= 0 || !pr.wantsBandwidth() || pr.group != "" || pr.created.IsZero() || pr.rules == nil || pr.fallback {
 		return patience{}
 	}
 	if fa := pr.strict.FallbackAfter; fa != nil && fa.Duration < wait {
@@ -46,15 +49,12 @@ func (x *Core) patienceFor(pr Request, now time.Time) patience {
 		// asks for; it does not wait longer for faster ones.
 		wait = fa.Duration
 	}
-	if pr.fallback {
-		return patience{}
-	}
 	left := pr.created.Add(wait).Sub(now)
 	if left <= 0 {
 		return patience{}
 	}
 	var best int
-	x.ledger.Read(func(v ledger.View) { best = x.bestRing(v, pr) })
+	x.ledger.Read(func(v ledger.View) { best = x.bestRing(ctx, v, pr) })
 	floor := int(float64(best) * share)
 	if floor <= 0 {
 		return patience{}
@@ -62,22 +62,37 @@ func (x *Core) patienceFor(pr Request, now time.Time) patience {
 	return patience{floor: floor, best: best, percent: *x.cfg.Patience.BandwidthPercent, left: left}
 }
 
-// bestRing is the highest ring any machine shape of the cluster gives pr
-// with every GPU free and healthy (0 when none can hold it). The
-// allocator's memo answers each shape after the first time.
-func (x *Core) bestRing(v ledger.View, pr Request) int {
+// bestRing is the highest ring that a machine shape of the cluster with a
+// node the pod's own rules allow (nodeSelector, required node affinity,
+// taints) gives pr with every GPU free and healthy; 0 when none can hold
+// it. The allocator's memo answers each shape after the first time, and
+// the nodes of a shape are read only until one is allowed.
+func (x *Core) bestRing(ctx context.Context, v ledger.View, pr Request) int {
 	req := topology.Request{Count: pr.Count, Requirement: pr.req}
-	best := 0
-	for _, t := range v.Shapes() {
-		g := t.Pristine()
+	shapes := v.Shapes()
+	rings := make([]int, len(shapes))
+	order := make([]int, 0, len(shapes))
+	for i, s := range shapes {
+		g := s.Topo.Pristine()
 		if g.Len() < pr.Count {
 			continue
 		}
-		if res, err := x.alloc.Allocate(g, g.All(), req); err == nil {
-			best = max(best, res.Metrics.RingGBps)
+		if res, err := x.alloc.Allocate(g, g.All(), req); err == nil && res.Metrics.RingGBps > 0 {
+			rings[i] = res.Metrics.RingGBps
+			order = append(order, i)
 		}
 	}
-	return best
+	slices.SortFunc(order, func(a, b int) int { return rings[b] - rings[a] })
+	for _, i := range order {
+		allowed := shapes[i].AnyNode(func(n *corev1.Node) bool {
+			why, err := pr.rules.Excludes(ctx, n)
+			return err == nil && why == ""
+		})
+		if allowed {
+			return rings[i]
+		}
+	}
+	return 0
 }
 
 // patient refuses v, a set that fits node n, when its ring is below the

@@ -148,3 +148,32 @@ func TestPatienceCountsOnlyTrustedMachines(t *testing.T) {
 		t.Fatalf("with the H100 trusted: node %q, slow node's reason %q; want refused for the 900 GB/s machine", n, ans.Unresolvable["slow"])
 	}
 }
+
+// Only the machines the pod's own rules allow set its bar: a pod pinned to
+// the V100 by its nodeSelector, or one that does not tolerate the H100's
+// taint, takes the V100 at once.
+func TestPatienceCountsOnlyTheMachinesThePodMayUse(t *testing.T) {
+	x, names, now, _ := patienceCase(t)
+	*now = groupEpoch.Add(time.Minute)
+	slowNode := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "slow", Labels: map[string]string{"pool": "v100"}}}
+	slowNode.Status.Capacity = corev1.ResourceList{v1alpha1.ResourceGPU: *resource.NewQuantity(8, resource.DecimalSI)}
+	slowNode.Status.Allocatable = slowNode.Status.Capacity
+	x.ledger.UpsertNode(slowNode)
+	pinned := modelPod("pinned", 2)
+	pinned.Spec.NodeSelector = map[string]string{"pool": "v100"}
+	if n, ans := place(t, x, names, pinned); n != "slow" {
+		t.Fatalf("pod pinned to the V100: node %q, reason %q; want slow", n, anyReason(ans))
+	}
+	fastNode := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "fast"}, Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: "team", Value: "llm", Effect: corev1.TaintEffectNoSchedule}}}}
+	fastNode.Status.Capacity = slowNode.Status.Capacity
+	fastNode.Status.Allocatable = slowNode.Status.Capacity
+	x.ledger.UpsertNode(fastNode)
+	if n, ans := place(t, x, names, modelPod("other", 2)); n != "slow" {
+		t.Fatalf("pod that does not tolerate the H100's taint: node %q, reason %q; want slow", n, anyReason(ans))
+	}
+	tolerant := modelPod("tolerant", 2)
+	tolerant.Spec.Tolerations = []corev1.Toleration{{Key: "team", Operator: corev1.TolerationOpEqual, Value: "llm", Effect: corev1.TaintEffectNoSchedule}}
+	if n, ans := place(t, x, names, tolerant); n != "" || !strings.Contains(ans.Unresolvable["slow"], "900 GB/s") {
+		t.Fatalf("pod that tolerates the taint: node %q, slow node's reason %q; want it to wait for the H100", n, ans.Unresolvable["slow"])
+	}
+}

@@ -46,6 +46,10 @@ type Request struct {
 	// deadline is the pod's activeDeadlineSeconds (0: none): how long it
 	// runs at most.
 	deadline time.Duration
+	// rules are the pod's own node rules, when the request was read from
+	// the pod itself (ParseRequest); patience counts only the machines
+	// they allow.
+	rules *NodeRules
 }
 
 // Group is the pod's group, namespace/name ("" for none).
@@ -59,7 +63,12 @@ func (r Request) Group() string { return r.group }
 // the pods that do need them. A malformed annotation is an error naming
 // the field.
 func ParseRequest(pod *corev1.Pod, resource corev1.ResourceName, now time.Time) (Request, error) {
-	return requestOf(ledger.NewPodInfo(pod, resource), pod.CreationTimestamp.Time, now)
+	r, err := requestOf(ledger.NewPodInfo(pod, resource), pod.CreationTimestamp.Time, now)
+	if err == nil && r.wantsBandwidth() {
+		rules := NodeRulesOf(pod)
+		r.rules = &rules
+	}
+	return r, err
 }
 
 // requestOf is the request of a pod the ledger has read.

@@ -244,7 +244,10 @@ type Node struct {
 	// Node reports none (or no Node object has been seen).
 	capacity int
 	// utilFree sums the telemetry utilization of healthy GPUs not held.
-	utilFree    int32
+	utilFree int32
+	// obj is the Node object last seen (the informer's, read-only; nil
+	// when none): its labels and taints, which a pod's node rules read.
+	obj         *corev1.Node
 	hasTopology bool
 	stale       bool
 	graph       *topology.Graph // nil when the topology is missing or invalid

@@ -115,6 +115,7 @@ func (l *Ledger) UpsertNode(node *corev1.Node) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n := l.nodeLocked(node.Name)
+	n.obj = node
 	l.setDomainsLocked(n, node.Labels)
 	n.allocatable, n.capacity = 0, -1
 	if q, ok := node.Status.Allocatable[l.resource]; ok {
@@ -132,6 +133,7 @@ func (l *Ledger) DeleteNode(name string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if n, ok := l.nodes[name]; ok {
+		n.obj = nil
 		n.allocatable, n.capacity = -1, -1
 		l.trustLocked(n)
 		l.dropIfEmptyLocked(n)
