@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/gputopo/gputopo/placement"
 	"k8s.io/client-go/util/workqueue"
@@ -40,6 +42,9 @@ func benchCluster(b testing.TB, n int) (*Extender, []string) {
 
 func benchArgs(names []string) *extenderv1.ExtenderArgs {
 	pod := makePod("bench").gpus(4).req(modelParallel).job("train").obj()
+	// Created a minute ago: a model-parallel pod still in its patience
+	// (docs/extender.md, "Waiting for a faster set").
+	pod.CreationTimestamp = metav1.NewTime(testNow.Add(-time.Minute))
 	ns := append([]string(nil), names...)
 	return &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &ns}
 }

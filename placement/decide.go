@@ -114,8 +114,10 @@ type evaluator struct {
 	log   klog.Logger
 	trace bool
 	// patience refuses slower sets while the pod waits for a faster one
-	// (evaluatorFor; zero: none).
+	// (evaluatorFor; zero: none); refusals remembers each refusal by the
+	// verdict it replaces.
 	patience patience
+	refusals sync.Map // *verdict -> *verdict
 }
 
 // evalSlots is the size of the evaluator's direct-mapped cache (a power of

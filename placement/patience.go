@@ -103,6 +103,19 @@ func (e *evaluator) patient(n *ledger.Node, v *verdict) *verdict {
 	if p.floor == 0 || !v.ok || v.res.Metrics.RingGBps >= p.floor {
 		return v
 	}
+	// v is the evaluator's answer for the node's (topology, free GPUs),
+	// shared by every node that has them: so is the refusal.
+	if r, ok := e.refusals.Load(v); ok {
+		return r.(*verdict)
+	}
+	r := e.refuseForPatience(n, v)
+	e.refusals.Store(v, r)
+	return r
+}
+
+// refuseForPatience is patient's refusal of v on node n.
+func (e *evaluator) refuseForPatience(n *ledger.Node, v *verdict) *verdict {
+	p := e.patience
 	pristine := e.allocate(n, n.Topo().Pristine().All(), true)
 	return &verdict{
 		code:         ReasonPatience,
