@@ -54,7 +54,14 @@ func (x *Core) patienceFor(ctx context.Context, pr Request, now time.Time) patie
 		return patience{}
 	}
 	var best int
-	x.ledger.Read(func(v ledger.View) { best = x.bestRing(ctx, v, pr) })
+	x.ledger.Read(func(v ledger.View) {
+		// A pod that could preempt takes the best free set at once:
+		// waiting would make kube-scheduler evict lower-priority pods
+		// for a faster set, where without patience it evicts no one.
+		if !v.HoldersBelow(pr.priority) {
+			best = x.bestRing(ctx, v, pr)
+		}
+	})
 	floor := int(float64(best) * share)
 	if floor <= 0 {
 		return patience{}

@@ -177,3 +177,15 @@ func TestPatienceCountsOnlyTheMachinesThePodMayUse(t *testing.T) {
 		t.Fatalf("pod that tolerates the taint: node %q, slow node's reason %q; want it to wait for the H100", n, ans.Unresolvable["slow"])
 	}
 }
+
+// A pod that could preempt (a lower-priority pod holds GPUs) does not
+// wait: waiting would have kube-scheduler evict that pod for a faster set,
+// where without patience the pod starts on the slower one and evicts no
+// one.
+func TestPodThatCouldPreemptDoesNotWait(t *testing.T) {
+	x, names, now, _ := patienceCase(t)
+	*now = groupEpoch.Add(time.Minute)
+	if n, ans := place(t, x, names, withPriority(modelPod("urgent", 4), 1000)); n != "slow" {
+		t.Fatalf("high-priority model pod: node %q, reason %q; want slow at once", n, anyReason(ans))
+	}
+}

@@ -131,6 +131,12 @@ func (p *gputopoPolicy) newPod(id, name string, job Job, extra map[string]string
 		}}},
 		Status: corev1.PodStatus{Phase: corev1.PodPending},
 	}
+	if job.Priority != 0 {
+		// The pod's priority, as admission sets it from its
+		// PriorityClass: the core reads it (patience, reservations).
+		prio := job.Priority
+		pod.Spec.Priority = &prio
+	}
 	if job.Declared > 0 {
 		secs := int64((job.Declared + time.Second - 1) / time.Second)
 		pod.Spec.ActiveDeadlineSeconds = &secs
