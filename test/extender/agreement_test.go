@@ -6,6 +6,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +21,7 @@ import (
 
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/simulator"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/topology"
@@ -67,12 +70,23 @@ func TestRealSchedulerAgreesWithSimulator(t *testing.T) {
 		e.cp.PublishTopology(t, n.Name, f)
 		e.nodes = append(e.nodes, n.Name)
 	}
-	x := startExtender(t, e, 0, false)
+	// Patience (docs/extender.md, "Waiting for a faster set") counts from
+	// a pod's creation; this replay, in compressed time, creates a new pod
+	// at each try, so both sides decide without it.
+	conf := filepath.Join(t.TempDir(), "extender.yaml")
+	if err := os.WriteFile(conf, []byte("apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\npatience:\n  bandwidthWait: 0s\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ext, err := configv1alpha1.LoadExtender(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := startExtenderWith(t, e, 0, func(o *extender.Options) { o.ConfigFile = conf })
 	waitReady(t, x)
 	sched := startScheduler(t, e, x.url())
 
-	cfg := simulator.Config{Nodes: nodes, Jobs: tr.Jobs, MaxWait: simulator.DefaultMaxWait}
-	sim, err := simulator.Run(simulator.Config{Nodes: nodes, Jobs: tr.Jobs, MaxWait: cfg.MaxWait, Policies: []string{simulator.PolicyGputopo}})
+	cfg := simulator.Config{Nodes: nodes, Jobs: tr.Jobs, MaxWait: simulator.DefaultMaxWait, Extender: ext}
+	sim, err := simulator.Run(simulator.Config{Nodes: nodes, Jobs: tr.Jobs, MaxWait: cfg.MaxWait, Extender: ext, Policies: []string{simulator.PolicyGputopo}})
 	if err != nil {
 		t.Fatal(err)
 	}
