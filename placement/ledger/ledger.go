@@ -247,7 +247,10 @@ type Node struct {
 	utilFree int32
 	// obj is the Node object last seen (the informer's, read-only; nil
 	// when none): its labels and taints, which a pod's node rules read.
-	obj         *corev1.Node
+	obj *corev1.Node
+	// shape is the node's topology while it counts in View.Shapes (valid,
+	// not marked stale, trusted), nil otherwise (shapeMemberLocked).
+	shape       *Topo
 	hasTopology bool
 	stale       bool
 	graph       *topology.Graph // nil when the topology is missing or invalid

@@ -40,9 +40,21 @@ type shapeIndex struct {
 	cache atomic.Pointer[shapeCache]
 }
 
-// shapesChangedLocked is called, under the write lock, whenever a node's
-// topology, Node object or trust is decided again (trustLocked).
-func (l *Ledger) shapesChangedLocked() { l.shapes.gen.Add(1) }
+// shapeMemberLocked is called, under the write lock, whenever a node's
+// topology, Node object or trust is decided again (trustLocked): it moves
+// gen only when the node joins, leaves or changes its shape, not on the
+// telemetry rounds and Node status updates that leave it where it was
+// (the Node object itself is read when Shapes is asked).
+func (l *Ledger) shapeMemberLocked(n *Node) {
+	var in *Topo
+	if n.topo != nil && n.graph != nil && !n.stale && n.distrust == "" {
+		in = n.topo
+	}
+	if in != n.shape {
+		n.shape = in
+		l.shapes.gen.Add(1)
+	}
+}
 
 // Shapes returns the machine shapes of the nodes whose topology is valid,
 // not marked stale by its agent and trusted, each once with those nodes,
@@ -60,8 +72,8 @@ func (v View) Shapes() []Shape {
 	at := map[*Topo]int{}
 	var out []Shape
 	for _, n := range v.l.nodes {
-		t := n.topo
-		if t == nil || n.graph == nil || n.stale || n.distrust != "" {
+		t := n.shape
+		if t == nil {
 			continue
 		}
 		i, ok := at[t]

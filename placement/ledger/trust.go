@@ -200,7 +200,7 @@ func (l *Ledger) judgeClaimsLocked(n *Node) {
 // counts and its GPUs' claims; the reason is what filter gives.
 func (l *Ledger) trustLocked(n *Node) {
 	defer l.indexLocked(n)
-	l.shapesChangedLocked()
+	defer l.shapeMemberLocked(n)
 	n.distrust = ""
 	if n.graph == nil {
 		return // missing or invalid: State says so
