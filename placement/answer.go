@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/gputopo/gputopo/placement/ledger"
@@ -55,15 +53,8 @@ func (x *Core) Filter(ctx context.Context, pr Request, names []string) (FilterAn
 	x.ledger.Read(func(lv ledger.View) {
 		nodes := lookup(lv, pr.UID, names)
 		defer nodes.release()
-		floor := 0
-		if expPatience > 0 && pr.wantsBandwidth() && !pr.created.IsZero() && x.now().Sub(pr.created) < expPatience {
-			floor = int(float64(x.pristineBestRing(lv, pr)) * expRatio)
-		}
 		for i, name := range names {
 			v := e.check(nodes.s[i])
-			if v.ok && floor > 0 && v.res.Metrics.RingGBps < floor {
-				v = &verdict{code: ReasonBandwidth, reason: "patience"}
-			}
 			switch {
 			case v.ok:
 				ans.Passed = append(ans.Passed, name)
@@ -308,32 +299,4 @@ func (x *Core) Explain(ctx context.Context, pr Request, names []string) []NodeEx
 		}
 	})
 	return out
-}
-
-var expPatience = func() time.Duration { d, _ := time.ParseDuration(os.Getenv("EXP_PATIENCE")); return d }()
-var expRatio = func() float64 {
-	f, _ := strconv.ParseFloat(os.Getenv("EXP_RATIO"), 64)
-	if f == 0 {
-		f = 0.5
-	}
-	return f
-}()
-
-func (x *Core) pristineBestRing(v ledger.View, pr Request) int {
-	req := topology.Request{Count: pr.Count, Requirement: pr.req}
-	seen := map[uint64]bool{}
-	best := 0
-	v.EachNode(func(n *ledger.Node) {
-		t := n.Topo()
-		if t == nil || seen[t.ID()] {
-			return
-		}
-		seen[t.ID()] = true
-		g := t.Pristine()
-		res, err := x.alloc.Allocate(g, g.All(), req)
-		if err == nil {
-			best = max(best, res.Metrics.RingGBps)
-		}
-	})
-	return best
 }

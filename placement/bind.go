@@ -250,7 +250,7 @@ func (x *Core) reserve(ctx context.Context, key types.NamespacedName, uid types.
 	}
 	var refusal BindResult
 	c, err := x.ledger.Reserve(uid, key, node, func(lv ledger.View, n *ledger.Node) (ledger.Choice, error) {
-		e := x.evaluatorFor(ctx, pr)
+		e := x.evaluatorIn(ctx, lv, pr)
 		v := e.check(n)
 		if !v.ok {
 			refusal = failed(Unchanged, ErrInfeasible, "pod %s cannot bind to node %s: %s", key, node, v.reason)

@@ -335,12 +335,8 @@ func classify(k topology.InfeasibleKind) Reason {
 }
 
 // wantsBandwidth says whether the pod asks for bandwidth between its
-// GPUs: NVLink required, a minimum pair bandwidth, or highest_bandwidth
-// with more than one GPU (the policy table's model-parallel intent).
-func (pr Request) wantsBandwidth() bool {
-	return pr.Count > 1 && (pr.req.RequireNVLink || pr.req.MinPairBandwidthGBps > 0 ||
-		pr.req.EffectiveStrategy() == v1alpha1.StrategyHighestBandwidth)
-}
+// GPUs (v1alpha1.Requirement.AsksBandwidth).
+func (pr Request) wantsBandwidth() bool { return pr.req.AsksBandwidth(pr.Count) }
 
 // cohort is what the cross-node terms compare a node with: the nodes that
 // passed filter for the same pod in the same request.

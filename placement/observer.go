@@ -25,6 +25,11 @@ type Observer interface {
 	DoubleHeld(n int)
 	// TelemetryRound counts a Prometheus telemetry query round ending at.
 	TelemetryRound(ok bool, at time.Time)
+	// Patience counts a decision for a pod inside its patience window
+	// with evidence of faster GPUs freeing: waited, it refused slower
+	// sets; not, the GPUs expected to free did not cover it and the pods
+	// waiting ahead of it.
+	Patience(waited bool)
 }
 
 // Phase is a decision's phase, as errors are counted.
@@ -72,3 +77,4 @@ func (nopObserver) Failed(Phase, ErrorKind)          {}
 func (nopObserver) Bound(string, v1alpha1.Placement) {}
 func (nopObserver) DoubleHeld(int)                   {}
 func (nopObserver) TelemetryRound(bool, time.Time)   {}
+func (nopObserver) Patience(bool)                    {}

@@ -1,13 +1,19 @@
 package placement
 
 import (
+	"context"
+	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"k8s.io/utils/ptr"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology/machine"
@@ -16,8 +22,22 @@ import (
 // patienceCase is an offline core with an HGX H100 ("fast", NVSwitch,
 // 900 GB/s rings) taken whole by "busy" and a DGX-1 V100 ("slow", a
 // hybrid cube mesh whose 4-GPU rings are far below half of that) free,
-// with its clock at groupEpoch + at.
+// with its clock at groupEpoch + at. busy started at groupEpoch and
+// declares activeDeadlineSeconds of 5 minutes: the evidence that the
+// H100 frees.
 func patienceCase(t *testing.T) (x *Core, names []string, now *time.Time, busy *corev1.Pod) {
+	t.Helper()
+	x, names, now, busy = patienceCluster(t)
+	busy.Spec.ActiveDeadlineSeconds = ptr.To[int64](300)
+	if n, ans := place(t, x, []string{"fast"}, busy); n != "fast" {
+		t.Fatalf("busy not placed on fast: %s", anyReason(ans))
+	}
+	return x, names, now, busy
+}
+
+// patienceCluster is patienceCase's cluster with busy not yet placed and
+// declaring nothing.
+func patienceCluster(t *testing.T) (x *Core, names []string, now *time.Time, busy *corev1.Pod) {
 	t.Helper()
 	x = offlineCore(t)
 	clock := groupEpoch
@@ -25,10 +45,17 @@ func patienceCase(t *testing.T) (x *Core, names []string, now *time.Time, busy *
 	x.SetClock(func() time.Time { return *now })
 	names = []string{feedMachine(t, x, "fast", "hgx-h100", 8), feedMachine(t, x, "slow", "dgx1-v100", 8)}
 	busy = gpuPod("busy", 8, map[string]string{})
-	if n, ans := place(t, x, []string{"fast"}, busy); n != "fast" {
-		t.Fatalf("busy not placed on fast: %s", anyReason(ans))
-	}
+	busy.Status.StartTime = ptr.To(metav1.NewTime(groupEpoch))
 	return x, names, now, busy
+}
+
+// finish reports pod p, placed by place, as having run to its end (a pod
+// that started).
+func finish(x *Core, p *corev1.Pod, node string) {
+	done := p.DeepCopy()
+	done.Spec.NodeName = node
+	done.Status.Phase = corev1.PodSucceeded
+	x.ledger.UpsertPod(done)
 }
 
 // feedMachine feeds x node name of fixture fx whose Node advertises
@@ -144,6 +171,11 @@ func TestPatienceCountsOnlyTrustedMachines(t *testing.T) {
 		t.Fatalf("with the H100 untrusted: node %q, reason %q; want slow", n, anyReason(ans))
 	}
 	feedMachine(t, x, "liar", "hgx-h100", 8)
+	// A pod bound there (its GPUs not yet recorded) declares it ends
+	// within the wait: the evidence that the machine frees.
+	ending := gpuPod("ending", 4, map[string]string{})
+	ending.Spec.NodeName, ending.Spec.ActiveDeadlineSeconds = "liar", ptr.To[int64](60)
+	x.ledger.UpsertPod(ending)
 	if n, ans := place(t, x, []string{"slow"}, modelPod("m2", 4)); n != "" || !strings.Contains(ans.Unresolvable["slow"], "900 GB/s") {
 		t.Fatalf("with the H100 trusted: node %q, slow node's reason %q; want refused for the 900 GB/s machine", n, ans.Unresolvable["slow"])
 	}
@@ -187,5 +219,135 @@ func TestPodThatCouldPreemptDoesNotWait(t *testing.T) {
 	*now = groupEpoch.Add(time.Minute)
 	if n, ans := place(t, x, names, withPriority(modelPod("urgent", 4), 1000)); n != "slow" {
 		t.Fatalf("high-priority model pod: node %q, reason %q; want slow at once", n, anyReason(ans))
+	}
+}
+
+// Without evidence that faster GPUs free (no pod that ran there ended
+// lately, none declares when it ends), a model pod takes the best free
+// set at once: the H100's holder may run for days. A pod that never
+// started (a bind no kubelet ran) and a preemption victim are no such
+// evidence; a pod that ran and ended is.
+func TestPatienceWaitsOnlyOnEvidenceOfFasterGPUsFreeing(t *testing.T) {
+	x, names, now, busy := patienceCluster(t)
+	busy.Status.StartTime = nil
+	if n, ans := place(t, x, []string{"fast"}, busy); n != "fast" {
+		t.Fatalf("busy not placed on fast: %s", anyReason(ans))
+	}
+	*now = groupEpoch.Add(time.Minute)
+	if n, ans := place(t, x, names, modelPod("first", 2)); n != "slow" {
+		t.Fatalf("no evidence: node %q, reason %q; want slow at once", n, anyReason(ans))
+	}
+	// busy never started: deleted, it says nothing of the next pod there.
+	gone(x, busy)
+	victim := gpuPod("victim", 8, map[string]string{})
+	victim.Status.StartTime = ptr.To(metav1.NewTime(groupEpoch))
+	if n, ans := place(t, x, []string{"fast"}, victim); n != "fast" {
+		t.Fatalf("victim not placed on fast: %s", anyReason(ans))
+	}
+	if n, ans := place(t, x, names, modelPod("second", 2)); n != "slow" {
+		t.Fatalf("after a pod that never started was deleted: node %q, reason %q; want slow at once", n, anyReason(ans))
+	}
+	// A preemption victim's GPUs go to the pod that preempted it.
+	evicted := victim.DeepCopy()
+	evicted.Spec.NodeName = "fast"
+	evicted.Status.Conditions = []corev1.PodCondition{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: corev1.PodReasonPreemptionByScheduler}}
+	x.ledger.UpsertPod(evicted)
+	gone(x, evicted)
+	ran := gpuPod("ran", 8, map[string]string{})
+	ran.Status.StartTime = ptr.To(metav1.NewTime(groupEpoch))
+	if n, ans := place(t, x, []string{"fast"}, ran); n != "fast" {
+		t.Fatalf("ran not placed on fast: %s", anyReason(ans))
+	}
+	if n, ans := place(t, x, names, modelPod("third", 2)); n != "slow" {
+		t.Fatalf("after a preemption victim went: node %q, reason %q; want slow at once", n, anyReason(ans))
+	}
+	// A pod that ran and ended there is churn: the next model pod waits.
+	finish(x, ran, "fast")
+	next := gpuPod("next", 8, map[string]string{})
+	if n, ans := place(t, x, []string{"fast"}, next); n != "fast" {
+		t.Fatalf("next not placed on fast: %s", anyReason(ans))
+	}
+	*now = groupEpoch.Add(2 * time.Minute)
+	m := modelPod("m", 2)
+	m.CreationTimestamp = metav1.NewTime(*now)
+	n, ans := place(t, x, names, m)
+	if n != "" || !strings.Contains(ans.Unresolvable["slow"], "8 GPUs expected to free there in time") {
+		t.Fatalf("after a pod that ran ended: node %q, slow node's reason %q; want it to wait for the H100", n, ans.Unresolvable["slow"])
+	}
+}
+
+// The GPUs expected to free are shared by the pods that wait for them in
+// creation order: once the pods ahead ask for all of them, the next takes
+// the best free set at once (the tail of a burst is not stranded).
+func TestPodsAheadUseUpWhatIsExpectedToFree(t *testing.T) {
+	x, names, now, _ := patienceCase(t) // busy's 8 GPUs free within 5 minutes
+	*now = groupEpoch.Add(time.Minute)
+	first, second := modelPod("a-first", 4), modelPod("b-second", 4)
+	third := modelPod("c-third", 4)
+	for _, p := range []*corev1.Pod{first, second, third} {
+		x.ledger.UpsertPod(p) // all pending, created in the same second
+	}
+	for _, p := range []*corev1.Pod{first, second} {
+		n, ans := place(t, x, names, p)
+		if n != "" || !strings.Contains(ans.Unresolvable["slow"], "8 GPUs expected") {
+			t.Fatalf("%s: node %q, slow node's reason %q; want it to wait", p.Name, n, ans.Unresolvable["slow"])
+		}
+	}
+	if n, ans := place(t, x, names, third); n != "slow" {
+		t.Fatalf("third pod, 8 GPUs asked ahead of it: node %q, reason %q; want slow at once", n, anyReason(ans))
+	}
+}
+
+// Bind's choice runs under the ledger's lock (ledger.Reserve): the
+// patience of a model pod decided there must not take the lock again,
+// or binds wait forever on a writer that waits on them (a burst of pods
+// stopped binding that way). Many model pods inside their patience bind
+// at once to a few nodes while the ledger is written to; every bind must
+// end.
+func TestModelPodBindsUnderContentionAllEnd(t *testing.T) {
+	x := offlineCore(t)
+	var names []string
+	for i := range 4 {
+		names = append(names, feedMachine(t, x, fmt.Sprintf("node-%d", i), "dgx1-v100", 8))
+	}
+	x.SetClock(func() time.Time { return groupEpoch.Add(time.Minute) })
+	stop := make(chan struct{})
+	var writes sync.WaitGroup
+	writes.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			feedMachine(t, x, names[i%len(names)], "dgx1-v100", 8)
+		}
+	})
+	done := make(chan struct{})
+	var bound atomic.Int32
+	go func() {
+		defer close(done)
+		var binds sync.WaitGroup
+		for i := range 16 {
+			binds.Go(func() {
+				p := modelPod(fmt.Sprintf("m%02d", i), 2)
+				x.ledger.UpsertPod(p)
+				pr := request(t, x, p)
+				if res := x.Reserve(context.Background(), pr, names[i%len(names)]); res.Err == nil {
+					bound.Add(1)
+				}
+			})
+		}
+		binds.Wait()
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("binds still waiting after 30s (%d of 16 ended): the ledger's lock is taken twice", bound.Load())
+	}
+	close(stop)
+	writes.Wait()
+	if got := bound.Load(); got != 16 {
+		t.Errorf("%d of 16 model pods reserved; want all (each node holds 4 pairs)", got)
 	}
 }

@@ -191,10 +191,9 @@ func (p *gputopoPolicy) placePod(id string, pod *corev1.Pod) (Placement, bool, e
 		return Placement{}, false, fmt.Errorf("job %s: bind to %s: %w", id, node, br.Err)
 	}
 	bound := p.api.pods[key]
-	if bound.Spec.ActiveDeadlineSeconds != nil {
-		// kubelet starts it now: its deadline counts from here.
-		bound.Status.StartTime = &metav1.Time{Time: simEpoch.Add(p.now)}
-	}
+	// kubelet starts it now: its deadline counts from here, and when it
+	// ends it is a pod that ran (patience's churn).
+	bound.Status.StartTime = &metav1.Time{Time: simEpoch.Add(p.now)}
 	p.x.Feed().UpsertPod(bound)
 	p.pods[id] = bound
 	pl, err := v1alpha1.ParsePlacement(bound.Annotations[v1alpha1.AnnotationPlacement])
@@ -204,7 +203,8 @@ func (p *gputopoPolicy) placePod(id string, pod *corev1.Pod) (Placement, bool, e
 	return Placement{Node: p.index[node], GPUs: topology.MaskOf(pl.GPUIndices...)}, true, nil
 }
 
-// Release deletes the finished pod, as the informer would report it.
+// Release deletes the finished pod, as the informer would report it (a
+// watch that skips finished pods reports one as a delete).
 func (p *gputopoPolicy) Release(job Job, _ Placement) error { return p.Drop(job) }
 
 func (p *gputopoPolicy) Drop(job Job) error { return p.deletePod(job.ID) }

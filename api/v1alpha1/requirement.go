@@ -111,6 +111,14 @@ func (r Requirement) EffectiveStrategy() Strategy {
 	return r.Strategy
 }
 
+// AsksBandwidth says whether a pod of gpus GPUs with this requirement
+// asks for bandwidth between its GPUs: NVLink required, a minimum pair
+// bandwidth, or highest_bandwidth with more than one GPU (the policy
+// table's model-parallel intent).
+func (r Requirement) AsksBandwidth(gpus int) bool {
+	return gpus > 1 && (r.RequireNVLink || r.MinPairBandwidthGBps > 0 || r.EffectiveStrategy() == StrategyHighestBandwidth)
+}
+
 // RequirementPath is the field path of the requirement annotation, used in
 // every validation message about it.
 var RequirementPath = field.NewPath("metadata", "annotations").Key(AnnotationRequirement)

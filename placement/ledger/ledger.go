@@ -118,6 +118,9 @@ type Ledger struct {
 	// freed are the GPUs preemption victims freed lately, oldest first
 	// (preempted.go).
 	freed []Freed
+	// finished are the GPUs that pods which ran to their end gave back
+	// lately, oldest first (outlook.go).
+	finished []finished
 }
 
 // New returns an empty ledger counting the extended resource (the

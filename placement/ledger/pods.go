@@ -39,9 +39,14 @@ type PodInfo struct {
 	// it frees are remembered for that pod (TakeFreed).
 	Preempted bool
 	// Requirement is the requirement annotation as written;
-	// HasRequirement says whether the pod has one.
+	// HasRequirement says whether the pod has one. AsksBandwidth: it
+	// is valid and asks for bandwidth between the pod's GPUs
+	// (v1alpha1.Requirement.AsksBandwidth).
 	Requirement    string
 	HasRequirement bool
+	AsksBandwidth  bool
+	// Created is the pod's creation time.
+	Created time.Time
 	// Assigned is allocated-gpus, else assigned-gpus.
 	Assigned []string
 	// AssignedRaw is the assigned-gpus annotation as written.
@@ -107,6 +112,12 @@ func NewPodInfo(p *corev1.Pod, resource corev1.ResourceName) *PodInfo {
 	info.Nominated = p.Status.NominatedNodeName
 	info.Preempted = preemptedBy(p)
 	info.Requirement, info.HasRequirement = p.Annotations[v1alpha1.AnnotationRequirement]
+	if info.HasRequirement && info.GPUs > 1 {
+		if r, err := v1alpha1.ParseRequirement(info.Requirement); err == nil {
+			info.AsksBandwidth = r.AsksBandwidth(info.GPUs)
+		}
+	}
+	info.Created = p.CreationTimestamp.Time
 	g, ok, errs := v1alpha1.ParseGroup(groupPath, p.Annotations)
 	native := p.Spec.SchedulingGroup != nil && p.Spec.SchedulingGroup.PodGroupName != nil
 	switch {
@@ -223,6 +234,7 @@ func (l *Ledger) DeletePod(key types.NamespacedName, uid types.UID) {
 func (l *Ledger) forgetPodLocked(uid types.UID, key types.NamespacedName) {
 	if info, ok := l.pods[key]; ok && info.UID == uid {
 		l.noteFreedLocked(info, l.holdings[uid])
+		l.noteEndedLocked(info, l.holdings[uid])
 		l.jobDeltaLocked(info, -1)
 		l.groupLeaveLocked(info, true)
 		delete(l.pods, key)

@@ -46,6 +46,9 @@ type Metrics struct {
 	// heuristic counts bound placements whose GPUs the allocator chose
 	// heuristically (its exact search's work budget ran out).
 	heuristic prometheus.Counter
+	// patience counts decisions for pods inside their patience window
+	// with evidence of faster GPUs freeing, by outcome.
+	patience *prometheus.CounterVec
 
 	promQueries     *prometheus.CounterVec
 	promLastSuccess prometheus.Gauge
@@ -118,6 +121,10 @@ func New(l *ledger.Ledger) *Metrics {
 			Name: "gputopo_extender_heuristic_placements_total",
 			Help: "Bound placements whose GPUs were chosen by the allocator's documented heuristic: its exact search ran out of work budget, or the node has more than 64 free GPUs and was searched through a window of them (placement record heuristic=true).",
 		}),
+		patience: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gputopo_extender_patience_decisions_total",
+			Help: "Decisions for a model-parallel pod inside its patience window (patience.bandwidthWait) with evidence that faster GPUs free in time, by outcome: waited (slower sets refused) or placed (the GPUs expected to free did not cover the pod and the pods waiting ahead of it, so it took the best free set).",
+		}, []string{"outcome"}),
 		promQueries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gputopo_extender_prometheus_query_rounds_total",
 			Help: "Telemetry query rounds against Prometheus (telemetry.source: prometheus) by result (success, error).",
@@ -148,7 +155,7 @@ func New(l *ledger.Ledger) *Metrics {
 		}, []string{"direction"}),
 	}
 	perGPU := func() bool { return m.Leader == nil || m.Leader() }
-	m.collectors = []prometheus.Collector{m.latency, m.filterResults, m.scores, m.errors, m.placements, m.heuristic,
+	m.collectors = []prometheus.Collector{m.latency, m.filterResults, m.scores, m.errors, m.placements, m.heuristic, m.patience,
 		&gated{c: m.utilization, on: perGPU}, &gated{c: m.temperature, on: perGPU},
 		m.promQueries, m.promLastSuccess, m.doubleHeldDetections, m.shadowMirrors, m.shadowDecisions, m.shadowDifferences, m.shadowFilterNodes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -416,6 +423,15 @@ func (m *Metrics) TelemetryRound(ok bool, at time.Time) {
 	}
 	m.promQueries.WithLabelValues("success").Inc()
 	m.promLastSuccess.Set(float64(at.UnixNano()) / 1e9)
+}
+
+// Patience implements placement.Observer.
+func (m *Metrics) Patience(waited bool) {
+	if waited {
+		m.patience.WithLabelValues("waited").Inc()
+		return
+	}
+	m.patience.WithLabelValues("placed").Inc()
 }
 
 // Latency records how long a front end took to answer a phase.

@@ -32,3 +32,4 @@ func (p *Pending) Failed(ph placement.Phase, k placement.ErrorKind) { p.m.Failed
 func (p *Pending) Bound(req string, pl v1alpha1.Placement)          { p.m.Bound(req, pl) }
 func (p *Pending) DoubleHeld(n int)                                 { p.m.DoubleHeld(n) }
 func (p *Pending) TelemetryRound(ok bool, at time.Time)             { p.m.TelemetryRound(ok, at) }
+func (p *Pending) Patience(waited bool)                             { p.m.Patience(waited) }

@@ -1,4 +1,4 @@
-//go:build schedbench
+//go:build schedbench || integration
 
 package schedbench_test
 
@@ -186,97 +186,49 @@ func peakRSS(names ...string) int64 {
 	return peak
 }
 
-func TestSchedulerThroughput(t *testing.T) {
-	sizes := envInts(t, "SCHEDBENCH_NODES", "500,1000")
-	podCount := envInts(t, "SCHEDBENCH_PODS", "500")[0]
-	reps := envInts(t, "SCHEDBENCH_REPS", "1")[0]
-	modes := selectedModes(t)
-	cp := harness.Start(t, harness.Options{})
+// startMode starts the scheduler of mode for a cluster of n nodes: a
+// gputopo extender mode sends kube-scheduler to extenderURL (noopURL for
+// the no-op one); a plugin build is started once its ledger has every
+// node. It returns how to stop it and the pods' schedulerName.
+func startMode(t *testing.T, cp *harness.ControlPlane, mode string, n int, extenderURL, noopURL string) (func(), string) {
+	t.Helper()
 	ctx := harness.Context(t)
-	// The plugin build's core reads what the extender reads, as the
-	// scheduler's own identity (the chart binds the extender's ClusterRole
-	// to the scheduler's service account in plugin mode).
-	if err := localcluster.GrantExtenderRole(ctx, cp.Client, harness.SchedulerUser); err != nil {
-		t.Fatal(err)
+	var stop func()
+	schedulerName := v1alpha1.DefaultSchedulerName
+	switch mode {
+	case modePlain:
+		stop = cp.StartScheduler(t, nil).Stop
+		schedulerName = corev1.DefaultSchedulerName
+	case modeNoop:
+		stop = cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModeExtender, ExtenderURL: noopURL}).Stop
+	case modeExtender:
+		stop = cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModeExtender, ExtenderURL: extenderURL}).Stop
+	case modePlugin, modeBaseline, modeEvents:
+		o := harness.DeciderOptions{Mode: harness.ModePlugin}
+		switch mode {
+		case modeBaseline:
+			o.Binary, o.Configure = os.Getenv("SCHEDBENCH_PLUGIN_BASELINE"), withoutPlacementPlugins
+		case modeEvents:
+			o.PluginArgs.ConfigFile = eventsConfig(t)
+		}
+		d := cp.StartDecider(t, o)
+		if err := d.WaitCore(ctx, 2*time.Minute, localcluster.AllFree(8*n)); err != nil {
+			t.Fatalf("gputopo-scheduler's ledger not settled for %d nodes: %v", n, err)
+		}
+		stop = d.Stop
 	}
+	return stop, schedulerName
+}
 
-	x := startExtender(t, cp)
-	defer func() { _ = x.Stop() }()
-	noop := startNoopExtender(t, cp)
-
-	pods := podMix(podCount)
-	var results []phase
-	made := 0
-	for _, n := range sizes {
-		if n < made {
-			t.Fatalf("SCHEDBENCH_NODES must ascend; got %v", sizes)
-		}
-		start := time.Now()
-		if err := createNodes(ctx, cp, made, n); err != nil {
-			t.Fatal(err)
-		}
-		made = n
-		t.Logf("nodes=%d created in %s", n, time.Since(start).Round(time.Millisecond))
-		waitLedger(t, x.Extender, n)
-
-		for rep := range reps {
-			// Rotate the order so that no scheduler always runs first
-			// (a fresh apiserver cache) or last.
-			for i := range modes {
-				mode := modes[(i+rep)%len(modes)]
-				ns := fmt.Sprintf("%s-%d-%d", modeSlug[mode], n, rep)
-				var stop func()
-				schedulerName := v1alpha1.DefaultSchedulerName
-				switch mode {
-				case modePlain:
-					stop = cp.StartScheduler(t, nil).Stop
-					schedulerName = corev1.DefaultSchedulerName
-				case modeNoop:
-					stop = cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModeExtender, ExtenderURL: noop}).Stop
-				case modeExtender:
-					stop = cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModeExtender, ExtenderURL: x.URL()}).Stop
-				case modePlugin, modeBaseline, modeEvents:
-					o := harness.DeciderOptions{Mode: harness.ModePlugin}
-					switch mode {
-					case modeBaseline:
-						o.Binary, o.Configure = os.Getenv("SCHEDBENCH_PLUGIN_BASELINE"), withoutPlacementPlugins
-					case modeEvents:
-						o.PluginArgs.ConfigFile = eventsConfig(t)
-					}
-					d := cp.StartDecider(t, o)
-					if err := d.WaitCore(ctx, 2*time.Minute, localcluster.AllFree(8*n)); err != nil {
-						t.Fatalf("gputopo-scheduler's ledger not settled for %d nodes: %v", n, err)
-					}
-					stop = d.Stop
-				}
-				r := runPhase(t, cp, mode, n, ns, schedulerName, pods)
-				r.rep = rep
-				stop()
-				if mode == modePlugin || mode == modeBaseline || mode == modeEvents {
-					freeDeciderLease(t, cp, mode)
-				}
-				waitLedger(t, x.Extender, n)
-				results = append(results, r)
-			}
-		}
+// settle readies the cluster for the next phase once mode's scheduler is
+// stopped: no plugin build left holding the decider Lease, and the
+// extender's ledger back to every GPU free.
+func settle(t *testing.T, cp *harness.ControlPlane, x *harness.Extender, mode string, n int) {
+	t.Helper()
+	if mode == modePlugin || mode == modeBaseline || mode == modeEvents {
+		freeDeciderLease(t, cp, mode)
 	}
-	table := render(results)
-	fmt.Println(table)
-	if out := os.Getenv("SCHEDBENCH_OUT"); out != "" {
-		// go test runs in the package directory; a relative path means
-		// the repository root, where make runs.
-		if !filepath.IsAbs(out) {
-			out = filepath.Join(harness.RepoRoot(), out)
-		}
-		if err := os.WriteFile(out, []byte(table), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, r := range results {
-		if r.unscheduled > 0 {
-			t.Errorf("%s on %d nodes (repetition %d): %d of %d pods not bound; the figures above are not comparable", r.name, r.nodes, r.rep+1, r.unscheduled, r.pods)
-		}
-	}
+	waitLedger(t, x.Extender, n)
 }
 
 // eventsConfig is an ExtenderConfiguration that turns the GPUsBound
@@ -451,16 +403,17 @@ func waitLedger(t *testing.T, x *extender.Extender, nodes int) {
 	}
 }
 
-// createNodes registers nodes [from, to) with 8 GPUs each and their
+// createNodes registers nodes [from, to), each a machine of fleet in turn,
+// with 8 GPUs each and their
 // NodeGPUTopology, 16 at a time.
-func createNodes(ctx context.Context, cp *harness.ControlPlane, from, to int) error {
+func createNodes(ctx context.Context, cp *harness.ControlPlane, fleet []string, from, to int) error {
 	work := make(chan int)
 	errs := make(chan error, to-from)
 	var wg sync.WaitGroup
 	for range 16 {
 		wg.Go(func() {
 			for i := range work {
-				if err := createNode(ctx, cp, i); err != nil {
+				if err := createNode(ctx, cp, fleet, i); err != nil {
 					errs <- err
 				}
 			}
@@ -479,8 +432,8 @@ func createNodes(ctx context.Context, cp *harness.ControlPlane, from, to int) er
 	return errors.Join(all...)
 }
 
-func createNode(ctx context.Context, cp *harness.ControlPlane, i int) error {
-	fx := fixtures[i%len(fixtures)]
+func createNode(ctx context.Context, cp *harness.ControlPlane, fleet []string, i int) error {
+	fx := fleet[i%len(fleet)]
 	name := fmt.Sprintf("%s-%04d", fx, i)
 	cs := cp.Clientset
 	n, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{corev1.LabelHostname: name}}}, metav1.CreateOptions{})

@@ -93,23 +93,26 @@ type ExtenderConfiguration struct {
 
 // Patience is how long a pod that asks for bandwidth waits for a faster
 // set. Such a pod (the model-parallel intent, NVLink required or a
-// minimum pair bandwidth, more than one GPU) that is not in a group is
-// refused, from its creation until BandwidthWait later, every set whose
-// ring bandwidth is below BandwidthPercent of the best ring the cluster's
-// machines could give it with every GPU free; after that it takes the
-// best set free, as it does without patience.
+// minimum pair bandwidth, more than one GPU) that is not in a group may
+// be refused, from its creation until BandwidthWait later, every set whose
+// ring bandwidth is below BandwidthPercent of the best ring it could get
+// soon: only while GPUs expected to free in time on faster machines (pods
+// there that ran to their end lately, or whose activeDeadlineSeconds ends
+// them) cover it and the pods waiting ahead of it. After that it takes
+// the best set free, as it does without patience.
 type Patience struct {
 	// BandwidthWait is how long the pod waits, counted from its creation.
 	// Default 10m; 0 turns patience off.
 	BandwidthWait *metav1.Duration `json:"bandwidthWait"`
-	// BandwidthPercent is the share of the cluster's best ring below
-	// which a set is refused while the pod waits, 1 to 100. Default 50.
+	// BandwidthPercent is the share of the best ring expected to free
+	// below which a set is refused while the pod waits, 1 to 100.
+	// Default 50.
 	BandwidthPercent *int32 `json:"bandwidthPercent"`
 }
 
-// BandwidthPatience is how long a pod that asks for bandwidth waits for a
-// faster set (0: it does not) and the share, 0..1, of the cluster's best
-// ring it waits for.
+// BandwidthPatience is how long a pod that asks for bandwidth may wait for
+// a faster set (0: it does not) and the share, 0..1, of the best ring
+// expected to free that it waits for.
 func (c *ExtenderConfiguration) BandwidthPatience() (time.Duration, float64) {
 	p := c.Patience
 	if p.BandwidthWait == nil || p.BandwidthWait.Duration <= 0 || p.BandwidthPercent == nil {
