@@ -19,6 +19,9 @@ func ClusterRBACRules() []rbacv1.PolicyRule {
 		// Kubernetes PodGroups (scheduling.k8s.io), where the cluster
 		// serves them: a group's size and topology constraint.
 		{APIGroups: []string{"scheduling.k8s.io"}, Resources: []string{"podgroups"}, Verbs: []string{"list", "watch"}},
+		// Preemption: the PodDisruptionBudgets of the victims the preempt
+		// verb returns, counted as kube-scheduler counts them.
+		{APIGroups: []string{"policy"}, Resources: []string{"poddisruptionbudgets"}, Verbs: []string{"list", "watch"}},
 		// GPUDoubleHeld Events: client-go's recorder creates an Event and
 		// patches it when the same Event repeats; it never updates one.
 		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},

@@ -89,10 +89,12 @@ func (x *Extender) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArg
 
 // Preempt answers kube-scheduler's preempt verb: for each candidate node
 // and the victims kube-scheduler chose there by count, the victims whose
-// eviction frees a GPU set the pod's requirement accepts, the fewest and
-// least important (placement.Core.Victims); a node where no eviction of
-// lower-priority pods makes the pod fit is dropped, so that nothing is
-// evicted in vain. A pod without GPUs keeps kube-scheduler's victims. A
+// eviction frees a GPU set the pod's requirement accepts, chosen by
+// kube-scheduler's own rule with gputopo's fit, and the
+// PodDisruptionBudgets they breach counted as kube-scheduler counts them
+// (placement.Core.Victims), so that kube-scheduler prefers the node whose
+// eviction breaches none; a node where no eviction of lower-priority pods
+// makes the pod fit is dropped, so that nothing is evicted in vain. A pod without GPUs keeps kube-scheduler's victims. A
 // pod of a group that waits gets at most one node, the one the group's
 // preemption plan keeps for it (placement.Core.PlanGroupPreemption), with
 // the pods that plan needs gone there: a group is placed whole or not at
@@ -140,6 +142,10 @@ func (x *Extender) Preempt(ctx context.Context, args *extenderv1.ExtenderPreempt
 		}
 		return out, nil
 	}
+	var protected placement.Protected
+	if x.rt != nil {
+		protected = x.rt.Protected()
+	}
 	for node, mv := range meta {
 		if mv == nil {
 			continue
@@ -150,11 +156,11 @@ func (x *Extender) Preempt(ctx context.Context, args *extenderv1.ExtenderPreempt
 				proposed = append(proposed, types.UID(p.UID))
 			}
 		}
-		victims, ok := x.core.Victims(ctx, pr, priority, node, proposed)
+		victims, violations, ok := x.core.Victims(ctx, pr, priority, node, proposed, int(mv.NumPDBViolations), protected)
 		if !ok {
 			continue
 		}
-		res := &extenderv1.MetaVictims{NumPDBViolations: mv.NumPDBViolations, Pods: make([]*extenderv1.MetaPod, len(victims))}
+		res := &extenderv1.MetaVictims{NumPDBViolations: int64(violations), Pods: make([]*extenderv1.MetaPod, len(victims))}
 		for i, uid := range victims {
 			res.Pods[i] = &extenderv1.MetaPod{UID: string(uid)}
 		}

@@ -422,7 +422,7 @@ func (s *Snapshot) preemption(ctx context.Context, x *placement.Core, pr placeme
 	if p.Spec.Priority != nil {
 		prio = *p.Spec.Priority
 	}
-	uids, ok := x.Victims(ctx, pr, prio, node, nil)
+	uids, _, ok := x.Victims(ctx, pr, prio, node, nil, 0, nil)
 	if !ok || len(uids) == 0 {
 		return nil
 	}

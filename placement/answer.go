@@ -54,7 +54,11 @@ func (x *Core) Filter(ctx context.Context, pr Request, names []string) (FilterAn
 		nodes := lookup(lv, pr.UID, names)
 		defer nodes.release()
 		for i, name := range names {
-			v := e.check(nodes.s[i])
+			n := nodes.s[i]
+			if name == pr.nominated {
+				n = x.victimsGone(lv, n, pr.priority)
+			}
+			v := e.check(n)
 			switch {
 			case v.ok:
 				ans.Passed = append(ans.Passed, name)

@@ -148,20 +148,58 @@ func (x *Core) Lagging(w *WhatIf, node string, present func(types.UID) bool) *Wh
 	return w
 }
 
+// victimsGone is node n as the pod of priority prio that preemption
+// nominated to it will find it: without the lower-priority pods
+// kube-scheduler is evicting there (their DisruptionTarget condition is
+// seen). kube-scheduler tries the pod again as soon as it has deleted
+// them, often before the ledger's informer has seen the deletes; filter
+// would fail the node for those milliseconds, and kube-scheduler preempt
+// again elsewhere, evicting pods in vain. Bind still decides on the
+// ledger, so the pod is bound once the ledger agrees. The caller holds
+// the ledger's read lock (v).
+func (x *Core) victimsGone(v ledger.View, n *ledger.Node, prio int32) *ledger.Node {
+	var w *WhatIf
+	for _, h := range v.Holders(n) {
+		if h.Preempted && !h.Reserved && h.Priority < prio {
+			if w == nil {
+				w = &WhatIf{}
+			}
+			w.Remove(h.UID)
+		}
+	}
+	if w == nil {
+		return n
+	}
+	return w.on(v, n)
+}
+
+// Protected says, for pods a preemption would evict on one node (most
+// important first), which of them their PodDisruptionBudgets do not allow
+// to be disrupted, counting the budgets down in that order as
+// kube-scheduler's preemption does; nil: none is.
+type Protected func(pods []types.NamespacedName) []bool
+
 // Victims answers the extender's preempt question for pr (a pod of
-// priority priority) on node: which pods to evict so that it fits there.
-// kube-scheduler proposes victims chosen by count; when pr does not fit
-// with them gone (they do not free a set the pod's requirement accepts),
-// the node's other lower-priority GPU pods are added, least important
-// first, until it does. Then the GPU pods among the victims are given
-// back, most important first (higher priority, then earlier start, as
-// kube-scheduler reprieves), each kept when pr still fits without it.
-// Victims that hold no GPUs on the node stay victims: kube-scheduler chose
-// them for other resources. ok is false when pr cannot fit on the node even
-// with every lower-priority pod gone: kube-scheduler then drops the node
-// rather than evict in vain.
-func (x *Core) Victims(ctx context.Context, pr Request, priority int32, node string, proposed []types.UID) (victims []types.UID, ok bool) {
+// priority priority) on node: which pods to evict so that it fits there,
+// by kube-scheduler's own rule with gputopo's fit (the plugin build gets
+// the same from kube-scheduler's preemption asking its Filter). When pr
+// does not fit with the proposed victims gone (kube-scheduler chose them
+// by count), every lower-priority GPU pod of the node is taken off. Then
+// the GPU pods among the victims are given back, most important first
+// (higher priority, then earlier start; among equals, the one holding more
+// GPUs: reprieveFirst), those whose eviction would breach
+// a PodDisruptionBudget (protected; nil: none) before the others, each
+// kept when pr still fits without it. Victims that hold no GPUs on the
+// node stay victims: kube-scheduler chose them for other resources.
+// violations counts the protected victims (for those without GPUs,
+// kube-scheduler's count ksViolations, at most one each). ok is false
+// when pr cannot fit on the node even with every lower-priority pod gone:
+// kube-scheduler then drops the node rather than evict in vain.
+func (x *Core) Victims(ctx context.Context, pr Request, priority int32, node string, proposed []types.UID, ksViolations int, protected Protected) (victims []types.UID, violations int, ok bool) {
 	e := x.evaluatorFor(ctx, pr)
+	var order []ledger.Holder // the GPU pods among the victims
+	var gone map[types.UID]bool
+	var kept map[types.UID]bool
 	x.ledger.Read(func(lv ledger.View) {
 		n := lv.NodeFor(node, pr.UID)
 		holders := lv.Holders(n)
@@ -171,8 +209,7 @@ func (x *Core) Victims(ctx context.Context, pr Request, priority int32, node str
 		}
 		w := &WhatIf{}
 		fits := func() bool { return e.check(w.on(lv, n)).ok }
-		gone := make(map[types.UID]bool, len(proposed))
-		var order []ledger.Holder // the GPU pods among the victims
+		gone = make(map[types.UID]bool, len(proposed))
 		for _, uid := range proposed {
 			w.Remove(uid)
 			gone[uid] = true
@@ -181,49 +218,74 @@ func (x *Core) Victims(ctx context.Context, pr Request, priority int32, node str
 			}
 		}
 		if !fits() {
-			extra := make([]ledger.Holder, 0, len(holders))
 			for _, h := range holders {
 				if !gone[h.UID] && !h.Reserved && h.Priority < priority {
-					extra = append(extra, h)
+					w.Remove(h.UID)
+					gone[h.UID] = true
+					order = append(order, h)
 				}
 			}
-			slices.SortStableFunc(extra, func(a, b ledger.Holder) int { return -moreImportant(a, b) })
-			fit := false
-			for _, h := range extra {
-				w.Remove(h.UID)
-				gone[h.UID] = true
-				order = append(order, h)
-				if fit = fits(); fit {
-					break
-				}
-			}
-			if !fit {
+			if !fits() {
 				return
 			}
 		}
 		ok = true
-		slices.SortStableFunc(order, moreImportant)
-		kept := make(map[types.UID]bool, len(order))
-		for _, h := range order {
-			w.Add(h.UID, 0)
-			if fits() {
-				kept[h.UID] = true
-				continue
+		slices.SortStableFunc(order, reprieveFirst)
+		var breach []bool
+		if protected != nil && len(order) > 0 {
+			keys := make([]types.NamespacedName, len(order))
+			for i, h := range order {
+				keys[i] = h.Pod
 			}
-			w.Remove(h.UID)
+			breach = protected(keys)
 		}
-		for _, uid := range proposed {
-			if !kept[uid] {
-				victims = append(victims, uid)
-			}
-		}
-		for _, h := range order {
-			if !kept[h.UID] && !slices.Contains(proposed, h.UID) {
-				victims = append(victims, h.UID)
+		kept = make(map[types.UID]bool, len(order))
+		for _, first := range []bool{true, false} {
+			for i, h := range order {
+				if (i < len(breach) && breach[i]) != first {
+					continue
+				}
+				w.Add(h.UID, 0)
+				if fits() {
+					kept[h.UID] = true
+					continue
+				}
+				w.Remove(h.UID)
+				if first {
+					violations++
+				}
 			}
 		}
 	})
-	return victims, ok
+	if !ok {
+		return nil, 0, false
+	}
+	others := 0
+	for _, uid := range proposed {
+		if !kept[uid] {
+			victims = append(victims, uid)
+			if !slices.ContainsFunc(order, func(h ledger.Holder) bool { return h.UID == uid }) {
+				others++
+			}
+		}
+	}
+	for _, h := range order {
+		if !kept[h.UID] && !slices.Contains(proposed, h.UID) {
+			victims = append(victims, h.UID)
+		}
+	}
+	return victims, violations + min(ksViolations, others), true
+}
+
+// reprieveFirst orders the victims of one node as Victims gives them back:
+// the more important first (moreImportant); among pods kube-scheduler
+// ranks equal, whose order its preemption leaves open, the one holding
+// more GPUs first, so that the fewest GPUs' work is lost.
+func reprieveFirst(a, b ledger.Holder) int {
+	if c := moreImportant(a, b); c != 0 {
+		return c
+	}
+	return cmp.Compare(len(b.UUIDs)+b.Unknown, len(a.UUIDs)+a.Unknown)
 }
 
 // moreImportant orders a before b (-1) when a is the more important pod,

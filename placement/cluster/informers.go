@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -95,6 +96,11 @@ func (r *Runtime) startInformers(ctx context.Context) error {
 		}
 		if err := add(&corev1.Pod{}, podHandler); err != nil {
 			return err
+		}
+		// The preempt verb counts the budgets of the victims it returns
+		// (Protected).
+		if _, err := c.GetInformer(ctx, &policyv1.PodDisruptionBudget{}, crcache.BlockUntilSynced(false)); err != nil {
+			return fmt.Errorf("informer for PodDisruptionBudgets: %w", err)
 		}
 	}
 	go func() {

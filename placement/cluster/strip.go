@@ -192,6 +192,11 @@ func stripPodOf(obj any, resource corev1.ResourceName) (any, error) {
 	}
 	out.Spec.Containers = strip(p.Spec.Containers)
 	out.Spec.InitContainers = strip(p.Spec.InitContainers)
+	if len(out.Spec.Containers)+len(out.Spec.InitContainers) > 0 {
+		// A GPU pod's labels: the PodDisruptionBudgets that select it,
+		// which the extender's preemption counts (Runtime.Protected).
+		out.Labels = p.Labels
+	}
 	return out, nil
 }
 

@@ -139,3 +139,26 @@ func TestStripPodKeepsWhatPreemptionReads(t *testing.T) {
 		t.Errorf("conditions kept: %+v, want only DisruptionTarget, without its message", s.Status.Conditions)
 	}
 }
+
+// A GPU pod keeps its labels, which PodDisruptionBudgets select by (the
+// extender's preempt verb counts them); a pod without GPUs keeps only its
+// job label.
+func TestStripPodKeepsTheLabelsOfGPUPods(t *testing.T) {
+	labels := map[string]string{"app": "trainer", v1alpha1.LabelJob: "j"}
+	gpu := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "gpu", Labels: labels}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c",
+		Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{v1alpha1.ResourceGPU: resource.MustParse("1")}}}}}}
+	cpu := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "cpu", Labels: labels}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c"}}}}
+	strip := StripPod(v1alpha1.ResourceGPU)
+	for _, c := range []struct {
+		in   *corev1.Pod
+		want map[string]string
+	}{{gpu, labels}, {cpu, map[string]string{v1alpha1.LabelJob: "j"}}} {
+		obj, err := strip(c.in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := obj.(*corev1.Pod).Labels; !cmp.Equal(got, c.want) {
+			t.Errorf("%s: labels %v, want %v", c.in.Name, got, c.want)
+		}
+	}
+}

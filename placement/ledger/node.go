@@ -402,6 +402,9 @@ type Holder struct {
 	// Group is the pod's group ("" for none): evicting one pod of a group
 	// stops the whole group.
 	Group string
+	// Preempted: kube-scheduler is evicting it (its DisruptionTarget
+	// condition); its GPUs go to the pod that preempted it.
+	Preempted bool
 	// Ends is when the pod is gone at the latest (its activeDeadlineSeconds
 	// after it started, or after now when it has not started yet); zero
 	// when it does not say.
@@ -417,7 +420,7 @@ func (v View) Holders(n *Node) []Holder {
 	for uid, h := range n.holdings {
 		hd := Holder{UID: uid, Pod: h.pod, Reserved: h.reserved, UUIDs: h.uuids, Unknown: h.unknown}
 		if info := v.l.pods[h.pod]; info != nil && info.UID == uid {
-			hd.Priority, hd.Started, hd.Group = info.Priority, info.Started, info.Group
+			hd.Priority, hd.Started, hd.Group, hd.Preempted = info.Priority, info.Started, info.Group, info.Preempted
 			if info.Deadline > 0 {
 				start := info.Started
 				if start.IsZero() {

@@ -16,6 +16,7 @@ import (
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
@@ -290,6 +291,88 @@ func testPreemptionEmptiesOneNode(t *testing.T, e *env, s system) {
 	}
 	if highNode != "dgx-1" || byNode["dgx-0"] != gpusPerNode || byNode["dgx-1"] != 0 {
 		t.Errorf("high-priority pod on %s; low-priority pods left per node %v; want it on dgx-1, dgx-1's 8 evicted and dgx-0's 8 (PDB-protected) kept", highNode, byNode)
+	}
+	auditPods(t, listPods(t, e))
+}
+
+// TestPreemptionSparesPDBProtectedPods: two DGX-1 V100s full of
+// low-priority 1-GPU pods; a PodDisruptionBudget that allows no
+// disruption covers half of them: two pods in each NVLink quad of dgx-0,
+// the whole first quad of dgx-1. A high-priority 4-GPU model-parallel pod
+// evicts the unprotected quad of dgx-1 and no protected pod: kube-scheduler
+// prefers the node whose victims breach no budget, and in extender mode
+// the preempt verb counts the budgets of the victims it chooses. Both
+// modes.
+func TestPreemptionSparesPDBProtectedPods(t *testing.T) {
+	eachMode(t, 2, testPreemptionSparesPDBProtectedPods)
+}
+
+func testPreemptionSparesPDBProtectedPods(t *testing.T, e *env, s system) {
+	ctx := harness.Context(t)
+	priorityClasses(t, e)
+	labelLeaves(t, e) // kubernetes.io/hostname, for pinning
+	var pods []*corev1.Pod
+	for i := range 2 * gpusPerNode {
+		pods = append(pods, withPriority(pinned(fmt.Sprintf("low-%d", i), 1, e.nodes[i/gpusPerNode]), "low"))
+	}
+	createAll(t, e, pods)
+	harness.Poll(t, 2*time.Minute, "every GPU held by a low-priority pod", func() (bool, string) {
+		n := boundGPUs(listPods(t, e))
+		return n == len(pods), fmt.Sprintf("%d of %d bound", n, len(pods))
+	})
+	// Protect pods by the GPU they were given.
+	cover := map[string][]int{e.nodes[0]: {0, 1, 4, 5}, e.nodes[1]: {0, 1, 2, 3}}
+	protected := map[string]bool{}
+	for _, p := range listPods(t, e) {
+		idx := gpuIndices(t, &p)
+		if len(idx) != 1 || !slices.Contains(cover[p.Spec.NodeName], idx[0]) {
+			continue
+		}
+		protected[p.Name] = true
+		patch := []byte(`{"metadata":{"labels":{"app":"protected"}}}`)
+		if _, err := e.cp.Clientset.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(protected) != gpusPerNode {
+		t.Fatalf("%d pods protected, want %d", len(protected), gpusPerNode)
+	}
+	zero := intstr.FromInt32(0)
+	if _, err := e.cp.Clientset.PolicyV1().PodDisruptionBudgets(metav1.NamespaceDefault).Create(ctx, &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: "protected"},
+		Spec:       policyv1.PodDisruptionBudgetSpec{MaxUnavailable: &zero, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "protected"}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The informers have seen the labels and the budget.
+	time.Sleep(2 * time.Second)
+	createAll(t, e, []*corev1.Pod{withPriority(gpuPod("high", 4, modelParallel), "high")})
+	var bound corev1.Pod
+	harness.Poll(t, time.Minute, "the high-priority pod bound", func() (bool, string) {
+		for _, p := range listPods(t, e) {
+			if p.Name == "high" && p.Spec.NodeName != "" {
+				bound = p
+				return true, ""
+			}
+		}
+		return false, s.tail()
+	})
+	left := map[string]bool{}
+	for _, p := range listPods(t, e) {
+		left[p.Name] = true
+	}
+	var gone []string
+	for _, p := range pods {
+		if !left[p.Name] {
+			gone = append(gone, p.Name)
+			if protected[p.Name] {
+				t.Errorf("PDB-protected pod %s evicted", p.Name)
+			}
+		}
+	}
+	idx := gpuIndices(t, &bound)
+	if bound.Spec.NodeName != e.nodes[1] || !slices.Equal(idx, []int{4, 5, 6, 7}) || len(gone) != 4 {
+		t.Errorf("high-priority pod on %s GPUs %v after evicting %v; want dgx-1's unprotected quad 4-7, 4 pods evicted", bound.Spec.NodeName, idx, gone)
 	}
 	auditPods(t, listPods(t, e))
 }
