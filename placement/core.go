@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -47,6 +48,9 @@ type Core struct {
 	// lastCycle is the newest Cycle, whose filter counts are flushed when
 	// the next one starts unless Score flushed them.
 	lastCycle atomic.Pointer[Cycle]
+	// refusedTold is, per group, when it was last told that
+	// fabric.reserveMaxPercent refuses it a reservation (tellRefused).
+	refusedTold sync.Map
 }
 
 // Options are a core's settings besides its configuration file.

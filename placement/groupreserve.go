@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/placement/ledger"
 	"github.com/gputopo/gputopo/topology"
@@ -69,7 +71,11 @@ func (e *evaluator) keptForGroups(n *ledger.Node) *verdict {
 // reserveRefresh is how often a group's reservation is made again at
 // most: the group's pods are tried one after the other, and finding the
 // soonest slots reads every node.
-const reserveRefresh = 10 * time.Second
+const reserveRefresh = ReserveRefresh
+
+// ReserveRefresh is how often the cluster runtime looks for waiting groups
+// to keep GPUs for (KeepForWaitingGroups).
+const ReserveRefresh = 10 * time.Second
 
 // reserveSlot is one place a waiting group's pod could take: a GPU set on
 // a node, how many of its GPUs are still held, and when they are free at
@@ -102,6 +108,7 @@ func (x *Core) keepForGroup(ctx context.Context, pr Request, candidates []string
 		domain, level string
 		start         time.Time
 		act           = reserveKeep // leave it as it is
+		refused       string        // why the bound refused a reservation
 	)
 	x.ledger.Read(func(v ledger.View) {
 		r, had := v.Reservation(pr.group)
@@ -128,8 +135,12 @@ func (x *Core) keepForGroup(ctx context.Context, pr Request, candidates []string
 		for _, m := range keep {
 			kept += m.Count()
 		}
-		if limit := int64(total) * int64(*f.ReserveMaxPercent) / 100; int64(v.ReservedGPUs(pr.group)+kept) <= limit {
+		others := v.ReservedGPUs(pr.group)
+		if limit := int64(total) * int64(*f.ReserveMaxPercent) / 100; int64(others+kept) <= limit {
 			act = reserveMake
+		} else {
+			refused = fmt.Sprintf("group %s has waited more than fabric.reserveAfter (%s) for room, but keeping the %d GPUs it needs would take the GPUs kept for waiting groups to %d of the cluster's %d, over fabric.reserveMaxPercent (%d%%): it waits without a reservation, and smaller pods may keep taking the GPUs it needs",
+				pr.group, after, kept, others+kept, total, *f.ReserveMaxPercent)
 		}
 	})
 	log := klog.FromContext(ctx)
@@ -144,6 +155,95 @@ func (x *Core) keepForGroup(ctx context.Context, pr Request, candidates []string
 	case reserveEnd:
 		x.ledger.EndGroupReservation(pr.group)
 		log.V(4).Info("no GPUs kept for a waiting group", "group", pr.group, "found", keep != nil)
+		if refused != "" {
+			x.tellRefused(ctx, pr, refused)
+		}
+	}
+}
+
+// ReasonGroupReservationRefused is the reason of the Warning Event a
+// waiting group's pod gets when fabric.reserveMaxPercent refuses the group
+// a reservation.
+const ReasonGroupReservationRefused = "GroupReservationRefused"
+
+// refusalRepeat is how often a group is told again that the bound refuses
+// it a reservation.
+const refusalRepeat = 10 * time.Minute
+
+// tellRefused logs msg and gives pr's pod a Warning Event with it, at
+// most once per group per refusalRepeat.
+func (x *Core) tellRefused(ctx context.Context, pr Request, msg string) {
+	now := x.now()
+	if last, ok := x.refusedTold.Load(pr.group); ok && now.Sub(last.(time.Time)) < refusalRepeat {
+		return
+	}
+	x.refusedTold.Store(pr.group, now)
+	klog.FromContext(ctx).V(2).Info("group refused a reservation by fabric.reserveMaxPercent", "group", pr.group, "pod", pr.Key)
+	if x.recorder == nil || !x.Leading() {
+		return
+	}
+	ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pr.Key.Namespace, Name: pr.Key.Name, UID: pr.UID}
+	x.recorder.Event(ref, corev1.EventTypeWarning, ReasonGroupReservationRefused, msg)
+}
+
+// KeepForWaitingGroups keeps GPUs for every group that has waited
+// fabric.reserveAfter and does not fit now, over the nodes its pods' own
+// rules allow, as trying one of its pods would (keepForGroup). In extender
+// mode kube-scheduler asks about a pod only when its own filters pass some
+// node: on a cluster where every node is short of a group pod's GPUs it
+// never does, and the group would never get its reservation. The cluster
+// runtime calls this on a timer while its core decides; the plugin build
+// gets there from PreFilter as well.
+func (x *Core) KeepForWaitingGroups(ctx context.Context) {
+	if x.cfg.Fabric.ReserveAfter.Duration <= 0 || x.DeciderRefusal() != "" {
+		return
+	}
+	after, now := x.cfg.Fabric.ReserveAfter.Duration, x.now()
+	var oldest []*ledger.PodInfo
+	x.ledger.Read(func(v ledger.View) {
+		v.Waiting(func(g ledger.GroupView) {
+			if len(g.Bound) > 0 {
+				return // it keeps to its bound pods' domain: planned, not kept for
+			}
+			first := g.Pending[0]
+			for _, m := range g.Pending[1:] {
+				if m.Created.Before(first.Created) {
+					first = m
+				}
+			}
+			if now.Sub(first.Created) >= after {
+				oldest = append(oldest, first)
+			}
+		})
+	})
+	for _, info := range oldest {
+		pod, err := x.api.Pod(ctx, info.Key, info.UID)
+		if err != nil {
+			continue
+		}
+		pr, err := ParseRequest(pod, x.cfg.GPUResource(), now)
+		if err != nil || pr.Count == 0 || x.resolveGroup(&pr) != nil || pr.groupSpec.Size < 2 {
+			continue
+		}
+		rules := NodeRulesOf(pod)
+		var allowed []string
+		fits := false
+		x.ledger.Read(func(v ledger.View) {
+			v.EachNode(func(n *ledger.Node) {
+				if o := n.Object(); o != nil {
+					if why, err := rules.Excludes(ctx, o); err == nil && why == "" {
+						allowed = append(allowed, n.Name())
+					}
+				}
+			})
+			if g, need, ok := waitingGroup(v, pr); ok {
+				_, _, _, err := x.planGroup(ctx, v, pr, g, need, allowed, nil)
+				fits = err == nil
+			}
+		})
+		if !fits {
+			x.keepForGroup(ctx, pr, allowed)
+		}
 	}
 }
 

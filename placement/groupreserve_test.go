@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/gputopo/gputopo/placement/ledger"
 )
@@ -246,5 +248,66 @@ func TestReservationBackfillsPodsThatEndBeforeTheGroupCanStart(t *testing.T) {
 	place(t, x, names, g[0])
 	if r := x.ledger.GroupReservations(); len(r) != 0 {
 		t.Fatalf("reservations %+v; none can drain within reserveMaxDuration", r)
+	}
+}
+
+// podAPI serves bind's pod reads from pods.
+type podAPI struct {
+	noAPI
+	pods map[types.NamespacedName]*corev1.Pod
+}
+
+func (a podAPI) Pod(_ context.Context, key types.NamespacedName, _ types.UID) (*corev1.Pod, error) {
+	if p, ok := a.pods[key]; ok {
+		return p, nil
+	}
+	return nil, errNoAPI
+}
+
+// A group that has waited reserveAfter gets its reservation without any
+// of its pods being tried (in extender mode kube-scheduler never asks
+// about a pod while its own filters refuse every node); over
+// reserveMaxPercent it gets none, and its pod is told so in an Event, once.
+func TestWaitingGroupIsKeptForWithoutBeingTried(t *testing.T) {
+	for _, c := range []struct {
+		percent int32
+		kept    bool
+	}{{100, true}, {25, false}} {
+		x, _, now, pods := reserveCase(t, c.percent)
+		x.ledger.UpsertPod(pods[2])
+		api := podAPI{pods: map[types.NamespacedName]*corev1.Pod{}}
+		for _, p := range pods[2:] {
+			api.pods[types.NamespacedName{Namespace: p.Namespace, Name: p.Name}] = p
+		}
+		x.api = api
+		rec := record.NewFakeRecorder(10)
+		x.recorder = rec
+		kept := func() bool {
+			var ok bool
+			x.ledger.Read(func(v ledger.View) { _, ok = v.Reservation("ml/g") })
+			return ok
+		}
+		x.KeepForWaitingGroups(context.Background())
+		if kept() {
+			t.Fatalf("%d%%: GPUs kept before reserveAfter", c.percent)
+		}
+		*now = groupEpoch.Add(11 * time.Minute)
+		x.KeepForWaitingGroups(context.Background())
+		if kept() != c.kept {
+			t.Errorf("%d%%: reservation %v after reserveAfter, want %v", c.percent, kept(), c.kept)
+		}
+		*now = now.Add(time.Minute)
+		x.KeepForWaitingGroups(context.Background())
+		close(rec.Events)
+		var events []string
+		for e := range rec.Events {
+			events = append(events, e)
+		}
+		switch {
+		case c.kept && len(events) != 0:
+			t.Errorf("%d%%: events %v, want none", c.percent, events)
+		case !c.kept && (len(events) != 1 || !strings.Contains(events[0], ReasonGroupReservationRefused) || !strings.Contains(events[0], "fabric.reserveMaxPercent (25%)")):
+			t.Errorf("%d%%: events %v, want one %s naming fabric.reserveMaxPercent", c.percent, events, ReasonGroupReservationRefused)
+		}
 	}
 }

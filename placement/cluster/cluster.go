@@ -171,6 +171,9 @@ func (r *Runtime) Sync(ctx context.Context) (stop func(), err error) {
 	r.synced.Store(true)
 	klog.FromContext(ctx).Info("caches synced", "ledger", r.core.Ledger().Counts().String())
 	go wait.UntilWithContext(ctx, func(context.Context) { r.core.Sweep() }, r.core.SweepPeriod())
+	// Waiting groups get their reservations even where kube-scheduler's
+	// own filters never let it ask the extender about their pods.
+	go wait.UntilWithContext(ctx, r.core.KeepForWaitingGroups, placement.ReserveRefresh)
 	if r.prom != nil {
 		go r.prom.run(ctx)
 	}

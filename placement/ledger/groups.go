@@ -505,3 +505,19 @@ func (v View) NativeGroup(key string) (v1alpha1.GroupSpec, bool) {
 	s, ok := v.l.native[key]
 	return s, ok
 }
+
+// Waiting calls fn with each group that has no plan and a pod not bound,
+// in no particular order.
+func (v View) Waiting(fn func(GroupView)) {
+	for key, g := range v.l.groups {
+		if g.plan != nil {
+			continue
+		}
+		for _, m := range g.members {
+			if m.Node == "" {
+				fn(v.l.groupViewLocked(key, g))
+				break
+			}
+		}
+	}
+}

@@ -129,3 +129,60 @@ func testWaitingGroupIsStartedAhead(t *testing.T, e *env, s system) {
 		return g["group_reservations"] == 0, fmt.Sprintf("reservations=%v", g["group_reservations"])
 	})
 }
+
+// TestWaitingGroupIsKeptForOnASaturatedCluster, in extender mode, with
+// fabric.reserveAfter 3s: every GPU of two (then three) nodes is held by a
+// 1-GPU pod, so kube-scheduler's own filters refuse every node for a pod
+// of a group of two 8-GPU pods and never ask the extender about it. The
+// group still gets its reservation (the decider looks for waiting groups
+// itself); then, one at a time, a 1-GPU pod ends and a new one comes. The
+// new pods may not take the GPUs kept for the group, so the group is bound
+// once its nodes drain: within reserveAfter, the stream's run and 30 s.
+func TestWaitingGroupIsKeptForOnASaturatedCluster(t *testing.T) {
+	for _, nodes := range []int{2, 3} {
+		t.Run(fmt.Sprintf("%d nodes", nodes), func(t *testing.T) {
+			e := newEnv(t, nodes)
+			cfg := filepath.Join(t.TempDir(), "extender.yaml")
+			if err := os.WriteFile(cfg, []byte(reserveConfig), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			testWaitingGroupOnASaturatedCluster(t, e, startExtenderSystemWith(t, e, "--config", cfg))
+		})
+	}
+}
+
+func testWaitingGroupOnASaturatedCluster(t *testing.T, e *env, s system) {
+	labelLeaves(t, e)
+	var fill []*corev1.Pod
+	for i := range gpusPerNode {
+		for n, node := range e.nodes {
+			fill = append(fill, pinned(fmt.Sprintf("fill-%d-%d", n, i), 1, node))
+		}
+	}
+	createAll(t, e, fill)
+	harness.Poll(t, time.Minute, "every GPU held", func() (bool, string) {
+		g := s.gauges(t)
+		return int(g["held"]+g["reserved"]) == len(fill), fmtGauges(g)
+	})
+	start := time.Now()
+	createAll(t, e, groupPods("big", 2, gpusPerNode, ""))
+	harness.Poll(t, 30*time.Second, "a reservation for the waiting group, without its pods tried", func() (bool, string) {
+		g := s.gauges(t)
+		return g["group_reservations"] == 1, fmtGauges(g) + fmt.Sprintf(" reservations=%v", g["group_reservations"])
+	})
+	const step = 250 * time.Millisecond
+	for i, p := range fill {
+		deletePods(t, e, []*corev1.Pod{p})
+		createAll(t, e, []*corev1.Pod{gpuPod(fmt.Sprintf("stream-%d", i), 1, "")})
+		time.Sleep(step)
+		if _, bound := groupNodes(t, e, "big"); bound == 2 {
+			break
+		}
+	}
+	limit := 3*time.Second + time.Duration(len(fill))*step + 30*time.Second
+	harness.Poll(t, limit-time.Since(start), "the group bound", func() (bool, string) {
+		nodes, bound := groupNodes(t, e, "big")
+		return bound == 2, fmt.Sprintf("%d bound on %v; %s", bound, nodes, fmtGauges(s.gauges(t)))
+	})
+	t.Logf("group bound %s after it was created", time.Since(start).Round(100*time.Millisecond))
+}
