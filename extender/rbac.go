@@ -22,6 +22,9 @@ func ClusterRBACRules() []rbacv1.PolicyRule {
 		// Preemption: the PodDisruptionBudgets of the victims the preempt
 		// verb returns, counted as kube-scheduler counts them.
 		{APIGroups: []string{"policy"}, Resources: []string{"poddisruptionbudgets"}, Verbs: []string{"list", "watch"}},
+		// What the decider holds for groups, published (GroupPlan): written
+		// by the decider alone, read back by the next one.
+		{APIGroups: []string{"gputopo.io"}, Resources: []string{"groupplans"}, Verbs: []string{"get", "list", "create", "update", "delete"}},
 		// GPUDoubleHeld Events: client-go's recorder creates an Event and
 		// patches it when the same Event repeats; it never updates one.
 		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},

@@ -118,6 +118,9 @@ func (o *Options) nodeCommands() (nodes, node *cobra.Command) {
 		Args:  cobra.NoArgs,
 		RunE: o.withSnapshot(func(s *Snapshot, _ []string) error {
 			rows := s.NodeSummaries()
+			if s.PlansUnread != "" {
+				fmt.Fprintln(o.ErrOut, s.PlansUnread)
+			}
 			if err := writeSVGFile(nodesSVG, s, s.gpuNodeNames()); err != nil {
 				return err
 			}

@@ -325,3 +325,44 @@ func TestNodeSummaryShowsATopologyItsNodeContradicts(t *testing.T) {
 		}
 	}
 }
+
+// nodes and node show the GPUs the scheduler plans for a group's pods (not
+// free any more) and those it keeps for a waiting group, naming the group
+// and since when, from its GroupPlan objects.
+func TestNodesShowPlannedAndKeptGPUs(t *testing.T) {
+	s := cluster(t)
+	since := metav1.NewTime(now.Add(-2 * time.Minute))
+	planned := &v1alpha1.GroupPlan{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "llm"}, Spec: v1alpha1.GroupPlanSpec{
+		State: v1alpha1.GroupPlanned, Since: since, Slots: []v1alpha1.GroupPlanSlot{{Node: "pcie", GPUs: []int{0, 1, 2, 3}}}}}
+	kept := &v1alpha1.GroupPlan{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "big"}, Spec: v1alpha1.GroupPlanSpec{
+		State: v1alpha1.GroupKept, Since: since, Slots: []v1alpha1.GroupPlanSlot{{Node: "pcie", GPUs: []int{6, 7}}}}}
+	c := fakeCluster(t, s, planned, kept)
+	out, err := runPlugin(t, c, "nodes", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []NodeSummary
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		t.Fatal(err)
+	}
+	var pcie NodeSummary
+	for _, r := range rows {
+		if r.Name == "pcie" {
+			pcie = r
+		}
+	}
+	stamp := since.UTC().Format(time.RFC3339)
+	want := []string{"team/big kept 2 since " + stamp, "team/llm planned 4 since " + stamp}
+	if pcie.Free != 4 || pcie.Planned != 4 || pcie.Kept != 2 || !slices.Equal(pcie.HeldFor, want) {
+		t.Errorf("pcie: free %d, planned %d, kept %d, for %v; want 4, 4, 2, %v", pcie.Free, pcie.Planned, pcie.Kept, pcie.HeldFor, want)
+	}
+	text, err := runPlugin(t, c, "node", "pcie")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"planned for team/llm since " + stamp, "free, kept for team/big since " + stamp} {
+		if !strings.Contains(text, want) {
+			t.Errorf("node pcie lacks %q:\n%s", want, text)
+		}
+	}
+}

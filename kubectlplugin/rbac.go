@@ -11,7 +11,7 @@ import rbacv1 "k8s.io/api/rbac/v1"
 func ViewerRules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"nodes", "pods"}, Verbs: []string{"list"}},
-		{APIGroups: []string{"gputopo.io"}, Resources: []string{"nodegputopologies"}, Verbs: []string{"list"}},
+		{APIGroups: []string{"gputopo.io"}, Resources: []string{"nodegputopologies", "groupplans"}, Verbs: []string{"list"}},
 		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get"}, ResourceNames: []string{"gputopo-extender"}},
 		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"list"}},
 		{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"get"}},

@@ -126,7 +126,7 @@ func status(p painter, s NodeSummary) string {
 // that changes from one second to the next.
 func writeNodes(w io.Writer, p painter, rows []NodeSummary) error {
 	t := newTable(w)
-	fmt.Fprintln(t, "NODE\tMACHINE\tFREE/TOTAL\tFREE NVLINK ISLAND\tUNHEALTHY\tDRIFT\tSTATUS\tAGE")
+	fmt.Fprintln(t, "NODE\tMACHINE\tFREE/TOTAL\tFREE NVLINK ISLAND\tUNHEALTHY\tDRIFT\tSTATUS\tAGE\tFOR GROUPS")
 	for _, r := range rows {
 		unhealthy, drift := strconv.Itoa(r.Unhealthy), strconv.Itoa(r.Drift)
 		if r.Unhealthy > 0 {
@@ -140,7 +140,11 @@ func writeNodes(w io.Writer, p painter, rows []NodeSummary) error {
 			// Nothing is known of the GPUs but what the Node advertises.
 			free, island, unhealthy = "-/"+count(r.Advertised), "-", "-"
 		}
-		fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, dash(r.Machine), free, island, unhealthy, drift, status(p, r), age(r))
+		groups := "-"
+		if len(r.HeldFor) > 0 {
+			groups = p.c(yellow, strings.Join(r.HeldFor, "; "))
+		}
+		fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, dash(r.Machine), free, island, unhealthy, drift, status(p, r), age(r), groups)
 	}
 	return t.Flush()
 }
@@ -199,12 +203,21 @@ func writeNode(w io.Writer, p painter, d *NodeDetail) error {
 			}
 		}
 		held := p.c(dim, "free")
+		switch {
+		case g.PlannedFor != "":
+			held = p.c(yellow, "planned for "+g.PlannedFor)
+		case g.KeptFor != "":
+			held = p.c(yellow, "free, kept for "+g.KeptFor)
+		}
 		if len(g.Holders) > 0 {
 			held = strings.Join(g.Holders, ", ")
 			if len(g.Holders) > 1 {
 				held = p.c(red, held+" (conflict)")
 			} else {
 				held = p.c(cyan, held)
+			}
+			if g.KeptFor != "" {
+				held += p.c(yellow, ", kept for "+g.KeptFor)
 			}
 		}
 		fmt.Fprintf(t, "%d\t%d\tsw%d\t%s\t%s\t%s\t%s\n", g.Index, g.NUMANode, g.PCIeGroup, dash(g.PCIBusID), health, g.UUID, held)

@@ -32,6 +32,11 @@ type Snapshot struct {
 	// ConfigSource says where it came from.
 	Config       *configv1alpha1.ExtenderConfiguration
 	ConfigSource string
+	// Plans are what the deciding scheduler holds for groups (GroupPlan):
+	// GPUs planned for a group's pods or kept for a waiting group.
+	// PlansUnread says why they could not be read ("" when they were).
+	Plans       []v1alpha1.GroupPlan
+	PlansUnread string
 }
 
 // ConfigFrom says where the extender's configuration is read from: a file
@@ -80,6 +85,11 @@ func LoadWith(ctx context.Context, c client.Reader, from ConfigFrom) (*Snapshot,
 			s.Pods = append(s.Pods, p)
 		}
 	}
+	var plans v1alpha1.GroupPlanList
+	if err := c.List(ctx, &plans); err != nil {
+		s.PlansUnread = fmt.Sprintf("GPUs planned or kept for groups not shown: list groupplans.gputopo.io: %v", err)
+	}
+	s.Plans = plans.Items
 	cfg, src, err := loadConfig(ctx, c, from)
 	if err != nil {
 		return nil, err

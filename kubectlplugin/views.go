@@ -44,6 +44,13 @@ type NodeSummary struct {
 	ObservedTime *metav1.Time `json:"observedTime,omitempty"`
 	// AgeSeconds is how long ago the topology was observed.
 	AgeSeconds int64 `json:"ageSeconds,omitempty"`
+	// Planned counts the GPUs the scheduler has planned for a group's
+	// pods not bound yet (not counted in Free); Kept those it keeps for
+	// groups that wait, free or not. HeldFor names each group and what
+	// it has here ("ml/llm planned 8 since 2026-12-07T04:00:00Z").
+	Planned int      `json:"planned,omitempty"`
+	Kept    int      `json:"kept,omitempty"`
+	HeldFor []string `json:"heldFor,omitempty"`
 }
 
 // holder is one pod's GPUs on a node.
@@ -65,6 +72,10 @@ type nodeState struct {
 	// owner maps a GPU index to the holders' index in holders.
 	owner   map[int][]int
 	unknown int // GPUs held by pods that record none
+	// planned and kept name, per GPU index, the group the scheduler
+	// plans it for or keeps it for, and since when.
+	planned, kept map[int]string
+	heldFor       []string
 }
 
 func (s *Snapshot) nodeState(name string) *nodeState {
@@ -105,7 +116,36 @@ func (s *Snapshot) nodeState(name string) *nodeState {
 		}
 		n.holders = append(n.holders, h)
 	}
+	s.plansOn(n)
 	return n
+}
+
+// plansOn marks n's GPUs that the scheduler plans or keeps for groups.
+func (s *Snapshot) plansOn(n *nodeState) {
+	for _, gp := range s.Plans {
+		into, what := &n.kept, "kept"
+		if gp.Spec.State == v1alpha1.GroupPlanned {
+			into, what = &n.planned, "planned"
+		}
+		group := gp.Namespace + "/" + gp.Name
+		label := group + " since " + gp.Spec.Since.UTC().Format(time.RFC3339)
+		count := 0
+		for _, sl := range gp.Spec.Slots {
+			if sl.Node != n.name {
+				continue
+			}
+			for _, i := range sl.GPUs {
+				if *into == nil {
+					*into = map[int]string{}
+				}
+				(*into)[i] = label
+				count++
+			}
+		}
+		if count > 0 {
+			n.heldFor = append(n.heldFor, fmt.Sprintf("%s %s %d since %s", group, what, count, gp.Spec.Since.UTC().Format(time.RFC3339)))
+		}
+	}
 }
 
 func gpuList(p *corev1.Pod, key string) []string {
@@ -208,7 +248,11 @@ func (s *Snapshot) summary(n *nodeState) NodeSummary {
 	sum.Machine = machine(n.graph)
 	sum.GPUs = n.graph.Len()
 	free := n.free()
+	for i := range n.planned {
+		free = free.Minus(topology.MaskOf(i))
+	}
 	sum.Free = max(free.Count()-n.unknown, 0)
+	sum.Planned, sum.Kept, sum.HeldFor = len(n.planned), len(n.kept), n.heldFor
 	sum.LargestFreeNVLinkIsland = n.graph.Metrics(topology.Mask{}, free).LeftLargestIsland
 	sum.Unhealthy = n.graph.All().Minus(n.graph.Healthy()).Count()
 	sum.Status = StatusFresh
@@ -257,6 +301,10 @@ type GPUView struct {
 	PCIeGroup int `json:"pcieGroup"`
 	// Holders are the pods holding the GPU (more than one is a conflict).
 	Holders []string `json:"holders,omitempty"`
+	// PlannedFor names the group the scheduler plans the GPU for, and
+	// since when; KeptFor the waiting group it keeps the GPU for.
+	PlannedFor string `json:"plannedFor,omitempty"`
+	KeptFor    string `json:"keptFor,omitempty"`
 }
 
 // LinkView is one GPU pair.
@@ -296,7 +344,8 @@ func (s *Snapshot) NodeDetail(name string) (*NodeDetail, error) {
 	groups := pcieGroups(n.graph)
 	for _, g := range n.graph.GPUs() {
 		v := GPUView{Index: g.Index, UUID: g.UUID, Model: g.Model, NUMANode: g.NUMANode, PCIBusID: g.PCIBusID,
-			Health: string(g.Health), HealthReason: g.HealthReason, PCIeGroup: groups[g.Index]}
+			Health: string(g.Health), HealthReason: g.HealthReason, PCIeGroup: groups[g.Index],
+			PlannedFor: n.planned[g.Index], KeptFor: n.kept[g.Index]}
 		for _, hi := range n.owner[g.Index] {
 			p := n.holders[hi].pod
 			v.Holders = append(v.Holders, p.Namespace+"/"+p.Name)

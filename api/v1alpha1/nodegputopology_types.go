@@ -12,7 +12,7 @@ var GroupVersion = schema.GroupVersion{Group: "gputopo.io", Version: "v1alpha1"}
 // SchemeBuilder registers gputopo's types; AddToScheme adds them to a scheme.
 var (
 	SchemeBuilder = runtime.NewSchemeBuilder(func(s *runtime.Scheme) error {
-		s.AddKnownTypes(GroupVersion, &NodeGPUTopology{}, &NodeGPUTopologyList{})
+		s.AddKnownTypes(GroupVersion, &NodeGPUTopology{}, &NodeGPUTopologyList{}, &GroupPlan{}, &GroupPlanList{})
 		metav1.AddToGroupVersion(s, GroupVersion)
 		return nil
 	})

@@ -88,6 +88,9 @@ type Runtime struct {
 	// startCtx is Sync's context, for a decider started later (the
 	// plugin build's, on the first GPU pod's cycle).
 	startCtx atomic.Pointer[context.Context]
+	// pub publishes what the core holds for groups (publish.go); only
+	// its own goroutine touches it.
+	pub publisher
 }
 
 // New builds a runtime and its core for a cluster: restCfg feeds its
@@ -174,6 +177,9 @@ func (r *Runtime) Sync(ctx context.Context) (stop func(), err error) {
 	// Waiting groups get their reservations even where kube-scheduler's
 	// own filters never let it ask the extender about their pods.
 	go wait.UntilWithContext(ctx, r.core.KeepForWaitingGroups, placement.ReserveRefresh)
+	// Plans and reservations are published for kubectl gputopo and the
+	// next decider.
+	go wait.UntilWithContext(ctx, r.publish, PublishPeriod)
 	if r.prom != nil {
 		go r.prom.run(ctx)
 	}

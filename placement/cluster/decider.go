@@ -289,6 +289,9 @@ func (d *decider) takeOver(ctx context.Context) error {
 	if err := d.x.rebuild(ctx); err != nil {
 		return err
 	}
+	// The plans the previous decider published for groups it had not
+	// bound whole: this one binds their pods there.
+	d.x.adoptPlans(ctx)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err := ctx.Err(); err != nil {

@@ -6,14 +6,19 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
+	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/internal/localcluster"
+	"github.com/gputopo/gputopo/kubectlplugin"
 	"github.com/gputopo/gputopo/schedplugin"
 	"github.com/gputopo/gputopo/test/harness"
 )
@@ -95,6 +100,8 @@ func testWaitingGroupIsStartedAhead(t *testing.T, e *env, s system) {
 		g := s.gauges(t)
 		return g["group_reservations"] == 1, fmtGauges(g) + fmt.Sprintf(" reservations=%v", g["group_reservations"])
 	})
+	// The reservation is published, and kubectl gputopo shows its GPUs.
+	waitGroupPlan(t, e, "big", v1alpha1.GroupKept)
 	for i := range gpusPerNode {
 		if _, bound := groupNodes(t, e, "big"); bound != 0 {
 			t.Fatalf("%d of the group's pods bound while dgx-1 still has %d pods", bound, gpusPerNode-i)
@@ -127,6 +134,46 @@ func testWaitingGroupIsStartedAhead(t *testing.T, e *env, s system) {
 	harness.Poll(t, time.Minute, "the reservation ended", func() (bool, string) {
 		g := s.gauges(t)
 		return g["group_reservations"] == 0, fmt.Sprintf("reservations=%v", g["group_reservations"])
+	})
+	waitGroupPlan(t, e, "big", "")
+}
+
+// waitGroupPlan waits until the GroupPlan of group name (namespace
+// default) is in state, and kubectl gputopo nodes names the group on the
+// nodes it lists; state "": until it is deleted.
+func waitGroupPlan(t *testing.T, e *env, name string, state v1alpha1.GroupPlanState) {
+	t.Helper()
+	ctx := harness.Context(t)
+	what := "GroupPlan " + name + " " + string(state)
+	if state == "" {
+		what = "GroupPlan " + name + " deleted"
+	}
+	harness.Poll(t, 30*time.Second, what, func() (bool, string) {
+		o := &v1alpha1.GroupPlan{}
+		err := e.cp.Client.Get(ctx, types.NamespacedName{Namespace: metav1.NamespaceDefault, Name: name}, o)
+		if state == "" {
+			return apierrors.IsNotFound(err), fmt.Sprintf("get: %v", err)
+		}
+		if err != nil || o.Spec.State != state {
+			return false, fmt.Sprintf("state %q, err %v", o.Spec.State, err)
+		}
+		snap, err := kubectlplugin.LoadWith(ctx, e.cp.Client, kubectlplugin.ConfigFrom{})
+		if err != nil {
+			return false, err.Error()
+		}
+		nodes := map[string]bool{}
+		for _, sl := range o.Spec.Slots {
+			nodes[sl.Node] = true
+		}
+		for _, r := range snap.NodeSummaries() {
+			if !nodes[r.Name] {
+				continue
+			}
+			if len(r.HeldFor) == 0 || !strings.HasPrefix(r.HeldFor[0], "default/"+name+" "+strings.ToLower(string(state))) {
+				return false, fmt.Sprintf("kubectl gputopo nodes: %s for %v", r.Name, r.HeldFor)
+			}
+		}
+		return true, ""
 	})
 }
 
@@ -170,6 +217,7 @@ func testWaitingGroupOnASaturatedCluster(t *testing.T, e *env, s system) {
 		g := s.gauges(t)
 		return g["group_reservations"] == 1, fmtGauges(g) + fmt.Sprintf(" reservations=%v", g["group_reservations"])
 	})
+	waitGroupPlan(t, e, "big", v1alpha1.GroupKept)
 	const step = 250 * time.Millisecond
 	for i, p := range fill {
 		deletePods(t, e, []*corev1.Pod{p})
@@ -185,4 +233,5 @@ func testWaitingGroupOnASaturatedCluster(t *testing.T, e *env, s system) {
 		return bound == 2, fmt.Sprintf("%d bound on %v; %s", bound, nodes, fmtGauges(s.gauges(t)))
 	})
 	t.Logf("group bound %s after it was created", time.Since(start).Round(100*time.Millisecond))
+	waitGroupPlan(t, e, "big", "")
 }

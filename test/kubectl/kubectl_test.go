@@ -402,7 +402,7 @@ var normalizers = []struct {
 	{regexp.MustCompile(`\b((?:llm-finetune|llm-pretrain|resnet)-)[a-z0-9]{5}\b`), "${1}xxxxx"},
 	// Times and ages: the last column of the nodes table, "observed ... ago",
 	// and the JSON fields.
-	{regexp.MustCompile(`(?m)(fresh|stale[^\n]*\))( +)\S+$`), "${1}${2}AGE"},
+	{regexp.MustCompile(`(?m)(fresh|stale[^\n]*\))( +)\S+(?: +(\S+))?$`), "${1}${2}AGE ${3}"},
 	{regexp.MustCompile(`observed \S+ ago`), "observed AGE ago"},
 	{regexp.MustCompile(`("observedTime": |observedTime: )"?[0-9TZ:.-]+"?`), "${1}TIME"},
 	{regexp.MustCompile(`("ageSeconds": |ageSeconds: )\d+`), "${1}0"},
