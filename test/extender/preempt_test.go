@@ -140,16 +140,7 @@ func testPreemptionFreesAnNVLinkQuad(t *testing.T, e *env, s system) {
 	high := withPriority(gpuPod("high", 4, modelParallel), "high")
 	start := time.Now()
 	createAll(t, e, []*corev1.Pod{high})
-	var bound corev1.Pod
-	harness.Poll(t, time.Minute, "the high-priority pod bound", func() (bool, string) {
-		for _, p := range listPods(t, e) {
-			if p.Name == "high" && p.Spec.NodeName != "" {
-				bound = p
-				return true, ""
-			}
-		}
-		return false, s.tail()
-	})
+	bound := waitBound(t, e, s, "high")
 	// The victims have no grace period: they are gone as soon as they
 	// are evicted, and the pod is bound within 10 s of it.
 	if d := time.Since(start); d > 10*time.Second {
@@ -295,6 +286,22 @@ func testPreemptionEmptiesOneNode(t *testing.T, e *env, s system) {
 	auditPods(t, listPods(t, e))
 }
 
+// waitBound waits up to a minute until pod name is bound, and returns it.
+func waitBound(t *testing.T, e *env, s system, name string) corev1.Pod {
+	t.Helper()
+	var bound corev1.Pod
+	harness.Poll(t, time.Minute, name+" bound", func() (bool, string) {
+		for _, p := range listPods(t, e) {
+			if p.Name == name && p.Spec.NodeName != "" {
+				bound = p
+				return true, ""
+			}
+		}
+		return false, s.tail()
+	})
+	return bound
+}
+
 // TestPreemptionSparesPDBProtectedPods: two DGX-1 V100s full of
 // low-priority 1-GPU pods; a PodDisruptionBudget that allows no
 // disruption covers half of them: two pods in each NVLink quad of dgx-0,
@@ -347,16 +354,7 @@ func testPreemptionSparesPDBProtectedPods(t *testing.T, e *env, s system) {
 	// The informers have seen the labels and the budget.
 	time.Sleep(2 * time.Second)
 	createAll(t, e, []*corev1.Pod{withPriority(gpuPod("high", 4, modelParallel), "high")})
-	var bound corev1.Pod
-	harness.Poll(t, time.Minute, "the high-priority pod bound", func() (bool, string) {
-		for _, p := range listPods(t, e) {
-			if p.Name == "high" && p.Spec.NodeName != "" {
-				bound = p
-				return true, ""
-			}
-		}
-		return false, s.tail()
-	})
+	bound := waitBound(t, e, s, "high")
 	left := map[string]bool{}
 	for _, p := range listPods(t, e) {
 		left[p.Name] = true

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/test/harness"
 )
 
@@ -23,18 +22,13 @@ import (
 // test; at 500 nodes and 600 pods on one try in two).
 func TestBurstOnAMixedClusterIsBoundInFull(t *testing.T) {
 	const nodes, pods = 1000, 1000
-	cp := harness.Start(t, harness.Options{})
+	cp, x := start(t)
 	ctx := harness.Context(t)
-	if err := localcluster.GrantExtenderRole(ctx, cp.Client, harness.SchedulerUser); err != nil {
-		t.Fatal(err)
-	}
-	x := startExtender(t, cp)
-	defer func() { _ = x.Stop() }()
-	start := time.Now()
+	begin := time.Now()
 	if err := createNodes(ctx, cp, fixtures, 0, nodes); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%d nodes created in %s", nodes, time.Since(start).Round(time.Millisecond))
+	t.Logf("%d nodes created in %s", nodes, time.Since(begin).Round(time.Millisecond))
 	waitLedger(t, x.Extender, nodes)
 	specs := podMix(pods)
 	for _, mode := range []string{modeExtender, modePlugin} {

@@ -341,6 +341,23 @@ func startNoopExtender(t *testing.T, cp *harness.ControlPlane) string {
 	return srv.URL
 }
 
+// start is the control plane every run of this package uses, with the
+// plugin build's identity granted what the extender reads (the chart
+// binds the extender's ClusterRole to the scheduler's service account in
+// plugin mode), and the in-process gputopo extender the extender mode
+// calls; it is stopped at the end of the test.
+func start(t *testing.T) (*harness.ControlPlane, *harness.Extender) {
+	t.Helper()
+	cp := harness.Start(t, harness.Options{})
+	if err := localcluster.GrantExtenderRole(harness.Context(t), cp.Client, harness.SchedulerUser); err != nil {
+		t.Fatal(err)
+	}
+	x := startExtender(t, cp)
+	t.Cleanup(func() { _ = x.Stop() })
+	return cp, x
+}
+
+// startExtender is the in-process gputopo extender on cp.
 func startExtender(t *testing.T, cp *harness.ControlPlane) *harness.Extender {
 	t.Helper()
 	port, err := harness.FreePort()

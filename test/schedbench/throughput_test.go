@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/test/harness"
 )
 
@@ -18,17 +17,8 @@ func TestSchedulerThroughput(t *testing.T) {
 	podCount := envInts(t, "SCHEDBENCH_PODS", "500")[0]
 	reps := envInts(t, "SCHEDBENCH_REPS", "1")[0]
 	modes := selectedModes(t)
-	cp := harness.Start(t, harness.Options{})
+	cp, x := start(t)
 	ctx := harness.Context(t)
-	// The plugin build's core reads what the extender reads, as the
-	// scheduler's own identity (the chart binds the extender's ClusterRole
-	// to the scheduler's service account in plugin mode).
-	if err := localcluster.GrantExtenderRole(ctx, cp.Client, harness.SchedulerUser); err != nil {
-		t.Fatal(err)
-	}
-
-	x := startExtender(t, cp)
-	defer func() { _ = x.Stop() }()
 	noop := startNoopExtender(t, cp)
 
 	pods := podMix(podCount)
