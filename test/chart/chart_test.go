@@ -206,8 +206,13 @@ func TestChartLintsAndRendersWhatTheComponentsRead(t *testing.T) {
 			} {
 				check(t, r, w, objs)
 			}
-			if got := len(ofKind(objs, "CustomResourceDefinition")); got != 1 {
-				t.Errorf("rendered %d CRDs, want 1 (nodegputopologies.gputopo.io from crds/)", got)
+			var crds []string
+			for _, o := range ofKind(objs, "CustomResourceDefinition") {
+				crds = append(crds, o.GetName())
+			}
+			slices.Sort(crds)
+			if want := []string{"groupplans.gputopo.io", "nodegputopologies.gputopo.io"}; !slices.Equal(crds, want) {
+				t.Errorf("rendered CRDs %v, want %v (from crds/)", crds, want)
 			}
 		})
 	}
