@@ -176,9 +176,17 @@ func (r *Runtime) Sync(ctx context.Context) (stop func(), err error) {
 	go wait.UntilWithContext(ctx, func(context.Context) { r.core.Sweep() }, r.core.SweepPeriod())
 	// Waiting groups get their reservations even where kube-scheduler's
 	// own filters never let it ask the extender about their pods.
-	go wait.UntilWithContext(ctx, r.core.KeepForWaitingGroups, placement.ReserveRefresh)
+	go wait.UntilWithContext(ctx, func(ctx context.Context) {
+		if r.holdsDecider() { // a shadow, or a replica that does not decide, keeps nothing
+			r.core.KeepForWaitingGroups(ctx)
+		}
+	}, placement.ReserveRefresh)
 	// Plans and reservations are published for kubectl gputopo and the
-	// next decider.
+	// next decider. The client is made (and its API discovery done) now,
+	// so that taking the decider Lease over later costs one list.
+	if r.restCfg != nil {
+		r.pub.ready(ctx, r)
+	}
 	go wait.UntilWithContext(ctx, r.publish, PublishPeriod)
 	if r.prom != nil {
 		go r.prom.run(ctx)

@@ -36,7 +36,7 @@ type publisher struct {
 
 // publish runs one round: it writes what changed since the last one.
 func (r *Runtime) publish(ctx context.Context) {
-	if d := r.decider.Load(); d == nil || !d.holding.Load() || !r.Leading() || r.restCfg == nil {
+	if !r.holdsDecider() || r.restCfg == nil {
 		return // only the scheduler that holds the decider Lease publishes
 	}
 	r.pub.ready(ctx, r)
@@ -45,6 +45,14 @@ func (r *Runtime) publish(ctx context.Context) {
 		return
 	}
 	p.round(ctx, r.core.Ledger().Held(), r.opts.Identity)
+}
+
+// holdsDecider says whether this scheduler decides now: it leads and holds
+// the decider Lease. Unlike DeciderRefusal it never starts the election
+// (a shadow, or a replica that never schedules, must not take the Lease).
+func (r *Runtime) holdsDecider() bool {
+	d := r.decider.Load()
+	return d != nil && d.holding.Load() && r.Leading()
 }
 
 // adoptPlans restores, when this scheduler takes the decider Lease over,
