@@ -68,13 +68,10 @@ func (e *evaluator) keptForGroups(n *ledger.Node) *verdict {
 		kept, strings.Join(groups, ", "))}
 }
 
-// reserveRefresh is how often a group's reservation is made again at
-// most: the group's pods are tried one after the other, and finding the
-// soonest slots reads every node.
-const reserveRefresh = ReserveRefresh
-
-// ReserveRefresh is how often the cluster runtime looks for waiting groups
-// to keep GPUs for (KeepForWaitingGroups).
+// ReserveRefresh is how often a group's reservation is made again at
+// most (the group's pods are tried one after the other, and finding the
+// soonest slots reads every node), and how often the cluster runtime looks
+// for waiting groups to keep GPUs for (KeepForWaitingGroups).
 const ReserveRefresh = 10 * time.Second
 
 // reserveSlot is one place a waiting group's pod could take: a GPU set on
@@ -118,7 +115,7 @@ func (x *Core) keepForGroup(ctx context.Context, pr Request, candidates []string
 			}
 			return
 		}
-		if had && now.Sub(r.Made) < reserveRefresh {
+		if had && now.Sub(r.Made) < ReserveRefresh {
 			return // each member is filtered in turn: plan once for all of them
 		}
 		act = reserveEnd

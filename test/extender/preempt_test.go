@@ -238,16 +238,9 @@ func TestPreemptionEmptiesOneNodeAndHonoursPDBs(t *testing.T) {
 }
 
 func testPreemptionEmptiesOneNode(t *testing.T, e *env, s system) {
-	ctx := harness.Context(t)
 	priorityClasses(t, e)
 	labelLeaves(t, e) // kubernetes.io/hostname, for pinning
-	zero := intstr.FromInt32(0)
-	if _, err := e.cp.Clientset.PolicyV1().PodDisruptionBudgets(metav1.NamespaceDefault).Create(ctx, &policyv1.PodDisruptionBudget{
-		ObjectMeta: metav1.ObjectMeta{Name: "protected"},
-		Spec:       policyv1.PodDisruptionBudgetSpec{MaxUnavailable: &zero, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "protected"}}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	protectApp(t, e)
 	var pods []*corev1.Pod
 	for i := range 2 * gpusPerNode {
 		node := e.nodes[i/gpusPerNode]
@@ -284,6 +277,19 @@ func testPreemptionEmptiesOneNode(t *testing.T, e *env, s system) {
 		t.Errorf("high-priority pod on %s; low-priority pods left per node %v; want it on dgx-1, dgx-1's 8 evicted and dgx-0's 8 (PDB-protected) kept", highNode, byNode)
 	}
 	auditPods(t, listPods(t, e))
+}
+
+// protectApp creates the PodDisruptionBudget "protected": no disruption
+// of pods labelled app=protected.
+func protectApp(t *testing.T, e *env) {
+	t.Helper()
+	zero := intstr.FromInt32(0)
+	if _, err := e.cp.Clientset.PolicyV1().PodDisruptionBudgets(metav1.NamespaceDefault).Create(harness.Context(t), &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: "protected"},
+		Spec:       policyv1.PodDisruptionBudgetSpec{MaxUnavailable: &zero, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "protected"}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // waitBound waits up to a minute until pod name is bound, and returns it.
@@ -344,13 +350,7 @@ func testPreemptionSparesPDBProtectedPods(t *testing.T, e *env, s system) {
 	if len(protected) != gpusPerNode {
 		t.Fatalf("%d pods protected, want %d", len(protected), gpusPerNode)
 	}
-	zero := intstr.FromInt32(0)
-	if _, err := e.cp.Clientset.PolicyV1().PodDisruptionBudgets(metav1.NamespaceDefault).Create(ctx, &policyv1.PodDisruptionBudget{
-		ObjectMeta: metav1.ObjectMeta{Name: "protected"},
-		Spec:       policyv1.PodDisruptionBudgetSpec{MaxUnavailable: &zero, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "protected"}}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	protectApp(t, e)
 	// The informers have seen the labels and the budget.
 	time.Sleep(2 * time.Second)
 	createAll(t, e, []*corev1.Pod{withPriority(gpuPod("high", 4, modelParallel), "high")})
