@@ -6,6 +6,8 @@ import (
 	"context"
 	"testing"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -14,14 +16,14 @@ import (
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/kubectlplugin"
-	"github.com/gputopo/gputopo/nodeagent"
 	"github.com/gputopo/gputopo/test/harness"
 )
 
 // What the scheduler holds for groups (GroupPlan) is written by the decider
 // alone, with the chart's RBAC: as a tenant with pod-create rights in its
 // namespace, as a compromised node agent and as a viewer of kubectl
-// gputopo, creating, changing or deleting one is refused; the decider's
+// gputopo, creating, changing or deleting one is refused (the node agent
+// with its real service-account token, bound to its pod); the decider's
 // rules allow it, and the viewer may list them.
 func TestOnlyTheDeciderWritesGroupPlans(t *testing.T) {
 	cp := harness.Start(t, harness.Options{})
@@ -54,11 +56,27 @@ func TestOnlyTheDeciderWritesGroupPlans(t *testing.T) {
 		t.Fatal(err)
 	}
 	grant("tenant", []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"create", "get", "list", "watch", "update", "patch", "delete"}}}, "team")
-	grant("agent", nodeagent.RBACRules(), "")
+	// The node agent as the chart runs it: its service account and
+	// ClusterRole, and a token kubelet would mount into its pod.
+	for _, o := range append([]client.Object{namespace(whRelease, false)}, agentAccount()...) {
+		if err := c.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cp.CreateGPUNode(t, nodeA, 8, nil)
+	agentPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: whRelease, Name: "gputopo-nodeagent-a"},
+		Spec: corev1.PodSpec{ServiceAccountName: agentSA, NodeName: nodeA, Containers: []corev1.Container{{Name: "agent", Image: "ghcr.io/gputopo/gputopo:0.2.0"}}}}
+	if err := c.Create(ctx, agentPod); err != nil {
+		t.Fatal(err)
+	}
+	agent := agentClient(t, cp, &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: agentPod.Name, UID: agentPod.UID})
 	grant("viewer", kubectlplugin.ViewerRules(), "")
 	grant("decider", extender.RBACRules(), "")
 	as := func(user string) client.Client {
 		t.Helper()
+		if user == "agent" {
+			return agent
+		}
 		uc, err := client.New(cp.UserConfig(t, user), client.Options{Scheme: c.Scheme()})
 		if err != nil {
 			t.Fatal(err)
