@@ -31,8 +31,8 @@ func benchCluster(b testing.TB, n int) (*Extender, []string) {
 	for i := range names {
 		name := fmt.Sprintf("gpu-node-%05d", i)
 		names[i] = name
-		x.core.Ledger().UpsertTopology(withTelemetry(topo(b, fixtures[i%len(fixtures)], name), int32(i%100), 40+int32(i%30), 200, 400))
-		x.core.Ledger().UpsertNode(gpuNode(name, 8))
+		x.core.Feed().UpsertTopology(withTelemetry(topo(b, fixtures[i%len(fixtures)], name), int32(i%100), 40+int32(i%30), 200, 400))
+		x.core.Feed().UpsertNode(gpuNode(name, 8))
 		if i%4 == 0 {
 			holdOn(x, "held-"+name, name, i%8, (i+3)%8)
 		}
@@ -214,11 +214,11 @@ func benchCycleOne(b *testing.B, score bool, podName, req string, n, workers int
 				ctx := context.Background()
 				b.ReportAllocs()
 				for b.Loop() {
-					pr, err := placement.ParseRequest(args.Pod, x.cfg.GPUResource(), x.core.Now())
-					if err != nil {
-						b.Fatal(err)
+					plan := x.core.PreFilter(ctx, placement.PreFilterInput{Pod: args.Pod, Nodes: len(names)})
+					if plan.Cycle == nil {
+						b.Fatalf("no cycle: %+v", plan)
 					}
-					c := x.core.NewCycle(ctx, pr)
+					c := plan.Cycle
 					passed := make([]bool, len(names))
 					workqueue.ParallelizeUntil(ctx, workers, len(names), func(i int) {
 						passed[i], _, _ = c.FilterNode(names[i])

@@ -48,8 +48,8 @@ func assignedOf(t *testing.T, p *corev1.Pod) []string {
 func TestBindWritesAssignmentAndPlacementInTheBinding(t *testing.T) {
 	pod := makePod("mp").gpus(4).req(modelParallel).obj()
 	x, cs := newTestExtender(t, nil, pod)
-	x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "a"))
-	x.core.Ledger().UpsertPod(pod)
+	x.core.Feed().UpsertTopology(topo(t, "dgx1-v100", "a"))
+	x.core.Feed().UpsertPod(pod)
 
 	if res := x.Bind(context.Background(), bindArgs(pod, "a")); res.Error != "" {
 		t.Fatalf("bind: %s", res.Error)
@@ -74,12 +74,12 @@ func TestBindWritesAssignmentAndPlacementInTheBinding(t *testing.T) {
 		t.Errorf("placement minPairBandwidthGBps = %d, want 50 (single NVLink2 links inside a DGX-1 quad)", pl.MinPairBandwidthGBps)
 	}
 	// Bound but not yet seen by the informer: held, not reserved.
-	if c := x.core.Ledger().Counts(); c.Held != 4 || c.Reserved != 0 || c.Free != 4 {
+	if c := x.core.Report().Counts(); c.Held != 4 || c.Reserved != 0 || c.Free != 4 {
 		t.Errorf("ledger after bind: %s; want held=4 reserved=0 free=4", c)
 	}
 	// The informer delivers the bound pod: nothing changes.
-	x.core.Ledger().UpsertPod(got)
-	if diff := cmp.Diff([]ledger.Holding{{PodUID: pod.UID, Pod: keyOf(pod), Node: "a", GPUs: uuids}}, x.core.Ledger().Holdings()); diff != "" {
+	x.core.Feed().UpsertPod(got)
+	if diff := cmp.Diff([]ledger.Holding{{PodUID: pod.UID, Pod: keyOf(pod), Node: "a", GPUs: uuids}}, x.core.Report().Holdings()); diff != "" {
 		t.Errorf("holdings (-want +got):\n%s", diff)
 	}
 }
@@ -87,7 +87,7 @@ func TestBindWritesAssignmentAndPlacementInTheBinding(t *testing.T) {
 func TestBindIsIdempotentPerPodUID(t *testing.T) {
 	pod := makePod("p").gpus(2).obj()
 	x, cs := newTestExtender(t, nil, pod)
-	x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "a"))
+	x.core.Feed().UpsertTopology(topo(t, "dgx1-v100", "a"))
 	// The first Binding times out at the client although the API server
 	// applies it; kube-scheduler retries.
 	var calls int
@@ -112,7 +112,7 @@ func TestBindIsIdempotentPerPodUID(t *testing.T) {
 	if diff := cmp.Diff(first, assignedOf(t, getPod(t, cs, "p"))); diff != "" {
 		t.Errorf("retry changed the GPUs (-first +now):\n%s", diff)
 	}
-	if c := x.core.Ledger().Counts(); c.Held != 2 || c.Free != 6 {
+	if c := x.core.Report().Counts(); c.Held != 2 || c.Free != 6 {
 		t.Errorf("ledger: %s; want held=2 free=6", c)
 	}
 }
@@ -120,7 +120,7 @@ func TestBindIsIdempotentPerPodUID(t *testing.T) {
 func TestBindAmbiguousUnboundKeepsReservationForTheRetry(t *testing.T) {
 	pod := makePod("p").gpus(2).obj()
 	x, cs := newTestExtender(t, nil, pod)
-	x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "a"))
+	x.core.Feed().UpsertTopology(topo(t, "dgx1-v100", "a"))
 	fail := true
 	cs.PrependReactor("create", "pods", func(action k8stesting.Action) (bool, runtime.Object, error) {
 		if action.GetSubresource() == "binding" && fail && action.(k8stesting.CreateAction).GetObject().(*corev1.Binding).Name == "p" {
@@ -132,7 +132,7 @@ func TestBindAmbiguousUnboundKeepsReservationForTheRetry(t *testing.T) {
 	if !strings.Contains(res.Error, "outcome unknown") || !strings.Contains(res.Error, "stay reserved") {
 		t.Fatalf("bind error = %q, want an outcome-unknown error", res.Error)
 	}
-	reserved := x.core.Ledger().Holdings()
+	reserved := x.core.Report().Holdings()
 	if len(reserved) != 1 || !reserved[0].Reserved {
 		t.Fatalf("holdings = %+v, want one reservation", reserved)
 	}
@@ -141,12 +141,12 @@ func TestBindAmbiguousUnboundKeepsReservationForTheRetry(t *testing.T) {
 	if _, err := cs.CoreV1().Pods("default").Create(context.Background(), other, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	x.core.Ledger().UpsertPod(other)
+	x.core.Feed().UpsertPod(other)
 	if res := x.Bind(context.Background(), bindArgs(other, "a")); res.Error != "" {
 		t.Fatalf("bind other: %s", res.Error)
 	}
 	otherGPUs := assignedOf(t, getPod(t, cs, "q"))
-	x.core.Ledger().UpsertPod(getPod(t, cs, "q"))
+	x.core.Feed().UpsertPod(getPod(t, cs, "q"))
 	// The node is full (2 reserved, 6 bound). The retry's Filter and
 	// Prioritize see the pod's own reservation as free for it, so
 	// kube-scheduler can send it back to the GPUs it was promised; any
@@ -255,8 +255,8 @@ func TestBindFailures(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			pod := makePod("p").gpus(2).obj()
 			x, cs := newTestExtender(t, nil, pod)
-			x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "a"))
-			x.core.Ledger().UpsertPod(pod)
+			x.core.Feed().UpsertTopology(topo(t, "dgx1-v100", "a"))
+			x.core.Feed().UpsertPod(pod)
 			if tc.reactor != nil {
 				cs.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
 					if a.GetSubresource() != "binding" {
@@ -273,7 +273,7 @@ func TestBindFailures(t *testing.T) {
 			if !strings.Contains(res.Error, tc.wantErr) {
 				t.Fatalf("bind error = %q, want it to contain %q", res.Error, tc.wantErr)
 			}
-			if c := x.core.Ledger().Counts(); c.Held != tc.wantHeld || c.Reserved != 0 {
+			if c := x.core.Report().Counts(); c.Held != tc.wantHeld || c.Reserved != 0 {
 				t.Errorf("ledger after failed bind: %s; want held=%d reserved=0", c, tc.wantHeld)
 			}
 		})
@@ -290,9 +290,9 @@ func TestConcurrentBindsToOneNodeNeverShareAGPU(t *testing.T) {
 		list = append(list, p)
 	}
 	x, cs := newTestExtender(t, nil, objs...)
-	x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "a"))
+	x.core.Feed().UpsertTopology(topo(t, "dgx1-v100", "a"))
 	for _, p := range list {
-		x.core.Ledger().UpsertPod(p)
+		x.core.Feed().UpsertPod(p)
 	}
 	var wg sync.WaitGroup
 	for _, p := range list {
@@ -318,7 +318,7 @@ func TestConcurrentBindsToOneNodeNeverShareAGPU(t *testing.T) {
 		}
 		total += len(uuids)
 	}
-	c := x.core.Ledger().Counts()
+	c := x.core.Report().Counts()
 	if total > 8 || c.Held != total || c.Free != 8-total || c.Reserved != 0 {
 		t.Errorf("bound %d GPUs, ledger %s; want at most 8, all held, the rest free", total, c)
 	}

@@ -75,8 +75,8 @@ func TestBindRefusesWhatKubeSchedulerWouldNeverSend(t *testing.T) {
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			x, cs := newTestExtender(t, nil, tc.pod, tc.node)
-			x.core.Ledger().UpsertTopology(topo(t, "dgx-a100", "a"))
-			x.core.Ledger().UpsertPod(tc.pod)
+			x.core.Feed().UpsertTopology(topo(t, "dgx-a100", "a"))
+			x.core.Feed().UpsertPod(tc.pod)
 			res := x.Bind(context.Background(), bindArgs(tc.pod, "a"))
 			got := getPod(t, cs, tc.pod.Name)
 			if tc.wantErr == "" {
@@ -91,7 +91,7 @@ func TestBindRefusesWhatKubeSchedulerWouldNeverSend(t *testing.T) {
 			if got.Spec.NodeName != "" {
 				t.Fatalf("refused pod was bound to %q", got.Spec.NodeName)
 			}
-			if c := x.core.Ledger().Counts(); c.Reserved != 0 || c.Held != 0 {
+			if c := x.core.Report().Counts(); c.Reserved != 0 || c.Held != 0 {
 				t.Fatalf("refused bind left GPUs in the ledger: %s", c)
 			}
 		})

@@ -44,17 +44,17 @@ func TestSharedAnswersMatchPerNode(t *testing.T) {
 		if i%37 == 0 {
 			o.Status.Stale, o.Status.StaleReason = true, "NVML stopped answering"
 		}
-		x.core.Ledger().UpsertTopology(o)
-		x.core.Ledger().UpsertNode(gpuNode(name, 8))
+		x.core.Feed().UpsertTopology(o)
+		x.core.Feed().UpsertNode(gpuNode(name, 8))
 		// Held GPU pairs vary with i: 28 pairs × 3 topologies.
 		if a, b := i%8, (i/8)%8; a != b {
 			holdOn(x, "held-"+name, name, a, b)
 		}
 		if i%11 == 0 {
-			x.core.Ledger().UpsertPod(makePod("unrecorded-" + name).gpus(3).node(name).obj())
+			x.core.Feed().UpsertPod(makePod("unrecorded-" + name).gpus(3).node(name).obj())
 		}
 	}
-	x.core.Ledger().UpsertPod(makePod("peer").gpus(1).job("train").node("gpu-node-004").assigned().obj())
+	x.core.Feed().UpsertPod(makePod("peer").gpus(1).job("train").node("gpu-node-004").assigned().obj())
 	names = append(names, "no-such-node")
 
 	pods := map[string]*podBuilder{

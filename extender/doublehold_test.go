@@ -43,9 +43,9 @@ func TestDoubleHeldGPUReportedOnBothPods(t *testing.T) {
 	rec := record.NewFakeRecorder(16)
 	rec.IncludeObject = true
 	runtimeOf(x).setRecorder(rec)
-	x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "a"))
-	x.core.Ledger().UpsertPod(makePod("p1").gpus(2).node("a").assigned(uuidsOn("a", 0, 1)...).obj())
-	x.core.Ledger().UpsertPod(drifted("p2", []int{2, 3}, []int{1, 2}))
+	x.core.Feed().UpsertTopology(topo(t, "dgx1-v100", "a"))
+	x.core.Feed().UpsertPod(makePod("p1").gpus(2).node("a").assigned(uuidsOn("a", 0, 1)...).obj())
+	x.core.Feed().UpsertPod(drifted("p2", []int{2, 3}, []int{1, 2}))
 
 	gpu := machine.FixtureUUID("a", 1)
 	events := drainEvents(rec)
@@ -67,12 +67,12 @@ func TestDoubleHeldGPUReportedOnBothPods(t *testing.T) {
 	}
 
 	// Resyncs of the same state record nothing more.
-	x.core.Ledger().UpsertPod(drifted("p2", []int{2, 3}, []int{1, 2}))
+	x.core.Feed().UpsertPod(drifted("p2", []int{2, 3}, []int{1, 2}))
 	if ev := drainEvents(rec); len(ev) > 0 {
 		t.Errorf("a resync recorded %q", ev)
 	}
 
-	x.core.Ledger().DeletePod(keyOf(makePod("p2").obj()), "uid-p2")
+	x.core.Feed().DeletePod(keyOf(makePod("p2").obj()), "uid-p2")
 	if got := doubleHeldGauge(t, x); got != 0 {
 		t.Errorf("double-held gauge after p2 ended = %v, want 0", got)
 	}
@@ -86,9 +86,9 @@ func TestDoubleHeldEventsOnlyFromTheLeader(t *testing.T) {
 	rec := record.NewFakeRecorder(16)
 	runtimeOf(x).setRecorder(rec)
 	runtimeOf(x).stopLeading() // a standby, or a leader still rebuilding
-	x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "a"))
-	x.core.Ledger().UpsertPod(makePod("p1").gpus(1).node("a").assigned(uuidsOn("a", 5)...).obj())
-	x.core.Ledger().UpsertPod(drifted("p2", []int{6}, []int{5}))
+	x.core.Feed().UpsertTopology(topo(t, "dgx1-v100", "a"))
+	x.core.Feed().UpsertPod(makePod("p1").gpus(1).node("a").assigned(uuidsOn("a", 5)...).obj())
+	x.core.Feed().UpsertPod(drifted("p2", []int{6}, []int{5}))
 	if ev := drainEvents(rec); len(ev) > 0 {
 		t.Errorf("a replica that does not serve recorded %q", ev)
 	}

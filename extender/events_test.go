@@ -43,8 +43,8 @@ func TestBindRecordsGPUsBoundEventOnLeaderOnly(t *testing.T) {
 			if !tc.leading {
 				runtimeOf(x).stopLeading()
 			}
-			x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "a"))
-			x.core.Ledger().UpsertPod(pod)
+			x.core.Feed().UpsertTopology(topo(t, "dgx1-v100", "a"))
+			x.core.Feed().UpsertPod(pod)
 			if res := x.Bind(context.Background(), bindArgs(pod, "a")); res.Error != "" {
 				t.Fatalf("bind: %s", res.Error)
 			}
@@ -94,8 +94,8 @@ func fellBack(t *testing.T, cfg *configv1alpha1.ExtenderConfiguration, bound boo
 	x, _ := newTestExtender(t, cfg, pod)
 	rec := record.NewFakeRecorder(4)
 	runtimeOf(x).setRecorder(rec)
-	x.core.Ledger().UpsertTopology(topo(t, "pcie-8x", "pcie"))
-	x.core.Ledger().UpsertPod(pod)
+	x.core.Feed().UpsertTopology(topo(t, "pcie-8x", "pcie"))
+	x.core.Feed().UpsertPod(pod)
 	if res := x.Bind(context.Background(), bindArgs(pod, "pcie")); res.Error != "" {
 		t.Fatalf("bind: %s", res.Error)
 	}

@@ -127,7 +127,7 @@ func (x *Extender) Metrics() *metrics.Metrics { return x.metrics }
 
 // Ready reports whether this replica serves: caches synced, ledger rebuilt
 // from pods and, with leader election, holding the Lease.
-func (x *Extender) Ready() bool { return x.core.Ready() }
+func (x *Extender) Ready() bool { return x.core.NotReady() == "" }
 
 // APIAddr is the address the verbs listen on, once Start has bound it.
 func (x *Extender) APIAddr() string {
@@ -314,6 +314,6 @@ func (x *Extender) listenAPI() (net.Listener, error) {
 func NewForCore(core *placement.Core, o Options) *Extender {
 	o.setDefaults()
 	x := &Extender{core: core, cfg: core.Config(), opts: o, log: klog.Background().WithName("extender")}
-	x.metrics = metrics.New(core.Ledger())
+	x.metrics = metrics.New(core.Report())
 	return x
 }

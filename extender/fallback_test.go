@@ -21,8 +21,8 @@ func TestFallbackAfterRelaxesNVLinkOncePendingLongEnough(t *testing.T) {
 	pod := makePod("mp").gpus(2).req(`{"requireNVLink":true,"strategy":"highest_bandwidth","fallbackAfter":"30m"}`).obj()
 	pod.CreationTimestamp = metav1.NewTime(testNow.Add(-20 * time.Minute))
 	x, cs := newTestExtender(t, nil, pod)
-	x.core.Ledger().UpsertTopology(topo(t, "pcie-8x", "pcie"))
-	x.core.Ledger().UpsertPod(pod)
+	x.core.Feed().UpsertTopology(topo(t, "pcie-8x", "pcie"))
+	x.core.Feed().UpsertPod(pod)
 	args := &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &[]string{"pcie"}}
 
 	fr := x.Filter(context.Background(), args)
@@ -37,7 +37,7 @@ func TestFallbackAfterRelaxesNVLinkOncePendingLongEnough(t *testing.T) {
 	}
 
 	later := testNow.Add(11 * time.Minute)
-	x.core.SetClock(func() time.Time { return later })
+	setClock(x, func() time.Time { return later })
 	if fr := x.Filter(context.Background(), args); fr.NodeNames == nil || len(*fr.NodeNames) != 1 {
 		t.Fatalf("filter after fallbackAfter: passed %v, failed %v %v; want the node", fr.NodeNames, fr.FailedNodes, fr.FailedAndUnresolvableNodes)
 	}
@@ -63,9 +63,9 @@ func TestFallbackKeepsNVLinkWhenOneIsFree(t *testing.T) {
 	pod := makePod("mp").gpus(2).req(`{"requireNVLink":true,"strategy":"highest_bandwidth","fallbackAfter":"1m"}`).obj()
 	pod.CreationTimestamp = metav1.NewTime(testNow.Add(-time.Hour))
 	x, cs := newTestExtender(t, nil, pod)
-	x.core.Ledger().UpsertTopology(topo(t, "dgx-a100", "a100"))
-	x.core.Ledger().UpsertTopology(topo(t, "pcie-8x", "pcie"))
-	x.core.Ledger().UpsertPod(pod)
+	x.core.Feed().UpsertTopology(topo(t, "dgx-a100", "a100"))
+	x.core.Feed().UpsertTopology(topo(t, "pcie-8x", "pcie"))
+	x.core.Feed().UpsertPod(pod)
 	list, err := x.Prioritize(context.Background(), &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &[]string{"pcie", "a100"}})
 	if err != nil {
 		t.Fatal(err)

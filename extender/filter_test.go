@@ -25,7 +25,7 @@ func holdOn(x *Extender, name, node string, idx ...int) {
 	for i, j := range idx {
 		uuids[i] = machine.FixtureUUID(node, j)
 	}
-	x.core.Ledger().UpsertPod(makePod(name).gpus(int64(len(idx))).node(node).assigned(uuids...).obj())
+	x.core.Feed().UpsertPod(makePod(name).gpus(int64(len(idx))).node(node).assigned(uuids...).obj())
 }
 
 func TestFilter(t *testing.T) {
@@ -67,7 +67,7 @@ func TestFilter(t *testing.T) {
 	}, {
 		name: "node advertising fewer GPUs than requested is unresolvable",
 		setup: func(t *testing.T, x *Extender) {
-			x.core.Ledger().UpsertNode(gpuNode("a", 2))
+			x.core.Feed().UpsertNode(gpuNode("a", 2))
 		},
 		pod:   makePod("p").gpus(4).obj(),
 		nodes: []string{"a"},
@@ -82,7 +82,7 @@ func TestFilter(t *testing.T) {
 		setup: func(t *testing.T, x *Extender) {
 			o := topo(t, "dgx1-v100", "s")
 			o.Status.Stale, o.Status.StaleReason = true, "NVML: driver not loaded"
-			x.core.Ledger().UpsertTopology(o)
+			x.core.Feed().UpsertTopology(o)
 		},
 		pod:   makePod("p").gpus(1).obj(),
 		nodes: []string{"s"},
@@ -92,7 +92,7 @@ func TestFilter(t *testing.T) {
 		setup: func(t *testing.T, x *Extender) {
 			o := topo(t, "dgx1-v100", "old")
 			o.Status.ObservedTime = metav1.NewTime(testNow.Add(-time.Hour))
-			x.core.Ledger().UpsertTopology(o)
+			x.core.Feed().UpsertTopology(o)
 		},
 		pod:   makePod("p").gpus(1).obj(),
 		nodes: []string{"old"},
@@ -102,7 +102,7 @@ func TestFilter(t *testing.T) {
 		setup: func(t *testing.T, x *Extender) {
 			o := topo(t, "dgx1-v100", "sick")
 			o.Status.GPUs[3].Health = v1alpha1.GPUUnhealthy
-			x.core.Ledger().UpsertTopology(o)
+			x.core.Feed().UpsertTopology(o)
 		},
 		pod:   makePod("p").gpus(8).obj(),
 		nodes: []string{"sick"},
@@ -135,7 +135,7 @@ func TestFilter(t *testing.T) {
 	}, {
 		name: "pods whose GPUs are not recorded count against capacity",
 		setup: func(t *testing.T, x *Extender) {
-			x.core.Ledger().UpsertPod(makePod("other").gpus(6).node("a").obj())
+			x.core.Feed().UpsertPod(makePod("other").gpus(6).node("a").obj())
 		},
 		pod:   makePod("p").gpus(4).obj(),
 		nodes: []string{"a"},
@@ -143,7 +143,7 @@ func TestFilter(t *testing.T) {
 	}, {
 		name: "a Node whose kubelet agrees with the topology passes",
 		setup: func(t *testing.T, x *Extender) {
-			x.core.Ledger().UpsertNode(kubeletNode("a", 8, 8))
+			x.core.Feed().UpsertNode(kubeletNode("a", 8, 8))
 		},
 		pod:   makePod("p").gpus(4).req(modelParallel).obj(),
 		nodes: []string{"a"},
@@ -151,7 +151,7 @@ func TestFilter(t *testing.T) {
 	}, {
 		name: "a topology listing more GPUs than the Node's capacity is untrusted, resolvable",
 		setup: func(t *testing.T, x *Extender) {
-			x.core.Ledger().UpsertNode(kubeletNode("a", 4, 4))
+			x.core.Feed().UpsertNode(kubeletNode("a", 4, 4))
 		},
 		pod:   makePod("p").gpus(1).obj(),
 		nodes: []string{"a", "b"},
@@ -160,7 +160,7 @@ func TestFilter(t *testing.T) {
 	}, {
 		name: "an untrusted topology is refused before the pod is measured against it",
 		setup: func(t *testing.T, x *Extender) {
-			x.core.Ledger().UpsertNode(kubeletNode("a", 4, 4))
+			x.core.Feed().UpsertNode(kubeletNode("a", 4, 4))
 		},
 		pod:   makePod("p").gpus(16).obj(),
 		nodes: []string{"a"},
@@ -168,7 +168,7 @@ func TestFilter(t *testing.T) {
 	}, {
 		name: "a topology claiming more healthy GPUs than allocatable is untrusted",
 		setup: func(t *testing.T, x *Extender) {
-			x.core.Ledger().UpsertNode(kubeletNode("a", 8, 6))
+			x.core.Feed().UpsertNode(kubeletNode("a", 8, 6))
 		},
 		pod:   makePod("p").gpus(1).obj(),
 		nodes: []string{"a"},
@@ -176,10 +176,10 @@ func TestFilter(t *testing.T) {
 	}, {
 		name: "a GPU UUID another node listed first makes the later topology untrusted",
 		setup: func(t *testing.T, x *Extender) {
-			x.core.Ledger().TopologiesListed()
+			x.core.Feed().TopologiesListed()
 			o := topo(t, "dgx1-v100", "c")
 			o.Status.GPUs[0].UUID = machine.FixtureUUID("a", 6)
-			x.core.Ledger().UpsertTopology(o)
+			x.core.Feed().UpsertTopology(o)
 		},
 		pod:   makePod("p").gpus(1).obj(),
 		nodes: []string{"a", "c"},
@@ -189,8 +189,8 @@ func TestFilter(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			x, _ := newTestExtender(t, nil)
-			x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "a"))
-			x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "b"))
+			x.core.Feed().UpsertTopology(topo(t, "dgx1-v100", "a"))
+			x.core.Feed().UpsertTopology(topo(t, "dgx1-v100", "b"))
 			if tc.setup != nil {
 				tc.setup(t, x)
 			}
@@ -230,9 +230,9 @@ func checkReasons(t *testing.T, what string, want map[string]string, got extende
 
 func TestFilterFullNodesModeReturnsNodeObjects(t *testing.T) {
 	x, _ := newTestExtender(t, nil)
-	x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "a"))
+	x.core.Feed().UpsertTopology(topo(t, "dgx1-v100", "a"))
 	holdOn(x, "h", "b", 0, 1, 2, 3, 4, 5, 6, 7)
-	x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "b"))
+	x.core.Feed().UpsertTopology(topo(t, "dgx1-v100", "b"))
 	nodes := &corev1.NodeList{Items: []corev1.Node{*gpuNode("a", 8), *gpuNode("b", 8)}}
 	res := x.Filter(context.Background(), &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(1).obj(), Nodes: nodes})
 	if res.NodeNames != nil {
@@ -252,7 +252,7 @@ func TestFilterFullNodesModeReturnsNodeObjects(t *testing.T) {
 
 func TestFilterReleasesFollowPods(t *testing.T) {
 	x, _ := newTestExtender(t, nil)
-	x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "a"))
+	x.core.Feed().UpsertTopology(topo(t, "dgx1-v100", "a"))
 	holdOn(x, "h", "a", 0, 1, 2, 3, 4, 5, 6, 7)
 	names := []string{"a"}
 	pod := makePod("p").gpus(4).req(modelParallel).obj()
@@ -261,7 +261,7 @@ func TestFilterReleasesFollowPods(t *testing.T) {
 	}
 	// The holder finishes: its GPUs are free for the next request.
 	done := makePod("h").gpus(8).node("a").phase(corev1.PodSucceeded).obj()
-	x.core.Ledger().UpsertPod(done)
+	x.core.Feed().UpsertPod(done)
 	if res := x.Filter(context.Background(), &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names}); len(*res.NodeNames) != 1 {
 		t.Fatalf("node still rejected after the holder finished: %v", res.FailedNodes)
 	}

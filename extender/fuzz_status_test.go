@@ -91,7 +91,7 @@ func FuzzStatus(f *testing.F) {
 				t.Errorf("%s took %s (over %s=%s) for this input", what, took, slowFilterEnv, slow)
 			}
 		}
-		timed("UpsertTopology", func() { x.core.Ledger().UpsertTopology(obj) })
+		timed("UpsertTopology", func() { x.core.Feed().UpsertTopology(obj) })
 
 		_, graphErr := topology.FromStatus(&st)
 		ahead, maxAge := st.ObservedTime.Time.Sub(testNow), x.cfg.TopologyAgeLimit()

@@ -23,7 +23,7 @@ func FuzzDecode(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	x, _ := newTestExtender(f, nil)
-	x.core.Ledger().UpsertTopology(topo(f, "dgx1-v100", "a"))
+	x.core.Feed().UpsertTopology(topo(f, "dgx1-v100", "a"))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		args, err := DecodeExtenderArgs(bytes.NewReader(body))
 		if err == nil {

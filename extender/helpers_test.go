@@ -135,7 +135,7 @@ func newTestExtender(t testing.TB, cfg *configv1alpha1.ExtenderConfiguration, ob
 		return true, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, nil
 	})
 	x := newExtender(t, cfg, cs)
-	x.core.SetClock(func() time.Time { return testNow })
+	setClock(x, func() time.Time { return testNow })
 	return x, cs
 }
 
@@ -170,7 +170,7 @@ func newExtender(t testing.TB, cfg *configv1alpha1.ExtenderConfiguration, cs kub
 	x, err := build(cfg, NewOptions(), func(o cluster.Options) (*placement.Core, *cluster.Runtime, error) {
 		co := o.Core
 		co.API = cluster.ClientAPI(cs, co.Config.BindTimeout.Duration)
-		co.Gate, co.Recorder = rt, rt
+		co.Gate, co.Recorder, co.Clock = rt, rt, rt.clock
 		core, err := placement.New(co)
 		return core, nil, err
 	})
@@ -190,7 +190,19 @@ type testRuntime struct {
 	core    *placement.Core
 	standby atomic.Bool
 	rec     atomic.Pointer[record.FakeRecorder]
+	// now is the core's clock (setClock); nil: the wall clock.
+	now atomic.Pointer[func() time.Time]
 }
+
+func (r *testRuntime) clock() time.Time {
+	if f := r.now.Load(); f != nil {
+		return (*f)()
+	}
+	return time.Now()
+}
+
+// setClock moves x's core (and its ledger) to the clock now.
+func setClock(x *Extender, now func() time.Time) { runtimeOf(x).now.Store(&now) }
 
 // testRuntimes maps each test extender to its testRuntime.
 var testRuntimes sync.Map
@@ -217,7 +229,7 @@ func (r *testRuntime) stopLeading() { r.standby.Store(true) }
 // cluster runtime's Lead does.
 func (r *testRuntime) lead() {
 	r.standby.Store(false)
-	r.core.AnnounceDoubleHolds()
+	r.core.Upkeep().AnnounceDoubleHolds()
 }
 
 // setRecorder makes the core's Events go to rec.

@@ -121,7 +121,7 @@ func TestFilterDistrustsObservedTime(t *testing.T) {
 			x, _ := newTestExtender(t, cfg)
 			o := topo(t, "dgx1-v100", "n")
 			tc.observed(o)
-			x.core.Ledger().UpsertTopology(o)
+			x.core.Feed().UpsertTopology(o)
 			passed, reason, unresolvable := filterOne(t, x, makePod("p").gpus(1), "n")
 			switch {
 			case tc.reason == "" && !passed:
@@ -290,7 +290,7 @@ func TestHostileTopologyThroughFilter(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			x, _ := newTestExtender(t, nil)
-			x.core.Ledger().UpsertTopology(tc.topo(t))
+			x.core.Feed().UpsertTopology(tc.topo(t))
 			passed, reason, unresolvable := filterOne(t, x, tc.pod, "n")
 			if !passed && !strings.HasPrefix(reason, placement.ReasonPrefix) {
 				t.Errorf("reason %q lacks the %q prefix", reason, placement.ReasonPrefix)

@@ -15,8 +15,8 @@ import (
 // node's verdict with its reason, nothing below it.
 func TestEvaluatorLogsThroughTheContext(t *testing.T) {
 	x, _ := newTestExtender(t, nil)
-	x.core.Ledger().UpsertTopology(topo(t, "dgx-a100", "a"))
-	x.core.Ledger().UpsertTopology(topo(t, "pcie-8x", "b"))
+	x.core.Feed().UpsertTopology(topo(t, "dgx-a100", "a"))
+	x.core.Feed().UpsertTopology(topo(t, "pcie-8x", "b"))
 	pod := makePod("p").gpus(4).req(modelParallel).obj()
 	names := []string{"a", "b"}
 	for _, tc := range []struct {

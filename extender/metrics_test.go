@@ -11,7 +11,7 @@ import (
 // serving replica only, so that standbys do not repeat every GPU's series.
 func TestPerGPUGaugesTemperatureOwnGaugeLeaderOnly(t *testing.T) {
 	x, _ := newTestExtender(t, nil)
-	x.core.Ledger().UpsertTopology(withTelemetry(topo(t, "dgx-a100", "a"), 40, 71, 200, 400))
+	x.core.Feed().UpsertTopology(withTelemetry(topo(t, "dgx-a100", "a"), 40, 71, 200, 400))
 	series := func() map[string][]string {
 		fams, err := x.metrics.Registry.Gather()
 		if err != nil {
@@ -35,18 +35,18 @@ func TestPerGPUGaugesTemperatureOwnGaugeLeaderOnly(t *testing.T) {
 	if len(temps) != 8 || !strings.Contains(temps[0], "gpu_index=0,node=a 71") {
 		t.Errorf("temperature gauge %v; want 8 GPUs at 71 degrees", temps)
 	}
-	for _, s := range got["gpu_extender_gpu_utilization_percent"] {
+	for _, s := range got["gputopo_extender_gpu_utilization_percent"] {
 		if strings.Contains(s, "metric=temperature") {
 			t.Errorf("percent gauge carries temperature: %s", s)
 		}
 	}
-	if n := len(got["gpu_extender_gpu_utilization_percent"]); n != 8*3 {
+	if n := len(got["gputopo_extender_gpu_utilization_percent"]); n != 8*3 {
 		t.Errorf("%d percent series; want compute, memory and power for 8 GPUs", n)
 	}
 
 	runtimeOf(x).stopLeading()
 	got = series()
-	for _, name := range []string{"gputopo_extender_gpu_temperature_celsius", "gpu_extender_gpu_utilization_percent"} {
+	for _, name := range []string{"gputopo_extender_gpu_temperature_celsius", "gputopo_extender_gpu_utilization_percent"} {
 		if len(got[name]) != 0 {
 			t.Errorf("a standby exports %s: %v", name, got[name])
 		}

@@ -20,7 +20,7 @@ import (
 // testNow, so that the later pods are the less important.
 func fullNode(t *testing.T, x *Extender, fixture, node string, prio int32) []types.UID {
 	t.Helper()
-	x.core.Ledger().UpsertTopology(topo(t, fixture, node))
+	x.core.Feed().UpsertTopology(topo(t, fixture, node))
 	fx, err := machine.FixtureByName(fixture)
 	if err != nil {
 		t.Fatal(err)
@@ -31,7 +31,7 @@ func fullNode(t *testing.T, x *Extender, fixture, node string, prio int32) []typ
 		p := makePod(fmt.Sprintf("%s-low-%d", node, i)).gpus(1).node(node).assigned(g.GPU(i).UUID).phase("Running").obj()
 		p.Spec.Priority = &prio
 		p.Status.StartTime = &metav1.Time{Time: testNow.Add(time.Duration(i) * time.Minute)}
-		x.core.Ledger().UpsertPod(p)
+		x.core.Feed().UpsertPod(p)
 		uids = append(uids, p.UID)
 	}
 	return uids

@@ -85,7 +85,7 @@ func TestPrioritizeTerms(t *testing.T) {
 		name: "utilization balance reads telemetry of free GPUs",
 		cfg:  onlyWeight(1, 0, 0, 0),
 		setup: func(t *testing.T, x *Extender) {
-			x.core.Ledger().UpsertTopology(withTelemetry(topo(t, "dgx1-v100", "busy"), 50, 40, 100, 300))
+			x.core.Feed().UpsertTopology(withTelemetry(topo(t, "dgx1-v100", "busy"), 50, 40, 100, 300))
 		},
 		args: &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(4).obj(), NodeNames: &[]string{"idle", "busy"}},
 		// idle: 1 - 4/8 = 0.5 -> 5; busy: 1 - (4*0.5 + 4)/8 = 0.25 -> 3.
@@ -95,9 +95,9 @@ func TestPrioritizeTerms(t *testing.T) {
 		cfg:  onlyWeight(0, 1, 0, 0),
 		setup: func(t *testing.T, x *Extender) {
 			for _, n := range []string{"t1", "t2", "t3"} {
-				x.core.Ledger().UpsertTopology(topo(t, "gb200-nvl72-tray", n))
+				x.core.Feed().UpsertTopology(topo(t, "gb200-nvl72-tray", n))
 			}
-			x.core.Ledger().UpsertPod(makePod("w0").gpus(1).job("train").node("t1").assigned(uuidsOn("t1", 0)...).obj())
+			x.core.Feed().UpsertPod(makePod("w0").gpus(1).job("train").node("t1").assigned(uuidsOn("t1", 0)...).obj())
 		},
 		args: &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(1).job("train").obj(), NodeNames: &[]string{"t1", "t2", "idle"}},
 		want: map[string]int64{"t1": 10, "t2": 5, "idle": 0},
@@ -105,10 +105,10 @@ func TestPrioritizeTerms(t *testing.T) {
 		name: "task affinity ignores other jobs and other namespaces",
 		cfg:  onlyWeight(0, 1, 0, 0),
 		setup: func(t *testing.T, x *Extender) {
-			x.core.Ledger().UpsertPod(makePod("w0").gpus(1).job("other").node("busy").assigned(uuidsOn("busy", 0)...).obj())
+			x.core.Feed().UpsertPod(makePod("w0").gpus(1).job("other").node("busy").assigned(uuidsOn("busy", 0)...).obj())
 			p := makePod("w1").gpus(1).job("train").node("idle").assigned(uuidsOn("idle", 0)...).obj()
 			p.Namespace = "team-b"
-			x.core.Ledger().UpsertPod(p)
+			x.core.Feed().UpsertPod(p)
 		},
 		args: &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(1).job("train").obj(), NodeNames: &[]string{"idle", "busy"}},
 		want: map[string]int64{"idle": 0, "busy": 0},
@@ -116,9 +116,9 @@ func TestPrioritizeTerms(t *testing.T) {
 		name: "thermal headroom: hot GPUs score lower, no telemetry is neutral",
 		cfg:  onlyWeight(0, 0, 1, 0),
 		setup: func(t *testing.T, x *Extender) {
-			x.core.Ledger().UpsertTopology(withTelemetry(topo(t, "dgx1-v100", "idle"), 0, 30, 50, 300))
-			x.core.Ledger().UpsertTopology(withTelemetry(topo(t, "dgx1-v100", "busy"), 0, 80, 50, 300))
-			x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "dark"))
+			x.core.Feed().UpsertTopology(withTelemetry(topo(t, "dgx1-v100", "idle"), 0, 30, 50, 300))
+			x.core.Feed().UpsertTopology(withTelemetry(topo(t, "dgx1-v100", "busy"), 0, 80, 50, 300))
+			x.core.Feed().UpsertTopology(topo(t, "dgx1-v100", "dark"))
 		},
 		args: &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(1).obj(), NodeNames: &[]string{"idle", "busy", "dark"}},
 		// idle: min(1, 1-50/300) = 0.83 -> 8; busy: (85-80)/55 = 0.09 -> 1.
@@ -144,7 +144,7 @@ func TestPrioritizeTerms(t *testing.T) {
 	}, {
 		name: "default weights combine the components",
 		setup: func(t *testing.T, x *Extender) {
-			x.core.Ledger().UpsertTopology(withTelemetry(topo(t, "dgx1-v100", "idle"), 0, 30, 0, 300))
+			x.core.Feed().UpsertTopology(withTelemetry(topo(t, "dgx1-v100", "idle"), 0, 30, 0, 300))
 		},
 		args: &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(8).obj(), NodeNames: &[]string{"idle"}},
 		// utilization 0; headroom, fragmentation, island fit and
@@ -159,7 +159,7 @@ func TestPrioritizeTerms(t *testing.T) {
 		name: "design profile combines the first four components",
 		cfg:  profile(configv1alpha1.WeightsDesign),
 		setup: func(t *testing.T, x *Extender) {
-			x.core.Ledger().UpsertTopology(withTelemetry(topo(t, "dgx1-v100", "idle"), 0, 30, 0, 300))
+			x.core.Feed().UpsertTopology(withTelemetry(topo(t, "dgx1-v100", "idle"), 0, 30, 0, 300))
 		},
 		args: &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(8).obj(), NodeNames: &[]string{"idle"}},
 		// utilization 0, headroom 1, fragmentation 1; no job, so no
@@ -169,8 +169,8 @@ func TestPrioritizeTerms(t *testing.T) {
 		name: "bandwidth fit: a model-parallel pod prefers the node with the best ring",
 		cfg:  only(configv1alpha1.Weights{BandwidthFit: ptr[int32](1)}),
 		setup: func(t *testing.T, x *Extender) {
-			x.core.Ledger().UpsertTopology(topo(t, "dgx-a100", "a100"))
-			x.core.Ledger().UpsertTopology(topo(t, "pcie-8x", "pcie"))
+			x.core.Feed().UpsertTopology(topo(t, "dgx-a100", "a100"))
+			x.core.Feed().UpsertTopology(topo(t, "pcie-8x", "pcie"))
 		},
 		args: &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(4).req(`{"strategy":"highest_bandwidth"}`).obj(), NodeNames: &[]string{"a100", "idle", "pcie"}},
 		// a100: 600 GB/s ring, the best -> 10; the dgx1-v100 quad's ring
@@ -181,7 +181,7 @@ func TestPrioritizeTerms(t *testing.T) {
 		name: "bandwidth fit does not count for a pod that does not ask for bandwidth",
 		cfg:  only(configv1alpha1.Weights{BandwidthFit: ptr[int32](1), Fragmentation: ptr[int32](0), UtilizationBalance: ptr[int32](1)}),
 		setup: func(t *testing.T, x *Extender) {
-			x.core.Ledger().UpsertTopology(topo(t, "dgx-a100", "a100"))
+			x.core.Feed().UpsertTopology(topo(t, "dgx-a100", "a100"))
 		},
 		args: &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(4).obj(), NodeNames: &[]string{"a100", "idle"}},
 		// Utilization alone: both 1 - 4/8 -> 5.
@@ -190,8 +190,8 @@ func TestPrioritizeTerms(t *testing.T) {
 		name: "capability conservation: a pod that needs no bandwidth prefers the plain PCIe node",
 		cfg:  only(configv1alpha1.Weights{CapabilityConservation: ptr[int32](1)}),
 		setup: func(t *testing.T, x *Extender) {
-			x.core.Ledger().UpsertTopology(topo(t, "dgx-a100", "a100"))
-			x.core.Ledger().UpsertTopology(topo(t, "pcie-8x", "pcie"))
+			x.core.Feed().UpsertTopology(topo(t, "dgx-a100", "a100"))
+			x.core.Feed().UpsertTopology(topo(t, "pcie-8x", "pcie"))
 		},
 		args: &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(1).obj(), NodeNames: &[]string{"a100", "idle", "pcie"}},
 		// Capability (peak pair bandwidth x largest NVLink clique):
@@ -202,8 +202,8 @@ func TestPrioritizeTerms(t *testing.T) {
 		name: "island best fit: a small pod fills the partly used island",
 		cfg:  only(configv1alpha1.Weights{IslandBestFit: ptr[int32](1)}),
 		setup: func(t *testing.T, x *Extender) {
-			x.core.Ledger().UpsertTopology(topo(t, "pcie-8x-nvlink-pairs", "pairs"))
-			x.core.Ledger().UpsertTopology(topo(t, "pcie-8x-nvlink-pairs", "broken"))
+			x.core.Feed().UpsertTopology(topo(t, "pcie-8x-nvlink-pairs", "pairs"))
+			x.core.Feed().UpsertTopology(topo(t, "pcie-8x-nvlink-pairs", "broken"))
 			holdOn(x, "h", "broken", 0)
 		},
 		args: &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(1).obj(), NodeNames: &[]string{"pairs", "broken"}},
@@ -215,8 +215,8 @@ func TestPrioritizeTerms(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			x, _ := newTestExtender(t, tc.cfg)
-			x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "idle"))
-			x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "busy"))
+			x.core.Feed().UpsertTopology(topo(t, "dgx1-v100", "idle"))
+			x.core.Feed().UpsertTopology(topo(t, "dgx1-v100", "busy"))
 			if tc.setup != nil {
 				tc.setup(t, x)
 			}
@@ -233,7 +233,7 @@ func TestPrioritizeTerms(t *testing.T) {
 func TestPrioritizeScoresAreRelativeToTheBest(t *testing.T) {
 	x, _ := newTestExtender(t, onlyWeight(1, 0, 0, 0))
 	for _, n := range []string{"idle", "one", "two", "half"} {
-		x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", n))
+		x.core.Feed().UpsertTopology(topo(t, "dgx1-v100", n))
 	}
 	holdOn(x, "h1", "one", 7)
 	holdOn(x, "h2", "two", 6, 7)

@@ -48,24 +48,24 @@ func TestConfiguredResourceName(t *testing.T) {
 		unresolvable: "pod requests 9 GPUs; node has 8",
 	}, {
 		name:         "the Node's allocatable of the configured resource bounds the pod, named in the reason",
-		setup:        func(x *Extender) { x.core.Ledger().UpsertNode(nodeWith("a", testAccel, 2)) },
+		setup:        func(x *Extender) { x.core.Feed().UpsertNode(nodeWith("a", testAccel, 2)) },
 		pod:          accelPod("p", "4").obj(),
 		unresolvable: "node advertises 2 example.com/accel",
 	}, {
 		name:         "a Node advertising only nvidia.com/gpu advertises none of the configured resource",
-		setup:        func(x *Extender) { x.core.Ledger().UpsertNode(gpuNode("a", 8)) },
+		setup:        func(x *Extender) { x.core.Feed().UpsertNode(gpuNode("a", 8)) },
 		pod:          accelPod("p", "4").obj(),
 		unresolvable: "node advertises 0 example.com/accel",
 	}, {
 		name:   "a pod asking only for nvidia.com/gpu asks for nothing managed and passes unchanged",
-		setup:  func(x *Extender) { x.core.Ledger().UpsertNode(nodeWith("a", testAccel, 0)) },
+		setup:  func(x *Extender) { x.core.Feed().UpsertNode(nodeWith("a", testAccel, 0)) },
 		pod:    makePod("p").gpus(4).obj(),
 		passed: []string{"a"},
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			x, _ := newTestExtender(t, cfg)
-			x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "a"))
+			x.core.Feed().UpsertTopology(topo(t, "dgx1-v100", "a"))
 			if tc.setup != nil {
 				tc.setup(x)
 			}
@@ -89,11 +89,11 @@ func TestConfiguredResourceNameInLedger(t *testing.T) {
 	cfg := configv1alpha1.DefaultExtenderConfiguration()
 	cfg.ResourceName = string(testAccel)
 	x, _ := newTestExtender(t, cfg)
-	x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "a"))
-	x.core.Ledger().UpsertPod(accelPod("unrecorded", "3").node("a").obj())
-	x.core.Ledger().UpsertPod(makePod("other-resource").gpus(2).node("a").obj())
+	x.core.Feed().UpsertTopology(topo(t, "dgx1-v100", "a"))
+	x.core.Feed().UpsertPod(accelPod("unrecorded", "3").node("a").obj())
+	x.core.Feed().UpsertPod(makePod("other-resource").gpus(2).node("a").obj())
 	want := ledger.Counts{Total: 8, Free: 5, Held: 3}
-	if diff := cmp.Diff(want, x.core.Ledger().Counts()); diff != "" {
+	if diff := cmp.Diff(want, x.core.Report().Counts()); diff != "" {
 		t.Errorf("counts (-want +got):\n%s", diff)
 	}
 }
@@ -115,8 +115,8 @@ func TestInvalidDemandIsAnError(t *testing.T) {
 			pod := makePod("p").obj()
 			pod.Spec.Containers[0].Resources.Limits = corev1.ResourceList{v1alpha1.ResourceGPU: resource.MustParse(tc.value)}
 			x, _ := newTestExtender(t, nil, pod)
-			x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "a"))
-			x.core.Ledger().UpsertPod(pod)
+			x.core.Feed().UpsertTopology(topo(t, "dgx1-v100", "a"))
+			x.core.Feed().UpsertPod(pod)
 			args := &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &[]string{"a"}}
 			if res := x.Filter(context.Background(), args); !strings.Contains(res.Error, tc.want) || !strings.HasPrefix(res.Error, "pod default/p: ") {
 				t.Errorf("filter error %q, want one naming the pod and containing %q", res.Error, tc.want)
@@ -124,7 +124,7 @@ func TestInvalidDemandIsAnError(t *testing.T) {
 			if _, err := x.Prioritize(context.Background(), args); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("prioritize error %v, want one containing %q", err, tc.want)
 			}
-			if c := x.core.Ledger().Counts(); c.Held != 0 || c.Reserved != 0 {
+			if c := x.core.Report().Counts(); c.Held != 0 || c.Reserved != 0 {
 				t.Errorf("ledger %s: an unreadable demand must hold nothing", c)
 			}
 		})

@@ -149,7 +149,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.BindAddress, "bind-address", o.BindAddress, "IP address for the verbs, /healthz and /readyz (empty: all interfaces)")
 	fs.IntVar(&o.Port, "port", o.Port, "port for /filter, /prioritize, /bind (also under /scheduler/), /healthz and /readyz")
 	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, `address for /metrics; "0" turns it off`)
-	fs.StringVar(&o.ConfigFile, "config", o.ConfigFile, "path of an ExtenderConfiguration (gputopo.io/v1alpha1); empty uses the documented defaults")
+	fs.StringVar(&o.ConfigFile, "config", o.ConfigFile, "path of an ExtenderConfiguration (config.gputopo.io/v1alpha1); empty uses the documented defaults")
 	fs.StringVar(&o.TLSCertFile, "tls-cert-file", o.TLSCertFile, "serving certificate (PEM); with --tls-private-key-file turns on HTTPS, reloaded when the file changes")
 	fs.StringVar(&o.TLSPrivateKeyFile, "tls-private-key-file", o.TLSPrivateKeyFile, "serving private key (PEM)")
 	fs.StringVar(&o.ClientCAFile, "client-ca-file", o.ClientCAFile, "CA bundle (PEM); when set the verbs require a client certificate it signed for client authentication (extended key usage clientAuth; probes need none)")

@@ -70,7 +70,7 @@ func TestBadRequests(t *testing.T) {
 	cfg := configv1alpha1.DefaultExtenderConfiguration()
 	cfg.MaxRequestBytes = 1 << 20
 	x, _ := newTestExtender(t, cfg)
-	x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "a"))
+	x.core.Feed().UpsertTopology(topo(t, "dgx1-v100", "a"))
 	h := x.Handler()
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -118,9 +118,9 @@ func TestVerbsRefuseUntilReadyAndProbesSaySo(t *testing.T) {
 
 func TestMetricsFollowRequests(t *testing.T) {
 	x, _ := newTestExtender(t, nil)
-	x.core.Ledger().UpsertTopology(withTelemetry(topo(t, "dgx1-v100", "a"), 42, 50, 100, 300))
+	x.core.Feed().UpsertTopology(withTelemetry(topo(t, "dgx1-v100", "a"), 42, 50, 100, 300))
 	holdOn(x, "h", "b", 0, 7)
-	x.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "b"))
+	x.core.Feed().UpsertTopology(topo(t, "dgx1-v100", "b"))
 	h := x.Handler()
 	body := mustJSON(t, extenderv1.ExtenderArgs{Pod: makePod("p").gpus(4).req(modelParallel).obj(), NodeNames: &[]string{"a", "b", "ghost"}})
 	if code, resp := post(t, h, "/filter", body); code != 200 {
@@ -135,18 +135,18 @@ func TestMetricsFollowRequests(t *testing.T) {
 		got  float64
 		want float64
 	}{
-		{"passed", metricValue(t, x, "gpu_extender_filter_results_total", "result", "passed", "reason", ""), 1},
-		{"failed nvlink", metricValue(t, x, "gpu_extender_filter_results_total", "result", "failed", "reason", "nvlink"), 1},
-		{"failed no_topology", metricValue(t, x, "gpu_extender_filter_results_total", "result", "failed", "reason", "no_topology"), 1},
-		{"decode errors", metricValue(t, x, "gpu_extender_errors_total", "phase", "filter", "error_type", "decode"), 1},
-		{"utilization gauge", metricValue(t, x, "gpu_extender_gpu_utilization_percent", "node", "a", "gpu_index", "3", "metric", "compute"), 42},
-		{"power gauge", metricValue(t, x, "gpu_extender_gpu_utilization_percent", "node", "a", "gpu_index", "3", "metric", "power"), 100 * 100.0 / 300},
+		{"passed", metricValue(t, x, "gputopo_extender_filter_results_total", "result", "passed", "reason", ""), 1},
+		{"failed nvlink", metricValue(t, x, "gputopo_extender_filter_results_total", "result", "failed", "reason", "nvlink"), 1},
+		{"failed no_topology", metricValue(t, x, "gputopo_extender_filter_results_total", "result", "failed", "reason", "no_topology"), 1},
+		{"decode errors", metricValue(t, x, "gputopo_extender_errors_total", "phase", "filter", "error_type", "decode"), 1},
+		{"utilization gauge", metricValue(t, x, "gputopo_extender_gpu_utilization_percent", "node", "a", "gpu_index", "3", "metric", "compute"), 42},
+		{"power gauge", metricValue(t, x, "gputopo_extender_gpu_utilization_percent", "node", "a", "gpu_index", "3", "metric", "power"), 100 * 100.0 / 300},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
 		}
 	}
-	if n, err := testutil.GatherAndCount(x.metrics.Registry, "gpu_extender_prioritize_scores"); err != nil || n != 1 {
+	if n, err := testutil.GatherAndCount(x.metrics.Registry, "gputopo_extender_prioritize_scores"); err != nil || n != 1 {
 		t.Errorf("prioritize_scores series = %d, want 1 (no per-node label)", n)
 	}
 	rec := httptest.NewRecorder()
@@ -155,15 +155,15 @@ func TestMetricsFollowRequests(t *testing.T) {
 	for _, want := range []string{
 		`gputopo_extender_ledger_gpus{state="free"} 14`,
 		`gputopo_extender_ledger_gpus{state="held"} 2`,
-		`gpu_extender_scheduling_latency_seconds_count{phase="filter"} 2`,
-		`gpu_extender_prioritize_scores_bucket{le="10"} 3`,
+		`gputopo_extender_scheduling_latency_seconds_count{phase="filter"} 2`,
+		`gputopo_extender_prioritize_scores_bucket{le="10"} 3`,
 	} {
 		if !bytes.Contains(out, []byte(want)) {
 			t.Errorf("/metrics lacks %q", want)
 		}
 	}
-	x.core.Ledger().DeleteTopology("a")
-	if n, err := testutil.GatherAndCount(x.metrics.Registry, "gpu_extender_gpu_utilization_percent"); err != nil || n != 0 {
+	x.core.Feed().DeleteTopology("a")
+	if n, err := testutil.GatherAndCount(x.metrics.Registry, "gputopo_extender_gpu_utilization_percent"); err != nil || n != 0 {
 		t.Errorf("utilization series after the topology went = %d, want 0", n)
 	}
 }

@@ -44,8 +44,8 @@ func shadowPair(t *testing.T) (serving, shadow *Extender) {
 	shadow.opts.Shadow = true
 	shadow.shadowLog = &decisionLog{rate: 1}
 	for _, x := range []*Extender{serving, shadow} {
-		x.core.Ledger().UpsertTopology(withTelemetry(topo(t, "dgx1-v100", "a"), 0, 84, 0, 300))
-		x.core.Ledger().UpsertTopology(withTelemetry(topo(t, "dgx1-v100", "b"), 60, 30, 0, 300))
+		x.core.Feed().UpsertTopology(withTelemetry(topo(t, "dgx1-v100", "a"), 0, 84, 0, 300))
+		x.core.Feed().UpsertTopology(withTelemetry(topo(t, "dgx1-v100", "b"), 60, 30, 0, 300))
 	}
 	return serving, shadow
 }
@@ -128,7 +128,7 @@ func TestShadowReportsFilterDifferences(t *testing.T) {
 	serving, shadow := shadowPair(t)
 	sick := topo(t, "dgx1-v100", "b")
 	sick.Status.GPUs[3].Health = v1alpha1.GPUUnhealthy
-	shadow.core.Ledger().UpsertTopology(sick)
+	shadow.core.Feed().UpsertTopology(sick)
 	args := &extenderv1.ExtenderArgs{Pod: makePod("big").gpus(8).obj(), NodeNames: &[]string{"a", "b"}}
 	d := postShadow(t, shadow, mirrored(t, serving, phaseFilter, args))
 	if len(d.Differences) != 1 {
@@ -139,8 +139,8 @@ func TestShadowReportsFilterDifferences(t *testing.T) {
 		t.Errorf("difference %+v", diff)
 	}
 	// The reverse: the serving extender saw b sick, the shadow healthy.
-	serving.core.Ledger().UpsertTopology(sick)
-	shadow.core.Ledger().UpsertTopology(topo(t, "dgx1-v100", "b"))
+	serving.core.Feed().UpsertTopology(sick)
+	shadow.core.Feed().UpsertTopology(topo(t, "dgx1-v100", "b"))
 	d = postShadow(t, shadow, mirrored(t, serving, phaseFilter, args))
 	if len(d.Differences) != 1 || d.Differences[0].Shadow != "passed" || !strings.Contains(d.Differences[0].Serving, "7 of 8 are free") {
 		t.Errorf("reverse difference %+v", d.Differences)
@@ -158,10 +158,10 @@ func TestShadowBoundsLoggedFilterDifferences(t *testing.T) {
 	for i := range 30 {
 		name := fmt.Sprintf("n%02d", i)
 		names = append(names, name)
-		serving.core.Ledger().UpsertTopology(topo(t, "dgx-a100", name))
+		serving.core.Feed().UpsertTopology(topo(t, "dgx-a100", name))
 		sick := topo(t, "dgx-a100", name)
 		sick.Status.Stale, sick.Status.StaleReason = true, "NVML: driver not loaded"
-		shadow.core.Ledger().UpsertTopology(sick)
+		shadow.core.Feed().UpsertTopology(sick)
 	}
 	args := &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(1).obj(), NodeNames: &names}
 	d := postShadow(t, shadow, mirrored(t, serving, phaseFilter, args))
@@ -189,7 +189,7 @@ func TestShadowIgnoresThePodsOwnBinding(t *testing.T) {
 		uuids = append(uuids, g.UUID)
 	}
 	bound := makePod("whole").gpus(8).job("train").node(prio.Top.Node).assigned(uuids...).obj()
-	shadow.core.Ledger().UpsertPod(bound)
+	shadow.core.Feed().UpsertPod(bound)
 	for _, r := range []*ShadowRequest{filter, prio} {
 		if d := postShadow(t, shadow, r); r.Verb == phaseFilter && !d.Same {
 			t.Errorf("%s: the pod's own GPUs counted against it: %+v", r.Verb, d.Differences)
@@ -403,7 +403,7 @@ func TestShadowOptions(t *testing.T) {
 	}
 	o := NewOptions()
 	o.ShadowURL = "shadow:8080"
-	if _, err := newMirror(o, metrics.New(ledger.New(""))); err == nil || !strings.Contains(err.Error(), "must be an http:// or https:// URL") {
+	if _, err := newMirror(o, metrics.New(ledger.New(ledger.Options{}).Report())); err == nil || !strings.Contains(err.Error(), "must be an http:// or https:// URL") {
 		t.Errorf("bad --shadow-url: %v", err)
 	}
 }

@@ -10,11 +10,12 @@ import (
 	"github.com/gputopo/gputopo/placement/ledger"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 )
 
 func TestPrometheusTelemetryConfig(t *testing.T) {
-	head := "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\n"
+	head := "apiVersion: config.gputopo.io/v1alpha1\nkind: ExtenderConfiguration\n"
 	for name, tc := range map[string]struct{ doc, want string }{
 		"unknown source":         {"telemetry: {source: dcgm}", `telemetry.source: Unsupported value: "dcgm"`},
 		"prometheus without url": {"telemetry: {source: prometheus}", "telemetry.prometheus: Required value: source: prometheus needs prometheus.url"},
@@ -59,10 +60,13 @@ func externalFor(t *testing.T, fixture, node string, util, tempC int32, at time.
 // NodeGPUTopology telemetry when its samples are missing, incomplete or
 // stale, which the fallback gauge reports.
 func TestExternalTelemetryScoresAndFallback(t *testing.T) {
-	x, _ := newTestExtender(t, nil)
+	cfg := configv1alpha1.DefaultExtenderConfiguration()
+	cfg.Telemetry = configv1alpha1.Telemetry{Source: configv1alpha1.TelemetryPrometheus,
+		Prometheus: &configv1alpha1.PrometheusTelemetry{URL: "http://prometheus.invalid:9090", MaxAge: metav1.Duration{Duration: time.Minute}}}
+	x, _ := newTestExtender(t, cfg)
 	// The node agent says a is cool and idle, b hot and busy.
-	x.core.Ledger().UpsertTopology(withTelemetry(topo(t, "dgx-a100", "a"), 0, 30, 100, 400))
-	x.core.Ledger().UpsertTopology(withTelemetry(topo(t, "dgx-a100", "b"), 90, 84, 390, 400))
+	x.core.Feed().UpsertTopology(withTelemetry(topo(t, "dgx-a100", "a"), 0, 30, 100, 400))
+	x.core.Feed().UpsertTopology(withTelemetry(topo(t, "dgx-a100", "b"), 90, 84, 390, 400))
 	args := &extenderv1.ExtenderArgs{Pod: makePod("p").gpus(2).obj(), NodeNames: &[]string{"a", "b"}}
 	scores := func() (a, b int64) {
 		t.Helper()
@@ -77,18 +81,17 @@ func TestExternalTelemetryScoresAndFallback(t *testing.T) {
 	}
 
 	// Prometheus says the opposite.
-	x.core.Ledger().UseExternalTelemetry(time.Minute)
-	x.core.Ledger().SetExternalTelemetry(ledger.ExternalTelemetry{
+	x.core.Feed().SetExternalTelemetry(ledger.ExternalTelemetry{
 		"a": externalFor(t, "dgx-a100", "a", 95, 83, testNow),
 		"b": externalFor(t, "dgx-a100", "b", 0, 31, testNow),
 	})
 	if a, b := scores(); b <= a {
 		t.Fatalf("Prometheus telemetry: a (hot, busy) scores %d, b (cool, idle) %d; want b above a", a, b)
 	}
-	if src, fb := x.core.Ledger().NodeTelemetrySource("a"); src != configv1alpha1.TelemetryPrometheus || fb != "" {
+	if src, fb := x.core.Report().NodeTelemetrySource("a"); src != configv1alpha1.TelemetryPrometheus || fb != "" {
 		t.Errorf("node a reads %q (fallback %q), want prometheus", src, fb)
 	}
-	if got := metricValue(t, x, "gpu_extender_gpu_utilization_percent", "node", "a", "gpu_index", "0", "metric", "compute"); got != 95 {
+	if got := metricValue(t, x, "gputopo_extender_gpu_utilization_percent", "node", "a", "gpu_index", "0", "metric", "compute"); got != 95 {
 		t.Errorf("utilization gauge of a/0 = %v, want Prometheus's 95", got)
 	}
 
@@ -99,22 +102,22 @@ func TestExternalTelemetryScoresAndFallback(t *testing.T) {
 		delete(bSamples, u)
 		break
 	}
-	x.core.Ledger().UpsertTopology(withTelemetry(topo(t, "dgx-a100", "c"), 0, 30, 100, 400))
-	x.core.Ledger().SetExternalTelemetry(ledger.ExternalTelemetry{"a": externalFor(t, "dgx-a100", "a", 95, 83, testNow), "b": bSamples})
+	x.core.Feed().UpsertTopology(withTelemetry(topo(t, "dgx-a100", "c"), 0, 30, 100, 400))
+	x.core.Feed().SetExternalTelemetry(ledger.ExternalTelemetry{"a": externalFor(t, "dgx-a100", "a", 95, 83, testNow), "b": bSamples})
 	for node, want := range map[string]string{"a": "", "b": ledger.FallbackIncomplete, "c": ledger.FallbackNoData} {
-		if _, fb := x.core.Ledger().NodeTelemetrySource(node); fb != want {
+		if _, fb := x.core.Report().NodeTelemetrySource(node); fb != want {
 			t.Errorf("node %s fallback %q, want %q", node, fb, want)
 		}
 	}
-	if got := metricValue(t, x, "gpu_extender_gpu_utilization_percent", "node", "b", "gpu_index", "0", "metric", "compute"); got != 90 {
+	if got := metricValue(t, x, "gputopo_extender_gpu_utilization_percent", "node", "b", "gpu_index", "0", "metric", "compute"); got != 90 {
 		t.Errorf("utilization gauge of b/0 = %v, want the node agent's 90 after fallback", got)
 	}
 
 	// Prometheus stops answering: samples age past maxAge and every node
 	// falls back; scores follow the node agent again.
-	x.core.Ledger().SetClock(func() time.Time { return testNow.Add(61 * time.Second) })
-	x.core.Ledger().RefreshExternalTelemetry()
-	bySource, fallback := x.core.Ledger().TelemetrySources()
+	setClock(x, func() time.Time { return testNow.Add(61 * time.Second) })
+	x.core.Feed().RefreshExternalTelemetry()
+	bySource, fallback := x.core.Report().TelemetrySources()
 	if bySource[configv1alpha1.TelemetryPrometheus] != 0 || fallback[ledger.FallbackStale] != 2 || fallback[ledger.FallbackNoData] != 1 {
 		t.Errorf("after maxAge: sources %v, fallback %v; want a and b stale (stale wins over incomplete), c no_data", bySource, fallback)
 	}

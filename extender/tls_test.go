@@ -338,8 +338,8 @@ func TestTLSClientCertificateUsageAndName(t *testing.T) {
 				return
 			}
 			phase := strings.TrimPrefix(strings.TrimPrefix(tc.path, "/scheduler"), "/")
-			if n := metricValue(t, x, "gpu_extender_errors_total", "phase", phase, "error_type", tc.wantCount); n != 1 {
-				t.Errorf("gpu_extender_errors_total{phase=%q,error_type=%q} = %v, want 1", phase, tc.wantCount, n)
+			if n := metricValue(t, x, "gputopo_extender_errors_total", "phase", phase, "error_type", tc.wantCount); n != 1 {
+				t.Errorf("gputopo_extender_errors_total{phase=%q,error_type=%q} = %v, want 1", phase, tc.wantCount, n)
 			}
 		})
 	}

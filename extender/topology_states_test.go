@@ -16,25 +16,25 @@ import (
 // extender's clock and topologyMaxAge (15m by default).
 func TestTopologyNodesGaugeJudgesAsFilterDoes(t *testing.T) {
 	x, _ := newTestExtender(t, nil)
-	x.core.Ledger().UpsertTopology(topo(t, "dgx-a100", "fresh"))
+	x.core.Feed().UpsertTopology(topo(t, "dgx-a100", "fresh"))
 	old := topo(t, "dgx-a100", "old")
 	old.Status.ObservedTime = metav1.NewTime(testNow.Add(-time.Hour))
-	x.core.Ledger().UpsertTopology(old)
+	x.core.Feed().UpsertTopology(old)
 	ahead := topo(t, "dgx-a100", "ahead")
 	ahead.Status.ObservedTime = metav1.NewTime(testNow.Add(10 * time.Minute))
-	x.core.Ledger().UpsertTopology(ahead)
+	x.core.Feed().UpsertTopology(ahead)
 	stale := topo(t, "dgx-a100", "stale")
 	stale.Status.Stale, stale.Status.StaleReason = true, "NVML: driver not loaded"
-	x.core.Ledger().UpsertTopology(stale)
+	x.core.Feed().UpsertTopology(stale)
 	invalid := topo(t, "dgx-a100", "invalid")
 	invalid.Status.GPUs = invalid.Status.GPUs[:0]
-	x.core.Ledger().UpsertTopology(invalid)
-	x.core.Ledger().UpsertNode(gpuNode("missing", 8))
-	x.core.Ledger().UpsertTopology(topo(t, "dgx-a100", "untrusted"))
-	x.core.Ledger().UpsertNode(kubeletNode("untrusted", 4, 4))
+	x.core.Feed().UpsertTopology(invalid)
+	x.core.Feed().UpsertNode(gpuNode("missing", 8))
+	x.core.Feed().UpsertTopology(topo(t, "dgx-a100", "untrusted"))
+	x.core.Feed().UpsertNode(kubeletNode("untrusted", 4, 4))
 
 	want := map[string]int{ledger.TopologyFresh: 1, ledger.TopologyOld: 2, ledger.TopologyAgentStale: 1, ledger.TopologyInvalid: 1, ledger.TopologyMissing: 1, ledger.TopologyUntrusted: 1}
-	if diff := cmp.Diff(want, x.core.Ledger().TopologyStates(testNow, 15*time.Minute)); diff != "" {
+	if diff := cmp.Diff(want, x.core.Report().TopologyStates(testNow, 15*time.Minute)); diff != "" {
 		t.Errorf("states (-want +got):\n%s", diff)
 	}
 	// Every node the gauge does not count as fresh fails filter.
@@ -44,8 +44,8 @@ func TestTopologyNodesGaugeJudgesAsFilterDoes(t *testing.T) {
 		}
 	}
 	// The refusals are counted by reason; the untrusted one by its own.
-	if got := metricValue(t, x, "gpu_extender_filter_results_total", "result", "failed", "reason", "untrusted_topology"); got != 1 {
-		t.Errorf(`gpu_extender_filter_results_total{result="failed",reason="untrusted_topology"} = %v, want 1`, got)
+	if got := metricValue(t, x, "gputopo_extender_filter_results_total", "result", "failed", "reason", "untrusted_topology"); got != 1 {
+		t.Errorf(`gputopo_extender_filter_results_total{result="failed",reason="untrusted_topology"} = %v, want 1`, got)
 	}
 	fams, err := x.metrics.Registry.Gather()
 	if err != nil {
@@ -63,7 +63,7 @@ func TestTopologyNodesGaugeJudgesAsFilterDoes(t *testing.T) {
 		t.Errorf("gputopo_extender_topology_nodes (-want +got):\n%s", diff)
 	}
 	// With the age check off, age no longer counts.
-	if got := x.core.Ledger().TopologyStates(testNow, 0)[ledger.TopologyOld]; got != 0 {
+	if got := x.core.Report().TopologyStates(testNow, 0)[ledger.TopologyOld]; got != 0 {
 		t.Errorf("old nodes with the age check off = %d, want 0", got)
 	}
 }

@@ -131,7 +131,7 @@ func (x *Extender) Preempt(ctx context.Context, args *extenderv1.ExtenderPreempt
 		// A group is placed whole: the group's preemption plan keeps one
 		// node for this pod, and only the pods that plan needs gone there
 		// are evicted; the group's other pods preempt on theirs.
-		gp := x.core.PlanGroupPreemption(ctx, pr, priority, nil)
+		gp := x.core.Preemption().PlanGroup(ctx, pr, priority, nil)
 		node := gp.Slot(args.Pod.UID)
 		if mv := meta[node]; mv != nil && len(gp.Victims[node]) > 0 {
 			res := &extenderv1.MetaVictims{NumPDBViolations: mv.NumPDBViolations}
@@ -156,7 +156,7 @@ func (x *Extender) Preempt(ctx context.Context, args *extenderv1.ExtenderPreempt
 				proposed = append(proposed, types.UID(p.UID))
 			}
 		}
-		victims, violations, ok := x.core.Victims(ctx, pr, priority, node, proposed, int(mv.NumPDBViolations), protected)
+		victims, violations, ok := x.core.Preemption().Victims(ctx, pr, priority, node, proposed, int(mv.NumPDBViolations), protected)
 		if !ok {
 			continue
 		}

@@ -11,9 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
-	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
-	"k8s.io/klog/v2"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/placement"
@@ -249,7 +246,7 @@ func (s *Snapshot) offlineCore() (*placement.Core, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := x.Ledger()
+	l := x.Feed()
 	for i := range s.Topologies {
 		l.UpsertTopology(&s.Topologies[i])
 	}
@@ -422,7 +419,7 @@ func (s *Snapshot) preemption(ctx context.Context, x *placement.Core, pr placeme
 	if p.Spec.Priority != nil {
 		prio = *p.Spec.Priority
 	}
-	uids, _, ok := x.Victims(ctx, pr, prio, node, nil, 0, nil)
+	uids, _, ok := x.Preemption().Victims(ctx, pr, prio, node, nil, 0, nil)
 	if !ok || len(uids) == 0 {
 		return nil
 	}
@@ -447,13 +444,12 @@ func (s *Snapshot) schedulerVerdict(p *corev1.Pod, name string) string {
 		return "no Node object"
 	}
 	var why []string
-	if ok, err := nodeaffinity.GetRequiredNodeAffinity(p).Match(n); err != nil || !ok {
-		why = append(why, "node selector or affinity does not match")
-	}
-	if t, bad := corev1helpers.FindMatchingUntoleratedTaint(klog.Background(), n.Spec.Taints, p.Spec.Tolerations, func(t *corev1.Taint) bool {
-		return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
-	}, false); bad {
-		why = append(why, fmt.Sprintf("untolerated taint %s", t.ToString()))
+	// The node rules bind checks, as kube-scheduler's NodeAffinity and
+	// TaintToleration filters do.
+	if w, err := placement.NodeRulesOf(p).Excludes(context.Background(), n); err != nil {
+		why = append(why, fmt.Sprintf("node affinity cannot be evaluated: %v", err))
+	} else if w != "" {
+		why = append(why, w)
 	}
 	if q, ok := n.Status.Allocatable[s.resource()]; ok {
 		used := 0

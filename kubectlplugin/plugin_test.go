@@ -119,13 +119,13 @@ func TestExplainPendingPodUsesTheExtendersVerdicts(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range s.Topologies {
-		x.Ledger().UpsertTopology(&s.Topologies[i])
+		x.Feed().UpsertTopology(&s.Topologies[i])
 	}
 	for i := range s.Nodes {
-		x.Ledger().UpsertNode(&s.Nodes[i])
+		x.Feed().UpsertNode(&s.Nodes[i])
 	}
 	for i := range s.Pods {
-		x.Ledger().UpsertPod(&s.Pods[i])
+		x.Feed().UpsertPod(&s.Pods[i])
 	}
 	names := []string{"a100", "pcie", "v100"}
 	pr, err := placement.ParseRequest(&p, s.Config.GPUResource(), x.Now())
@@ -149,7 +149,7 @@ func TestExplainPendingPodUsesTheExtendersVerdicts(t *testing.T) {
 	if v := byNode["pcie"]; v.Verdict != VerdictNever || v.Scheduler != "" {
 		t.Errorf("pcie: %+v; want never (no NVLink at all) and kube-scheduler ok (the selector matches)", v)
 	}
-	if v := byNode["a100"]; v.Verdict != VerdictFails || !strings.Contains(v.Reason, "not refreshed") || !strings.Contains(v.Scheduler, "node selector") {
+	if v := byNode["a100"]; v.Verdict != VerdictFails || !strings.Contains(v.Reason, "not refreshed") || !strings.Contains(v.Scheduler, "nodeSelector") {
 		t.Errorf("a100: %+v; want fails (stale topology) and the selector mismatch", v)
 	}
 	if e.RequestedTier != string(v1alpha1.TierNVLink) || e.Strategy != string(v1alpha1.StrategyHighestBandwidth) {

@@ -21,7 +21,8 @@ var errNotAdopted = errors.New("published plan does not fit")
 // the ledger knows, with their GPUs free. Otherwise nothing changes and the
 // group is planned again at its next try (its bound pods keep it to their
 // domain). It says whether the plan was adopted.
-func (x *Core) AdoptPlan(ctx context.Context, key, domain, level string, slots []v1alpha1.GroupPlanSlot) bool {
+func (u Upkeep) AdoptPlan(ctx context.Context, key, domain, level string, slots []v1alpha1.GroupPlanSlot) bool {
+	x := u.x
 	err := x.ledger.PlanGroup(key, func(v ledger.View, g ledger.GroupView) ([]ledger.Slot, string, string, error) {
 		if len(g.Pending) == 0 {
 			return nil, "", "", errNotAdopted

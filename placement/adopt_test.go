@@ -12,7 +12,7 @@ import (
 // published is what a decider publishes for x's plan of group key.
 func published(t *testing.T, x *Core, key string) (ledger.Held, []v1alpha1.GroupPlanSlot) {
 	t.Helper()
-	for _, h := range x.ledger.Held() {
+	for _, h := range x.ledger.Report().Held() {
 		if h.Group == key && h.Planned {
 			var out []v1alpha1.GroupPlanSlot
 			for _, s := range h.Slots {
@@ -21,7 +21,7 @@ func published(t *testing.T, x *Core, key string) (ledger.Held, []v1alpha1.Group
 			return h, out
 		}
 	}
-	t.Fatalf("no plan for %s in %+v", key, x.ledger.Held())
+	t.Fatalf("no plan for %s in %+v", key, x.ledger.Report().Held())
 	return ledger.Held{}, nil
 }
 
@@ -56,7 +56,7 @@ func TestTakeOverAdoptsThePublishedPlan(t *testing.T) {
 	done.Annotations[v1alpha1.AnnotationAssignedGPUs] = v1alpha1.FormatGPUList(bound.UUIDs)
 	b.ledger.UpsertPod(done)
 	b.ledger.UpsertPod(g1)
-	if !b.AdoptPlan(context.Background(), "ml/g", held.Domain, held.Level, slots) {
+	if !b.Upkeep().AdoptPlan(context.Background(), "ml/g", held.Domain, held.Level, slots) {
 		t.Fatal("the published plan was not adopted")
 	}
 	hb, got := published(t, b, "ml/g")
@@ -74,7 +74,7 @@ func TestTakeOverAdoptsThePublishedPlan(t *testing.T) {
 	squatter := gpuPod("squatter", 1, map[string]string{v1alpha1.AnnotationAssignedGPUs: open.UUIDs[0]})
 	squatter.Spec.NodeName = open.Node
 	c.ledger.UpsertPod(squatter)
-	if c.AdoptPlan(context.Background(), "ml/g", held.Domain, held.Level, slots) {
+	if c.Upkeep().AdoptPlan(context.Background(), "ml/g", held.Domain, held.Level, slots) {
 		t.Error("a plan whose GPUs are taken was adopted")
 	}
 }

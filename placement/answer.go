@@ -31,7 +31,7 @@ func (x *Core) Filter(ctx context.Context, pr Request, names []string) (FilterAn
 		x.obs.Filtered(ReasonNone, len(names))
 		return FilterAnswer{Passed: names}, nil
 	}
-	if msg := x.DeciderRefusal(); msg != "" {
+	if msg := x.deciderRefusal(); msg != "" {
 		x.obs.Failed(PhaseFilter, ErrNotDecider)
 		return FilterAnswer{}, fmt.Errorf("%s", msg)
 	}

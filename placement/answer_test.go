@@ -74,7 +74,7 @@ func TestFilterExplainAndCountsAgree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x.SetClock(func() time.Time { return groupEpoch })
+	x.setClock(func() time.Time { return groupEpoch })
 	names := append(feedNodes(t, x, "dgx1-v100", 3, func(int) map[string]string { return nil }), "no-such-node")
 	// Fill node-0 so that 4 GPUs no longer fit there.
 	for i, n := range []int{3, 2} {

@@ -238,7 +238,7 @@ func (x *Core) Unreserve(uid types.UID) { x.ledger.ReleaseReserved(uid) }
 func (x *Core) reserve(ctx context.Context, key types.NamespacedName, uid types.UID, node string, pr Request) BindResult {
 	// Checked right before GPUs are promised: a scheduler that has lost
 	// the decider Lease since filter promises none.
-	if msg := x.DeciderRefusal(); msg != "" {
+	if msg := x.deciderRefusal(); msg != "" {
 		return failed(Unchanged, ErrNotDecider, "pod %s: %s", key, msg)
 	}
 	if pr.group != "" {

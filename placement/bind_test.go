@@ -107,7 +107,7 @@ func bindCore(t *testing.T, n int) (*Core, *memAPI, []string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x.SetClock(func() time.Time { return groupEpoch })
+	x.setClock(func() time.Time { return groupEpoch })
 	return x, api, feedNodes(t, x, "dgx1-v100", n, func(int) map[string]string { return nil })
 }
 
@@ -143,7 +143,7 @@ func TestBindWritesTheGPUsItHoldsInOneBinding(t *testing.T) {
 	if err != nil || len(pl.GPUIndices) != 4 || (pl.Tier != v1alpha1.TierNVLink && pl.Tier != v1alpha1.TierNVSwitch) {
 		t.Errorf("placement %+v (%v): want 4 GPUs on NVLink", pl, err)
 	}
-	if c := x.ledger.Counts(); c.Held != 4 || c.Reserved != 0 {
+	if c := x.ledger.Report().Counts(); c.Held != 4 || c.Reserved != 0 {
 		t.Errorf("ledger after bind: %s, want 4 held, none reserved", c)
 	}
 	again := x.Bind(context.Background(), bindReq(got, names[0]))
@@ -239,7 +239,7 @@ func TestBindOutcomes(t *testing.T) {
 			if tc.msg != "" && (res.Err == nil || !strings.Contains(res.Err.Error(), tc.msg)) {
 				t.Errorf("error %v, want it to say %q", res.Err, tc.msg)
 			}
-			if c := x.ledger.Counts(); c.Reserved != tc.reserved || c.Held != tc.held {
+			if c := x.ledger.Report().Counts(); c.Reserved != tc.reserved || c.Held != tc.held {
 				t.Errorf("ledger after the bind: %s, want %d reserved, %d held", c, tc.reserved, tc.held)
 			}
 		})
@@ -284,7 +284,7 @@ func TestBindAfterPreemptionNamesTheVictimsAndTheirGPUs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x.SetClock(func() time.Time { return groupEpoch })
+	x.setClock(func() time.Time { return groupEpoch })
 	names := feedNodes(t, x, "dgx-a100", 1, func(int) map[string]string { return nil })
 	node := names[0]
 	// Eight 1-GPU victims fill the node; kube-scheduler marks and deletes them.

@@ -27,13 +27,13 @@ type Candidates struct {
 // to copy (twice: here and in the framework) than it spares.
 const candidateShare = 0.5
 
-// Candidates narrows a scheduling cycle over total nodes to the nodes
+// fits narrows a scheduling cycle over total nodes to the nodes
 // that can hold pr now, from the index the ledger keeps current: free,
 // countable GPUs, and for a requireNVLink pod as many joined by NVLink.
 // A node outside the set always fails filter; one inside may still fail
 // it (topology age, GPU memory, pair bandwidth), so filter still runs on
 // each. The nodes left out are counted with the observer as refused.
-func (x *Core) Candidates(pr Request, total int) Candidates {
+func (x *Core) fits(pr Request, total int) Candidates {
 	linked := pr.req.RequireNVLink && pr.Count > 1
 	var f ledger.Fit
 	x.ledger.Read(func(v ledger.View) { f = v.Fits(pr.Count, linked, int(candidateShare*float64(total)), pr.UID) })

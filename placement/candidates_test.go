@@ -99,7 +99,7 @@ func TestCandidatesHoldEveryNodeFilterPasses(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c := x.Candidates(pr, 1<<20)
+		c := x.fits(pr, 1<<20)
 		what := fmt.Sprintf("step %d: %d GPUs %s", step, count, req)
 		switch {
 		case c.Reason != "":
@@ -174,14 +174,14 @@ func TestCandidatesKeepThePodsOwnReservation(t *testing.T) {
 	if res := x.Reserve(context.Background(), pr, names[0]); res.Err != nil {
 		t.Fatal(res.Err)
 	}
-	c := x.Candidates(pr, 1<<20)
+	c := x.fits(pr, 1<<20)
 	if c.Reason != "" || !c.Nodes.Has(names[0]) || c.Nodes.Len() != 1 {
 		t.Fatalf("candidates %v (%q), want exactly %s, where the pod holds its reservation", c.Nodes, c.Reason, names[0])
 	}
 	// Another pod sees both nodes full, in words.
 	q := gpuPod("late", 2, map[string]string{v1alpha1.AnnotationRequirement: `{"requireNVLink":true}`})
 	qr := request(t, x, q)
-	c = x.Candidates(qr, 1<<20)
+	c = x.fits(qr, 1<<20)
 	if want := "no node has 2 free GPUs joined by NVLink; no node has a free GPU"; !strings.Contains(c.Reason, want) || c.Unresolvable {
 		t.Fatalf("late: %q (unresolvable %v), want %q, resolvable", c.Reason, c.Unresolvable, want)
 	}

@@ -13,6 +13,7 @@ import (
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/placement/ledger"
+	"github.com/gputopo/gputopo/topology"
 )
 
 // Core is the decision core of one gputopo scheduler: the GPU ledger, the
@@ -75,6 +76,10 @@ type Options struct {
 	// Logger logs what the ledger reports; zero means klog's background
 	// logger named "placement".
 	Logger klog.Logger
+	// Clock is the core's clock (nil: the wall clock). A simulation that
+	// runs in simulated time passes its own: pod ages (fallbackAfter),
+	// reservation TTLs and topology ages are then measured on it.
+	Clock func() time.Time
 }
 
 // Recorder records Events about pods: client-go's record.EventRecorder,
@@ -121,56 +126,64 @@ func New(o Options) (*Core, error) {
 	if o.Logger.GetSink() == nil {
 		o.Logger = klog.Background().WithName("placement")
 	}
-	l := ledger.New(cfg.GPUResource())
+	if o.Clock == nil {
+		o.Clock = time.Now
+	}
 	x := &Core{
 		cfg:      cfg,
 		opts:     o,
-		ledger:   l,
 		alloc:    allocator.New(cfg.AllocatorMemoSize),
 		obs:      o.Observer,
 		api:      o.API,
 		gate:     o.Gate,
 		recorder: o.Recorder,
-		now:      time.Now,
+		now:      o.Clock,
 		log:      o.Logger,
 	}
-	l.OnDoubleHeld(x.onDoubleHeld)
-	l.SetTopologyMaxAge(cfg.TopologyAgeLimit())
 	fabric := make([][]string, len(cfg.Fabric.Levels))
 	for i, lvl := range cfg.Fabric.Levels {
 		fabric[i] = lvl.Labels
 	}
-	l.SetFabric(fabric)
+	lo := ledger.Options{
+		Resource: cfg.GPUResource(),
+		// The ledger reads the core's clock, so that one clock rules both.
+		Clock:          func() time.Time { return x.now() },
+		Fabric:         fabric,
+		TopologyMaxAge: cfg.TopologyAgeLimit(),
+		OnDoubleHeld:   x.onDoubleHeld,
+	}
+	if p := cfg.Telemetry.Prometheus; cfg.Telemetry.Source == configv1alpha1.TelemetryPrometheus && p != nil {
+		lo.ExternalTelemetryMaxAge = p.MaxAge.Duration
+	}
+	x.ledger = ledger.New(lo)
 	return x, nil
 }
 
-// Ledger is the core's GPU ledger.
-func (x *Core) Ledger() *ledger.Ledger { return x.ledger }
+// Report is what the core's ledger tells audits, metrics, `kubectl
+// gputopo` and the runtime's publisher; it changes nothing.
+func (x *Core) Report() Report { return x.ledger.Report() }
 
-// OnNodeUsable sets the function told when a node comes to offer GPUs it
-// did not from its topology's or Node's side (ledger.Ledger.OnUsable); it
-// must not block.
-func (x *Core) OnNodeUsable(fn func()) { x.ledger.OnUsable(fn) }
+// Report is the read-only side of the core's ledger (ledger.Report).
+type Report interface {
+	Counts() ledger.Counts
+	Holdings() []ledger.Holding
+	DoubleHolds() []ledger.DoubleHold
+	DuplicateGPUs() int
+	TopologyStates(now time.Time, maxAge time.Duration) map[string]int
+	TelemetrySources() (bySource map[string]int, fallback map[string]int)
+	NodeTelemetrySource(node string) (source, fallback string)
+	Held() []ledger.Held
+	GroupPlans() []ledger.GroupPlan
+	GroupReservations() []ledger.GroupReservation
+	OnTelemetry(fn func(node string, g *topology.Graph, tel []v1alpha1.Telemetry))
+	OnUsable(fn func())
+}
 
 // Config is the configuration the core decides with.
 func (x *Core) Config() *configv1alpha1.ExtenderConfiguration { return x.cfg }
 
 // Now is the core's clock.
 func (x *Core) Now() time.Time { return x.now() }
-
-// SetClock replaces the core's clock (and its ledger's) for a simulation
-// that runs in simulated time: pod ages (fallbackAfter), reservation TTLs
-// and topology ages are then measured on it. Call it before the first
-// request.
-func (x *Core) SetClock(now func() time.Time) {
-	x.now = now
-	x.ledger.SetClock(now)
-}
-
-// Ready reports whether the core decides: without a Gate always; else
-// once its runtime's caches synced and, once leading, its ledger rebuilt
-// from pods.
-func (x *Core) Ready() bool { return x.NotReady() == "" }
 
 // NotReady says why the core cannot decide yet; empty when it can.
 func (x *Core) NotReady() string {
@@ -184,39 +197,18 @@ func (x *Core) NotReady() string {
 // only a serving replica records Events and exports per-GPU metrics.
 func (x *Core) Leading() bool { return x.gate == nil || x.gate.Leading() }
 
-// DeciderRefusal says why this core may not decide GPU pods now (another
+// deciderRefusal says why this core may not decide GPU pods now (another
 // gputopo scheduler holds the decider Lease, or it is being acquired);
-// empty when it may. In-process front ends call it once per GPU pod's
-// cycle: the runtime starts the election on the first call, since only
-// the scheduling replica calls it.
-func (x *Core) DeciderRefusal() string {
+// empty when it may. PreFilter asks it once per GPU pod's cycle: the
+// runtime starts the election on the first call, since only the
+// scheduling replica calls it.
+func (x *Core) deciderRefusal() string {
 	if x.gate == nil {
 		return ""
 	}
 	return x.gate.DeciderRefusal()
 }
 
-// BindsInFlight counts binds between their decider check and their
-// Binding's outcome: a runtime releases the decider Lease only once none
-// is in flight.
-func (x *Core) BindsInFlight() int64 { return x.binding.Load() }
-
-// Sweep releases GPU reservations and group plans that outlived their
-// TTLs; a runtime calls it periodically (SweepPeriod).
-func (x *Core) Sweep() {
-	if n := x.ledger.SweepReservations(x.cfg.ReservationTTL.Duration); n > 0 {
-		x.log.Info("expired GPU reservations released", "count", n)
-	}
-	if n := x.ledger.SweepGroups(x.cfg.Fabric.GroupReservationTTL.Duration); n > 0 {
-		x.log.Info("group plans whose pods did not all come were released", "count", n)
-	}
-}
-
-// SweepPeriod is how often Sweep should run: a quarter of the shorter
-// TTL, at most 30 s.
-func (x *Core) SweepPeriod() time.Duration {
-	return min(x.cfg.ReservationTTL.Duration/4, x.cfg.Fabric.GroupReservationTTL.Duration/4, 30*time.Second)
-}
-
-// Observer is what the core reports its counts to.
-func (x *Core) Observer() Observer { return x.obs }
+// setClock replaces the core's clock, and so its ledger's, which reads
+// the core's (tests that move time).
+func (x *Core) setClock(now func() time.Time) { x.now = now }

@@ -2,9 +2,8 @@ package placement
 
 import (
 	"context"
+	"hash/maphash"
 	"sync/atomic"
-
-	"github.com/gputopo/gputopo/placement/ledger"
 )
 
 // Cycle is one pod's filter in progress for a front end that asks node by
@@ -19,25 +18,28 @@ type Cycle struct {
 	x  *Core
 	pr Request
 	e  *evaluator
-	// counts are FilterNode's verdicts by reason, striped as the ledger's
-	// lock is (by node) so that parallel filters do not contend on one
-	// counter; flush hands them to the observer once.
+	// counts are FilterNode's verdicts by reason, striped by node so
+	// that parallel filters do not contend on one counter; flush hands
+	// them to the observer once.
 	counts  [countStripes]cycleCounts
 	flushed atomic.Bool
 }
 
-// countStripes spreads a cycle's counts over cache lines.
+// countStripes spreads a cycle's counts over cache lines, by node name
+// (countSeed).
 const countStripes = 8
+
+var countSeed = maphash.MakeSeed()
 
 type cycleCounts struct {
 	n [NumReasons]atomic.Int32
 	_ [64 - (4*int(NumReasons))%64]byte
 }
 
-// NewCycle starts the cycle of pr, a pod that requests GPUs.
+// newCycle starts the cycle of pr, a pod that requests GPUs.
 // The previous cycle's counts, if it was never scored (no node passed),
 // are handed to the observer now.
-func (x *Core) NewCycle(ctx context.Context, pr Request) *Cycle {
+func (x *Core) newCycle(ctx context.Context, pr Request) *Cycle {
 	c := &Cycle{x: x, pr: pr, e: x.evaluatorFor(ctx, pr)}
 	c.e.concurrent = true
 	if prev := x.lastCycle.Swap(c); prev != nil {
@@ -71,9 +73,8 @@ func (c *Cycle) Request() Request { return c.pr }
 // ReasonPrefix) and whether no change of the node's GPU use could fix it
 // (unresolvable).
 func (c *Cycle) FilterNode(node string) (passed, unresolvable bool, reason string) {
-	stripe := ledger.StripeOf(node)
-	v := c.x.checkNode(c.e, node, stripe, c.pr)
-	c.counts[stripe%countStripes].n[v.code].Add(1)
+	v := c.x.checkNode(c.e, node, c.pr)
+	c.counts[maphash.String(countSeed, node)%countStripes].n[v.code].Add(1)
 	if v.ok {
 		return true, false, ""
 	}

@@ -25,7 +25,7 @@ func TestCycleFilterNodeFromParallelGoroutines(t *testing.T) {
 		t.Fatal(err)
 	}
 	for round := range 3 {
-		c := x.NewCycle(ctx, pr)
+		c := x.newCycle(ctx, pr)
 		type answer struct {
 			passed, unresolvable bool
 			reason               string

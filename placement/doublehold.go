@@ -37,8 +37,9 @@ func (x *Core) onDoubleHeld(added, cleared []ledger.DoubleHold) {
 // AnnounceDoubleHolds records Events for every GPU held more than once
 // now: a replica that starts serving (its runtime calls it) reports the
 // conflicts it found while it was not yet the leader.
-func (x *Core) AnnounceDoubleHolds() {
-	for _, d := range x.ledger.DoubleHolds() {
+func (u Upkeep) AnnounceDoubleHolds() {
+	x := u.x
+	for _, d := range x.ledger.Report().DoubleHolds() {
 		x.recordDoubleHeld(d)
 	}
 }

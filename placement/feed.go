@@ -6,6 +6,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/placement/ledger"
 )
 
 // Feed is how the cluster's objects reach the core's ledger: the cluster
@@ -30,6 +31,11 @@ type Feed interface {
 	// a GPU UUID listed from then on by a second node is that node's
 	// later claim.
 	TopologiesListed()
+	// SetExternalTelemetry records a successful external (Prometheus)
+	// telemetry round; RefreshExternalTelemetry re-decides every node's
+	// telemetry source after a failed one, so that samples age out.
+	SetExternalTelemetry(ledger.ExternalTelemetry)
+	RefreshExternalTelemetry()
 }
 
 // Feed is the core's ledger as its callers feed it.

@@ -45,18 +45,17 @@ func (s *GroupSlot) OtherNodeReason() string {
 	return ReasonPrefix + "the pod's place in group " + s.Group + " is node " + s.Node + " (the group was planned as a whole)"
 }
 
-// GroupSlot claims pr's slot in its group's plan, planning the group
-// first when it has none. It returns the slot's node; a *GroupWait when
-// the group cannot be placed now; nil and no error for a pod that is not
-// in a group of more than one. Filter calls it with its candidate nodes
-// (those that passed kube-scheduler's own filters for the pod: the plan
-// keeps to them); the plugin build calls it in PreFilter, once per cycle,
-// with nil (every node).
-func (x *Core) GroupSlot(ctx context.Context, pr Request, candidates []string) (*GroupSlot, error) {
+// slot claims pr's slot in its group's plan, planning the group first
+// when it has none. It returns the slot's node; a *GroupWait when the
+// group cannot be placed now; nil and no error for a pod that is not in a
+// group of more than one. Filter calls it with its candidate nodes (those
+// that passed kube-scheduler's own filters for the pod: the plan keeps to
+// them); PreFilter with the nodes the pod's own rules allow.
+func (x *Core) slot(ctx context.Context, pr Request, candidates []string) (*GroupSlot, error) {
 	return x.groupSlot(ctx, pr, candidates, candidates)
 }
 
-// groupSlot is GroupSlot; a group that waits keeps GPUs on the nodes of
+// groupSlot is slot; a group that waits keeps GPUs on the nodes of
 // reserveOver (nil: every node).
 func (x *Core) groupSlot(ctx context.Context, pr Request, candidates, reserveOver []string) (*GroupSlot, error) {
 	if pr.group == "" || pr.Count == 0 {
@@ -68,7 +67,7 @@ func (x *Core) groupSlot(ctx context.Context, pr Request, candidates, reserveOve
 	if pr.groupSpec.Size < 2 {
 		return nil, nil
 	}
-	if msg := x.DeciderRefusal(); msg != "" {
+	if msg := x.deciderRefusal(); msg != "" {
 		return nil, errors.New(msg)
 	}
 	if node, ok := x.ledger.ClaimSlot(pr.group, pr.UID, pr.Key, pr.nominated); ok {

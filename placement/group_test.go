@@ -43,7 +43,7 @@ func offlineCore(t *testing.T) *Core {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x.SetClock(func() time.Time { return groupEpoch })
+	x.setClock(func() time.Time { return groupEpoch })
 	return x
 }
 
@@ -202,7 +202,7 @@ func TestGroupThatCannotFitHoldsNothingAndSaysWhy(t *testing.T) {
 	if r := anyReason(last); !strings.Contains(r, want) {
 		t.Errorf("reason %q, want %q", r, want)
 	}
-	if p := x.ledger.GroupPlans(); len(p) != 0 {
+	if p := x.ledger.Report().GroupPlans(); len(p) != 0 {
 		t.Errorf("plans held: %+v", p)
 	}
 	// A 1-GPU pod is placed past it: nothing is held.
@@ -239,7 +239,7 @@ func TestGroupWaitsForItsPodsAndIsFreedWhenAMemberGoes(t *testing.T) {
 	if n0 == "" {
 		t.Fatalf("planned group's pod refused: %s", anyReason(ans))
 	}
-	plans := x.ledger.GroupPlans()
+	plans := x.ledger.Report().GroupPlans()
 	if len(plans) != 1 || len(plans[0].Nodes) != 3 {
 		t.Fatalf("plans %+v, want one of 3 slots", plans)
 	}
@@ -250,7 +250,7 @@ func TestGroupWaitsForItsPodsAndIsFreedWhenAMemberGoes(t *testing.T) {
 	}
 	// A member is deleted before it was bound: the plan goes, its GPUs free.
 	x.ledger.DeletePod(types.NamespacedName{Namespace: p1.Namespace, Name: p1.Name}, p1.UID)
-	if p := x.ledger.GroupPlans(); len(p) != 0 {
+	if p := x.ledger.Report().GroupPlans(); len(p) != 0 {
 		t.Fatalf("plan kept after a member was deleted: %+v", p)
 	}
 	free := 0
@@ -340,7 +340,7 @@ func TestKubernetesPodGroupIsAGroup(t *testing.T) {
 			t.Fatalf("%s not placed: %s", p.Name, anyReason(ans))
 		}
 	}
-	if plans := x.ledger.GroupPlans(); len(plans) != 0 {
+	if plans := x.ledger.Report().GroupPlans(); len(plans) != 0 {
 		t.Errorf("plan left after every pod was bound: %+v", plans)
 	}
 	// Annotations and a PodGroup at once: refused, naming both.
@@ -365,7 +365,7 @@ func TestGroupPodReservedAgainAfterUnreserveGetsItsSlot(t *testing.T) {
 	}
 	for _, p := range pods {
 		pr := request(t, x, p)
-		slot, err := x.GroupSlot(context.Background(), pr, nil)
+		slot, err := x.slot(context.Background(), pr, nil)
 		if err != nil || slot == nil {
 			t.Fatalf("%s: slot %v err %v", p.Name, slot, err)
 		}
@@ -377,7 +377,7 @@ func TestGroupPodReservedAgainAfterUnreserveGetsItsSlot(t *testing.T) {
 	for _, pr := range prs {
 		x.Unreserve(pr.UID)
 	}
-	if plans := x.ledger.GroupPlans(); len(plans) != 1 || plans[0].Claimed != 0 {
+	if plans := x.ledger.Report().GroupPlans(); len(plans) != 1 || plans[0].Claimed != 0 {
 		t.Fatalf("after unreserve: plans %+v, want the plan kept with its slots unclaimed", plans)
 	}
 	for i, pr := range prs {

@@ -39,6 +39,10 @@ type GroupExplanation struct {
 	Planned       bool
 	Domain, Level string
 	Nodes         []string
+	// DomainNodes are every node of Domain, in name order, when Domain
+	// is a fabric domain (not "cluster"): kube-scheduler's other plugins
+	// may still choose among them.
+	DomainNodes []string
 	// Wait is why the group cannot be placed now ("" when it can).
 	Wait string
 }
@@ -56,9 +60,10 @@ func (x *Core) ExplainGroup(ctx context.Context, pr Request) *GroupExplanation {
 		return nil
 	}
 	out := &GroupExplanation{Group: pr.group, Size: pr.groupSpec.Size}
-	for _, p := range x.ledger.GroupPlans() {
+	for _, p := range x.ledger.Report().GroupPlans() {
 		if p.Key == pr.group {
 			out.Planned, out.Domain, out.Level, out.Nodes = true, p.Domain, p.Level, p.Nodes
+			out.DomainNodes = x.domainNodes(out.Level, out.Domain)
 			return out
 		}
 	}
@@ -85,11 +90,14 @@ func (x *Core) ExplainGroup(ctx context.Context, pr Request) *GroupExplanation {
 			out.Nodes = append(out.Nodes, s.Node)
 		}
 	})
+	if out.Wait == "" {
+		out.DomainNodes = x.domainNodes(out.Level, out.Domain)
+	}
 	return out
 }
 
-// GroupPending are the group's pods not bound yet, by name.
-func (x *Core) GroupPending(group string) []types.NamespacedName {
+// groupPending are the group's pods not bound yet, by name.
+func (x *Core) groupPending(group string) []types.NamespacedName {
 	var out []types.NamespacedName
 	x.ledger.Read(func(v ledger.View) {
 		g, _ := v.Group(group)
@@ -100,9 +108,12 @@ func (x *Core) GroupPending(group string) []types.NamespacedName {
 	return out
 }
 
-// DomainNodes are the nodes in domain (as GroupExplanation names it) at
-// fabric level (a level name), in name order.
-func (x *Core) DomainNodes(level, domain string) []string {
+// domainNodes are the nodes in domain (as GroupExplanation names it) at
+// fabric level (a level name), in name order; nil for "" and "cluster".
+func (x *Core) domainNodes(level, domain string) []string {
+	if domain == "" || domain == "cluster" {
+		return nil
+	}
 	lvl, ok := configv1alpha1.FabricLevelIndex(x.cfg.Fabric.Levels, level)
 	var out []string
 	x.ledger.Read(func(v ledger.View) {

@@ -47,7 +47,8 @@ func (g *GroupPreemption) Slot(uid types.UID) string {
 // nothing in the ledger: kube-scheduler's preemption (the plugin's
 // Filter, the extender's preempt verb) evicts, one node per pod, and the
 // group is planned as usual once the GPUs are free.
-func (x *Core) PlanGroupPreemption(ctx context.Context, pr Request, priority int32, candidates []string) *GroupPreemption {
+func (p Preemption) PlanGroup(ctx context.Context, pr Request, priority int32, candidates []string) *GroupPreemption {
+	x := p.x
 	return x.planWaitingGroup(pr, func(v ledger.View, g ledger.GroupView, need int) *GroupPreemption {
 		over := map[string]*WhatIf{}
 		evictable := map[string][]ledger.Holder{}
@@ -181,7 +182,8 @@ func (x *Core) preemptionDomains(v ledger.View, pr Request, candidates []string)
 // of its snapshot to try), recording nothing: where its pods would go,
 // nil when the group does not fit even so, is planned already, or pr is
 // not in a group of more than one.
-func (x *Core) PlanGroupIf(ctx context.Context, pr Request, candidates []string, ws map[string]*WhatIf) *GroupPreemption {
+func (p Preemption) PlanGroupIf(ctx context.Context, pr Request, candidates []string, ws map[string]*WhatIf) *GroupPreemption {
+	x := p.x
 	return x.planWaitingGroup(pr, func(v ledger.View, g ledger.GroupView, need int) *GroupPreemption {
 		slots, domain, level, err := x.planGroup(ctx, v, pr, g, need, candidates, ws)
 		if err != nil {

@@ -48,14 +48,14 @@ func TestGroupPreemptionChoosesOneDomainAndItsVictims(t *testing.T) {
 		}
 		victims[name] = fillNode(t, x, name, prio)
 	}
-	before := x.ledger.Holdings()
+	before := x.ledger.Report().Holdings()
 	var prs []Request
 	for i := range 2 {
 		p := groupPod("train", i, 2, 8, map[string]string{v1alpha1.AnnotationGroupRequiredTopology: "leaf"})
 		x.ledger.UpsertPod(p)
 		prs = append(prs, request(t, x, p))
 	}
-	gp := x.PlanGroupPreemption(context.Background(), prs[0], 1000, nil)
+	gp := x.Preemption().PlanGroup(context.Background(), prs[0], 1000, nil)
 	if gp == nil {
 		t.Fatal("no plan for a group of priority 1000 over pods of priority 100")
 	}
@@ -77,12 +77,12 @@ func TestGroupPreemptionChoosesOneDomainAndItsVictims(t *testing.T) {
 	if a, b := gp.Slot(prs[0].UID), gp.Slot(prs[1].UID); a == "" || b == "" || a == b {
 		t.Errorf("the group's pods' places %q and %q, want one node each", a, b)
 	}
-	if got := x.ledger.Holdings(); !slices.EqualFunc(got, before, func(a, b ledger.Holding) bool {
+	if got := x.ledger.Report().Holdings(); !slices.EqualFunc(got, before, func(a, b ledger.Holding) bool {
 		return a.PodUID == b.PodUID && a.Node == b.Node && slices.Equal(a.GPUs, b.GPUs)
 	}) {
 		t.Error("planning a preemption changed the ledger's holdings")
 	}
-	if gp := x.PlanGroupPreemption(context.Background(), prs[0], 100, nil); gp != nil {
+	if gp := x.Preemption().PlanGroup(context.Background(), prs[0], 100, nil); gp != nil {
 		t.Errorf("priority 100 over pods of priority 100: plan %+v, want none", gp)
 	}
 	// Three pods of 8 GPUs in one leaf: no leaf has three nodes.
@@ -95,7 +95,7 @@ func TestGroupPreemptionChoosesOneDomainAndItsVictims(t *testing.T) {
 	for i := 1; i < 3; i++ {
 		x2.ledger.UpsertPod(groupPod("big", i, 3, 8, map[string]string{v1alpha1.AnnotationGroupRequiredTopology: "leaf"}))
 	}
-	if gp := x2.PlanGroupPreemption(context.Background(), request(t, x2, p), 1000, nil); gp != nil {
+	if gp := x2.Preemption().PlanGroup(context.Background(), request(t, x2, p), 1000, nil); gp != nil {
 		t.Errorf("3 × 8 GPUs in one leaf of two nodes: plan %+v, want none (no preemption in vain)", gp)
 	}
 }
@@ -131,7 +131,7 @@ func TestGroupPreemptionDisruptsTheFewestJobs(t *testing.T) {
 			first = request(t, x, p)
 		}
 	}
-	gp := x.PlanGroupPreemption(context.Background(), first, 1000, nil)
+	gp := x.Preemption().PlanGroup(context.Background(), first, 1000, nil)
 	if gp == nil || gp.Domain != "network.topology.nvidia.com/leaf=b" {
 		t.Fatalf("plan %+v, want leaf b, where one group is disrupted instead of 16 jobs", gp)
 	}

@@ -6,7 +6,6 @@ import (
 	"maps"
 	"slices"
 	"sort"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -29,44 +28,6 @@ import (
 // most fabric.reserveMaxPercent of the cluster's GPUs are kept at once;
 // a reservation ends when the group is planned or gone, or after
 // fabric.reserveMaxDuration.
-
-// freeFor is the GPUs of n free for the evaluator's pod: free, less those
-// kept for waiting groups that the pod must leave alone.
-func (e *evaluator) freeFor(n *ledger.Node) topology.Mask {
-	free := n.Free()
-	if len(n.Reservations()) == 0 {
-		return free
-	}
-	return free.Minus(n.ReservedAgainst(e.pr.priority, e.pr.group, e.ends()))
-}
-
-// ends is when the evaluator's pod would be gone at the latest if it
-// started now (its activeDeadlineSeconds); zero when it does not say.
-func (e *evaluator) ends() time.Time {
-	if e.pr.deadline <= 0 {
-		return time.Time{}
-	}
-	return e.now.Add(e.pr.deadline)
-}
-
-// keptForGroups is filter's verdict on n for a pod that would fit there
-// but for the GPUs kept for waiting groups; the reason names them. It is
-// made per node, not remembered: another node with the same free GPUs
-// may keep none.
-func (e *evaluator) keptForGroups(n *ledger.Node) *verdict {
-	var groups []string
-	for _, r := range n.Reservations() {
-		if r.Priority >= e.pr.priority && r.Group != e.pr.group {
-			g := fmt.Sprintf("%s (since %s)", r.Group, r.Since.UTC().Format(time.RFC3339))
-			if !slices.Contains(groups, g) {
-				groups = append(groups, g)
-			}
-		}
-	}
-	kept := n.Free().Intersect(n.ReservedAgainst(e.pr.priority, e.pr.group, e.ends()))
-	return &verdict{code: ReasonReserved, reason: fmt.Sprintf("GPUs %s are kept for group %s, which has waited longer for room (fabric.reserveAfter); pods of its priority or lower are placed on other GPUs, or on these when their activeDeadlineSeconds ends them before the group can start",
-		kept, strings.Join(groups, ", "))}
-}
 
 // ReserveRefresh is how often a group's reservation is made again at
 // most (the group's pods are tried one after the other, and finding the
@@ -191,8 +152,9 @@ func (x *Core) tellRefused(ctx context.Context, pr Request, msg string) {
 // never does, and the group would never get its reservation. The cluster
 // runtime calls this on a timer while its core decides; the plugin build
 // gets there from PreFilter as well.
-func (x *Core) KeepForWaitingGroups(ctx context.Context) {
-	if x.cfg.Fabric.ReserveAfter.Duration <= 0 || x.DeciderRefusal() != "" {
+func (u Upkeep) KeepForWaitingGroups(ctx context.Context) {
+	x := u.x
+	if x.cfg.Fabric.ReserveAfter.Duration <= 0 || x.deciderRefusal() != "" {
 		return
 	}
 	after, now := x.cfg.Fabric.ReserveAfter.Duration, x.now()

@@ -23,7 +23,7 @@ func reserveCase(t *testing.T, percent int32) (x *Core, names []string, now *tim
 	x, names = groupCore(t, "hgx-h100", 2, func(int) string { return "a" })
 	clock := groupEpoch
 	now = &clock
-	x.SetClock(func() time.Time { return *now })
+	x.setClock(func() time.Time { return *now })
 	f := &x.Config().Fabric
 	f.ReserveAfter = metav1.Duration{Duration: 10 * time.Minute}
 	f.ReserveMaxPercent = &percent
@@ -59,7 +59,7 @@ func TestWaitingGroupKeepsTheGPUsItNeedsFromLaterPods(t *testing.T) {
 	if n, _ := place(t, x, names, g0); n != "" {
 		t.Fatalf("group pod placed on %s while node-0 is taken", n)
 	}
-	if r := x.ledger.GroupReservations(); len(r) != 0 {
+	if r := x.ledger.Report().GroupReservations(); len(r) != 0 {
 		t.Fatalf("reservations before reserveAfter: %+v", r)
 	}
 	early := gpuPod("early", 2, map[string]string{})
@@ -72,11 +72,11 @@ func TestWaitingGroupKeepsTheGPUsItNeedsFromLaterPods(t *testing.T) {
 	if n, _ := place(t, x, names, g0); n != "" {
 		t.Fatalf("group pod placed on %s while it does not fit", n)
 	}
-	res := x.ledger.GroupReservations()
+	res := x.ledger.Report().GroupReservations()
 	if len(res) != 1 || res[0].Group != "ml/g" || res[0].GPUs != 16 || res[0].Free != 2 || len(res[0].Nodes) != 2 {
 		t.Fatalf("reservations %+v; want ml/g keeping 16 GPUs on both nodes, 2 of them free", res)
 	}
-	if p := x.ledger.GroupPlans(); len(p) != 0 {
+	if p := x.ledger.Report().GroupPlans(); len(p) != 0 {
 		t.Fatalf("the waiting group holds a plan: %+v", p)
 	}
 	// A later pod of the same priority is refused the kept GPUs, in words
@@ -101,7 +101,7 @@ func TestWaitingGroupKeepsTheGPUsItNeedsFromLaterPods(t *testing.T) {
 			t.Fatalf("%s not placed once the GPUs freed: %s", p.Name, anyReason(ans))
 		}
 	}
-	if r := x.ledger.GroupReservations(); len(r) != 0 {
+	if r := x.ledger.Report().GroupReservations(); len(r) != 0 {
 		t.Errorf("reservation kept after the group was planned: %+v", r)
 	}
 }
@@ -114,7 +114,7 @@ func TestGroupReservationIsBounded(t *testing.T) {
 	if n, _ := place(t, x, names, pods[2]); n != "" {
 		t.Fatalf("group pod placed on %s", n)
 	}
-	if r := x.ledger.GroupReservations(); len(r) != 0 {
+	if r := x.ledger.Report().GroupReservations(); len(r) != 0 {
 		t.Fatalf("reservation over reserveMaxPercent: %+v", r)
 	}
 	if n, ans := place(t, x, names, gpuPod("late", 1, map[string]string{})); n != "node-1" {
@@ -130,20 +130,20 @@ func TestGroupReservationIsBounded(t *testing.T) {
 	place(t, x, names, pods[2])
 	*now = groupEpoch.Add(39 * time.Minute)
 	place(t, x, names, pods[2])
-	if r := x.ledger.GroupReservations(); len(r) != 1 || !r[0].Since.Equal(groupEpoch.Add(11*time.Minute)) || !r[0].Made.Equal(groupEpoch.Add(39*time.Minute)) {
+	if r := x.ledger.Report().GroupReservations(); len(r) != 1 || !r[0].Since.Equal(groupEpoch.Add(11*time.Minute)) || !r[0].Made.Equal(groupEpoch.Add(39*time.Minute)) {
 		t.Fatalf("reservations %+v; want one, first made at 11m, made again at 39m", r)
 	}
 	// Another member tried within reserveRefresh leaves it as it is.
 	*now = groupEpoch.Add(39*time.Minute + 5*time.Second)
 	x.ledger.UpsertPod(pods[3])
 	place(t, x, names, pods[3])
-	if r := x.ledger.GroupReservations(); len(r) != 1 || !r[0].Made.Equal(groupEpoch.Add(39*time.Minute)) {
+	if r := x.ledger.Report().GroupReservations(); len(r) != 1 || !r[0].Made.Equal(groupEpoch.Add(39*time.Minute)) {
 		t.Fatalf("reservations %+v; want the one made at 39m, kept", r)
 	}
 	for _, at := range []time.Duration{40 * time.Minute, 50 * time.Minute, time.Hour} {
 		*now = groupEpoch.Add(at)
 		place(t, x, names, pods[2])
-		if r := x.ledger.GroupReservations(); len(r) != 0 {
+		if r := x.ledger.Report().GroupReservations(); len(r) != 0 {
 			t.Fatalf("reservation kept or made at %s, past reserveAfter + reserveMaxDuration: %+v", at, r)
 		}
 	}
@@ -156,7 +156,7 @@ func TestGroupReservationIsBounded(t *testing.T) {
 	x.Config().Fabric.ReserveAfter = metav1.Duration{}
 	*now = groupEpoch.Add(5 * time.Hour)
 	place(t, x, names, pods[2])
-	if r := x.ledger.GroupReservations(); len(r) != 0 {
+	if r := x.ledger.Report().GroupReservations(); len(r) != 0 {
 		t.Fatalf("reservation with reserveAfter 0: %+v", r)
 	}
 }
@@ -166,7 +166,7 @@ func TestGroupReservationEndsWithTheGroup(t *testing.T) {
 	x, names, now, pods := reserveCase(t, 100)
 	*now = groupEpoch.Add(11 * time.Minute)
 	place(t, x, names, pods[2])
-	if r := x.ledger.GroupReservations(); len(r) != 1 {
+	if r := x.ledger.Report().GroupReservations(); len(r) != 1 {
 		t.Fatalf("reservations %+v, want one", r)
 	}
 	var kept int
@@ -182,7 +182,7 @@ func TestGroupReservationEndsWithTheGroup(t *testing.T) {
 	x.ledger.Read(func(v ledger.View) {
 		v.Nodes(func(n *ledger.Node) { kept += len(n.Reservations()) })
 	})
-	if r := x.ledger.GroupReservations(); len(r) != 0 || kept != 0 {
+	if r := x.ledger.Report().GroupReservations(); len(r) != 0 || kept != 0 {
 		t.Fatalf("reservations %+v and %d on nodes after the group's pods went", r, kept)
 	}
 }
@@ -203,7 +203,7 @@ func declared(p *corev1.Pod, d time.Duration, started time.Time) *corev1.Pod {
 func TestReservationBackfillsPodsThatEndBeforeTheGroupCanStart(t *testing.T) {
 	x, names := groupCore(t, "hgx-h100", 2, func(int) string { return "a" })
 	now := groupEpoch
-	x.SetClock(func() time.Time { return now })
+	x.setClock(func() time.Time { return now })
 	f := &x.Config().Fabric
 	f.ReserveAfter = metav1.Duration{Duration: 10 * time.Minute}
 	f.ReserveMaxPercent = ptrTo[int32](100)
@@ -246,7 +246,7 @@ func TestReservationBackfillsPodsThatEndBeforeTheGroupCanStart(t *testing.T) {
 	x.ledger.EndGroupReservation("ml/g")
 	f.ReserveMaxDuration = metav1.Duration{Duration: 30 * time.Minute}
 	place(t, x, names, g[0])
-	if r := x.ledger.GroupReservations(); len(r) != 0 {
+	if r := x.ledger.Report().GroupReservations(); len(r) != 0 {
 		t.Fatalf("reservations %+v; none can drain within reserveMaxDuration", r)
 	}
 }
@@ -287,17 +287,17 @@ func TestWaitingGroupIsKeptForWithoutBeingTried(t *testing.T) {
 			x.ledger.Read(func(v ledger.View) { _, ok = v.Reservation("ml/g") })
 			return ok
 		}
-		x.KeepForWaitingGroups(context.Background())
+		x.Upkeep().KeepForWaitingGroups(context.Background())
 		if kept() {
 			t.Fatalf("%d%%: GPUs kept before reserveAfter", c.percent)
 		}
 		*now = groupEpoch.Add(11 * time.Minute)
-		x.KeepForWaitingGroups(context.Background())
+		x.Upkeep().KeepForWaitingGroups(context.Background())
 		if kept() != c.kept {
 			t.Errorf("%d%%: reservation %v after reserveAfter, want %v", c.percent, kept(), c.kept)
 		}
 		*now = now.Add(time.Minute)
-		x.KeepForWaitingGroups(context.Background())
+		x.Upkeep().KeepForWaitingGroups(context.Background())
 		close(rec.Events)
 		var events []string
 		for e := range rec.Events {

@@ -9,9 +9,9 @@ import (
 )
 
 // checkNode is e's verdict on node as pr sees it, under the ledger's read
-// lock's stripe for the node (ledger.StripeOf).
-func (x *Core) checkNode(e *evaluator, node string, stripe int, pr Request) (v *verdict) {
-	x.ledger.ReadNode(stripe, func(lv ledger.View) { v = e.check(lv.NodeFor(node, pr.UID)) })
+// lock's stripe for the node (ledger.Ledger.ReadNode).
+func (x *Core) checkNode(e *evaluator, node string, pr Request) (v *verdict) {
+	x.ledger.ReadNode(node, func(lv ledger.View) { v = e.check(lv.NodeFor(node, pr.UID)) })
 	return v
 }
 

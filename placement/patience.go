@@ -2,7 +2,6 @@ package placement
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/gputopo/gputopo/placement/ledger"
@@ -176,34 +175,4 @@ func (x *Core) outlook(ctx context.Context, v ledger.View, pr Request, now time.
 	v.Finished(now.Add(-window), func(n *ledger.Node, gpus int) { add(n, gpus) })
 	v.Ending(now.Add(left), func(n *ledger.Node, gpus int) { add(n, gpus) })
 	return o
-}
-
-// patient refuses v, a set that fits node n, when its ring is below the
-// pod's patience floor: unresolvable when even the node's best set with
-// every GPU free is below it (no eviction makes the node faster).
-func (e *evaluator) patient(n *ledger.Node, v *verdict) *verdict {
-	p := e.patience
-	if p.floor == 0 || !v.ok || v.res.Metrics.RingGBps >= p.floor {
-		return v
-	}
-	// v is the evaluator's answer for the node's (topology, free GPUs),
-	// shared by every node that has them: so is the refusal.
-	if r, ok := e.refusals.Load(v); ok {
-		return r.(*verdict)
-	}
-	r := e.refuseForPatience(n, v)
-	e.refusals.Store(v, r)
-	return r
-}
-
-// refuseForPatience is patient's refusal of v on node n.
-func (e *evaluator) refuseForPatience(n *ledger.Node, v *verdict) *verdict {
-	p := e.patience
-	pristine := e.allocate(n, n.Topo().Pristine().All(), true)
-	return &verdict{
-		code:         ReasonPatience,
-		unresolvable: !pristine.ok || pristine.res.Metrics.RingGBps < p.floor,
-		reason: fmt.Sprintf("the best free set here has a %d GB/s ring, under %d%% of the %d GB/s that machines expected to free give the pod (%d GPUs expected to free there in time, %d asked by pods waiting ahead); it waits %s more for a faster set, then takes the best free (patience.bandwidthWait)",
-			v.res.Metrics.RingGBps, p.percent, p.best, p.soon, p.ahead, p.left.Round(time.Second)),
-	}
 }

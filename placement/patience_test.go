@@ -42,7 +42,7 @@ func patienceCluster(t *testing.T) (x *Core, names []string, now *time.Time, bus
 	x = offlineCore(t)
 	clock := groupEpoch
 	now = &clock
-	x.SetClock(func() time.Time { return *now })
+	x.setClock(func() time.Time { return *now })
 	names = []string{feedMachine(t, x, "fast", "hgx-h100", 8), feedMachine(t, x, "slow", "dgx1-v100", 8)}
 	busy = gpuPod("busy", 8, map[string]string{})
 	busy.Status.StartTime = ptr.To(metav1.NewTime(groupEpoch))
@@ -166,7 +166,7 @@ func TestPatienceEndsWithTheRequirementsFallback(t *testing.T) {
 func TestPatienceCountsOnlyTrustedMachines(t *testing.T) {
 	x := offlineCore(t)
 	names := []string{feedMachine(t, x, "slow", "dgx1-v100", 8), feedMachine(t, x, "liar", "hgx-h100", 4)}
-	x.SetClock(func() time.Time { return groupEpoch.Add(time.Minute) })
+	x.setClock(func() time.Time { return groupEpoch.Add(time.Minute) })
 	if n, ans := place(t, x, names, modelPod("m", 4)); n != "slow" {
 		t.Fatalf("with the H100 untrusted: node %q, reason %q; want slow", n, anyReason(ans))
 	}
@@ -310,7 +310,7 @@ func TestModelPodBindsUnderContentionAllEnd(t *testing.T) {
 	for i := range 4 {
 		names = append(names, feedMachine(t, x, fmt.Sprintf("node-%d", i), "dgx1-v100", 8))
 	}
-	x.SetClock(func() time.Time { return groupEpoch.Add(time.Minute) })
+	x.setClock(func() time.Time { return groupEpoch.Add(time.Minute) })
 	stop := make(chan struct{})
 	var writes sync.WaitGroup
 	writes.Go(func() {

@@ -49,7 +49,7 @@ func BenchmarkFilterWhilePlanning(b *testing.B) {
 				return
 			default:
 			}
-			if _, err := x.GroupSlot(ctx, members[0], nil); err != nil {
+			if _, err := x.slot(ctx, members[0], nil); err != nil {
 				panic(err)
 			}
 			plans.Add(1)
@@ -58,7 +58,7 @@ func BenchmarkFilterWhilePlanning(b *testing.B) {
 			x.ledger.SweepGroups(-time.Hour)
 		}
 	})
-	c := x.NewCycle(ctx, pr)
+	c := x.newCycle(ctx, pr)
 	b.ResetTimer()
 	start := time.Now()
 	var next atomic.Int64

@@ -110,7 +110,7 @@ func (c *Cycle) FilterNodeIf(node string, w *WhatIf) (passed, unresolvable bool,
 		return c.FilterNode(node)
 	}
 	var v *verdict
-	c.x.ledger.ReadNode(ledger.StripeOf(node), func(lv ledger.View) {
+	c.x.ledger.ReadNode(node, func(lv ledger.View) {
 		v = c.e.check(w.on(lv, lv.NodeFor(node, c.pr.UID)))
 	})
 	if v.ok {
@@ -121,7 +121,8 @@ func (c *Cycle) FilterNodeIf(node string, w *WhatIf) (passed, unresolvable bool,
 
 // PreemptionMayHelp says whether a pod of priority prio could free GPUs
 // by preemption anywhere: whether some pod of lower priority holds GPUs.
-func (x *Core) PreemptionMayHelp(prio int32) bool {
+func (p Preemption) MayHelp(prio int32) bool {
+	x := p.x
 	var may bool
 	x.ledger.Read(func(v ledger.View) { may = v.HoldersBelow(prio) })
 	return may
@@ -134,7 +135,8 @@ func (x *Core) PreemptionMayHelp(prio int32) bool {
 // would otherwise fail its node for those few milliseconds and preempt
 // again elsewhere. Reserve still decides on the ledger, so a pod placed
 // through such a view waits (Reserve refuses) until the ledger agrees.
-func (x *Core) Lagging(w *WhatIf, node string, present func(types.UID) bool) *WhatIf {
+func (p Preemption) Lagging(w *WhatIf, node string, present func(types.UID) bool) *WhatIf {
+	x := p.x
 	x.ledger.Read(func(lv ledger.View) {
 		for _, h := range lv.Holders(lv.Node(node)) {
 			if !h.Reserved && !present(h.UID) {
@@ -195,7 +197,8 @@ type Protected func(pods []types.NamespacedName) []bool
 // kube-scheduler's count ksViolations, at most one each). ok is false
 // when pr cannot fit on the node even with every lower-priority pod gone:
 // kube-scheduler then drops the node rather than evict in vain.
-func (x *Core) Victims(ctx context.Context, pr Request, priority int32, node string, proposed []types.UID, ksViolations int, protected Protected) (victims []types.UID, violations int, ok bool) {
+func (p Preemption) Victims(ctx context.Context, pr Request, priority int32, node string, proposed []types.UID, ksViolations int, protected Protected) (victims []types.UID, violations int, ok bool) {
+	x := p.x
 	e := x.evaluatorFor(ctx, pr)
 	var order []ledger.Holder // the GPU pods among the victims
 	var gone map[types.UID]bool
@@ -305,3 +308,12 @@ func moreImportant(a, b ledger.Holder) int {
 	}
 	return a.Started.Compare(b.Started)
 }
+
+// Preemption is what a front end asks the core when kube-scheduler
+// preempts: the victims of one node (Victims), the nodes and victims that
+// free room for a whole group (PlanGroup, PlanGroupIf), and how far the
+// ledger lags kube-scheduler's snapshot of a node (Lagging).
+type Preemption struct{ x *Core }
+
+// Preemption is the core's preemption planner.
+func (x *Core) Preemption() Preemption { return Preemption{x: x} }

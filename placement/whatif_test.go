@@ -65,25 +65,25 @@ func TestVictimsGiveBackPDBProtectedPodsFirstAndCountTheRest(t *testing.T) {
 	x.ledger.UpsertPod(high)
 	pr := request(t, x, high)
 
-	victims, violations, ok := x.Victims(context.Background(), pr, prio, "b", nil, 0, protected)
+	victims, violations, ok := x.Preemption().Victims(context.Background(), pr, prio, "b", nil, 0, protected)
 	want := []types.UID{b[4].UID, b[5].UID, b[6].UID, b[7].UID}
 	slices.Sort(victims)
 	if !ok || violations != 0 || !slices.Equal(victims, want) {
 		t.Errorf("node b: victims %v, %d violations, ok %v; want the unprotected quad %v, none", victims, violations, ok, want)
 	}
-	victims, violations, ok = x.Victims(context.Background(), pr, prio, "a", nil, 0, protected)
+	victims, violations, ok = x.Preemption().Victims(context.Background(), pr, prio, "a", nil, 0, protected)
 	if !ok || len(victims) != 4 || violations != 2 {
 		t.Errorf("node a: victims %v, %d violations, ok %v; want a quad, 2 of its pods protected", victims, violations, ok)
 	}
 	// Without budgets the same node gives back the more important pods
 	// first (the earlier, by name here: none started), one quad evicted.
-	victims, violations, _ = x.Victims(context.Background(), pr, prio, "a", nil, 0, nil)
+	victims, violations, _ = x.Preemption().Victims(context.Background(), pr, prio, "a", nil, 0, nil)
 	if len(victims) != 4 || violations != 0 {
 		t.Errorf("node a without budgets: victims %v, %d violations; want a quad, none", victims, violations)
 	}
 	// Victims without GPUs kube-scheduler chose keep its count, one at
 	// most each.
-	_, violations, _ = x.Victims(context.Background(), pr, prio, "b", []types.UID{"cpu-only"}, 3, protected)
+	_, violations, _ = x.Preemption().Victims(context.Background(), pr, prio, "b", []types.UID{"cpu-only"}, 3, protected)
 	if violations != 1 {
 		t.Errorf("one CPU victim with kube-scheduler's 3 violations: %d, want 1", violations)
 	}

@@ -14,7 +14,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -26,7 +25,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
-	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/klog/v2"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -48,7 +46,7 @@ const scoreScale = fwk.MaxNodeScore / extenderv1.MaxExtenderPriority
 
 // Args are the plugin's pluginConfig arguments.
 type Args struct {
-	// ConfigFile is an ExtenderConfiguration (gputopo.io/v1alpha1), the
+	// ConfigFile is an ExtenderConfiguration (config.gputopo.io/v1alpha1), the
 	// file the extender reads with --config; empty uses the defaults.
 	ConfigFile string `json:"configFile,omitempty"`
 	// MetricsBindAddress serves the core's /metrics (the extender's
@@ -174,16 +172,14 @@ type bindUnknown struct{}
 
 func (bindUnknown) Clone() fwk.StateData { return bindUnknown{} }
 
-// notReady is the status of a cycle the core cannot decide yet.
-func (p *Plugin) notReady() *fwk.Status {
+// stoppedStatus is the status of a GPU pod's cycle once the plugin's
+// runtime stopped; nil while it runs.
+func (p *Plugin) stoppedStatus() *fwk.Status {
 	p.mu.Lock()
 	stopped := p.stopped
 	p.mu.Unlock()
 	if stopped != nil {
 		return fwk.AsStatus(fmt.Errorf("%sGPU decision core stopped: %w", placement.ReasonPrefix, stopped))
-	}
-	if msg := p.x.NotReady(); msg != "" {
-		return fwk.AsStatus(errors.New(placement.ReasonPrefix + msg))
 	}
 	return nil
 }
@@ -198,123 +194,54 @@ func nodeNames(nodes []fwk.NodeInfo) []string {
 	return names
 }
 
-// PreFilter reads the pod's request and requirement once per cycle. Pods
+// PreFilter reads the pod's request and requirement once per cycle,
+// through the core's one PreFilter call, and translates its plan. Pods
 // without GPUs skip the plugin; a malformed requirement ends the cycle as
 // unresolvable with the message that names the field.
 func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev1.Pod, nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
-	pr, err := placement.ParseRequest(pod, p.x.Config().GPUResource(), p.x.Now())
-	if err != nil {
-		p.x.Observer().Failed(placement.PhaseFilter, placement.ErrBadRequest)
-		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
-	}
-	if pr.Count == 0 {
+	plan := p.x.PreFilter(ctx, placement.PreFilterInput{
+		Pod:     pod,
+		Nodes:   len(nodes),
+		Allowed: func() []string { return schedulable(ctx, pod, nodes) },
+		EachNode: func(fn func(string, func(types.UID) bool)) {
+			for _, ni := range nodes {
+				if ni.Node() != nil {
+					fn(ni.Node().Name, onNode(ni))
+				}
+			}
+		},
+	})
+	if plan.Skip {
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
-	if st := p.notReady(); st != nil {
+	if st := p.stoppedStatus(); st != nil {
 		return nil, st
 	}
-	// Only the scheduling replica gets here: the first GPU pod starts the
-	// decider Lease election. Not holding it is an error, not a verdict
-	// on nodes, so the pod is retried with backoff and the event names
-	// the scheduler that decides instead.
-	if msg := p.x.DeciderRefusal(); msg != "" {
-		return nil, fwk.AsStatus(errors.New(placement.ReasonPrefix + msg))
+	if plan.Err != nil {
+		return nil, fwk.AsStatus(plan.Err)
 	}
-	var candidates []string
-	if pr.Group() != "" {
-		candidates = schedulable(ctx, pod, nodes)
-	}
-	slot, err := p.x.GroupSlot(ctx, pr, candidates)
-	var wait *placement.GroupWait
 	switch {
-	case errors.As(err, &wait):
-		if !wait.Unresolvable && pr.Group() != "" {
-			// kube-scheduler's pod-group preemption tries the group on
-			// a snapshot with its candidate victims taken out, through a
-			// fresh cycle: plan it as that snapshot has the nodes, and
-			// send each pod to its place there.
-			if node, over := p.planOnSnapshot(ctx, pr, pod, candidates, nodes); node != "" {
-				state.Write(cycleKey, &cycle{c: p.x.NewCycle(ctx, pr), over: over})
-				return &fwk.PreFilterResult{NodeNames: sets.New(node)}, nil
-			}
-		}
-		code := fwk.Unschedulable
-		if wait.Unresolvable {
-			code = fwk.UnschedulableAndUnresolvable
-		}
-		st := fwk.NewStatus(code, placement.ReasonPrefix+wait.Msg)
-		// A group's pod waits for its whole group. kube-scheduler's
-		// preemption may still evict lower-priority pods for it, but
-		// only on the node the group's preemption plan keeps for this
-		// pod, and only the pods that plan needs gone
-		// (docs/scheduler-plugin.md, "Preemption").
-		c := &cycle{refused: fwk.NewStatus(fwk.UnschedulableAndUnresolvable, placement.ReasonPrefix+wait.Msg)}
-		if !wait.Unresolvable {
-			prio := corev1helpers.PodPriority(pod)
-			c.group = &groupPreempt{uid: pod.UID, plan: func() *placement.GroupPreemption {
-				return p.x.PlanGroupPreemption(ctx, pr, prio, candidates)
-			}}
+	case plan.Cycle != nil:
+		state.Write(cycleKey, &cycle{c: plan.Cycle, over: plan.Over})
+	case plan.Waiting != "":
+		c := &cycle{refused: fwk.NewStatus(fwk.UnschedulableAndUnresolvable, plan.Waiting)}
+		if plan.GroupPreemption != nil {
+			c.group = &groupPreempt{uid: pod.UID, plan: plan.GroupPreemption}
 		}
 		state.Write(cycleKey, c)
-		return nil, st
-	case err != nil:
-		return nil, fwk.AsStatus(fmt.Errorf("%s%w", placement.ReasonPrefix, err))
 	}
-	if slot == nil {
-		// Only the nodes that can hold the pod now need the framework's
-		// filters; when none can, the cycle ends here with gputopo's
-		// reason.
-		c := p.x.Candidates(pr, len(nodes))
-		state.Write(cycleKey, &cycle{c: p.x.NewCycle(ctx, pr)})
-		if pod.Status.NominatedNodeName != "" {
-			// Nominated by a preemption: the ledger may not have seen
-			// its victims leave yet, so the fit index may not show the
-			// node; Filter decides on it as kube-scheduler sees it.
-			return nil, nil
+	if plan.Refusal != "" {
+		code := fwk.Unschedulable
+		if plan.Unresolvable {
+			code = fwk.UnschedulableAndUnresolvable
 		}
-		if c.Reason != "" {
-			code := fwk.Unschedulable
-			if c.Unresolvable {
-				code = fwk.UnschedulableAndUnresolvable
-			}
-			// Unschedulable: kube-scheduler's preemption may still ask
-			// Filter whether evicting lower-priority pods makes room.
-			return nil, fwk.NewStatus(code, c.Reason)
-		}
-		// A pod found unschedulable before that may preempt (some pod of
-		// lower priority holds GPUs) is not narrowed: kube-scheduler's
-		// preemption treats the nodes a PreFilterResult leaves out as
-		// unresolvable, and a node with lower-priority pods to evict may
-		// be among them. Its first cycle is narrowed; when that fails
-		// (the nodes that can hold its GPUs failed other filters), the
-		// retry considers every node.
-		if c.Nodes == nil || mayPreempt(pod) && foundUnschedulable(pod) && p.x.PreemptionMayHelp(corev1helpers.PodPriority(pod)) {
-			return nil, nil
-		}
-		return &fwk.PreFilterResult{NodeNames: c.Nodes}, nil
+		return nil, fwk.NewStatus(code, plan.Refusal)
 	}
-	state.Write(cycleKey, &cycle{c: p.x.NewCycle(ctx, pr)})
-	// The group is planned: its other pods, which may wait as
-	// unschedulable from before, are tried now rather than on the next
-	// cluster event.
-	p.activate(ctx, slot.Group, pod)
-	return &fwk.PreFilterResult{NodeNames: sets.New(slot.Node)}, nil
-}
-
-// mayPreempt says whether pod's preemptionPolicy lets it preempt.
-func mayPreempt(pod *corev1.Pod) bool {
-	return pod.Spec.PreemptionPolicy == nil || *pod.Spec.PreemptionPolicy != corev1.PreemptNever
-}
-
-// foundUnschedulable says whether kube-scheduler found pod unschedulable
-// before (its PodScheduled condition is False, reason Unschedulable).
-func foundUnschedulable(pod *corev1.Pod) bool {
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodScheduled {
-			return c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable
-		}
+	p.activate(ctx, plan.Activate)
+	if plan.Nodes == nil {
+		return nil, nil
 	}
-	return false
+	return &fwk.PreFilterResult{NodeNames: plan.Nodes}, nil
 }
 
 // schedulable are the nodes a group's pod may go to by its own rules
@@ -338,17 +265,15 @@ func schedulable(ctx context.Context, pod *corev1.Pod, nodes []fwk.NodeInfo) []s
 	return out
 }
 
-// activate moves the group's other pending pods to the active queue.
-func (p *Plugin) activate(ctx context.Context, group string, self *corev1.Pod) {
-	if p.h == nil || p.h.SharedInformerFactory() == nil {
+// activate moves the pods of keys (a group's other pending pods) to the
+// active queue.
+func (p *Plugin) activate(ctx context.Context, keys []types.NamespacedName) {
+	if len(keys) == 0 || p.h == nil || p.h.SharedInformerFactory() == nil {
 		return
 	}
 	lister := p.h.SharedInformerFactory().Core().V1().Pods().Lister()
 	pods := map[string]*corev1.Pod{}
-	for _, key := range p.x.GroupPending(group) {
-		if key.Name == self.Name && key.Namespace == self.Namespace {
-			continue
-		}
+	for _, key := range keys {
 		if pod, err := lister.Pods(key.Namespace).Get(key.Name); err == nil {
 			pods[key.String()] = pod
 		}
@@ -376,7 +301,7 @@ const (
 // pods.
 func (p *Plugin) watchUsable(ctx context.Context) {
 	b := newBatch(usableGather, usableEvery, func() { p.activatePending(ctx) })
-	p.x.OnNodeUsable(b.signal)
+	p.x.Upkeep().OnNodeUsable(b.signal)
 	go b.run(ctx)
 }
 
@@ -474,7 +399,7 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, pod *corev1.Pod
 	if pod.Status.NominatedNodeName == node {
 		// The node preemption made room on: decide as kube-scheduler's
 		// snapshot sees it, victims gone, while the ledger catches up.
-		w = p.x.Lagging(w.Clone(), node, onNode(nodeInfo))
+		w = p.x.Preemption().Lagging(w.Clone(), node, onNode(nodeInfo))
 	}
 	passed, unresolvable, reason := c.c.FilterNodeIf(node, w)
 	switch {
@@ -612,7 +537,7 @@ func (p *Plugin) GeneratePlacements(ctx context.Context, _ fwk.PodGroupCycleStat
 	if gx.Domain != "" && gx.Domain != "cluster" {
 		// Every node of the domain, so that kube-scheduler's other
 		// plugins may still choose among them.
-		want = sets.New(p.x.DomainNodes(gx.Level, gx.Domain)...)
+		want = sets.New(gx.DomainNodes...)
 	}
 	out := &fwk.Placement{Name: "gputopo:" + gx.Domain}
 	for _, n := range parent.Nodes {

@@ -78,7 +78,7 @@ func (n nodeInfo) GetPods() []fwk.PodInfo {
 		return nil
 	}
 	var out []fwk.PodInfo
-	for _, h := range n.c.x.Core().Ledger().Holdings() {
+	for _, h := range n.c.x.Core().Report().Holdings() {
 		if h.Node == n.n.Name {
 			out = append(out, podInfo{p: &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: h.Pod.Name, Namespace: h.Pod.Namespace, UID: h.PodUID}}})
 		}
@@ -101,11 +101,10 @@ func newCluster(t *testing.T, fixtures ...string) *cluster {
 	t.Helper()
 	cs := fake.NewClientset()
 	cs.PrependReactor("create", "pods", fakeapi.BindingReactor(cs))
-	core, err := placement.New(placement.Options{API: clusterrt.ClientAPI(cs, configv1alpha1.DefaultExtenderConfiguration().BindTimeout.Duration)})
+	core, err := placement.New(placement.Options{API: clusterrt.ClientAPI(cs, configv1alpha1.DefaultExtenderConfiguration().BindTimeout.Duration), Clock: func() time.Time { return now }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	core.SetClock(func() time.Time { return now })
 	c := &cluster{x: extender.NewForCore(core, extender.NewOptions()), p: NewForCore(core), cs: cs}
 	for i, f := range fixtures {
 		c.addNode(t, f, f+"-"+string(rune('a'+i)), -1)
@@ -131,8 +130,8 @@ func (c *cluster) addNode(t *testing.T, fixture, name string, gpus int64) {
 	if _, err := c.cs.CoreV1().Nodes().Create(context.Background(), node, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	c.x.Core().Ledger().UpsertNode(node)
-	c.x.Core().Ledger().UpsertTopology(&v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: st})
+	c.x.Core().Feed().UpsertNode(node)
+	c.x.Core().Feed().UpsertTopology(&v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: st})
 	c.nodes = append(c.nodes, nodeInfo{n: node, c: c})
 }
 
@@ -440,8 +439,8 @@ func TestBadRequestsNameTheField(t *testing.T) {
 			}
 		})
 	}
-	if c.x.Core().Ledger().Counts().Reserved != 0 {
-		t.Fatalf("reservations after refused requests: %+v", c.x.Core().Ledger().Counts())
+	if c.x.Core().Report().Counts().Reserved != 0 {
+		t.Fatalf("reservations after refused requests: %+v", c.x.Core().Report().Counts())
 	}
 }
 
@@ -520,7 +519,7 @@ func TestUnreserveAfterAFailedBind(t *testing.T) {
 				t.Errorf("bind outcome recorded unknown = %v, want %v", unknown, tc.wantUnknown)
 			}
 			c.p.Unreserve(context.Background(), st, p, node)
-			if got := c.x.Core().Ledger().Counts().Reserved; got != tc.wantReserved {
+			if got := c.x.Core().Report().Counts().Reserved; got != tc.wantReserved {
 				t.Errorf("after Unreserve %d GPUs reserved, want %d", got, tc.wantReserved)
 			}
 		})

@@ -96,30 +96,3 @@ func (g *groupPreempt) filter(node string, w *placement.WhatIf) *fwk.Status {
 	}
 	return nil
 }
-
-// planOnSnapshot plans pr's waiting group on nodes as kube-scheduler's
-// snapshot has them, when it lacks pods the ledger still counts (the
-// pod-group preemption's try with its victims taken out; or the ledger
-// lagging a moment behind): the node the plan keeps for pod, and the
-// per-node what-ifs Filter decides on. "" when the snapshot takes no pod
-// out or the group does not fit even so.
-func (p *Plugin) planOnSnapshot(ctx context.Context, pr placement.Request, pod *corev1.Pod, candidates []string, nodes []fwk.NodeInfo) (string, map[string]*placement.WhatIf) {
-	over := map[string]*placement.WhatIf{}
-	for _, ni := range nodes {
-		if ni.Node() == nil {
-			continue
-		}
-		name := ni.Node().Name
-		if w := p.x.Lagging(nil, name, onNode(ni)); !w.Empty() {
-			over[name] = w
-		}
-	}
-	if len(over) == 0 {
-		return "", nil
-	}
-	gp := p.x.PlanGroupIf(ctx, pr, candidates, over)
-	if gp == nil {
-		return "", nil
-	}
-	return gp.Slot(pod.UID), over
-}

@@ -44,7 +44,7 @@ func (c *cluster) bindOn(t *testing.T, name, node, fixture string, i int) *corev
 	p := c.pod(t, name, 1, "")
 	p.Spec.NodeName = node
 	p.Annotations = map[string]string{v1alpha1.AnnotationAssignedGPUs: fx.Graph(node).GPU(i).UUID}
-	c.x.Core().Ledger().UpsertPod(p)
+	c.x.Core().Feed().UpsertPod(p)
 	return p
 }
 
@@ -186,7 +186,7 @@ func TestWaitingGroupPodDoesNotPreempt(t *testing.T) {
 	c := newCluster(t, "dgx-a100")
 	pod := c.pod(t, "g-0", 8, "")
 	pod.Annotations = map[string]string{v1alpha1.AnnotationGroup: "g", v1alpha1.AnnotationGroupSize: "3"}
-	c.x.Core().Ledger().UpsertPod(pod)
+	c.x.Core().Feed().UpsertPod(pod)
 	st := newState()
 	_, pre := c.p.PreFilter(context.Background(), st, pod, c.nodes)
 	if pre.IsSuccess() {
@@ -294,7 +294,7 @@ func TestGroupPlansOnTheSnapshotPodGroupPreemptionTries(t *testing.T) {
 	for i := range 2 {
 		p := c.pod(t, fmt.Sprintf("g-%d", i), 8, "")
 		p.Annotations = map[string]string{v1alpha1.AnnotationGroup: "g", v1alpha1.AnnotationGroupSize: "2"}
-		c.x.Core().Ledger().UpsertPod(p)
+		c.x.Core().Feed().UpsertPod(p)
 		group = append(group, p)
 	}
 	ctx := context.Background()
@@ -306,7 +306,7 @@ func TestGroupPlansOnTheSnapshotPodGroupPreemptionTries(t *testing.T) {
 	for _, ni := range c.nodes {
 		empty = append(empty, nodeWithPods{nodeInfo: ni.(nodeInfo)})
 	}
-	held := c.x.Core().Ledger().Counts()
+	held := c.x.Core().Report().Counts()
 	seen := map[string]bool{}
 	for _, p := range group {
 		st := newState()
@@ -332,7 +332,7 @@ func TestGroupPlansOnTheSnapshotPodGroupPreemptionTries(t *testing.T) {
 			t.Errorf("Reserve of %s on %s: %v, want success without the ledger", p.Name, node, r)
 		}
 	}
-	if got := c.x.Core().Ledger().Counts(); got != held {
+	if got := c.x.Core().Report().Counts(); got != held {
 		t.Errorf("ledger after the tries: %s, want it unchanged (%s)", got, held)
 	}
 }

@@ -60,13 +60,13 @@ func newGputopoPolicy(nodes []Node, ext *configv1alpha1.ExtenderConfiguration, t
 	// Nothing refreshes the simulated topologies: their age limit is
 	// switched off, the documented way.
 	cfg.TopologyMaxAge = &metav1.Duration{Duration: -1}
-	x, err := placement.New(placement.Options{Config: cfg, API: api})
+	p := &gputopoPolicy{api: api, table: table, index: map[string]int{}, pods: map[string]*corev1.Pod{},
+		rng: rand.New(rand.NewPCG(1, 0x6b756265))}
+	x, err := placement.New(placement.Options{Config: cfg, API: api, Clock: func() time.Time { return simEpoch.Add(p.now) }})
 	if err != nil {
 		return nil, err
 	}
-	p := &gputopoPolicy{x: x, api: api, table: table, index: map[string]int{}, pods: map[string]*corev1.Pod{},
-		rng: rand.New(rand.NewPCG(1, 0x6b756265))}
-	p.x.SetClock(func() time.Time { return simEpoch.Add(p.now) })
+	p.x = x
 	l := p.x.Feed()
 	now := metav1.NewTime(simEpoch)
 	for i, n := range nodes {

@@ -245,7 +245,7 @@ func StartDecider(o DeciderOptions) (*Decider, error) {
 		d.CoreAddr = args.MetricsBindAddress
 		if o.ResourceName != "" && args.ConfigFile == "" {
 			args.ConfigFile = filepath.Join(o.Dir, "extender-config.yaml")
-			doc := fmt.Sprintf("apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nresourceName: %q\n", o.ResourceName)
+			doc := fmt.Sprintf("apiVersion: config.gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nresourceName: %q\n", o.ResourceName)
 			if err := os.WriteFile(args.ConfigFile, []byte(doc), 0o600); err != nil {
 				return nil, fmt.Errorf("write the plugin's config: %w", err)
 			}

@@ -122,7 +122,7 @@ func New(restCfg *rest.Config, cs kubernetes.Interface, o Options) (*Runtime, er
 	r.core, r.cfg = x, x.Config()
 	r.api.bindTimeout = r.cfg.BindTimeout.Duration
 	if r.cfg.Telemetry.Source == configv1alpha1.TelemetryPrometheus {
-		if r.prom, err = newPromTelemetry(r.cfg.Telemetry.Prometheus, x.Ledger(), x.Observer()); err != nil {
+		if r.prom, err = newPromTelemetry(r.cfg.Telemetry.Prometheus, x, co.Observer); err != nil {
 			return nil, err
 		}
 	}
@@ -172,13 +172,13 @@ func (r *Runtime) Sync(ctx context.Context) (stop func(), err error) {
 		return func() {}, err
 	}
 	r.synced.Store(true)
-	klog.FromContext(ctx).Info("caches synced", "ledger", r.core.Ledger().Counts().String())
-	go wait.UntilWithContext(ctx, func(context.Context) { r.core.Sweep() }, r.core.SweepPeriod())
+	klog.FromContext(ctx).Info("caches synced", "ledger", r.core.Report().Counts().String())
+	go wait.UntilWithContext(ctx, func(context.Context) { r.core.Upkeep().Sweep() }, r.core.Upkeep().SweepPeriod())
 	// Waiting groups get their reservations even where kube-scheduler's
 	// own filters never let it ask the extender about their pods.
 	go wait.UntilWithContext(ctx, func(ctx context.Context) {
 		if r.holdsDecider() { // a shadow, or a replica that does not decide, keeps nothing
-			r.core.KeepForWaitingGroups(ctx)
+			r.core.Upkeep().KeepForWaitingGroups(ctx)
 		}
 	}, placement.ReserveRefresh)
 	// Plans and reservations are published for kubectl gputopo and the
@@ -208,7 +208,7 @@ func (r *Runtime) Lead(ctx context.Context, eagerDecider bool) error {
 		r.startDecider(ctx)
 	}
 	r.leading.Store(true)
-	r.core.AnnounceDoubleHolds()
+	r.core.Upkeep().AnnounceDoubleHolds()
 	return nil
 }
 

@@ -67,15 +67,15 @@ func TestDeletedPodsReleaseTheirGPUsAlsoFromATombstone(t *testing.T) {
 			h.topologies.OnAdd(topology(t, "a"), true)
 			p := boundPod(t, "p", "a", 0, 1)
 			h.pods.OnAdd(p, true)
-			if c := x.Ledger().Counts(); c.Held != 2 {
+			if c := x.Report().Counts(); c.Held != 2 {
 				t.Fatalf("counts after the pod was added: %+v, want 2 held", c)
 			}
 			h.pods.OnDelete(wrap(p))
-			if c := x.Ledger().Counts(); c.Held != 0 || c.Free != 8 {
+			if c := x.Report().Counts(); c.Held != 0 || c.Free != 8 {
 				t.Errorf("counts after the delete: %+v, want all 8 free", c)
 			}
 			h.topologies.OnDelete(toolscache.DeletedFinalStateUnknown{Key: "a", Obj: topology(t, "a")})
-			if c := x.Ledger().Counts(); c.Total != 0 {
+			if c := x.Report().Counts(); c.Total != 0 {
 				t.Errorf("counts after the topology's tombstone: %+v, want no GPUs", c)
 			}
 		})
@@ -110,7 +110,7 @@ func TestTheCoreDecidesOnlyOnceTheRuntimeLeads(t *testing.T) {
 		t.Errorf("NotReady after Lead = %q, want ready", msg)
 	}
 	// Lead rebuilt the ledger from the pods the API server lists.
-	if c := x.Ledger().Counts(); c.Held != 1 {
+	if c := x.Report().Counts(); c.Held != 1 {
 		t.Errorf("counts after Lead: %+v, want GPU 5 held (by two pods, counted once)", c)
 	}
 	var got []string

@@ -232,10 +232,10 @@ func (d *decider) drain(log klog.Logger) {
 	d.holding.Store(false)
 	d.mu.Unlock()
 	deadline := time.Now().Add(d.x.cfg.BindTimeout.Duration + time.Second)
-	for d.x.core.BindsInFlight() > 0 && time.Now().Before(deadline) {
+	for d.x.core.Upkeep().BindsInFlight() > 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if n := d.x.core.BindsInFlight(); n > 0 {
+	if n := d.x.core.Upkeep().BindsInFlight(); n > 0 {
 		log.Info("releasing the decider lease with Bindings still in flight", "bindings", n)
 	}
 }

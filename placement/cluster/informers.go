@@ -197,7 +197,7 @@ func keyOf(m metav1.Object) types.NamespacedName {
 // pods only ever grow from it (see Ledger), so replaying older state is
 // harmless.
 func (r *Runtime) rebuild(ctx context.Context) error {
-	l := r.core.Ledger()
+	l := r.core.Feed()
 	p := pager.New(pager.SimplePageFunc(func(o metav1.ListOptions) (runtime.Object, error) {
 		return r.client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, o)
 	}))
@@ -213,6 +213,6 @@ func (r *Runtime) rebuild(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("rebuild ledger: list pods: %w", err)
 	}
-	klog.FromContext(ctx).Info("ledger rebuilt from pods", "pods", n, "ledger", l.Counts().String())
+	klog.FromContext(ctx).Info("ledger rebuilt from pods", "pods", n, "ledger", r.core.Report().Counts().String())
 	return nil
 }

@@ -44,7 +44,7 @@ func (r *Runtime) publish(ctx context.Context) {
 	if p.c == nil || p.last == nil {
 		return
 	}
-	p.round(ctx, r.core.Ledger().Held(), r.opts.Identity)
+	p.round(ctx, r.core.Report().Held(), r.opts.Identity)
 }
 
 // holdsDecider says whether this scheduler decides now: it leads and holds
@@ -72,7 +72,7 @@ func (r *Runtime) adoptPlans(ctx context.Context) {
 			continue
 		}
 		group := key.Namespace + "/" + key.Name
-		ok := r.core.AdoptPlan(ctx, group, spec.Domain, spec.Level, spec.Slots)
+		ok := r.core.Upkeep().AdoptPlan(ctx, group, spec.Domain, spec.Level, spec.Slots)
 		log.Info("plan published by the previous decider", "group", group, "adopted", ok, "decider", spec.Decider)
 	}
 }

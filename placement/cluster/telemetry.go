@@ -36,20 +36,20 @@ type ExternalTelemetry = ledger.ExternalTelemetry
 type promTelemetry struct {
 	cfg    *configv1alpha1.PrometheusTelemetry
 	api    promv1.API
-	ledger *ledger.Ledger
+	feed   placement.Feed
+	report placement.Report
 	obs    placement.Observer
 	now    func() time.Time
 	// lastFallback is the fallback count last logged, to log changes only.
 	lastFallback int
 }
 
-func newPromTelemetry(cfg *configv1alpha1.PrometheusTelemetry, l *ledger.Ledger, obs placement.Observer) (*promTelemetry, error) {
+func newPromTelemetry(cfg *configv1alpha1.PrometheusTelemetry, x *placement.Core, obs placement.Observer) (*promTelemetry, error) {
 	c, err := promapi.NewClient(promapi.Config{Address: cfg.URL})
 	if err != nil {
 		return nil, fmt.Errorf("telemetry.prometheus.url %q: %w", cfg.URL, err)
 	}
-	l.UseExternalTelemetry(cfg.MaxAge.Duration)
-	return &promTelemetry{cfg: cfg, api: promv1.NewAPI(c), ledger: l, obs: obs, now: time.Now, lastFallback: -1}, nil
+	return &promTelemetry{cfg: cfg, api: promv1.NewAPI(c), feed: x.Feed(), report: x.Report(), obs: obs, now: time.Now, lastFallback: -1}, nil
 }
 
 // run queries at once, then every interval, until ctx ends.
@@ -63,14 +63,18 @@ func (p *promTelemetry) round(ctx context.Context) {
 	log := klog.FromContext(ctx).WithName("prometheus-telemetry")
 	data, err := p.query(ctx)
 	if err != nil {
-		p.obs.TelemetryRound(false, p.now())
+		if p.obs != nil {
+			p.obs.TelemetryRound(false, p.now())
+		}
 		log.Error(err, "query round failed; nodes keep their last samples until telemetry.prometheus.maxAge, then fall back to NodeGPUTopology telemetry", "url", p.cfg.URL)
-		p.ledger.RefreshExternalTelemetry()
+		p.feed.RefreshExternalTelemetry()
 	} else {
-		p.obs.TelemetryRound(true, p.now())
-		p.ledger.SetExternalTelemetry(data)
+		if p.obs != nil {
+			p.obs.TelemetryRound(true, p.now())
+		}
+		p.feed.SetExternalTelemetry(data)
 	}
-	bySource, fallback := p.ledger.TelemetrySources()
+	bySource, fallback := p.report.TelemetrySources()
 	total := 0
 	for _, n := range fallback {
 		total += n

@@ -23,7 +23,8 @@ type Holding struct {
 }
 
 // Holdings lists every holding, sorted by node then pod.
-func (l *Ledger) Holdings() []Holding {
+func (r Report) Holdings() []Holding {
+	l := r.l
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	out := make([]Holding, 0, len(l.holdings))
@@ -80,7 +81,8 @@ const (
 // older than maxAge, or further ahead than the clock-skew allowance),
 // untrusted (its GPU count disagrees with the Node's, or it lists a GPU
 // another node listed first) or fresh.
-func (l *Ledger) TopologyStates(now time.Time, maxAge time.Duration) map[string]int {
+func (r Report) TopologyStates(now time.Time, maxAge time.Duration) map[string]int {
+	l := r.l
 	out := make(map[string]int, len(topoStateNames))
 	for _, name := range topoStateNames {
 		out[name] = 0
@@ -99,7 +101,8 @@ func (l *Ledger) TopologyStates(now time.Time, maxAge time.Duration) map[string]
 }
 
 // Counts totals the ledger.
-func (l *Ledger) Counts() Counts {
+func (r Report) Counts() Counts {
+	l := r.l
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	var c Counts

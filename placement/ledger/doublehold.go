@@ -93,7 +93,8 @@ func (l *Ledger) noteDoubleHeldLocked(n *Node, dup topology.Mask, unresolved []s
 
 // DoubleHolds lists the GPUs that more than one pod holds now, sorted by
 // node then GPU. Empty in a healthy cluster.
-func (l *Ledger) DoubleHolds() []DoubleHold {
+func (r Report) DoubleHolds() []DoubleHold {
+	l := r.l
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	var out []DoubleHold

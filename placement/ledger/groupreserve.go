@@ -94,6 +94,7 @@ func (l *Ledger) ReserveForGroup(key string, prio int32, domain, level string, s
 		}
 		r.nodes[name] = m
 		// A new slice: views taken before keep theirs.
+		l.changedLocked(n)
 		n.reservedFor = append(slices.Clone(n.reservedFor), NodeReservation{Group: key, Priority: prio, GPUs: m, Start: start, Since: since})
 	}
 	g.reserve = r
@@ -139,6 +140,7 @@ func (l *Ledger) unreserveLocked(key string, g *group) {
 		if len(out) == 0 {
 			out = nil
 		}
+		l.changedLocked(n)
 		n.reservedFor = out
 	}
 	r.nodes = nil
@@ -169,7 +171,8 @@ func (v View) ReservedGPUs(except string) int {
 }
 
 // GroupReservations lists the reservations in place, by group.
-func (l *Ledger) GroupReservations() []GroupReservation {
+func (r Report) GroupReservations() []GroupReservation {
+	l := r.l
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	var out []GroupReservation

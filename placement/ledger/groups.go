@@ -72,14 +72,6 @@ type GroupView struct {
 	Planned bool
 }
 
-// SetFabric sets the node label keys of each fabric level, tightest first
-// (the configuration's fabric.levels). Set it before the ledger is fed.
-func (l *Ledger) SetFabric(levels [][]string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.fabric = levels
-}
-
 // FabricLevels is how many fabric levels the ledger knows.
 func (v View) FabricLevels() int { return len(v.l.fabric) }
 
@@ -104,19 +96,20 @@ func (v View) DomainFree() []map[string]int {
 	for i := range out {
 		out[i] = map[string]int{}
 	}
-	for _, n := range v.l.nodes {
+	v.each(func(n *Node) {
 		free := n.freeMask.Count()
 		for i := range out {
 			if d := n.Domain(i); d != "" {
 				out[i][d] += free
 			}
 		}
-	}
+	})
 	return out
 }
 
 // setDomainsLocked reads a Node's fabric domains from its labels.
 func (l *Ledger) setDomainsLocked(n *Node, labels map[string]string) {
+	l.changedLocked(n)
 	if len(l.fabric) == 0 {
 		return
 	}
@@ -159,11 +152,7 @@ func (l *Ledger) domainSetLocked(d []string) []string {
 }
 
 // EachNode calls fn with every node the ledger knows, in no order.
-func (v View) EachNode(fn func(n *Node)) {
-	for _, n := range v.l.nodes {
-		fn(n)
-	}
-}
+func (v View) EachNode(fn func(n *Node)) { v.each(fn) }
 
 // Nodes calls fn with every node the ledger knows, in name order.
 func (v View) Nodes(fn func(n *Node)) {
@@ -173,7 +162,9 @@ func (v View) Nodes(fn func(n *Node)) {
 	}
 	sort.Strings(names)
 	for _, name := range names {
-		fn(v.l.nodes[name])
+		if n := v.node(name); n != nil {
+			fn(n)
+		}
 	}
 }
 
@@ -242,7 +233,7 @@ func (l *Ledger) PlanGroup(key string, choose func(v View, g GroupView) (slots [
 			return nil
 		}
 		gv := l.groupViewLocked(key, g)
-		slots, domain, level, err := choose(View{l}, gv)
+		slots, domain, level, err := choose(View{l: l}, gv)
 		l.mu.RUnlock()
 		if err != nil {
 			return err
@@ -273,7 +264,7 @@ func (l *Ledger) PlanGroup(key string, choose func(v View, g GroupView) (slots [
 		return nil
 	}
 	gv := l.groupViewLocked(key, g)
-	slots, domain, level, err := choose(View{l}, gv)
+	slots, domain, level, err := choose(View{l: l}, gv)
 	if err != nil {
 		return err
 	}
@@ -452,7 +443,8 @@ type GroupPlan struct {
 }
 
 // GroupPlans lists the plans in place, by group.
-func (l *Ledger) GroupPlans() []GroupPlan {
+func (r Report) GroupPlans() []GroupPlan {
+	l := r.l
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	var out []GroupPlan

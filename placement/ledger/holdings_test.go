@@ -141,13 +141,13 @@ func TestLedgerHoldings(t *testing.T) {
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			l := ledger.New("")
+			l := ledger.New(ledger.Options{})
 			l.UpsertTopology(topo(t, "dgx1-v100", "a"))
 			tc.events(l)
-			if diff := cmp.Diff(tc.want, l.Holdings(), cmpEmptyHoldings); diff != "" {
+			if diff := cmp.Diff(tc.want, l.Report().Holdings(), cmpEmptyHoldings); diff != "" {
 				t.Errorf("holdings (-want +got):\n%s", diff)
 			}
-			if diff := cmp.Diff(tc.counts, l.Counts()); diff != "" {
+			if diff := cmp.Diff(tc.counts, l.Report().Counts()); diff != "" {
 				t.Errorf("counts (-want +got):\n%s", diff)
 			}
 		})
@@ -157,10 +157,9 @@ func TestLedgerHoldings(t *testing.T) {
 var cmpEmptyHoldings = cmp.FilterValues(func(a, b []ledger.Holding) bool { return len(a) == 0 && len(b) == 0 }, cmp.Ignore())
 
 func TestSweepReleasesOnlyExpiredReservations(t *testing.T) {
-	l := ledger.New("")
-	l.UpsertTopology(topo(t, "dgx1-v100", "a"))
 	clock := now
-	l.SetClock(func() time.Time { return clock })
+	l := ledger.New(ledger.Options{Clock: func() time.Time { return clock }})
+	l.UpsertTopology(topo(t, "dgx1-v100", "a"))
 	if _, err := l.Reserve("uid-old", types.NamespacedName{Namespace: "default", Name: "old"}, "a", firstFree(2)); err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +174,7 @@ func TestSweepReleasesOnlyExpiredReservations(t *testing.T) {
 		t.Errorf("swept %d reservations, want 1 (the one older than the TTL)", n)
 	}
 	var left []types.UID
-	for _, h := range l.Holdings() {
+	for _, h := range l.Report().Holdings() {
 		left = append(left, h.PodUID)
 	}
 	if diff := cmp.Diff([]types.UID{"uid-bound", "uid-new"}, left); diff != "" {
@@ -265,9 +264,8 @@ func TestLedgerDoubleHeldGPUs(t *testing.T) {
 	p1 := types.NamespacedName{Namespace: "default", Name: "p1"}
 	p2 := types.NamespacedName{Namespace: "default", Name: "p2"}
 	gpu1 := machine.FixtureUUID("a", 1)
-	l := ledger.New("")
 	var added, cleared []ledger.DoubleHold
-	l.OnDoubleHeld(func(a, c []ledger.DoubleHold) { added, cleared = append(added, a...), append(cleared, c...) })
+	l := ledger.New(ledger.Options{OnDoubleHeld: func(a, c []ledger.DoubleHold) { added, cleared = append(added, a...), append(cleared, c...) }})
 	l.UpsertTopology(topo(t, "dgx1-v100", "a"))
 
 	// p1 holds 0,1; p2 was planned on 2,3 but kubelet gave it 1,2.
@@ -275,7 +273,7 @@ func TestLedgerDoubleHeldGPUs(t *testing.T) {
 	l.UpsertPod(drifted("p2", []int{2, 3}, []int{1, 2}))
 
 	want := []ledger.DoubleHold{{Node: "a", GPU: gpu1, Holders: []ledger.GPUHolder{{PodUID: "uid-p1", Pod: p1}, {PodUID: "uid-p2", Pod: p2}}}}
-	if diff := cmp.Diff(want, l.DoubleHolds()); diff != "" {
+	if diff := cmp.Diff(want, l.Report().DoubleHolds()); diff != "" {
 		t.Errorf("DoubleHolds (-want +got):\n%s", diff)
 	}
 	if diff := cmp.Diff(want, added); diff != "" || len(cleared) > 0 {
@@ -286,10 +284,10 @@ func TestLedgerDoubleHeldGPUs(t *testing.T) {
 		{PodUID: "uid-p1", Pod: p1, Node: "a", GPUs: uuidsOn("a", 0, 1), DoubleHeld: []string{gpu1}},
 		{PodUID: "uid-p2", Pod: p2, Node: "a", GPUs: uuidsOn("a", 1, 2), DoubleHeld: []string{gpu1}},
 	}
-	if diff := cmp.Diff(wantHoldings, l.Holdings()); diff != "" {
+	if diff := cmp.Diff(wantHoldings, l.Report().Holdings()); diff != "" {
 		t.Errorf("holdings (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff(ledger.Counts{Total: 8, Free: 5, Held: 3, DoubleHeld: 1}, l.Counts()); diff != "" {
+	if diff := cmp.Diff(ledger.Counts{Total: 8, Free: 5, Held: 3, DoubleHeld: 1}, l.Report().Counts()); diff != "" {
 		t.Errorf("counts (-want +got):\n%s", diff)
 	}
 	var free topology.Mask
@@ -311,19 +309,19 @@ func TestLedgerDoubleHeldGPUs(t *testing.T) {
 	if diff := cmp.Diff(want, cleared); diff != "" {
 		t.Errorf("reported cleared (-want +got):\n%s", diff)
 	}
-	if got := l.DoubleHolds(); len(got) > 0 {
+	if got := l.Report().DoubleHolds(); len(got) > 0 {
 		t.Errorf("DoubleHolds after p1 ended = %v, want none", got)
 	}
-	if diff := cmp.Diff([]ledger.Holding{{PodUID: "uid-p2", Pod: p2, Node: "a", GPUs: uuidsOn("a", 1, 2)}}, l.Holdings()); diff != "" {
+	if diff := cmp.Diff([]ledger.Holding{{PodUID: "uid-p2", Pod: p2, Node: "a", GPUs: uuidsOn("a", 1, 2)}}, l.Report().Holdings()); diff != "" {
 		t.Errorf("holdings (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff(ledger.Counts{Total: 8, Free: 6, Held: 2}, l.Counts()); diff != "" {
+	if diff := cmp.Diff(ledger.Counts{Total: 8, Free: 6, Held: 2}, l.Report().Counts()); diff != "" {
 		t.Errorf("counts (-want +got):\n%s", diff)
 	}
 }
 
 func TestLedgerDoubleHeldWithAReservationCountsAsHeld(t *testing.T) {
-	l := ledger.New("")
+	l := ledger.New(ledger.Options{})
 	l.UpsertTopology(topo(t, "dgx1-v100", "a"))
 	res, err := l.Reserve("uid-r", types.NamespacedName{Namespace: "default", Name: "r"}, "a", firstFree(1))
 	if err != nil {
@@ -334,15 +332,15 @@ func TestLedgerDoubleHeldWithAReservationCountsAsHeld(t *testing.T) {
 	i, _ := idx.Graph("a").IndexOf(uuids[0])
 	// A pod bound elsewhere is recorded by the node agent on the reserved GPU.
 	l.UpsertPod(drifted("b", []int{(i + 1) % 8}, []int{i}))
-	got := l.DoubleHolds()
+	got := l.Report().DoubleHolds()
 	if len(got) != 1 || len(got[0].Holders) != 2 || !got[0].Holders[1].Reserved || got[0].Holders[0].Reserved {
 		t.Fatalf("DoubleHolds = %+v, want GPU %d held by pod b and reserved for r", got, i)
 	}
-	if diff := cmp.Diff(ledger.Counts{Total: 8, Free: 7, Held: 1, Reserved: 0, DoubleHeld: 1}, l.Counts()); diff != "" {
+	if diff := cmp.Diff(ledger.Counts{Total: 8, Free: 7, Held: 1, Reserved: 0, DoubleHeld: 1}, l.Report().Counts()); diff != "" {
 		t.Errorf("counts (-want +got):\n%s", diff)
 	}
 	l.Release("uid-r")
-	if c := l.Counts(); c.DoubleHeld != 0 || c.Held != 1 || c.Free != 7 {
+	if c := l.Report().Counts(); c.DoubleHeld != 0 || c.Held != 1 || c.Free != 7 {
 		t.Errorf("after the reservation is released: %s, want held=1 free=7 and no double hold", c)
 	}
 }

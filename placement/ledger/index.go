@@ -150,6 +150,7 @@ func (l *Ledger) indexLocked(n *Node) {
 	if l.nodes[n.name] != n {
 		return
 	}
+	l.changedLocked(n)
 	o := offerOf(n)
 	if old := l.index.set(n.name, o); l.onUsable != nil && gains(old, o) {
 		l.onUsable()

@@ -87,12 +87,10 @@ func TestFitIndexFollowsNodesThatComeFillAndGo(t *testing.T) {
 // OnUsable is told when a node comes to offer GPUs it did not from its
 // topology's or Node's side, and not when only its pods change.
 func TestOnUsableFollowsWhatTheTopologyAndNodeOffer(t *testing.T) {
-	l := ledger.New("")
 	clock := now
-	l.SetClock(func() time.Time { return clock })
-	l.SetTopologyMaxAge(15 * time.Minute)
+	l := ledger.New(ledger.Options{Clock: func() time.Time { return clock }, TopologyMaxAge: 15 * time.Minute})
 	told := 0
-	l.OnUsable(func() { told++ })
+	l.Report().OnUsable(func() { told++ })
 	step := func(what string, want int, f func()) {
 		t.Helper()
 		told = 0

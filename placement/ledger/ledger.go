@@ -50,6 +50,7 @@ import (
 // GPU that a live pod holds.
 type Ledger struct {
 	mu    stripedLock
+	snaps snapshots
 	nodes map[string]*Node
 	topos map[string]*Topo
 	// shapes are the distinct topologies of the nodes (View.Shapes).
@@ -123,26 +124,57 @@ type Ledger struct {
 	finished []finished
 }
 
-// New returns an empty ledger counting the extended resource (the
-// configuration's resourceName; empty: nvidia.com/gpu), on the wall clock.
-func New(resource corev1.ResourceName) *Ledger {
-	if resource == "" {
-		resource = v1alpha1.ResourceGPU
+// Options are a ledger's settings; every field may be left zero.
+type Options struct {
+	// Resource is the extended resource counted (the configuration's
+	// resourceName); empty: nvidia.com/gpu.
+	Resource corev1.ResourceName
+	// Clock is the ledger's clock (reservation ages and TTLs, external
+	// telemetry ages); nil: the wall clock. A simulation passes its
+	// simulated time.
+	Clock func() time.Time
+	// Fabric are the label keys of each fabric level, tightest first.
+	Fabric [][]string
+	// TopologyMaxAge is the age limit of a topology's observedTime that
+	// filter applies (the configuration's topologyMaxAge; 0: off), so
+	// that OnUsable is told when an old topology is published fresh again.
+	TopologyMaxAge time.Duration
+	// ExternalTelemetryMaxAge > 0 prefers external (Prometheus) telemetry
+	// no older than it; 0 reads NodeGPUTopology telemetry only.
+	ExternalTelemetryMaxAge time.Duration
+	// OnDoubleHeld is told of GPUs that became held by more than one pod
+	// (added) and of those that no longer are (cleared). It is called
+	// under the ledger's lock: it must not block or call back into the
+	// ledger.
+	OnDoubleHeld func(added, cleared []DoubleHold)
+}
+
+// New returns an empty ledger with the settings o.
+func New(o Options) *Ledger {
+	if o.Resource == "" {
+		o.Resource = v1alpha1.ResourceGPU
+	}
+	if o.Clock == nil {
+		o.Clock = time.Now
 	}
 	l := &Ledger{
-		nodes:      make(map[string]*Node),
-		topos:      make(map[string]*Topo),
-		holdings:   make(map[types.UID]*holding),
-		pods:       make(map[types.NamespacedName]*PodInfo),
-		jobs:       make(map[string]map[string]int),
-		now:        time.Now,
-		resource:   resource,
-		seed:       maphash.MakeSeed(),
-		claims:     make(map[string]gpuClaim),
-		moreClaims: make(map[string][]gpuClaim),
-		gone:       make(map[types.UID]time.Time),
-		groups:     make(map[string]*group),
-		byPriority: make(map[int32]int),
+		nodes:        make(map[string]*Node),
+		topos:        make(map[string]*Topo),
+		holdings:     make(map[types.UID]*holding),
+		pods:         make(map[types.NamespacedName]*PodInfo),
+		jobs:         make(map[string]map[string]int),
+		now:          o.Clock,
+		resource:     o.Resource,
+		seed:         maphash.MakeSeed(),
+		claims:       make(map[string]gpuClaim),
+		moreClaims:   make(map[string][]gpuClaim),
+		gone:         make(map[types.UID]time.Time),
+		groups:       make(map[string]*group),
+		byPriority:   make(map[int32]int),
+		fabric:       o.Fabric,
+		maxAge:       o.TopologyMaxAge,
+		extMaxAge:    o.ExternalTelemetryMaxAge,
+		onDoubleHeld: o.OnDoubleHeld,
 	}
 	l.index.init()
 	return l
@@ -151,56 +183,6 @@ func New(resource corev1.ResourceName) *Ledger {
 // goneTTL is how long a deleted or finished pod's UID is remembered: far
 // longer than a rebuild's list can be in flight.
 const goneTTL = 10 * time.Minute
-
-// SetClock replaces the ledger's clock (reservation ages and TTLs, external
-// telemetry ages), for a simulation that runs in simulated time.
-func (l *Ledger) SetClock(now func() time.Time) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.now = now
-}
-
-// OnTelemetry sets the function told of every node's telemetry as
-// prioritize reads it (nil graph and telemetry: none), so that metrics
-// follow the ledger. Set it before the ledger is fed.
-func (l *Ledger) OnTelemetry(fn func(node string, g *topology.Graph, tel []v1alpha1.Telemetry)) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.onTelemetry = fn
-}
-
-// OnDoubleHeld sets the function told of GPUs that became held by more
-// than one pod (added) and of those that no longer are (cleared). It is
-// called under the ledger's lock: it must not block or call back into the
-// ledger. Set it before the ledger is fed.
-func (l *Ledger) OnDoubleHeld(fn func(added, cleared []DoubleHold)) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.onDoubleHeld = fn
-}
-
-// OnUsable sets the function told when a node comes to offer GPUs it did
-// not, from its topology's or its Node's side: a node that joins, a
-// topology published, valid, trusted, no longer marked stale or no longer
-// too old (SetTopologyMaxAge) again, a larger allocatable. Nothing
-// kube-scheduler watches says so (the topology is gputopo's own object),
-// so the plugin build tries its waiting pods again on it. It is called
-// under the ledger's lock: it must not block or call back into the
-// ledger.
-func (l *Ledger) OnUsable(fn func()) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.onUsable = fn
-}
-
-// SetTopologyMaxAge sets the age limit of a topology's observedTime that
-// filter applies (the configuration's topologyMaxAge; 0: off), so that
-// OnUsable is told when an old topology is published fresh again.
-func (l *Ledger) SetTopologyMaxAge(d time.Duration) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.maxAge = d
-}
 
 // Topo is shared by every node of one topology hash.
 type Topo struct {
@@ -304,6 +286,13 @@ type Node struct {
 	// reservedFor is what waiting groups keep here (groupreserve.go); nil
 	// when none (the usual case). It is replaced, never changed in place.
 	reservedFor []NodeReservation
+
+	// fz links a live node to its frozen copies (snapshot.go); dirty
+	// says it changed since the last snapshot froze it; frozenAt is a
+	// frozen copy's snapshot number.
+	fz       *frozenRef
+	dirty    bool
+	frozenAt uint64
 }
 
 func (n *Node) empty() bool {

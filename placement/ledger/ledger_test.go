@@ -28,8 +28,7 @@ func newLedger(t testing.TB, nodes ...string) *ledger.Ledger {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := ledger.New("")
-	l.SetClock(func() time.Time { return now })
+	l := ledger.New(ledger.Options{Clock: func() time.Time { return now }})
 	for _, name := range nodes {
 		st := f.Graph(name).Status()
 		st.ObservedTime = metav1.NewTime(now)
@@ -90,7 +89,7 @@ func TestReserveConfirmRelease(t *testing.T) {
 	if got := free(l, "a"); got != topology.MaskOf(2, 3, 4, 5, 6, 7) {
 		t.Fatalf("free after Reserve: %v, want 2-7", got.Indices())
 	}
-	if got := l.Counts(); got.Reserved != 2 || got.Held != 0 {
+	if got := l.Report().Counts(); got.Reserved != 2 || got.Held != 0 {
 		t.Fatalf("counts after Reserve: %s, want 2 reserved", got)
 	}
 
@@ -115,20 +114,20 @@ func TestReserveConfirmRelease(t *testing.T) {
 	// Confirmed (the Binding was written): ReleaseReserved leaves it to
 	// the informer; Release frees it.
 	l.Confirm("uid-p", "b", []string{"GPU-not-reserved"})
-	if got := l.Counts(); got.Reserved != 2 {
+	if got := l.Report().Counts(); got.Reserved != 2 {
 		t.Fatalf("Confirm with other GPUs changed the reservation: %s", got)
 	}
 	held, _ := l.Reserve("uid-p", key("p"), "b", nil)
 	l.Confirm("uid-p", "b", held.UUIDs)
-	if got := l.Counts(); got.Held != 2 || got.Reserved != 0 {
+	if got := l.Report().Counts(); got.Held != 2 || got.Reserved != 0 {
 		t.Fatalf("counts after Confirm: %s, want 2 held", got)
 	}
 	l.ReleaseReserved("uid-p")
-	if got := l.Counts(); got.Held != 2 {
+	if got := l.Report().Counts(); got.Held != 2 {
 		t.Fatalf("ReleaseReserved freed a confirmed holding: %s", got)
 	}
 	l.Release("uid-p")
-	if got := l.Counts(); got.Held != 0 || got.Free != 16 {
+	if got := l.Report().Counts(); got.Held != 0 || got.Free != 16 {
 		t.Fatalf("counts after Release: %s, want all 16 free", got)
 	}
 }
@@ -142,8 +141,8 @@ func TestReserveHoldsNothingOnError(t *testing.T) {
 	if _, err := l.Reserve("uid-p", key("p"), "nowhere", firstFree(1)); err == nil {
 		t.Fatal("Reserve on a node the ledger does not know succeeded")
 	}
-	if got := l.Counts(); got.Reserved != 0 || got.Free != 8 || len(l.Holdings()) != 0 {
-		t.Fatalf("a failed Reserve left %s, holdings %v", got, l.Holdings())
+	if got := l.Report().Counts(); got.Reserved != 0 || got.Free != 8 || len(l.Report().Holdings()) != 0 {
+		t.Fatalf("a failed Reserve left %s, holdings %v", got, l.Report().Holdings())
 	}
 }
 
@@ -201,7 +200,7 @@ func TestConcurrentReservesNeverShareAGPU(t *testing.T) {
 	if len(got) != 8 || failed != 2 {
 		t.Fatalf("%d GPUs reserved, %d refused; want 8 and 2", len(got), failed)
 	}
-	if c := l.Counts(); c.Reserved != 8 || c.Free != 0 || c.DoubleHeld != 0 {
+	if c := l.Report().Counts(); c.Reserved != 8 || c.Free != 0 || c.DoubleHeld != 0 {
 		t.Fatalf("counts %s, want 8 reserved", c)
 	}
 }
@@ -257,7 +256,7 @@ func TestNodeState(t *testing.T) {
 			t.Errorf("an unknown node: %s, want missing", s)
 		}
 	})
-	if got := l.TopologyStates(now, time.Minute); got[ledger.TopologyFresh] != 1 || got[ledger.TopologyMissing] != 0 {
+	if got := l.Report().TopologyStates(now, time.Minute); got[ledger.TopologyFresh] != 1 || got[ledger.TopologyMissing] != 0 {
 		t.Errorf("TopologyStates %v: want a fresh, the Node without GPUs not counted", got)
 	}
 }
@@ -309,7 +308,7 @@ func TestNodeForSeesTheGPUsAPodHasReserved(t *testing.T) {
 // after the list was taken, and before its stale copy reaches the ledger,
 // must not hold its GPUs again.
 func TestAStaleCopyOfADeletedPodDoesNotHoldGPUsAgain(t *testing.T) {
-	l := ledger.New(v1alpha1.ResourceGPU)
+	l := ledger.New(ledger.Options{Resource: v1alpha1.ResourceGPU})
 	f, _ := machine.FixtureByName("dgx-a100")
 	l.UpsertTopology(&v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: "n"}, Status: f.Graph("n").Status()})
 	p := &corev1.Pod{
@@ -322,7 +321,7 @@ func TestAStaleCopyOfADeletedPodDoesNotHoldGPUsAgain(t *testing.T) {
 	l.UpsertPod(p)
 	l.DeletePod(types.NamespacedName{Namespace: p.Namespace, Name: p.Name}, p.UID)
 	l.UpsertPod(stale) // the rebuild's copy, listed before the delete
-	if h := l.Holdings(); len(h) != 0 {
+	if h := l.Report().Holdings(); len(h) != 0 {
 		t.Errorf("holdings after a stale copy of a deleted pod = %+v, want none", h)
 	}
 	finished := p.DeepCopy()
@@ -333,7 +332,7 @@ func TestAStaleCopyOfADeletedPodDoesNotHoldGPUsAgain(t *testing.T) {
 	running := finished.DeepCopy()
 	running.Status.Phase = corev1.PodRunning
 	l.UpsertPod(running) // a stale copy from before it finished
-	if h := l.Holdings(); len(h) != 0 {
+	if h := l.Report().Holdings(); len(h) != 0 {
 		t.Errorf("holdings after a stale copy of a finished pod = %+v, want none", h)
 	}
 }

@@ -39,10 +39,10 @@ func (s *stripedLock) RLock() { s.stripes[0].RLock() }
 // RUnlock releases stripe 0.
 func (s *stripedLock) RUnlock() { s.stripes[0].RUnlock() }
 
-// StripeOf spreads keys over the lock's stripes by their last eight
+// stripeOf spreads keys over the lock's stripes by their last eight
 // bytes (node names of one cluster differ at the end: gpu-node-0042); a
-// reader of one node takes stripe StripeOf(node).
-func StripeOf(key string) int {
+// reader of one node takes stripe stripeOf(node).
+func stripeOf(key string) int {
 	h := uint32(2166136261)
 	for i := max(len(key)-8, 0); i < len(key); i++ {
 		h = (h ^ uint32(key[i])) * 16777619

@@ -172,9 +172,34 @@ func (n *Node) State(w FreshWindow) TopoState {
 	return TopoFresh
 }
 
-// View is the ledger as one Read sees it. It is valid only inside that
-// call.
-type View struct{ l *Ledger }
+// View is the ledger as one Read sees it, or as a Snapshot saw it (s not
+// nil: nodes resolve to their frozen copies). It is valid only inside
+// that call.
+type View struct {
+	l *Ledger
+	s *Snapshot
+}
+
+// node is the named node as v sees it.
+func (v View) node(name string) *Node {
+	n := v.l.nodes[name]
+	if v.s != nil {
+		return v.s.version(n)
+	}
+	return n
+}
+
+// each calls fn with every node as v sees it, in map order.
+func (v View) each(fn func(n *Node)) {
+	for _, n := range v.l.nodes {
+		if v.s != nil {
+			if n = v.s.version(n); n == nil {
+				continue
+			}
+		}
+		fn(n)
+	}
+}
 
 // Read calls fn with a view of the ledger under its read lock: every node
 // fn reads is in one consistent state. fn must not keep the view or the
@@ -182,22 +207,22 @@ type View struct{ l *Ledger }
 func (l *Ledger) Read(fn func(v View)) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
-	fn(View{l})
+	fn(View{l: l})
 }
 
-// ReadNode is Read for a question about one node, under the read lock's
-// stripe StripeOf(node): readers of different nodes mostly take different
-// stripes, so that the parallel filters of one pod do not contend on one
-// reader count.
-func (l *Ledger) ReadNode(stripe int, fn func(v View)) {
-	st := &l.mu.stripes[stripe&(readStripes-1)]
+// ReadNode is Read for a question about one node, under one stripe of
+// the read lock chosen by the node's name: readers of different nodes
+// mostly take different stripes, so that the parallel filters of one pod
+// do not contend on one reader count.
+func (l *Ledger) ReadNode(node string, fn func(v View)) {
+	st := &l.mu.stripes[stripeOf(node)]
 	st.RLock()
 	defer st.RUnlock()
-	fn(View{l})
+	fn(View{l: l})
 }
 
 // Node is the named node, nil when the ledger knows nothing of it.
-func (v View) Node(name string) *Node { return v.l.nodes[name] }
+func (v View) Node(name string) *Node { return v.node(name) }
 
 // Lookup resolves names into dst (reused when large enough) in one pass
 // before any node is evaluated: the lookups do not depend on each other,
@@ -210,7 +235,7 @@ func (v View) Lookup(uid types.UID, names []string, dst []*Node) []*Node {
 	}
 	dst = dst[:len(names)]
 	for i, name := range names {
-		dst[i] = v.l.nodes[name]
+		dst[i] = v.node(name)
 	}
 	if node, ok := v.reservedNode(uid); ok {
 		for i, name := range names {
@@ -230,7 +255,7 @@ func (v View) Lookup(uid types.UID, names []string, dst []*Node) []*Node {
 // and in a full cluster wait unschedulable until the reservation expired.
 // nil when the ledger knows nothing of the node.
 func (v View) NodeFor(name string, uid types.UID) *Node {
-	n := v.l.nodes[name]
+	n := v.node(name)
 	if node, ok := v.reservedNode(uid); ok && node == name && n != nil {
 		return v.Without(n, uid)
 	}
@@ -239,6 +264,9 @@ func (v View) NodeFor(name string, uid types.UID) *Node {
 
 // reservedNode is the node on which pod uid holds a reservation.
 func (v View) reservedNode(uid types.UID) (string, bool) {
+	if v.s != nil && uid == v.s.uid {
+		return v.s.resNode, v.s.resOK
+	}
 	if uid == "" || len(v.l.holdings) == 0 {
 		return "", false
 	}
@@ -320,6 +348,9 @@ type Affinity struct {
 func (v View) Affinity(job string) Affinity {
 	if job == "" {
 		return Affinity{}
+	}
+	if v.s != nil && job == v.s.job {
+		return v.s.aff
 	}
 	return v.affinityOf(v.l.jobs[job])
 }

@@ -24,8 +24,7 @@ func preempting(p *corev1.Pod) *corev1.Pod {
 // record expires.
 func TestPreemptionVictimsGPUsAreRememberedForThePreemptor(t *testing.T) {
 	clock := now
-	l := ledger.New("")
-	l.SetClock(func() time.Time { return clock })
+	l := ledger.New(ledger.Options{Clock: func() time.Time { return clock }})
 	l.UpsertTopology(topo(t, "dgx1-v100", "a"))
 	victim := makePod("victim").gpus(2).node("a").assigned(uuidsOn("a", 2, 3)...).obj()
 	ended := makePod("ended").gpus(1).node("a").assigned(uuidsOn("a", 4)...).obj()

@@ -32,7 +32,8 @@ type HeldSlot struct {
 
 // Held lists what the ledger holds for groups, by group: plans first
 // claimed, then what is kept for waiting groups.
-func (l *Ledger) Held() []Held {
+func (r Report) Held() []Held {
+	l := r.l
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	var out []Held

@@ -90,9 +90,9 @@ func (l *Ledger) Reserve(uid types.UID, pod types.NamespacedName, node string, c
 		default:
 			n := l.nodes[node]
 			if n != nil && h != nil {
-				n = View{l}.Without(n, uid)
+				n = View{l: l}.Without(n, uid)
 			}
-			c, err = choose(View{l}, n)
+			c, err = choose(View{l: l}, n)
 		}
 		l.mu.RUnlock()
 		if err != nil || h != nil && h.node == node && len(h.uuids) > 0 {
@@ -120,7 +120,7 @@ func (l *Ledger) Reserve(uid types.UID, pod types.NamespacedName, node string, c
 		}
 		l.releaseLocked(uid)
 	}
-	c, err := choose(View{l}, l.nodes[node])
+	c, err := choose(View{l: l}, l.nodes[node])
 	if err != nil {
 		return Choice{}, err
 	}
@@ -142,7 +142,7 @@ func (l *Ledger) commitFree(node string, uid types.UID, uuids []string) bool {
 		return len(uuids) == 0
 	}
 	if uid != "" {
-		n = View{l}.Without(n, uid)
+		n = View{l: l}.Without(n, uid)
 	}
 	var seen topology.Mask
 	for _, u := range uuids {

@@ -46,6 +46,7 @@ type shapeIndex struct {
 // telemetry rounds and Node status updates that leave it where it was
 // (the Node object itself is read when Shapes is asked).
 func (l *Ledger) shapeMemberLocked(n *Node) {
+	l.changedLocked(n)
 	var in *Topo
 	if n.topo != nil && n.graph != nil && !n.stale && n.distrust == "" {
 		in = n.topo

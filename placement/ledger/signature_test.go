@@ -17,7 +17,7 @@ func TestSignatureCoversEveryFieldOfGPUsAndLinks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := New("")
+	l := New(Options{})
 	base := f.Graph("a").Status()
 	want := l.signature(&base)
 	// bump changes one field to another value of its kind.
@@ -70,7 +70,7 @@ func BenchmarkSignature(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	l := New("")
+	l := New(Options{})
 	st := f.Graph("a").Status()
 	b.ReportAllocs()
 	for b.Loop() {

@@ -49,14 +49,6 @@ type ExternalSample struct {
 // ExternalTelemetry is a query round's samples by node name and GPU UUID.
 type ExternalTelemetry map[string]map[string]ExternalSample
 
-// UseExternalTelemetry switches the ledger to prefer external telemetry
-// no older than maxAge.
-func (l *Ledger) UseExternalTelemetry(maxAge time.Duration) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.extMaxAge = maxAge
-}
-
 // SetExternalTelemetry records a successful query round: every node's
 // samples are replaced by data (a node absent from it has none).
 func (l *Ledger) SetExternalTelemetry(data ExternalTelemetry) {
@@ -80,7 +72,8 @@ func (l *Ledger) RefreshExternalTelemetry() {
 
 // TelemetrySources counts nodes with a topology by the telemetry source
 // prioritize reads, and the fallback ones by reason.
-func (l *Ledger) TelemetrySources() (bySource map[string]int, fallback map[string]int) {
+func (r Report) TelemetrySources() (bySource map[string]int, fallback map[string]int) {
+	l := r.l
 	bySource = map[string]int{SourceNodeGPUTopology: 0, SourcePrometheus: 0}
 	fallback = make(map[string]int, len(fallbackReasons))
 	for _, r := range fallbackReasons {
@@ -102,7 +95,8 @@ func (l *Ledger) TelemetrySources() (bySource map[string]int, fallback map[strin
 
 // NodeTelemetrySource says which source prioritize reads for node, and
 // why it fell back, if it did.
-func (l *Ledger) NodeTelemetrySource(node string) (source, fallback string) {
+func (r Report) NodeTelemetrySource(node string) (source, fallback string) {
+	l := r.l
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	if n, ok := l.nodes[node]; ok {

@@ -143,8 +143,9 @@ func (l *Ledger) DeleteNode(name string) {
 func (l *Ledger) nodeLocked(name string) *Node {
 	n, ok := l.nodes[name]
 	if !ok {
-		n = &Node{name: name, allocatable: -1, capacity: -1, holdings: make(map[types.UID]*holding)}
+		n = &Node{name: name, allocatable: -1, capacity: -1, holdings: make(map[types.UID]*holding), fz: &frozenRef{}}
 		l.nodes[name] = n
+		l.changedLocked(n)
 	}
 	return n
 }

@@ -106,7 +106,8 @@ func (l *Ledger) TopologiesListed() {
 
 // DuplicateGPUs counts the GPU UUIDs that more than one node's topology
 // lists now; 0 in a healthy cluster.
-func (l *Ledger) DuplicateGPUs() int {
+func (r Report) DuplicateGPUs() int {
+	l := r.l
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	return l.duplicateGPUs

@@ -78,8 +78,7 @@ func TestTopologyTrustAgainstTheNodesGPUCounts(t *testing.T) {
 			wantReason: "lists 8 healthy GPUs but the Node advertises 0 allocatable"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l := ledger.New("")
-			l.SetClock(func() time.Time { return now })
+			l := ledger.New(ledger.Options{Clock: func() time.Time { return now }})
 			o := fixtureTopology(t, "dgx-a100", "a")
 			for _, i := range tc.unhealthy {
 				o.Status.GPUs[i].Health = v1alpha1.GPUUnhealthy
@@ -96,7 +95,7 @@ func TestTopologyTrustAgainstTheNodesGPUCounts(t *testing.T) {
 			if st != ledger.TopoUntrusted || !strings.Contains(reason, tc.wantReason) {
 				t.Fatalf("state %s, reason %q; want untrusted, reason containing %q", st, reason, tc.wantReason)
 			}
-			if got := l.TopologyStates(now, 0)[ledger.TopologyUntrusted]; got != 1 {
+			if got := l.Report().TopologyStates(now, 0)[ledger.TopologyUntrusted]; got != 1 {
 				t.Errorf("TopologyStates counts %d untrusted, want 1", got)
 			}
 		})
@@ -150,7 +149,7 @@ func TestGPUClaimedByTwoNodesDistrustsTheLaterClaim(t *testing.T) {
 	stolen := honest.Status.GPUs[2].UUID
 
 	t.Run("a copy published after the initial list is the liar's; the honest node keeps working", func(t *testing.T) {
-		l := ledger.New("")
+		l := ledger.New(ledger.Options{})
 		l.UpsertTopology(honest)
 		l.TopologiesListed()
 		l.UpsertTopology(copied())
@@ -162,7 +161,7 @@ func TestGPUClaimedByTwoNodesDistrustsTheLaterClaim(t *testing.T) {
 		if st != ledger.TopoUntrusted || !strings.Contains(r, want) {
 			t.Errorf("liar: %s (%q), want untrusted containing %q", st, r, want)
 		}
-		if got := l.DuplicateGPUs(); got != 1 {
+		if got := l.Report().DuplicateGPUs(); got != 1 {
 			t.Errorf("DuplicateGPUs = %d, want 1", got)
 		}
 		// Telemetry rounds (each a new object with the same GPUs) do not
@@ -174,17 +173,17 @@ func TestGPUClaimedByTwoNodesDistrustsTheLaterClaim(t *testing.T) {
 		if st, _ := judged(l, "honest"); st != ledger.TopoFresh {
 			t.Errorf("honest after more rounds: %s, want fresh", st)
 		}
-		if st, r := judged(l, "liar"); st != ledger.TopoUntrusted || !strings.Contains(r, want) || l.DuplicateGPUs() != 1 {
-			t.Errorf("liar after more rounds: %s (%q), %d duplicates; want untrusted, 1", st, r, l.DuplicateGPUs())
+		if st, r := judged(l, "liar"); st != ledger.TopoUntrusted || !strings.Contains(r, want) || l.Report().DuplicateGPUs() != 1 {
+			t.Errorf("liar after more rounds: %s (%q), %d duplicates; want untrusted, 1", st, r, l.Report().DuplicateGPUs())
 		}
 		// The liar stops listing the GPU: both are trusted, nothing shared.
 		l.UpsertTopology(fixtureTopology(t, "dgx-a100", "liar"))
-		if st, r := judged(l, "liar"); st != ledger.TopoFresh || l.DuplicateGPUs() != 0 {
-			t.Errorf("liar without the copy: %s (%s), %d duplicates; want fresh, 0", st, r, l.DuplicateGPUs())
+		if st, r := judged(l, "liar"); st != ledger.TopoFresh || l.Report().DuplicateGPUs() != 0 {
+			t.Errorf("liar without the copy: %s (%s), %d duplicates; want fresh, 0", st, r, l.Report().DuplicateGPUs())
 		}
 	})
 	t.Run("both claims in the initial list have no order: both are kept and counted", func(t *testing.T) {
-		l := ledger.New("")
+		l := ledger.New(ledger.Options{})
 		l.UpsertTopology(copied())
 		l.UpsertTopology(honest)
 		l.TopologiesListed()
@@ -193,12 +192,12 @@ func TestGPUClaimedByTwoNodesDistrustsTheLaterClaim(t *testing.T) {
 				t.Errorf("%s: %s (%s), want fresh", n, st, r)
 			}
 		}
-		if got := l.DuplicateGPUs(); got != 1 {
+		if got := l.Report().DuplicateGPUs(); got != 1 {
 			t.Errorf("DuplicateGPUs = %d, want 1", got)
 		}
 	})
 	t.Run("a claim after the initial list is later than one in it", func(t *testing.T) {
-		l := ledger.New("")
+		l := ledger.New(ledger.Options{})
 		l.UpsertTopology(copied())
 		l.TopologiesListed()
 		l.UpsertTopology(honest)
@@ -210,31 +209,31 @@ func TestGPUClaimedByTwoNodesDistrustsTheLaterClaim(t *testing.T) {
 		}
 	})
 	t.Run("the first claim going away leaves the other trusted", func(t *testing.T) {
-		l := ledger.New("")
+		l := ledger.New(ledger.Options{})
 		l.TopologiesListed()
 		l.UpsertTopology(honest)
 		l.UpsertTopology(copied())
 		l.DeleteTopology("honest")
-		if st, r := judged(l, "liar"); st != ledger.TopoFresh || l.DuplicateGPUs() != 0 {
-			t.Errorf("liar alone: %s (%s), %d duplicates; want fresh, 0", st, r, l.DuplicateGPUs())
+		if st, r := judged(l, "liar"); st != ledger.TopoFresh || l.Report().DuplicateGPUs() != 0 {
+			t.Errorf("liar alone: %s (%s), %d duplicates; want fresh, 0", st, r, l.Report().DuplicateGPUs())
 		}
 	})
 	t.Run("an invalid topology claims nothing", func(t *testing.T) {
-		l := ledger.New("")
+		l := ledger.New(ledger.Options{})
 		l.TopologiesListed()
 		l.UpsertTopology(honest)
 		bad := copied()
 		bad.Status.Links = bad.Status.Links[:3]
 		l.UpsertTopology(bad)
-		if st, _ := judged(l, "liar"); st != ledger.TopoInvalid || l.DuplicateGPUs() != 0 {
-			t.Errorf("invalid copy: %s, %d duplicates; want invalid, 0", st, l.DuplicateGPUs())
+		if st, _ := judged(l, "liar"); st != ledger.TopoInvalid || l.Report().DuplicateGPUs() != 0 {
+			t.Errorf("invalid copy: %s, %d duplicates; want invalid, 0", st, l.Report().DuplicateGPUs())
 		}
 		if st, _ := judged(l, "honest"); st != ledger.TopoFresh {
 			t.Errorf("honest: %s, want fresh", st)
 		}
 	})
 	t.Run("without TopologiesListed (a simulation) no claim is ordered", func(t *testing.T) {
-		l := ledger.New("")
+		l := ledger.New(ledger.Options{})
 		l.UpsertTopology(honest)
 		l.UpsertTopology(copied())
 		if st, _ := judged(l, "liar"); st != ledger.TopoFresh {

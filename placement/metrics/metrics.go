@@ -11,15 +11,14 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/placement"
-	"github.com/gputopo/gputopo/placement/ledger"
 	"github.com/gputopo/gputopo/topology"
 )
 
 // Metrics are a gputopo scheduler's Prometheus metrics (both front ends
 // export the same names), on a registry of their own so that tests and
-// several in-process cores never collide. It is the core's Observer. The
-// gpu_extender_* names are those dashboards written for the design expect;
-// every other name is gputopo_extender_*.
+// several in-process cores never collide. It is the core's Observer. Every
+// name is gputopo_extender_*; five are also exported under their earlier
+// gpu_extender_* names, deprecated (withDeprecatedName).
 type Metrics struct {
 	Registry *prometheus.Registry
 	// collectors are everything registered, for Describe.
@@ -84,35 +83,50 @@ const (
 	ErrNotReady     = "not_ready"
 )
 
-// New registers the metrics of a core whose ledger is l on a fresh
+// New registers the metrics of a core whose ledger reports l on a fresh
 // registry, with the Go and process collectors, and mirrors l's telemetry
 // into the per-GPU gauges.
-func New(l *ledger.Ledger) *Metrics {
-	m := &Metrics{
-		Registry: prometheus.NewRegistry(),
-		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "gpu_extender_scheduling_latency_seconds",
+func New(l placement.Report) *Metrics {
+	// The five metrics also exported under a deprecated name
+	// (deprecated.go): their options are needed twice.
+	var (
+		latency = prometheus.HistogramOpts{
+			Name:    "gputopo_extender_scheduling_latency_seconds",
 			Help:    "Time to answer a scheduler extender call, by phase (filter, prioritize, bind, preempt), including decoding.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
-		}, []string{"phase"}),
-		filterResults: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "gpu_extender_filter_results_total",
+		}
+		latencyLabels = []string{"phase"}
+		filterResults = prometheus.CounterOpts{
+			Name: "gputopo_extender_filter_results_total",
 			Help: "Nodes passed or failed by filter; reason is a bounded code (the pod sees the full text).",
-		}, []string{"result", "reason"}),
-		scores: newScoreHistogram(prometheus.NewDesc("gpu_extender_prioritize_scores",
-			"Distribution of prioritize scores 0..10. No node label: thousands of nodes would explode cardinality.", nil, nil)),
-		utilization: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "gpu_extender_gpu_utilization_percent",
+		}
+		filterLabels = []string{"result", "reason"}
+		scores       = prometheus.Opts{
+			Name: "gputopo_extender_prioritize_scores",
+			Help: "Distribution of prioritize scores 0..10. No node label: thousands of nodes would explode cardinality.",
+		}
+		utilization = prometheus.GaugeOpts{
+			Name: "gputopo_extender_gpu_utilization_percent",
 			Help: "GPU telemetry as the extender sees it, in percent: metric=compute, memory (of the GPU's memory), power (of its enforced limit). Exported by the serving replica (the leader) only.",
-		}, []string{"node", "gpu_index", "metric"}),
+		}
+		utilizationLabels = []string{"node", "gpu_index", "metric"}
+		errorsOpts        = prometheus.CounterOpts{
+			Name: "gputopo_extender_errors_total",
+			Help: "Errors by phase and type.",
+		}
+		errorsLabels = []string{"phase", "error_type"}
+	)
+	m := &Metrics{
+		Registry:      prometheus.NewRegistry(),
+		latency:       prometheus.NewHistogramVec(latency, latencyLabels),
+		filterResults: prometheus.NewCounterVec(filterResults, filterLabels),
+		scores:        newScoreHistogram(prometheus.NewDesc(scores.Name, scores.Help, nil, nil)),
+		utilization:   prometheus.NewGaugeVec(utilization, utilizationLabels),
 		temperature: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "gputopo_extender_gpu_temperature_celsius",
 			Help: "GPU core temperature as the extender sees it (prioritize's thermal headroom), degrees Celsius. Exported by the serving replica (the leader) only.",
 		}, []string{"node", "gpu_index"}),
-		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "gpu_extender_errors_total",
-			Help: "Errors by phase and type.",
-		}, []string{"phase", "error_type"}),
+		errors: prometheus.NewCounterVec(errorsOpts, errorsLabels),
 		placements: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gputopo_extender_placements_total",
 			Help: "Bound placements by the link tier the requirement asked for and the tier achieved.",
@@ -155,8 +169,14 @@ func New(l *ledger.Ledger) *Metrics {
 		}, []string{"direction"}),
 	}
 	perGPU := func() bool { return m.Leader == nil || m.Leader() }
-	m.collectors = []prometheus.Collector{m.latency, m.filterResults, m.scores, m.errors, m.placements, m.heuristic, m.patience,
-		&gated{c: m.utilization, on: perGPU}, &gated{c: m.temperature, on: perGPU},
+	m.collectors = []prometheus.Collector{
+		withDeprecatedName(m.latency, latency.Name, latency.Help, latencyLabels),
+		withDeprecatedName(m.filterResults, filterResults.Name, filterResults.Help, filterLabels),
+		withDeprecatedName(m.scores, scores.Name, scores.Help, nil),
+		withDeprecatedName(m.errors, errorsOpts.Name, errorsOpts.Help, errorsLabels),
+		m.placements, m.heuristic, m.patience,
+		withDeprecatedName(&gated{c: m.utilization, on: perGPU}, utilization.Name, utilization.Help, utilizationLabels),
+		&gated{c: m.temperature, on: perGPU},
 		m.promQueries, m.promLastSuccess, m.doubleHeldDetections, m.shadowMirrors, m.shadowDecisions, m.shadowDifferences, m.shadowFilterNodes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		ledgerCollector(l), topologyStateCollector(l, m), telemetrySourceCollector(l)}
@@ -186,7 +206,7 @@ func gauge(ch chan<- prometheus.Metric, d *prometheus.Desc, v int, labels ...str
 }
 
 // ledgerCollector reads the ledger's GPU counts.
-func ledgerCollector(l *ledger.Ledger) *scrape {
+func ledgerCollector(l placement.Report) *scrape {
 	return &scrape{descs: []*prometheus.Desc{prometheus.NewDesc("gputopo_extender_ledger_gpus",
 		"GPUs in the extender's ledger by state (free, held, reserved, unhealthy, total).", []string{"state"}, nil),
 		prometheus.NewDesc("gputopo_extender_ledger_double_held_gpus",
@@ -219,7 +239,7 @@ func ledgerCollector(l *ledger.Ledger) *scrape {
 }
 
 // topologyStateCollector counts nodes by topology state.
-func topologyStateCollector(l *ledger.Ledger, m *Metrics) *scrape {
+func topologyStateCollector(l placement.Report, m *Metrics) *scrape {
 	return &scrape{descs: []*prometheus.Desc{prometheus.NewDesc("gputopo_extender_topology_nodes",
 		"Nodes by the state of their NodeGPUTopology as filter judges it: fresh, missing (the Node advertises GPUs, no topology), invalid, agent_stale (the node agent marked it stale), old (observedTime missing, older than topologyMaxAge or ahead of the clock), untrusted (its GPU count disagrees with the Node's capacity or allocatable, or it lists a GPU UUID another node listed first). Nodes in any state but fresh are refused.", []string{"state"}, nil),
 		prometheus.NewDesc("gputopo_extender_topology_duplicate_gpus",
@@ -237,7 +257,7 @@ func topologyStateCollector(l *ledger.Ledger, m *Metrics) *scrape {
 }
 
 // telemetrySourceCollector counts nodes by telemetry source.
-func telemetrySourceCollector(l *ledger.Ledger) *scrape {
+func telemetrySourceCollector(l placement.Report) *scrape {
 	return &scrape{descs: []*prometheus.Desc{prometheus.NewDesc("gputopo_extender_telemetry_source_nodes",
 		"Nodes by the telemetry source prioritize reads (nodeGPUTopology, prometheus).", []string{"source"}, nil),
 		prometheus.NewDesc("gputopo_extender_telemetry_fallback_nodes",

@@ -20,8 +20,7 @@ import (
 func TestGroupReservationsAreGauges(t *testing.T) {
 	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	clock := at
-	l := ledger.New("")
-	l.SetClock(func() time.Time { return clock })
+	l := ledger.New(ledger.Options{Clock: func() time.Time { return clock }})
 	f, err := machine.FixtureByName("hgx-h100")
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +44,7 @@ func TestGroupReservationsAreGauges(t *testing.T) {
 				Limits: corev1.ResourceList{v1alpha1.ResourceGPU: *resource.NewQuantity(4, resource.DecimalSI)}}}}},
 		})
 	}
-	m := New(l)
+	m := New(l.Report())
 	want := func(text string) {
 		t.Helper()
 		names := []string{"gputopo_extender_group_reservations", "gputopo_extender_group_reserved_gpus", "gputopo_extender_group_reservation_oldest_seconds"}

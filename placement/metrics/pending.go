@@ -19,7 +19,7 @@ var _ placement.Observer = (*Pending)(nil)
 // gauges, per-GPU gauges exported while it leads, topology states judged
 // on its clock.
 func (p *Pending) Attach(core *placement.Core) *Metrics {
-	m := New(core.Ledger())
+	m := New(core.Report())
 	m.Leader = core.Leading
 	m.TopologyClock = func() (time.Time, time.Duration) { return core.Now(), core.Config().TopologyAgeLimit() }
 	p.m = m

@@ -732,8 +732,8 @@ func checkMonitoring(t *testing.T, r release, w want, objs []*unstructured.Unstr
 		t.Fatalf("dashboard is not a Grafana dashboard JSON: %v", err)
 	}
 	for _, metric := range []string{
-		"gpu_extender_scheduling_latency_seconds", "gpu_extender_filter_results_total", "gpu_extender_prioritize_scores",
-		"gpu_extender_gpu_utilization_percent", "gpu_extender_errors_total", "gputopo_extender_placements_total",
+		"gputopo_extender_scheduling_latency_seconds", "gputopo_extender_filter_results_total", "gputopo_extender_prioritize_scores",
+		"gputopo_extender_gpu_utilization_percent", "gputopo_extender_errors_total", "gputopo_extender_placements_total",
 	} {
 		if !strings.Contains(dash, metric) {
 			t.Errorf("dashboard does not chart %s", metric)

@@ -385,7 +385,7 @@ func verbCalls(t *testing.T, x *extender.Extender, phase string) uint64 {
 		t.Fatalf("gather extender metrics: %v", err)
 	}
 	for _, f := range families {
-		if f.GetName() != "gpu_extender_scheduling_latency_seconds" {
+		if f.GetName() != "gputopo_extender_scheduling_latency_seconds" {
 			continue
 		}
 		for _, m := range f.GetMetric() {

@@ -241,7 +241,7 @@ func (e *env) accountingDiffs(ctx context.Context, names []string) ([]string, st
 		}
 	}
 	ledger := map[types.UID][]string{}
-	for _, h := range e.ext.Core().Ledger().Holdings() {
+	for _, h := range e.ext.Core().Report().Holdings() {
 		if h.Reserved || h.Unknown > 0 {
 			add("ledger: %s holds %d unnamed GPUs, reserved %v", h.Pod, h.Unknown, h.Reserved)
 		}
@@ -315,7 +315,7 @@ func (e *env) accountingDiffs(ctx context.Context, names []string) ([]string, st
 		}
 		parts = append(parts, fmt.Sprintf("%s holds %d (PodResources shows %d)", p.Name, len(kubeletHeld), len(shown[key])))
 	}
-	c := e.ext.Core().Ledger().Counts()
+	c := e.ext.Core().Report().Counts()
 	if want := int(allocatable.Value()) - len(union); c.Free != want {
 		add("ledger free %d, want allocatable %d less the %d GPUs kubelet holds = %d (%s)", c.Free, allocatable.Value(), len(union), want, c)
 	}

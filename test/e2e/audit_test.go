@@ -91,7 +91,7 @@ func (e *env) drift(ctx context.Context) ([]string, string) {
 		}
 	}
 	ledgerHeld := map[string][]string{}
-	for _, h := range e.ext.Core().Ledger().Holdings() {
+	for _, h := range e.ext.Core().Report().Holdings() {
 		key := h.Pod.String()
 		switch {
 		case h.Reserved:
@@ -252,7 +252,7 @@ func (e *env) drift(ctx context.Context) ([]string, string) {
 			}
 		}
 	}
-	c := e.ext.Core().Ledger().Counts()
+	c := e.ext.Core().Report().Counts()
 	summary := fmt.Sprintf("%d bound GPU pods, %d waiting, %d GPUs in use; ledger %s", live, waiting, len(owner), c)
 	if e.plugin {
 		// The deciding ledger is in gputopo-scheduler: its counts must

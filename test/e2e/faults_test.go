@@ -151,7 +151,7 @@ func (e *env) extenderDown(t *testing.T, train *corev1.Pod) {
 	// The waiting pod may be bound by now; every other holding must be
 	// train's, rebuilt from its annotations.
 	var rebuilt []string
-	for _, h := range e.ext.Core().Ledger().Holdings() {
+	for _, h := range e.ext.Core().Report().Holdings() {
 		switch h.PodUID {
 		case train.UID:
 			rebuilt = v1alpha1.SortedGPUList(h.GPUs)
@@ -193,7 +193,7 @@ func (e *env) extenderKilled(t *testing.T, train *corev1.Pod, mode faultMode) {
 	switch mode {
 	case killBeforeWrite:
 		var reserved []string
-		for _, h := range dying.Core().Ledger().Holdings() {
+		for _, h := range dying.Core().Report().Holdings() {
 			if h.PodUID == p.UID && h.Reserved {
 				reserved = h.GPUs
 			}
@@ -312,7 +312,7 @@ func (e *env) extenderIgnored(t *testing.T, train *corev1.Pod) {
 	e.startExtender(t)
 	t.Logf("injected: extender started again")
 	var found []string
-	for _, h := range e.ext.Core().Ledger().Holdings() {
+	for _, h := range e.ext.Core().Report().Holdings() {
 		if h.PodUID == p.UID {
 			found = v1alpha1.SortedGPUList(h.GPUs)
 		}
@@ -352,7 +352,7 @@ func (e *env) gpuLost(t *testing.T, train *corev1.Pod) {
 		return false, "GPU not listed"
 	})
 	harness.Poll(t, 30*time.Second, "the extender to count the GPU unhealthy", func() (bool, string) {
-		c := e.ext.Core().Ledger().Counts()
+		c := e.ext.Core().Report().Counts()
 		return c.Unhealthy == 1, c.String()
 	})
 	e.waitKubeletGPUs(t, nodeGPUs-1)

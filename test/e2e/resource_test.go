@@ -41,7 +41,7 @@ func TestRenamedGPUResource(t *testing.T) {
 	if vis, ok := e.visible(got); !ok || !slices.Equal(vis, allocated) {
 		t.Fatalf("container sees %v (created: %v); want exactly %v", vis, ok, allocated)
 	}
-	if c := e.ext.Core().Ledger().Counts(); c.Held != 2 || c.Free != nodeGPUs-2 {
+	if c := e.ext.Core().Report().Counts(); c.Held != 2 || c.Free != nodeGPUs-2 {
 		t.Fatalf("extender ledger %s; want 2 held, %d free", c, nodeGPUs-2)
 	}
 	t.Logf("pod %s asking for %s: node %s, assigned %v, allocated %v, container sees %v",

@@ -260,7 +260,7 @@ func setupEnv(t *testing.T, resource corev1.ResourceName, plugin, containerd boo
 	e.prAlloc = podresourcesapi.NewPodResourcesListerClient(conn)
 	e.waitKubeletGPUs(t, nodeGPUs)
 	harness.Poll(t, time.Minute, "the extender to see the node's 8 GPUs", func() (bool, string) {
-		c := e.ext.Core().Ledger().Counts()
+		c := e.ext.Core().Report().Counts()
 		return c.Total == nodeGPUs && c.Free == nodeGPUs, c.String()
 	})
 	harness.WaitCore(t, e.sched, localcluster.AtLeast(nodeGPUs))
@@ -750,7 +750,7 @@ func (e *env) deletePods(t *testing.T, namespace string, names ...string) {
 			}
 			return false, "pod " + p.Name + " still in the API"
 		}
-		for _, h := range e.ext.Core().Ledger().Holdings() {
+		for _, h := range e.ext.Core().Report().Holdings() {
 			if gone[h.PodUID] {
 				return false, "ledger still holds " + h.Pod.String()
 			}

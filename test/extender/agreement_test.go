@@ -74,7 +74,7 @@ func TestRealSchedulerAgreesWithSimulator(t *testing.T) {
 	// a pod's creation; this replay, in compressed time, creates a new pod
 	// at each try, so both sides decide without it.
 	conf := filepath.Join(t.TempDir(), "extender.yaml")
-	if err := os.WriteFile(conf, []byte("apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\npatience:\n  bandwidthWait: 0s\n"), 0o600); err != nil {
+	if err := os.WriteFile(conf, []byte("apiVersion: config.gputopo.io/v1alpha1\nkind: ExtenderConfiguration\npatience:\n  bandwidthWait: 0s\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	ext, err := configv1alpha1.LoadExtender(conf)
@@ -285,7 +285,7 @@ func (p *realPolicy) remove(name string) error {
 
 // holds says whether the extender's ledger still counts the pod.
 func (p *realPolicy) holds(name string) bool {
-	for _, h := range p.x.Core().Ledger().Holdings() {
+	for _, h := range p.x.Core().Report().Holdings() {
 		if h.Pod.Name == name {
 			return true
 		}

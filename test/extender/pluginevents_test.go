@@ -34,7 +34,7 @@ func TestPluginRecordsGPUsBoundThroughTheScheduler(t *testing.T) {
 	}
 	dir := t.TempDir()
 	cfgFile := filepath.Join(dir, "gputopo.yaml")
-	if err := os.WriteFile(cfgFile, []byte("apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nevents:\n  gpusBound: true\n"), 0o600); err != nil {
+	if err := os.WriteFile(cfgFile, []byte("apiVersion: config.gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nevents:\n  gpusBound: true\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	sched := e.cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModePlugin,

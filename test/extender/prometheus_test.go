@@ -187,23 +187,23 @@ func TestPrometheusTelemetrySource(t *testing.T) {
 		for _, h := range list {
 			out[h.Host] = h.Score
 		}
-		s0, f0 := x.Core().Ledger().NodeTelemetrySource("dgx-0")
-		s1, f1 := x.Core().Ledger().NodeTelemetrySource("dgx-1")
+		s0, f0 := x.Core().Report().NodeTelemetrySource("dgx-0")
+		s1, f1 := x.Core().Report().NodeTelemetrySource("dgx-1")
 		return out, fmt.Sprintf("scores %v; dgx-0 reads %s (fallback %q), dgx-1 %s (%q)", out, s0, f0, s1, f1)
 	}
 	prefers := func(what, winner, loser, source string) {
 		t.Helper()
 		harness.Poll(t, 30*time.Second, what, func() (bool, string) {
 			s, msg := scores()
-			src0, _ := x.Core().Ledger().NodeTelemetrySource(winner)
-			src1, _ := x.Core().Ledger().NodeTelemetrySource(loser)
+			src0, _ := x.Core().Report().NodeTelemetrySource(winner)
+			src1, _ := x.Core().Report().NodeTelemetrySource(loser)
 			return s != nil && s[winner] > s[loser] && src0 == source && src1 == source, msg
 		})
 	}
 
 	prefers("scores to follow Prometheus (dgx-1 idle and cool there)", "dgx-1", "dgx-0", configv1alpha1.TelemetryPrometheus)
 	if m := scrapeMetrics(t, x); !strings.Contains(m, `gputopo_extender_telemetry_source_nodes{source="prometheus"} 2`) ||
-		!strings.Contains(m, `gpu_extender_gpu_utilization_percent{gpu_index="0",metric="compute",node="dgx-0"} 95`) {
+		!strings.Contains(m, `gputopo_extender_gpu_utilization_percent{gpu_index="0",metric="compute",node="dgx-0"} 95`) {
 		t.Errorf("/metrics does not show both nodes on Prometheus telemetry with DCGM's numbers:\n%s", grepLines(m, "telemetry_source", `node="dgx-0"`))
 	}
 	// DCGM's numbers change; the next scrape turns the scores round.
@@ -222,7 +222,7 @@ func TestPrometheusTelemetrySource(t *testing.T) {
 	for _, want := range []string{
 		`gputopo_extender_telemetry_fallback_nodes{reason="stale"} 2`,
 		`gputopo_extender_telemetry_source_nodes{source="nodeGPUTopology"} 2`,
-		`gpu_extender_gpu_utilization_percent{gpu_index="0",metric="compute",node="dgx-0"} 0`,
+		`gputopo_extender_gpu_utilization_percent{gpu_index="0",metric="compute",node="dgx-0"} 0`,
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("/metrics lacks %s:\n%s", want, grepLines(m, "gputopo_extender_", `node="dgx-0"`))

@@ -24,7 +24,7 @@ import (
 )
 
 // reserveConfig turns reservations for waiting groups on after 3 s.
-const reserveConfig = `apiVersion: gputopo.io/v1alpha1
+const reserveConfig = `apiVersion: config.gputopo.io/v1alpha1
 kind: ExtenderConfiguration
 fabric:
   reserveAfter: 3s

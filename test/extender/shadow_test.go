@@ -80,7 +80,7 @@ func slowAnswers(t *testing.T, x *extender.Extender) (slow, total uint64) {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != "gpu_extender_scheduling_latency_seconds" {
+		if mf.GetName() != "gputopo_extender_scheduling_latency_seconds" {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
@@ -158,8 +158,8 @@ func TestShadowReportsDifferingDecisions(t *testing.T) {
 		}
 		harness.Poll(t, 30*time.Second, "the shadow to compare "+s.name, func() (bool, string) {
 			f, p := decided("filter"), decided("prioritize")
-			return f == s.filter && p == s.prioritize && shadow.Core().Ledger().Counts().Held == boundGPUs(listPods(t, e)),
-				fmt.Sprintf("filter %v prioritize %v compared; shadow ledger %s", f, p, shadow.Core().Ledger().Counts())
+			return f == s.filter && p == s.prioritize && shadow.Core().Report().Counts().Held == boundGPUs(listPods(t, e)),
+				fmt.Sprintf("filter %v prioritize %v compared; shadow ledger %s", f, p, shadow.Core().Report().Counts())
 		})
 	}
 

@@ -235,7 +235,7 @@ func settle(t *testing.T, cp *harness.ControlPlane, x *harness.Extender, mode st
 // Event on.
 func eventsConfig(t *testing.T) string {
 	p := filepath.Join(t.TempDir(), "extender-events.yaml")
-	doc := "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nevents:\n  gpusBound: true\n"
+	doc := "apiVersion: config.gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nevents:\n  gpusBound: true\n"
 	if err := os.WriteFile(p, []byte(doc), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -412,7 +412,7 @@ func waitLedger(t *testing.T, x *extender.Extender, nodes int) {
 	t.Helper()
 	var c ledger.Counts
 	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
-		c = x.Core().Ledger().Counts()
+		c = x.Core().Report().Counts()
 		return c.Total == 8*nodes && c.Free == c.Total, nil
 	})
 	if err != nil {

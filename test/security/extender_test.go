@@ -382,7 +382,7 @@ func TestAuthenticatedBindRefusesWhatTheSchedulerWouldNotSend(t *testing.T) {
 			}
 		})
 	}
-	if c := te.x.Core().Ledger().Counts(); c.Reserved != 0 || c.Held != 2 {
+	if c := te.x.Core().Report().Counts(); c.Reserved != 0 || c.Held != 2 {
 		t.Errorf("ledger after the refusals: %s; want only the bound pod's 2 GPUs held", c)
 	}
 }

@@ -134,7 +134,7 @@ func TestTopologyThatDisagreesWithItsNodeIsRefused(t *testing.T) {
 				switch {
 				case f.GetName() == "gputopo_extender_topology_nodes" && labels["state"] == ledger.TopologyUntrusted:
 					untrusted = m.GetGauge().GetValue()
-				case f.GetName() == "gpu_extender_filter_results_total" && labels["reason"] == "untrusted_topology":
+				case f.GetName() == "gputopo_extender_filter_results_total" && labels["reason"] == "untrusted_topology":
 					refused = m.GetCounter().GetValue()
 				case f.GetName() == "gputopo_extender_topology_duplicate_gpus":
 					duplicates = m.GetGauge().GetValue()

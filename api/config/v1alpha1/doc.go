@@ -2,7 +2,8 @@
 // their defaults and their validation, with one strict decoder for all of
 // them:
 //
-//   - ExtenderConfiguration (gputopo.io/v1alpha1), the extender's and the
+//   - ExtenderConfiguration (config.gputopo.io/v1alpha1; the legacy
+//     gputopo.io/v1alpha1 is still accepted), the extender's and the
 //     scheduler plugin's --config: prioritize weights and their profiles,
 //     staleness limits, timeouts, the telemetry source, the GPU resource.
 //     DefaultExtenderConfiguration, SetExtenderDefaults, ParseExtender,

@@ -10,12 +10,22 @@ import (
 )
 
 // ExtenderAPIVersion and ExtenderKind identify the extender's configuration
-// file. Both are optional in the file; when written they must be these.
-// The version moves when a field changes meaning, so a file written for one
-// release is never silently read with another's semantics.
+// file. Both are optional in the file; when written they must be these (or,
+// for the apiVersion, ExtenderLegacyAPIVersion). The version moves when a
+// field changes meaning, so a file written for one release is never
+// silently read with another's semantics.
+//
+// ExtenderAPIVersion is in the configuration group, config.gputopo.io, like
+// the webhook's and the node agent's files; ExtenderLegacyAPIVersion is
+// what extender files were written with before, the CRDs' group. The two
+// name the same schema: a file with the legacy apiVersion is still accepted,
+// and defaulting (so ParseExtender and LoadExtender) rewrites it to
+// ExtenderAPIVersion, silently: this package logs nothing and its parse
+// functions return no warnings.
 const (
-	ExtenderAPIVersion = "gputopo.io/v1alpha1"
-	ExtenderKind       = "ExtenderConfiguration"
+	ExtenderAPIVersion       = "config.gputopo.io/v1alpha1"
+	ExtenderLegacyAPIVersion = "gputopo.io/v1alpha1"
+	ExtenderKind             = "ExtenderConfiguration"
 )
 
 // ExtenderConfiguration is the extender's versioned configuration file.
@@ -408,11 +418,12 @@ func DefaultExtenderConfiguration() *ExtenderConfiguration {
 	return c
 }
 
-// SetExtenderDefaults fills the fields left unset. Weights and
+// SetExtenderDefaults fills the fields left unset, and rewrites the legacy
+// apiVersion (ExtenderLegacyAPIVersion) to ExtenderAPIVersion. Weights and
 // topologyMaxAge are pointers so that an explicit 0 (switch a component or
 // the check off) differs from "not set".
 func SetExtenderDefaults(c *ExtenderConfiguration) {
-	if c.APIVersion == "" {
+	if c.APIVersion == "" || c.APIVersion == ExtenderLegacyAPIVersion {
 		c.APIVersion = ExtenderAPIVersion
 	}
 	if c.Kind == "" {

@@ -27,7 +27,7 @@ func TestParseExtender(t *testing.T) {
 		check   func(t *testing.T, c *ExtenderConfiguration)
 	}{{
 		name: "empty body of the right kind gives the defaults",
-		doc:  "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\n",
+		doc:  "apiVersion: config.gputopo.io/v1alpha1\nkind: ExtenderConfiguration\n",
 		check: func(t *testing.T, c *ExtenderConfiguration) {
 			if diff := cmp.Diff(DefaultExtenderConfiguration(), c); diff != "" {
 				t.Errorf("(-defaults +got):\n%s", diff)
@@ -35,7 +35,7 @@ func TestParseExtender(t *testing.T) {
 		},
 	}, {
 		name: "explicit zero weight switches a component off, others keep defaults",
-		doc:  "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nweights:\n  taskAffinity: 0\nbindTimeout: 2s\n",
+		doc:  "apiVersion: config.gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nweights:\n  taskAffinity: 0\nbindTimeout: 2s\n",
 		check: func(t *testing.T, c *ExtenderConfiguration) {
 			if *c.Weights.TaskAffinity != 0 || *c.Weights.UtilizationBalance != weightProfiles[WeightsPlacement][0] || c.BindTimeout.Duration != 2*time.Second {
 				t.Errorf("weights %+v bindTimeout %s", c.Weights, c.BindTimeout.Duration)
@@ -43,7 +43,7 @@ func TestParseExtender(t *testing.T) {
 		},
 	}, {
 		name: "negative topologyMaxAge turns the age check off",
-		doc:  "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\ntopologyMaxAge: -1s\n",
+		doc:  "apiVersion: config.gputopo.io/v1alpha1\nkind: ExtenderConfiguration\ntopologyMaxAge: -1s\n",
 		check: func(t *testing.T, c *ExtenderConfiguration) {
 			if c.TopologyAgeLimit() != 0 {
 				t.Errorf("topologyMaxAge in force = %s, want 0 (off)", c.TopologyAgeLimit())
@@ -102,7 +102,7 @@ func TestParseExtender(t *testing.T) {
 		wantErr: []string{`topologyMaxAge: Invalid value: "900": a duration needs a unit`, `bindTimeout: Invalid value: "4": a duration needs a unit`},
 	}, {
 		name:    "unknown field is an error, not a silent default",
-		doc:     "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nweight:\n  taskAffinity: 1\n",
+		doc:     "apiVersion: config.gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nweight:\n  taskAffinity: 1\n",
 		wantErr: []string{`unknown field "weight"`},
 	}, {
 		name: "every unknown field is reported at once with its full path, with the invalid values",
@@ -141,16 +141,33 @@ func TestParseExtender(t *testing.T) {
 			}
 		},
 	}, {
-		name:    "wrong version",
+		name: "the legacy apiVersion still loads, rewritten to the current one",
+		doc:  "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nbindTimeout: 2s\n",
+		check: func(t *testing.T, c *ExtenderConfiguration) {
+			want := DefaultExtenderConfiguration()
+			want.BindTimeout.Duration = 2 * time.Second
+			if diff := cmp.Diff(want, c); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+			if c.APIVersion != "config.gputopo.io/v1alpha1" {
+				t.Errorf("apiVersion = %q, want config.gputopo.io/v1alpha1", c.APIVersion)
+			}
+		},
+	}, {
+		name:    "wrong version names the field and both accepted versions",
 		doc:     "apiVersion: gputopo.io/v2\nkind: ExtenderConfiguration\n",
-		wantErr: []string{`apiVersion: Unsupported value: "gputopo.io/v2"`},
+		wantErr: []string{`apiVersion: Unsupported value: "gputopo.io/v2": supported values: "config.gputopo.io/v1alpha1", "gputopo.io/v1alpha1"`},
+	}, {
+		name:    "another component's configuration group is not the extender's",
+		doc:     "apiVersion: config.gputopo.io/v1beta1\nkind: ExtenderConfiguration\n",
+		wantErr: []string{`apiVersion: Unsupported value: "config.gputopo.io/v1beta1": supported values: "config.gputopo.io/v1alpha1", "gputopo.io/v1alpha1"`},
 	}, {
 		name:    "wrong kind",
 		doc:     "kind: KubeSchedulerConfiguration\n",
 		wantErr: []string{`kind: Unsupported value: "KubeSchedulerConfiguration"`},
 	}, {
 		name:    "a second document is refused, naming its number",
-		doc:     "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\n---\nweights: {taskAffinity: 0}\n",
+		doc:     "apiVersion: config.gputopo.io/v1alpha1\nkind: ExtenderConfiguration\n---\nweights: {taskAffinity: 0}\n",
 		wantErr: []string{"document 2: the file must hold one ExtenderConfiguration, not a multi-document YAML stream"},
 	}, {
 		name: "separators around one document and comment-only documents are fine",
@@ -162,7 +179,7 @@ func TestParseExtender(t *testing.T) {
 		},
 	}, {
 		name: "every invalid field reported at once",
-		doc: "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\n" +
+		doc: "apiVersion: config.gputopo.io/v1alpha1\nkind: ExtenderConfiguration\n" +
 			"weights:\n  utilizationBalance: -1\n  fragmentation: 5000\n" +
 			"thermal:\n  idleTemperatureC: 90\n" +
 			"bindTimeout: 5m\nmaxRequestBytes: 10\nallocatorMemoSize: -3\n",
@@ -177,7 +194,7 @@ func TestParseExtender(t *testing.T) {
 		},
 	}, {
 		name: "resourceName names the managed extended resource",
-		doc:  "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nresourceName: example.com/accel\n",
+		doc:  "apiVersion: config.gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nresourceName: example.com/accel\n",
 		check: func(t *testing.T, c *ExtenderConfiguration) {
 			if c.GPUResource() != "example.com/accel" {
 				t.Errorf("GPUResource() = %q, want example.com/accel", c.GPUResource())
@@ -185,19 +202,19 @@ func TestParseExtender(t *testing.T) {
 		},
 	}, {
 		name:    "resourceName without a domain is refused",
-		doc:     "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nresourceName: gpu\n",
+		doc:     "apiVersion: config.gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nresourceName: gpu\n",
 		wantErr: []string{`resourceName: Invalid value: "gpu": must be an extended resource name such as nvidia.com/gpu`, "a domain prefix"},
 	}, {
 		name:    "resourceName in the kubernetes.io namespace is refused",
-		doc:     "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nresourceName: kubernetes.io/gpu\n",
+		doc:     "apiVersion: config.gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nresourceName: kubernetes.io/gpu\n",
 		wantErr: []string{`resourceName: Invalid value: "kubernetes.io/gpu"`, "Kubernetes' own resources"},
 	}, {
 		name:    "resourceName that is not a qualified name is refused",
-		doc:     "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nresourceName: nvidia.com/gpu count\n",
+		doc:     "apiVersion: config.gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nresourceName: nvidia.com/gpu count\n",
 		wantErr: []string{`resourceName: Invalid value: "nvidia.com/gpu count"`},
 	}, {
 		name:    "all weights zero",
-		doc:     "apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nweights: {utilizationBalance: 0, taskAffinity: 0, thermalPowerHeadroom: 0, fragmentation: 0, bandwidthFit: 0, capabilityConservation: 0, islandBestFit: 0}\n",
+		doc:     "apiVersion: config.gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nweights: {utilizationBalance: 0, taskAffinity: 0, thermalPowerHeadroom: 0, fragmentation: 0, bandwidthFit: 0, capabilityConservation: 0, islandBestFit: 0}\n",
 		wantErr: []string{"weights: Invalid value: \"all 0\": at least one weight must be positive"},
 	}, {
 		name:    "weights that leave most pods unscored",
@@ -264,5 +281,38 @@ func TestLoadExtenderNamesTheFile(t *testing.T) {
 	c, err := LoadExtender(write("ok.yaml", "topologyMaxAge: 0s\n"))
 	if err != nil || c.TopologyAgeLimit() != 0 {
 		t.Errorf("LoadExtender(topologyMaxAge: 0s) = %v, %v; want the age check off", c, err)
+	}
+}
+
+// TestExtenderAPIVersions: Validate accepts the current apiVersion and the
+// legacy one as they are (a configuration built in code need not be
+// defaulted), and refuses any other naming the field and both.
+func TestExtenderAPIVersions(t *testing.T) {
+	for _, v := range []string{ExtenderAPIVersion, ExtenderLegacyAPIVersion} {
+		c := DefaultExtenderConfiguration()
+		c.APIVersion = v
+		if errs := c.Validate(); len(errs) != 0 {
+			t.Errorf("apiVersion %q: %v, want valid", v, errs.ToAggregate())
+		}
+	}
+	c := DefaultExtenderConfiguration()
+	c.APIVersion = "example.com/v1"
+	errs := c.Validate()
+	want := `apiVersion: Unsupported value: "example.com/v1": supported values: "config.gputopo.io/v1alpha1", "gputopo.io/v1alpha1"`
+	if len(errs) != 1 || errs[0].Error() != want {
+		t.Errorf("Validate() = %v, want exactly %q", errs.ToAggregate(), want)
+	}
+
+	// A file written with the legacy apiVersion, as users have them.
+	path := filepath.Join(t.TempDir(), "legacy.yaml")
+	if err := os.WriteFile(path, []byte("apiVersion: gputopo.io/v1alpha1\nkind: ExtenderConfiguration\nweights: {profile: design}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := LoadExtender(path)
+	if err != nil {
+		t.Fatalf("LoadExtender(legacy apiVersion) = %v, want it accepted", err)
+	}
+	if got.APIVersion != ExtenderAPIVersion || got.Weights.Profile != WeightsDesign {
+		t.Errorf("LoadExtender(legacy apiVersion): apiVersion %q profile %q, want %q and design", got.APIVersion, got.Weights.Profile, ExtenderAPIVersion)
 	}
 }

@@ -17,8 +17,8 @@ import (
 // Validate reports every invalid field at once, with its path.
 func (c *ExtenderConfiguration) Validate() field.ErrorList {
 	var errs field.ErrorList
-	if c.APIVersion != ExtenderAPIVersion {
-		errs = append(errs, field.NotSupported(field.NewPath("apiVersion"), c.APIVersion, []string{ExtenderAPIVersion}))
+	if c.APIVersion != ExtenderAPIVersion && c.APIVersion != ExtenderLegacyAPIVersion {
+		errs = append(errs, field.NotSupported(field.NewPath("apiVersion"), c.APIVersion, []string{ExtenderAPIVersion, ExtenderLegacyAPIVersion}))
 	}
 	if c.Kind != ExtenderKind {
 		errs = append(errs, field.NotSupported(field.NewPath("kind"), c.Kind, []string{ExtenderKind}))

@@ -44,7 +44,7 @@ anything is rendered.
 */}}
 {{- define "gputopo.extender.config" -}}
 {{- $v := .v -}}
-apiVersion: gputopo.io/v1alpha1
+apiVersion: config.gputopo.io/v1alpha1
 kind: ExtenderConfiguration
 weights:
   profile: {{ $v.weights.profile | default "placement" | quote }}
