@@ -199,7 +199,7 @@ func (x *Core) score(e *evaluator, pr Request, names []string, track bool, dst [
 // passed (the cohort), so the verdicts come first. The caller releases the
 // list.
 func (x *Core) evaluate(e *evaluator, pr Request, names []string) (nl *nodeList, best float64) {
-	x.ledger.Read(func(lv ledger.View) {
+	e.read(x.ledger, func(lv ledger.View) {
 		aff := lv.Affinity(pr.job)
 		nl = lookup(lv, pr.UID, names)
 		nl.evalSlices()

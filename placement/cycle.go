@@ -2,7 +2,6 @@ package placement
 
 import (
 	"context"
-	"hash/maphash"
 	"sync/atomic"
 )
 
@@ -26,10 +25,17 @@ type Cycle struct {
 }
 
 // countStripes spreads a cycle's counts over cache lines, by node name
-// (countSeed).
+// (countStripe).
 const countStripes = 8
 
-var countSeed = maphash.MakeSeed()
+// countStripe is node's stripe of the counts: by its last byte, since the
+// names of one cluster's nodes differ at the end (gpu-node-0042).
+func countStripe(node string) int {
+	if node == "" {
+		return 0
+	}
+	return int(node[len(node)-1]) % countStripes
+}
 
 type cycleCounts struct {
 	n [NumReasons]atomic.Int32
@@ -40,7 +46,7 @@ type cycleCounts struct {
 // The previous cycle's counts, if it was never scored (no node passed),
 // are handed to the observer now.
 func (x *Core) newCycle(ctx context.Context, pr Request) *Cycle {
-	c := &Cycle{x: x, pr: pr, e: x.evaluatorFor(ctx, pr)}
+	c := &Cycle{x: x, pr: pr, e: x.evaluatorOn(ctx, pr, x.ledger.Snapshot(pr.job, pr.UID))}
 	c.e.concurrent = true
 	if prev := x.lastCycle.Swap(c); prev != nil {
 		prev.flush()
@@ -74,7 +80,7 @@ func (c *Cycle) Request() Request { return c.pr }
 // (unresolvable).
 func (c *Cycle) FilterNode(node string) (passed, unresolvable bool, reason string) {
 	v := c.x.checkNode(c.e, node, c.pr)
-	c.counts[maphash.String(countSeed, node)%countStripes].n[v.code].Add(1)
+	c.counts[countStripe(node)].n[v.code].Add(1)
 	if v.ok {
 		return true, false, ""
 	}

@@ -4,8 +4,14 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/placement/ledger"
 )
 
 // TestCycleFilterNodeFromParallelGoroutines asks one cycle about every node
@@ -67,5 +73,59 @@ func TestCycleFilterNodeFromParallelGoroutines(t *testing.T) {
 				t.Fatalf("round %d, node %s: cycle score %d, Score %d", round, name, scores[i], direct[i])
 			}
 		}
+	}
+}
+
+// TestACycleDecidesOnOneSnapshot: every answer of one plugin cycle comes
+// from the ledger as it was when the cycle began. A pod bound on the
+// node mid-cycle is not seen by the cycle's filter or score (it is by
+// the next cycle's), and the commit, which decides on the live ledger,
+// refuses the GPUs that are gone.
+func TestACycleDecidesOnOneSnapshot(t *testing.T) {
+	x, _, names := bindCore(t, 2)
+	ctx := context.Background()
+	probe := bindPod("probe", 8, nil)
+	x.ledger.UpsertPod(probe)
+	plan := x.PreFilter(ctx, PreFilterInput{Pod: probe, Nodes: len(names)})
+	if plan.Cycle == nil || plan.Refusal != "" {
+		t.Fatalf("PreFilter: %+v, want a cycle", plan)
+	}
+	c := plan.Cycle
+	if ok, _, why := c.FilterNode(names[0]); !ok {
+		t.Fatalf("%s fails before anything changed: %s", names[0], why)
+	}
+	scores := c.Score(names)
+
+	// Mid-cycle, another pod is bound to two GPUs of the first node.
+	other := bindPod("other", 2, map[string]string{})
+	other.Spec.NodeName = names[0]
+	other.Status.Phase = corev1.PodRunning
+	var uuids []string
+	x.ledger.Read(func(v ledger.View) {
+		for _, g := range v.Node(names[0]).Graph().GPUs()[:2] {
+			uuids = append(uuids, g.UUID)
+		}
+	})
+	other.Annotations[v1alpha1.AnnotationAssignedGPUs] = v1alpha1.FormatGPUList(uuids)
+	x.ledger.UpsertPod(other)
+
+	if ok, _, why := c.FilterNode(names[0]); !ok {
+		t.Errorf("mid-cycle, the cycle's filter sees the change: %s fails with %q", names[0], why)
+	}
+	if got := c.Score(names); !slices.Equal(got, scores) {
+		t.Errorf("mid-cycle, the cycle's score changed: %v, was %v", got, scores)
+	}
+	if res := x.Reserve(ctx, c.Request(), names[0]); res.Err == nil {
+		t.Errorf("the commit took %v on %s, whose GPUs 0 and 1 went mid-cycle; want a refusal", res.UUIDs, names[0])
+	}
+	next := x.PreFilter(ctx, PreFilterInput{Pod: probe, Nodes: len(names)})
+	if next.Cycle == nil {
+		t.Fatalf("the next PreFilter: %+v, want a cycle", next)
+	}
+	if ok, _, _ := next.Cycle.FilterNode(names[0]); ok {
+		t.Errorf("the next cycle still sees 8 free GPUs on %s", names[0])
+	}
+	if ok, _, why := next.Cycle.FilterNode(names[1]); !ok {
+		t.Errorf("the next cycle refuses the untouched %s: %s", names[1], why)
 	}
 }

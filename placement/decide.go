@@ -67,6 +67,13 @@ type verdict struct {
 	reason       string
 	code         Reason
 	unresolvable bool
+	// fit says frag and islandFit are prioritize's fragmentation and
+	// island best fit terms of res on fitFree, the free GPUs the verdict
+	// was decided on: they depend on nothing else, so the nodes that
+	// share the verdict share them (fitTerms).
+	fit             bool
+	fitFree         topology.Mask
+	frag, islandFit float64
 }
 
 type evalKey struct {
@@ -109,6 +116,9 @@ type evaluator struct {
 	// wantsBandwidth: the pod asks for bandwidth, so bandwidth fit
 	// counts for it.
 	wantsBandwidth bool
+	// snap is the snapshot a cycle's evaluator decides on (nil: the live
+	// ledger; see read).
+	snap *ledger.Snapshot
 	// log is the request's logger; trace caches log.V(5).Enabled() for
 	// the per-node verdict log.
 	log   klog.Logger
@@ -267,6 +277,10 @@ func (e *evaluator) allocate(n *ledger.Node, free topology.Mask, pristine bool) 
 	}
 	res, err := e.alloc.Allocate(g, free, req)
 	v := &verdict{ok: err == nil, res: res}
+	if v.ok {
+		v.fit, v.fitFree = true, free
+		v.frag, v.islandFit = fitTerms(key.topo, g.Len(), free, res)
+	}
 	if err != nil {
 		v.reason, v.code = err.Error(), ReasonInfeasible
 		var inf *topology.InfeasibleError
@@ -474,19 +488,32 @@ func (e *evaluator) components(n *ledger.Node, v *verdict, affinity float64, co 
 		busy += float64(len(gpus))
 	}
 	c.Utilization = clamp01(1 - busy/float64(size))
-	// Fragmentation left: the largest free NVLink island after placement,
-	// against the largest the free GPUs left could form on this machine.
-	left := freeMask.Count() - len(gpus)
-	c.Fragmentation = 1
-	if want := min(left, topo.MaxIsland()); want > 0 {
-		c.Fragmentation = clamp01(float64(v.res.Metrics.LeftLargestIsland) / float64(want))
-	}
 	// Bandwidth fit: this node's ring bandwidth against the cohort's best.
 	// Capability conservation: where this machine's capability lies
 	// between the cohort's least and most capable, on a log scale (the
 	// machines differ by orders of magnitude): 1 for the least capable,
 	// 0 for the most.
 	c.BandwidthFit, c.Conservation = crossTerms(v.res.Metrics.RingGBps, topo.LogCapability(), co)
+	if v.fit && v.fitFree == freeMask {
+		c.Fragmentation, c.IslandFit = v.frag, v.islandFit
+	} else {
+		c.Fragmentation, c.IslandFit = fitTerms(topo, size, freeMask, v.res)
+	}
+	return c
+}
+
+// fitTerms are prioritize's fragmentation and island best fit terms of
+// res, a set chosen on the free GPUs free of a machine of topology topo
+// with size GPUs.
+func fitTerms(topo *ledger.Topo, size int, free topology.Mask, res topology.Result) (frag, islandFit float64) {
+	gpus := res.GPUs
+	// Fragmentation left: the largest free NVLink island after placement,
+	// against the largest the free GPUs left could form on this machine.
+	left := free.Count() - len(gpus)
+	frag = 1
+	if want := min(left, topo.MaxIsland()); want > 0 {
+		frag = clamp01(float64(res.Metrics.LeftLargestIsland) / float64(want))
+	}
 	// Island best fit: the share of the touched islands' GPUs that is in
 	// use once the pod is placed, and of the node's.
 	var set, touched topology.Mask
@@ -499,13 +526,12 @@ func (e *evaluator) components(n *ledger.Node, v *verdict, affinity float64, co 
 	// packing by node is what keeps a whole machine free there.
 	islandFill, nodeFill := 1.0, 1.0
 	if t := touched.Count(); t > 0 {
-		islandFill = 1 - float64(freeMask.Minus(set).Intersect(touched).Count())/float64(t)
+		islandFill = 1 - float64(free.Minus(set).Intersect(touched).Count())/float64(t)
 	}
 	if size > 0 {
-		nodeFill = 1 - float64(freeMask.Minus(set).Count())/float64(size)
+		nodeFill = 1 - float64(free.Minus(set).Count())/float64(size)
 	}
-	c.IslandFit = (islandFill + nodeFill) / 2
-	return c
+	return frag, (islandFill + nodeFill) / 2
 }
 
 func clamp01(x float64) float64 { return min(max(x, 0), 1) }
@@ -522,4 +548,24 @@ func requestedTier(pr Request) string {
 		return "min-bandwidth"
 	}
 	return "any"
+}
+
+// read calls fn with the ledger as e decides on it: its snapshot, or the
+// live ledger l.
+func (e *evaluator) read(l *ledger.Ledger, fn func(v ledger.View)) {
+	if e.snap != nil {
+		e.snap.Read(fn)
+		return
+	}
+	l.Read(fn)
+}
+
+// readNode is read for a question about one node (Ledger.Read's stripe
+// for it on a snapshot).
+func (e *evaluator) readNode(l *ledger.Ledger, node string, fn func(v ledger.View)) {
+	if e.snap != nil {
+		e.snap.ReadNode(node, fn)
+		return
+	}
+	l.Read(fn)
 }

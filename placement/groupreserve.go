@@ -104,14 +104,14 @@ func (x *Core) keepForGroup(ctx context.Context, pr Request, candidates []string
 	log := klog.FromContext(ctx)
 	switch act {
 	case reserveExpire:
-		x.ledger.EndGroupReservation(pr.group)
+		x.ledger.EndKeep(pr.group)
 		log.V(2).Info("group reservation ran out", "group", pr.group, "reserveAfter", after, "reserveMaxDuration", f.ReserveMaxDuration.Duration)
 	case reserveMake:
-		if x.ledger.ReserveForGroup(pr.group, pr.priority, domain, level, start, keep) {
+		if x.ledger.KeepForGroup(pr.group, pr.priority, domain, level, start, keep) {
 			log.V(4).Info("GPUs kept for a waiting group", "group", pr.group, "domain", domain, "level", level, "nodes", len(keep), "start", start)
 		}
 	case reserveEnd:
-		x.ledger.EndGroupReservation(pr.group)
+		x.ledger.EndKeep(pr.group)
 		log.V(4).Info("no GPUs kept for a waiting group", "group", pr.group, "found", keep != nil)
 		if refused != "" {
 			x.tellRefused(ctx, pr, refused)

@@ -243,7 +243,7 @@ func TestReservationBackfillsPodsThatEndBeforeTheGroupCanStart(t *testing.T) {
 
 	// A reservation that would run out before its GPUs are free is not
 	// made: with reserveMaxDuration 30m, 11m + 30m is before 1h.
-	x.ledger.EndGroupReservation("ml/g")
+	x.ledger.EndKeep("ml/g")
 	f.ReserveMaxDuration = metav1.Duration{Duration: 30 * time.Minute}
 	place(t, x, names, g[0])
 	if r := x.ledger.Report().GroupReservations(); len(r) != 0 {

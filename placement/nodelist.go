@@ -8,10 +8,10 @@ import (
 	"github.com/gputopo/gputopo/placement/ledger"
 )
 
-// checkNode is e's verdict on node as pr sees it, under the ledger's read
-// lock's stripe for the node (ledger.Ledger.ReadNode).
+// checkNode is e's verdict on node as pr sees it, on e's snapshot
+// (evaluator.readNode).
 func (x *Core) checkNode(e *evaluator, node string, pr Request) (v *verdict) {
-	x.ledger.ReadNode(node, func(lv ledger.View) { v = e.check(lv.NodeFor(node, pr.UID)) })
+	e.readNode(x.ledger, node, func(lv ledger.View) { v = e.check(lv.NodeFor(node, pr.UID)) })
 	return v
 }
 

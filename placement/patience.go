@@ -47,9 +47,17 @@ type patience struct {
 // choice, under ledger.Reserve) uses evaluatorIn: taking the read lock
 // again there would wait on a writer waiting on the caller.
 func (x *Core) evaluatorFor(ctx context.Context, pr Request) *evaluator {
+	return x.evaluatorOn(ctx, pr, nil)
+}
+
+// evaluatorOn is evaluatorFor deciding on snap (nil: the live ledger):
+// the evaluator of a cycle, whose every answer reads the snapshot taken
+// when it began.
+func (x *Core) evaluatorOn(ctx context.Context, pr Request, snap *ledger.Snapshot) *evaluator {
 	e := newEvaluator(ctx, x.alloc, x.cfg, pr, x.now())
+	e.snap = snap
 	if x.mayWait(pr) {
-		x.ledger.Read(func(v ledger.View) { e.patience = x.patienceIn(ctx, v, pr, e.now) })
+		e.read(x.ledger, func(v ledger.View) { e.patience = x.patienceIn(ctx, v, pr, e.now) })
 		x.countPatience(e.patience)
 	}
 	return e

@@ -110,7 +110,7 @@ func (c *Cycle) FilterNodeIf(node string, w *WhatIf) (passed, unresolvable bool,
 		return c.FilterNode(node)
 	}
 	var v *verdict
-	c.x.ledger.ReadNode(node, func(lv ledger.View) {
+	c.e.readNode(c.x.ledger, node, func(lv ledger.View) {
 		v = c.e.check(w.on(lv, lv.NodeFor(node, c.pr.UID)))
 	})
 	if v.ok {

@@ -69,12 +69,14 @@ type GroupReservation struct {
 	Nodes      []string
 }
 
-// ReserveForGroup keeps gpus (by node) for group key, a group of priority
+// KeepForGroup keeps gpus (by node) for group key, a group of priority
 // prio whose plan lies in domain at level and can start by start (zero:
-// unknown). It replaces the group's
-// reservation, keeping when it began. It does nothing for a group that is
-// planned or has no pod; it says whether the reservation is in place.
-func (l *Ledger) ReserveForGroup(key string, prio int32, domain, level string, start time.Time, gpus map[string]topology.Mask) bool {
+// unknown): pods of its priority or lower leave them alone (what is kept
+// is a "group reservation" in the configuration's and the metrics'
+// words). It replaces what the group had kept, keeping when it began. It
+// does nothing for a group that is planned or has no pod; it says
+// whether the GPUs are kept.
+func (l *Ledger) KeepForGroup(key string, prio int32, domain, level string, start time.Time, gpus map[string]topology.Mask) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	g := l.groups[key]
@@ -101,8 +103,8 @@ func (l *Ledger) ReserveForGroup(key string, prio int32, domain, level string, s
 	return true
 }
 
-// EndGroupReservation ends group key's reservation.
-func (l *Ledger) EndGroupReservation(key string) {
+// EndKeep gives back what group key kept.
+func (l *Ledger) EndKeep(key string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if g := l.groups[key]; g != nil && g.reserve != nil {

@@ -50,7 +50,6 @@ import (
 // GPU that a live pod holds.
 type Ledger struct {
 	mu    stripedLock
-	snaps snapshots
 	nodes map[string]*Node
 	topos map[string]*Topo
 	// shapes are the distinct topologies of the nodes (View.Shapes).
@@ -122,6 +121,9 @@ type Ledger struct {
 	// finished are the GPUs that pods which ran to their end gave back
 	// lately, oldest first (outlook.go).
 	finished []finished
+	// snaps are the snapshots' numbers, dirty and deleted nodes
+	// (snapshot.go).
+	snaps snapshots
 }
 
 // Options are a ledger's settings; every field may be left zero.
@@ -209,6 +211,16 @@ type Topo struct {
 // are plain values, so that a request touches one small block per node
 // rather than chasing the graph.
 type Node struct {
+	// dirty says the node changed since a snapshot last froze it;
+	// frozenAt is the number of the snapshot that froze its newest copy,
+	// frozen (on a frozen copy: its own number, and older is the copy
+	// before it); born is the first snapshot that froze the node
+	// (snapshot.go). They are first, in the block every request reads.
+	dirty    bool
+	frozenAt uint64
+	frozen   *Node
+	older    *Node
+	born     uint64
 	// size is the number of GPUs (0 without a valid topology).
 	size int
 	// freeMask is the healthy GPUs nobody holds; usedCount counts held ones.
@@ -286,13 +298,6 @@ type Node struct {
 	// reservedFor is what waiting groups keep here (groupreserve.go); nil
 	// when none (the usual case). It is replaced, never changed in place.
 	reservedFor []NodeReservation
-
-	// fz links a live node to its frozen copies (snapshot.go); dirty
-	// says it changed since the last snapshot froze it; frozenAt is a
-	// frozen copy's snapshot number.
-	fz       *frozenRef
-	dirty    bool
-	frozenAt uint64
 }
 
 func (n *Node) empty() bool {

@@ -184,7 +184,7 @@ type View struct {
 func (v View) node(name string) *Node {
 	n := v.l.nodes[name]
 	if v.s != nil {
-		return v.s.version(n)
+		return v.s.at(name, n)
 	}
 	return n
 }
@@ -199,6 +199,16 @@ func (v View) each(fn func(n *Node)) {
 		}
 		fn(n)
 	}
+	if v.s == nil {
+		return
+	}
+	for _, g := range v.l.snaps.gone {
+		if g.after >= v.s.seq && v.s.version(v.l.nodes[g.n.name]) == nil {
+			if f := v.s.version(g.n); f != nil {
+				fn(f)
+			}
+		}
+	}
 }
 
 // Read calls fn with a view of the ledger under its read lock: every node
@@ -207,17 +217,6 @@ func (v View) each(fn func(n *Node)) {
 func (l *Ledger) Read(fn func(v View)) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
-	fn(View{l: l})
-}
-
-// ReadNode is Read for a question about one node, under one stripe of
-// the read lock chosen by the node's name: readers of different nodes
-// mostly take different stripes, so that the parallel filters of one pod
-// do not contend on one reader count.
-func (l *Ledger) ReadNode(node string, fn func(v View)) {
-	st := &l.mu.stripes[stripeOf(node)]
-	st.RLock()
-	defer st.RUnlock()
 	fn(View{l: l})
 }
 
@@ -378,7 +377,7 @@ func (v View) AffinityExcluding(job string, pod types.NamespacedName, uid types.
 func (v View) affinityOf(nodes map[string]int) Affinity {
 	idx := Affinity{nodes: nodes}
 	for name := range nodes {
-		if n, ok := v.l.nodes[name]; ok && n.clique != "" {
+		if n := v.node(name); n != nil && n.clique != "" {
 			if idx.cliques == nil {
 				idx.cliques = make(map[string]bool)
 			}

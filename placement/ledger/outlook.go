@@ -64,7 +64,7 @@ func (v View) Finished(since time.Time, fn func(n *Node, gpus int)) {
 	f := v.l.finished
 	i, _ := slices.BinarySearchFunc(f, since, func(e finished, t time.Time) int { return e.at.Compare(t) })
 	for _, e := range f[i:] {
-		if n := v.l.nodes[e.node]; n != nil {
+		if n := v.node(e.node); n != nil {
 			fn(n, e.gpus)
 		}
 	}
@@ -87,7 +87,7 @@ func (v View) Ending(by time.Time, fn func(n *Node, gpus int)) {
 			continue
 		}
 		h := v.l.holdings[info.UID]
-		n := v.l.nodes[info.Node]
+		n := v.node(info.Node)
 		if h == nil || n == nil {
 			continue
 		}

@@ -3,8 +3,6 @@ package ledger
 import (
 	"maps"
 	"slices"
-	"sync"
-	"sync/atomic"
 
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -18,18 +16,22 @@ import (
 //
 // It is copy-on-write by node. Every change to a node marks it dirty
 // (changedLocked); taking a snapshot freezes a copy of each dirty node
-// and numbers the snapshot. A snapshot's reader resolves a node to its
-// newest frozen copy no newer than the snapshot, so it costs the copies
-// of the nodes that changed since the previous snapshot, not one of the
-// whole cluster. Each node keeps its two newest frozen copies: cycles
-// run one after the other, so a cycle's snapshot is the newest or, while
-// the next cycle starts, the one before it.
+// and numbers the snapshot. A snapshot's reader resolves a node to the
+// live node itself when it has not changed since its newest copy, which
+// the snapshot sees (the usual case, at the cost of two fields the
+// request reads anyway), and otherwise to its newest frozen copy no newer
+// than the snapshot. So a snapshot costs the copies of the nodes that
+// changed since the previous one, not a copy of the cluster. A node keeps
+// the frozen copies the last keepSnapshots snapshots may read: cycles run
+// one after the other, and a cycle's preemption dry runs take a few
+// snapshots of their own inside it; a cycle that outlives more later
+// snapshots than that reads the oldest copy kept.
 //
-// Reads of a snapshot still take the ledger's read lock (the node map
-// and the pods a what-if weighs are the live ledger's), so a snapshot is
-// consistent in each node's GPUs, holdings, reservations, telemetry and
-// topology; a node added after it is unknown to it, and one deleted after
-// it is gone from it too.
+// Reads of a snapshot take the ledger's read lock, as live reads do; the
+// pods a what-if weighs are the live ledger's. A snapshot is consistent
+// in each node's GPUs, holdings, reservations, telemetry and topology; a
+// node added after it is unknown to it, and one deleted after it is still
+// there (snapshots.gone).
 type Snapshot struct {
 	l   *Ledger
 	seq uint64
@@ -42,20 +44,25 @@ type Snapshot struct {
 	resOK   bool
 }
 
-// frozenRef is a live node's link to its frozen copies: the newest and
-// the one before it, replaced together.
-type frozenRef struct {
-	p atomic.Pointer[frozenPair]
-}
+// keepSnapshots is how many of the latest snapshots a node's frozen
+// copies serve.
+const keepSnapshots = 16
 
-type frozenPair struct{ cur, prev *Node }
-
-// snapshots numbers the snapshots and keeps their takers apart; the dirty
-// nodes wait for the next snapshot to freeze them.
+// snapshots numbers the snapshots; the dirty nodes wait for the next
+// snapshot to freeze them. Everything here changes under the write lock.
 type snapshots struct {
-	mu    sync.Mutex
 	seq   uint64
 	dirty []*Node
+	// gone are the nodes deleted lately, kept for the snapshots taken
+	// before they went.
+	gone []goneNode
+}
+
+// goneNode is a node deleted when snapshot number after was the newest:
+// snapshots up to after still see it.
+type goneNode struct {
+	n     *Node
+	after uint64
 }
 
 // changedLocked marks live node n as changed since the last snapshot;
@@ -69,31 +76,39 @@ func (l *Ledger) changedLocked(n *Node) {
 	l.snaps.dirty = append(l.snaps.dirty, n)
 }
 
+// goneLocked keeps deleted node n for the snapshots taken before.
+func (l *Ledger) goneLocked(n *Node) {
+	if n.frozen != nil {
+		l.snaps.gone = append(l.snaps.gone, goneNode{n: n, after: l.snaps.seq})
+	}
+}
+
 // Snapshot takes a snapshot of the ledger for a cycle of pod uid in job
-// (namespace/job label; "" for none).
+// (namespace/job label; "" for none). It takes the write lock for as long
+// as it freezes the nodes that changed since the previous snapshot.
 func (l *Ledger) Snapshot(job string, uid types.UID) *Snapshot {
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	l.snaps.mu.Lock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	l.snaps.seq++
 	s := &Snapshot{l: l, seq: l.snaps.seq, job: job, uid: uid}
 	for _, n := range l.snaps.dirty {
-		// The dirty flags are written by writers (under the write lock)
-		// and here (under the read lock and snaps.mu): never at once.
-		n.dirty = false
-		if l.nodes[n.name] != n {
-			continue // deleted since
+		// A node deleted since stays dirty: the snapshots that still
+		// see it read its frozen copies, not what the delete left.
+		if l.nodes[n.name] == n {
+			n.dirty = false
+			l.freezeLocked(n, s.seq)
 		}
-		f := n.freeze(s.seq)
-		var prev *Node
-		if old := n.fz.p.Load(); old != nil {
-			prev = old.cur
-		}
-		n.fz.p.Store(&frozenPair{cur: f, prev: prev})
 	}
 	clear(l.snaps.dirty)
 	l.snaps.dirty = l.snaps.dirty[:0]
-	l.snaps.mu.Unlock()
+	keep := l.snaps.gone[:0]
+	for _, g := range l.snaps.gone {
+		if g.after+keepSnapshots >= s.seq {
+			keep = append(keep, g)
+		}
+	}
+	clear(l.snaps.gone[len(keep):])
+	l.snaps.gone = keep
 	v := View{l: l}
 	if job != "" {
 		s.aff = v.Affinity(job)
@@ -103,39 +118,78 @@ func (l *Ledger) Snapshot(job string, uid types.UID) *Snapshot {
 	return s
 }
 
-// freeze is a copy of n that no later change of n reaches: its own
+// freezeLocked makes a frozen copy of live node n for snapshot seq, its
+// newest, and drops the copies no snapshot of the last keepSnapshots
+// reads. A frozen copy is one no later change of n reaches: its own
 // holdings map and slices that changes write in place.
-func (n *Node) freeze(seq uint64) *Node {
+func (l *Ledger) freezeLocked(n *Node, seq uint64) {
 	c := *n
-	c.fz, c.dirty, c.frozenAt = nil, false, seq
+	c.dirty, c.frozen, c.frozenAt, c.older = false, nil, seq, n.frozen
 	c.holdings = maps.Clone(n.holdings)
 	if len(n.tel) > 0 && len(n.tel) <= len(n.telInline) && &n.tel[0] == &n.telInline[0] {
 		c.tel = c.telInline[:len(n.tel)]
 	}
 	c.claimed = slices.Clone(n.claimed)
-	return &c
+	// The copies a snapshot after seq-keepSnapshots reads: those newer
+	// than that and the newest one not.
+	for o := c.older; o != nil; o = o.older {
+		if o.frozenAt+keepSnapshots <= seq {
+			o.older = nil
+			break
+		}
+	}
+	if n.frozen == nil {
+		n.born = seq
+	}
+	n.frozen, n.frozenAt = &c, seq
 }
 
-// version is live node n as s sees it: its newest frozen copy no newer
-// than s; nil when n is nil or was never frozen (added after s). When
-// both copies are newer than s (a cycle that outlived two later ones),
-// the older copy stands in.
+// version is live node n as s sees it: n itself when it has not changed
+// since its newest frozen copy and s sees that copy; else its newest
+// frozen copy no newer than s; nil when n is nil or was not yet frozen
+// when s was taken (added after s). When every copy kept is newer than s
+// (a cycle that outlived keepSnapshots later ones), the oldest stands in.
 func (s *Snapshot) version(n *Node) *Node {
-	if n == nil || n.fz == nil {
-		return nil
-	}
-	p := n.fz.p.Load()
 	switch {
-	case p == nil:
+	case n == nil || n.frozen == nil || n.born > s.seq:
 		return nil
-	case p.cur.frozenAt <= s.seq:
-		return p.cur
-	case p.prev != nil && p.prev.frozenAt <= s.seq:
-		return p.prev
-	case p.prev != nil:
-		return p.prev
+	case !n.dirty && n.frozenAt <= s.seq:
+		return n
 	}
-	return p.cur
+	return s.older(n.frozen)
+}
+
+// older is the newest of the frozen copies from c on that s sees, or the
+// oldest kept.
+func (s *Snapshot) older(c *Node) *Node {
+	for ; c.older != nil; c = c.older {
+		if c.frozenAt <= s.seq {
+			return c
+		}
+	}
+	return c
+}
+
+// at is live node n, named name, as s sees it, or as s saw it when it was
+// deleted since.
+func (s *Snapshot) at(name string, n *Node) *Node {
+	if f := s.version(n); f != nil {
+		return f
+	}
+	return s.gone(name)
+}
+
+// gone is the node name deleted after s was taken, as s saw it; nil when
+// none.
+func (s *Snapshot) gone(name string) *Node {
+	for _, g := range s.l.snaps.gone {
+		if g.n.name == name && g.after >= s.seq {
+			if f := s.version(g.n); f != nil {
+				return f
+			}
+		}
+	}
+	return nil
 }
 
 // Read calls fn with a view of the snapshot under the ledger's read lock;

@@ -143,7 +143,7 @@ func (l *Ledger) DeleteNode(name string) {
 func (l *Ledger) nodeLocked(name string) *Node {
 	n, ok := l.nodes[name]
 	if !ok {
-		n = &Node{name: name, allocatable: -1, capacity: -1, holdings: make(map[types.UID]*holding), fz: &frozenRef{}}
+		n = &Node{name: name, allocatable: -1, capacity: -1, holdings: make(map[types.UID]*holding)}
 		l.nodes[name] = n
 		l.changedLocked(n)
 	}
@@ -152,6 +152,7 @@ func (l *Ledger) nodeLocked(name string) *Node {
 
 func (l *Ledger) dropIfEmptyLocked(n *Node) {
 	if n.empty() {
+		l.goneLocked(n)
 		delete(l.nodes, n.name)
 		l.unindexLocked(n.name)
 	}

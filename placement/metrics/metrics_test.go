@@ -71,11 +71,11 @@ gputopo_extender_group_reserved_gpus{state="held"} %s
 		return out
 	}
 	want(fill("0", "0", "0", "0"))
-	if !l.ReserveForGroup("ml/g", 0, "cluster", "cluster", time.Time{}, map[string]topology.Mask{"n": topology.MaskOf(0, 1, 2, 3, 4, 5, 6, 7)}) {
+	if !l.KeepForGroup("ml/g", 0, "cluster", "cluster", time.Time{}, map[string]topology.Mask{"n": topology.MaskOf(0, 1, 2, 3, 4, 5, 6, 7)}) {
 		t.Fatal("reservation refused")
 	}
 	clock = at.Add(90 * time.Second)
 	want(fill("90", "1", "6", "2"))
-	l.EndGroupReservation("ml/g")
+	l.EndKeep("ml/g")
 	want(fill("0", "0", "0", "0"))
 }

@@ -65,17 +65,24 @@ type pkg struct {
 	Imports    []string
 }
 
-// packages lists the module's packages with their non-test imports.
-func packages(t *testing.T) []pkg {
+// goList runs go list with args in the module's root.
+func goList(t *testing.T, args ...string) []byte {
 	t.Helper()
-	cmd := exec.Command("go", "list", "-json=ImportPath,Imports", module+"/...")
+	cmd := exec.Command("go", append([]string{"list"}, args...)...)
 	cmd.Dir = "../.."
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("go list: %v\n%s", err, stderr.String())
+		t.Fatalf("go list %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
 	}
+	return out
+}
+
+// packages lists the module's packages with their non-test imports.
+func packages(t *testing.T) []pkg {
+	t.Helper()
+	out := goList(t, "-json=ImportPath,Imports", module+"/...")
 	var pkgs []pkg
 	dec := json.NewDecoder(bytes.NewReader(out))
 	for dec.More() {
@@ -239,15 +246,7 @@ func impureDeps(pkg string, deps []string) []string {
 // none of them.
 func TestTheCoreDependsOnNoClusterRuntime(t *testing.T) {
 	for _, p := range pure {
-		cmd := exec.Command("go", "list", "-deps", module+"/"+p)
-		cmd.Dir = "../.."
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		out, err := cmd.Output()
-		if err != nil {
-			t.Fatalf("go list -deps %s: %v\n%s", p, err, stderr.String())
-		}
-		deps := strings.Fields(string(out))
+		deps := strings.Fields(string(goList(t, "-deps", module+"/"+p)))
 		if len(deps) < 10 {
 			t.Fatalf("go list -deps %s listed %d packages; it has more", p, len(deps))
 		}

@@ -1,7 +1,6 @@
 package layering
 
 import (
-	"bytes"
 	"fmt"
 	"go/ast"
 	"go/importer"
@@ -11,7 +10,6 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -261,14 +259,7 @@ func coreCalls(fset *token.FileSet, files []*ast.File, info *types.Info) map[str
 // dependencies, as go list -export reports them.
 func exportImporter(t *testing.T, fset *token.FileSet, pkg string) types.Importer {
 	t.Helper()
-	cmd := exec.Command("go", "list", "-export", "-deps", "-f", "{{.ImportPath}} {{.Export}}", pkg)
-	cmd.Dir = "../.."
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("go list -export %s: %v\n%s", pkg, err, stderr.String())
-	}
+	out := goList(t, "-export", "-deps", "-f", "{{.ImportPath}} {{.Export}}", pkg)
 	exports := map[string]string{}
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		if path, file, ok := strings.Cut(line, " "); ok && file != "" {
