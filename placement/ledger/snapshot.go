@@ -25,7 +25,9 @@ import (
 // the frozen copies the last keepSnapshots snapshots may read: cycles run
 // one after the other, and a cycle's preemption dry runs take a few
 // snapshots of their own inside it; a cycle that outlives more later
-// snapshots than that reads the oldest copy kept.
+// snapshots than that reads the oldest copy kept, and no longer sees a
+// node deleted since (its reads are then as inconsistent as live reads;
+// commits still check the live ledger).
 //
 // Reads of a snapshot take the ledger's read lock, as live reads do; the
 // pods a what-if weighs are the live ledger's. A snapshot is consistent
