@@ -67,6 +67,10 @@ type GroupView struct {
 	// Required and Preferred are the fabric levels of its annotations.
 	Required  string `json:"requiredTopology,omitempty"`
 	Preferred string `json:"preferredTopology,omitempty"`
+	// SliceSize and SliceRequired: the group is cut into slices of that
+	// many pods, each inside one domain of that level (0: no slices).
+	SliceSize     int    `json:"sliceSize,omitempty"`
+	SliceRequired string `json:"sliceRequiredTopology,omitempty"`
 	// Members are its live pods: bound ones (by node), then the others
 	// (by name).
 	Members []GroupMember `json:"members"`
@@ -89,6 +93,10 @@ type GroupMember struct {
 	// its placement record names.
 	Node   string `json:"node,omitempty"`
 	Domain string `json:"domain,omitempty"`
+	// Slice and SliceDomain: its slice of a sliced group and where the
+	// slice lies (SliceDomain "" for none).
+	Slice       int    `json:"slice,omitempty"`
+	SliceDomain string `json:"sliceDomain,omitempty"`
 }
 
 // Bound counts the members bound to a node.
@@ -274,6 +282,7 @@ func (s *Snapshot) group(p *corev1.Pod) (*GroupView, error) {
 	g := &GroupView{Name: key, PodGroup: info.GroupNative, Required: info.GroupSpec.Required, Preferred: info.GroupSpec.Preferred}
 	if !info.GroupNative {
 		g.Size = info.GroupSpec.Size
+		g.SliceSize, g.SliceRequired = info.GroupSpec.SliceSize, info.GroupSpec.SliceRequired
 	}
 	var pending *corev1.Pod
 	for i := range s.Pods {
@@ -284,6 +293,7 @@ func (s *Snapshot) group(p *corev1.Pod) (*GroupView, error) {
 		m := GroupMember{Name: o.Name, Node: o.Spec.NodeName}
 		if pl, err := v1alpha1.ParsePlacement(o.Annotations[v1alpha1.AnnotationPlacement]); err == nil && pl.Group == key {
 			m.Domain = pl.Domain
+			m.Slice, m.SliceDomain = pl.Slice, pl.SliceDomain
 		}
 		if m.Node != "" && m.Domain != "" && g.Domain == "" {
 			g.Domain = m.Domain

@@ -296,7 +296,7 @@ func writePods(w io.Writer, p painter, rows []PodRow, withNode bool) error {
 			if r.Group == groupInvalid {
 				group = p.c(red, group)
 			}
-			cols = append(cols, group, dash(r.Domain))
+			cols = append(cols, group, r.domainCell())
 		}
 		if withNode {
 			cols = append(cols, dash(r.Node))

@@ -247,11 +247,18 @@ func writeGroup(w io.Writer, p painter, g *GroupView) {
 	if g.Preferred != "" {
 		asks = append(asks, "preferred "+g.Preferred)
 	}
+	if g.SliceSize > 0 {
+		asks = append(asks, fmt.Sprintf("in slices of %d pods, each inside one %s domain", g.SliceSize, g.SliceRequired))
+	}
 	fmt.Fprintf(w, "group:        %s, %s\n", p.c(bold, g.Name), strings.Join(asks, ", "))
 	var bound, pending []string
 	for _, m := range g.Members {
 		if m.Node != "" {
-			bound = append(bound, m.Name+" on "+m.Node)
+			on := m.Name + " on " + m.Node
+			if m.SliceDomain != "" {
+				on += fmt.Sprintf(" (slice %d in %s)", m.Slice, m.SliceDomain)
+			}
+			bound = append(bound, on)
 		} else {
 			pending = append(pending, m.Name)
 		}

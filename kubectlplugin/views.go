@@ -420,6 +420,19 @@ type PodRow struct {
 	// the pod is not bound.
 	Group  string `json:"group,omitempty"`
 	Domain string `json:"domain,omitempty"`
+	// Slice and SliceDomain are the pod's slice of a sliced group and the
+	// domain the slice was placed in (SliceDomain "" for none).
+	Slice       int    `json:"slice,omitempty"`
+	SliceDomain string `json:"sliceDomain,omitempty"`
+}
+
+// domainCell is the DOMAIN cell of a pod row: the slice and its domain
+// for a pod of a sliced group, else the group's domain.
+func (r PodRow) domainCell() string {
+	if r.SliceDomain != "" {
+		return fmt.Sprintf("slice %d: %s", r.Slice, r.SliceDomain)
+	}
+	return dash(r.Domain)
 }
 
 // groupInvalid is the GROUP cell of a pod whose group annotations do not
@@ -461,6 +474,7 @@ func (s *Snapshot) PodRows() []PodRow {
 			r.Tier, r.RingBandwidthGBps = string(pl.Tier), pl.RingBandwidthGBps
 			if pl.Group != "" {
 				r.Group, r.Domain = pl.Group, pl.Domain
+				r.Slice, r.SliceDomain = pl.Slice, pl.SliceDomain
 			}
 		}
 		if r.Node != "" {

@@ -33,8 +33,8 @@ func (u Upkeep) AdoptPlan(ctx context.Context, key, domain, level string, slots 
 		}
 		size := pr.groupSpec.Size
 		if pr.native {
-			spec, ok := v.NativeGroup(key)
-			if !ok {
+			spec, ok, err := v.NativeGroup(key)
+			if !ok || err != nil {
 				return nil, "", "", errNotAdopted
 			}
 			size, pr.groupSpec = spec.Size, spec

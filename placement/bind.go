@@ -246,7 +246,7 @@ func (x *Core) reserve(ctx context.Context, key types.NamespacedName, uid types.
 		// framework's pod-group cycle reserves and unreserves every pod
 		// of each placement it tries, then reserves the chosen one's
 		// again); its slot on node is then held for it as before.
-		x.ledger.ClaimSlot(pr.group, uid, key, node)
+		x.ledger.ClaimSlot(pr.group, uid, key, node, pr.slice())
 	}
 	var refusal BindResult
 	c, err := x.ledger.Reserve(uid, key, node, func(lv ledger.View, n *ledger.Node) (ledger.Choice, error) {

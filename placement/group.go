@@ -70,7 +70,7 @@ func (x *Core) groupSlot(ctx context.Context, pr Request, candidates, reserveOve
 	if msg := x.deciderRefusal(); msg != "" {
 		return nil, errors.New(msg)
 	}
-	if node, ok := x.ledger.ClaimSlot(pr.group, pr.UID, pr.Key, pr.nominated); ok {
+	if node, ok := x.ledger.ClaimSlot(pr.group, pr.UID, pr.Key, pr.nominated, pr.slice()); ok {
 		return &GroupSlot{Group: pr.group, Node: node}, nil
 	}
 	var complete bool
@@ -94,7 +94,7 @@ func (x *Core) groupSlot(ctx context.Context, pr Request, candidates, reserveOve
 	if complete {
 		return nil, nil // every pod the group needs is bound; this one is an extra
 	}
-	if node, ok := x.ledger.ClaimSlot(pr.group, pr.UID, pr.Key, pr.nominated); ok {
+	if node, ok := x.ledger.ClaimSlot(pr.group, pr.UID, pr.Key, pr.nominated, pr.slice()); ok {
 		return &GroupSlot{Group: pr.group, Node: node}, nil
 	}
 	return nil, &GroupWait{Group: pr.group, Msg: fmt.Sprintf("group %s is placed and has no place left for this pod (it has more pods than its size %d)", pr.group, pr.groupSpec.Size)}
@@ -129,9 +129,16 @@ func (x *Core) resolveGroup(pr *Request) error {
 		return nil
 	}
 	var ok bool
-	x.ledger.Read(func(v ledger.View) { pr.groupSpec, ok = v.NativeGroup(pr.group) })
-	if !ok {
+	var err error
+	x.ledger.Read(func(v ledger.View) { pr.groupSpec, ok, err = v.NativeGroup(pr.group) })
+	switch {
+	case !ok:
 		return &GroupWait{Group: pr.group, Msg: fmt.Sprintf("pod names PodGroup %s (spec.schedulingGroup.podGroupName), which the scheduler has not seen: create it, or check that the cluster serves scheduling.k8s.io/v1beta1 PodGroups", pr.group)}
+	case err != nil:
+		return &GroupWait{Group: pr.group, Unresolvable: true, Msg: err.Error()}
+	}
+	if _, err := ledger.SliceOf(pr.Key, pr.groupSpec, pr.indexes); err != nil {
+		return &GroupWait{Group: pr.group, Unresolvable: true, Msg: err.Error()}
 	}
 	return nil
 }
@@ -149,7 +156,26 @@ type domain struct {
 type groupNode struct {
 	n    *ledger.Node
 	sets []topology.Result
+	// For the part of a node left to a group's later slices: origin is
+	// the whole node's groupNode, taken the GPUs earlier slices took.
+	origin *groupNode
+	taken  int
+	// costs are, in a sliced group's what-if for preemption, the GPUs of
+	// each set that are not free now (nil otherwise).
+	costs []int
 }
+
+// cost is the GPUs the node's sets take that are not free now.
+func (gn *groupNode) cost() int {
+	c := 0
+	for _, k := range gn.costs {
+		c += k
+	}
+	return c
+}
+
+// free is how many of the node's GPUs are free for the group.
+func (gn *groupNode) free() int { return gn.n.Free().Count() - gn.taken }
 
 // planGroup finds the group's slots (need pods, each like pr) in the
 // tightest fabric level allowed that holds them all, best fit within the
@@ -183,6 +209,9 @@ func (x *Core) planGroup(ctx context.Context, v ledger.View, pr Request, g ledge
 		}
 	}
 	pref = min(pref, req)
+	if spec.Slices() > 0 {
+		return x.planSliced(ctx, v, pr, g, need, candidates, over, pref, req)
+	}
 	e := newEvaluator(ctx, x.alloc, x.cfg, pr, x.now())
 	nodes := x.groupNodes(e, v, pr, need, candidates, over)
 	// With every GPU free: can the required level ever hold the group?
@@ -274,7 +303,7 @@ func ancestorsFree(nodes []*groupNode, lvl, top int) func(d domain) []int {
 		free[l] = map[string]int{}
 		for _, gn := range nodes {
 			if k := gn.n.Domain(l); k != "" {
-				free[l][k] += gn.n.Free().Count()
+				free[l][k] += gn.free()
 			}
 		}
 	}
@@ -320,7 +349,8 @@ func (x *Core) groupNodes(e *evaluator, v ledger.View, pr Request, need int, can
 		if only != nil && !only[n.Name()] {
 			return
 		}
-		n = over[n.Name()].on(v, v.NodeFor(n.Name(), pr.UID))
+		live := v.NodeFor(n.Name(), pr.UID)
+		n = over[n.Name()].on(v, live)
 		if vd := e.check(n); !vd.ok {
 			return
 		}
@@ -329,12 +359,23 @@ func (x *Core) groupNodes(e *evaluator, v ledger.View, pr Request, need int, can
 		if u := n.UnknownHeld(); u > 0 {
 			return // GPUs held but not identified: not a node to plan exact GPUs on
 		}
+		// A sliced group's what-if weighs each set by the GPUs it takes
+		// that are not free now (slices.go: each slice where it evicts
+		// least).
+		var liveFree topology.Mask
+		costed := over != nil && pr.groupSpec.Slices() > 0
+		if costed {
+			liveFree = e.freeFor(live)
+		}
 		for len(gn.sets) < need {
 			res, err := e.alloc.Allocate(n.Graph(), free, req)
 			if err != nil {
 				break
 			}
 			gn.sets = append(gn.sets, res)
+			if costed {
+				gn.costs = append(gn.costs, topology.MaskOf(res.GPUs...).Minus(liveFree).Count())
+			}
 			free = free.Minus(topology.MaskOf(res.GPUs...))
 		}
 		if len(gn.sets) > 0 {
@@ -386,7 +427,7 @@ func domainsAt(nodes []*groupNode, lvl, top int, bound []string, v ledger.View) 
 		d := &out[i]
 		d.nodes = append(d.nodes, gn)
 		d.slots += len(gn.sets)
-		d.free += gn.n.Free().Count()
+		d.free += gn.free()
 	}
 	return out
 }
@@ -422,7 +463,10 @@ func (x *Core) fill(e *evaluator, v ledger.View, pr Request, d domain, lvl, need
 		nodes = slices.DeleteFunc(slices.Clone(nodes), func(gn *groupNode) bool { return gn.n.Topo().ID() != shape })
 	}
 	sort.SliceStable(nodes, func(i, j int) bool {
-		fi, fj := nodes[i].n.Free().Count(), nodes[j].n.Free().Count()
+		if ci, cj := nodes[i].cost(), nodes[j].cost(); ci != cj {
+			return ci < cj // a sliced group's what-if: the fewest evictions first
+		}
+		fi, fj := nodes[i].free(), nodes[j].free()
 		if fi != fj {
 			return fi < fj
 		}
@@ -477,7 +521,7 @@ func descend(nodes []*groupNode, lvl, need int) []*groupNode {
 			c := kids[i]
 			c.nodes = append(c.nodes, gn)
 			c.slots += len(gn.sets)
-			c.free += gn.n.Free().Count()
+			c.free += gn.free()
 		}
 		if !labelled || len(kids) == 1 {
 			continue

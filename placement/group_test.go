@@ -105,6 +105,13 @@ func gpuPod(name string, gpus int, ann map[string]string) *corev1.Pod {
 // would; it returns the node, or "" and filter's reasons.
 func place(t *testing.T, x *Core, names []string, p *corev1.Pod) (string, FilterAnswer) {
 	t.Helper()
+	n, ans, _ := placeP(t, x, names, p)
+	return n, ans
+}
+
+// placeP is place, also returning the placement recorded.
+func placeP(t *testing.T, x *Core, names []string, p *corev1.Pod) (string, FilterAnswer, v1alpha1.Placement) {
+	t.Helper()
 	x.ledger.UpsertPod(p)
 	pr := request(t, x, p)
 	ans, err := x.Filter(context.Background(), pr, names)
@@ -112,7 +119,7 @@ func place(t *testing.T, x *Core, names []string, p *corev1.Pod) (string, Filter
 		t.Fatal(err)
 	}
 	if len(ans.Passed) == 0 {
-		return "", ans
+		return "", ans, v1alpha1.Placement{}
 	}
 	scores, top := x.Score(context.Background(), pr, ans.Passed, true, nil)
 	_ = scores
@@ -126,7 +133,7 @@ func place(t *testing.T, x *Core, names []string, p *corev1.Pod) (string, Filter
 	bound.Annotations[v1alpha1.AnnotationAssignedGPUs] = v1alpha1.FormatGPUList(res.UUIDs)
 	bound.Annotations[v1alpha1.AnnotationPlacement] = res.Placement.String()
 	x.ledger.UpsertPod(bound)
-	return top.Node, ans
+	return top.Node, ans, res.Placement
 }
 
 func anyReason(a FilterAnswer) string {

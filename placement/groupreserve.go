@@ -268,6 +268,21 @@ func (x *Core) soonestSlots(ctx context.Context, v ledger.View, pr Request, g le
 		}
 		return a.held < b.held
 	}
+	// A sliced group keeps each slice's slots inside one domain at its
+	// slice level (soonestSlices).
+	sliced := pr.groupSpec.Slices() > 0
+	var sliceOf func(node string) string
+	if sliced {
+		_, sreq, err := x.sliceLevels(pr.groupSpec, pr.group)
+		if err != nil {
+			return nil, "", "", time.Time{}
+		}
+		byName := map[string]*ledger.Node{}
+		for _, n := range nodes {
+			byName[n.Name()] = n
+		}
+		sliceOf = func(node string) string { return domainKey(byName[node], node, sreq, top) }
+	}
 	var best *pick
 	for lvl := pref; lvl <= req; lvl++ {
 		byDomain := map[string][]reserveSlot{}
@@ -285,13 +300,14 @@ func (x *Core) soonestSlots(ctx context.Context, v ledger.View, pr Request, g le
 			if len(s) < need {
 				continue
 			}
-			sort.SliceStable(s, func(i, j int) bool {
-				if !s[i].ready.Equal(s[j].ready) {
-					return s[i].ready.Before(s[j].ready)
+			soonestFirst(s)
+			chosen := s[:need]
+			if sliced {
+				if chosen = soonestSlices(s, pr.groupSpec.Slices(), pr.groupSpec.SliceSize, sliceOf); chosen == nil {
+					continue
 				}
-				return s[i].held < s[j].held
-			})
-			p := &pick{slots: s[:need], name: d, lvl: lvl}
+			}
+			p := &pick{slots: chosen, name: d, lvl: lvl}
 			for _, sl := range p.slots {
 				p.held += sl.held
 				if sl.ready.After(p.start) {
@@ -368,6 +384,56 @@ func (x *Core) nodeSlots(e *evaluator, v ledger.View, n *ledger.Node, pr Request
 			avail = avail.Union(rel[0].gpus.Intersect(n.Graph().Healthy()))
 			rel = rel[1:]
 		}
+	}
+	return out
+}
+
+// soonestFirst orders slots by when they are free, then by the GPUs
+// still held.
+func soonestFirst(s []reserveSlot) {
+	sort.SliceStable(s, func(i, j int) bool {
+		if !s[i].ready.Equal(s[j].ready) {
+			return s[i].ready.Before(s[j].ready)
+		}
+		return s[i].held < s[j].held
+	})
+}
+
+// soonestSlices picks, from slots (soonest first), k slices of size slots
+// each inside one slice-level domain (sliceOf a slot's node): slice by
+// slice, the domain whose next size slots are free soonest, then hold the
+// fewest GPUs; nil when the slots cannot hold k slices.
+func soonestSlices(slots []reserveSlot, k, size int, sliceOf func(node string) string) []reserveSlot {
+	by := map[string][]reserveSlot{}
+	for _, s := range slots {
+		d := sliceOf(s.node)
+		by[d] = append(by[d], s)
+	}
+	keys := slices.Sorted(maps.Keys(by))
+	var out []reserveSlot
+	for range k {
+		best, bestReady, bestHeld := "", time.Time{}, 0
+		for _, d := range keys {
+			s := by[d]
+			if len(s) < size {
+				continue
+			}
+			ready, held := time.Time{}, 0
+			for _, sl := range s[:size] {
+				held += sl.held
+				if sl.ready.After(ready) {
+					ready = sl.ready
+				}
+			}
+			if best == "" || ready.Before(bestReady) || ready.Equal(bestReady) && held < bestHeld {
+				best, bestReady, bestHeld = d, ready, held
+			}
+		}
+		if best == "" {
+			return nil
+		}
+		out = append(out, by[best][:size]...)
+		by[best] = by[best][size:]
 	}
 	return out
 }

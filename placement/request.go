@@ -38,6 +38,8 @@ type Request struct {
 	// native: the group is a Kubernetes PodGroup, whose spec the ledger
 	// has (ledger.View.NativeGroup).
 	native bool
+	// indexes say the pod's slice in a sliced group (sliceOf).
+	indexes map[string]string
 	// nominated is the node kube-scheduler's preemption nominated the
 	// pod to ("" for none): its group slot is taken there when it can be.
 	nominated string
@@ -79,7 +81,7 @@ func requestOf(info *ledger.PodInfo, created, now time.Time) (Request, error) {
 	if info.GroupErr != nil {
 		return Request{}, info.GroupErr
 	}
-	r := Request{UID: info.UID, Key: info.Key, Count: info.GPUs, job: info.Job, created: created, group: info.Group, groupSpec: info.GroupSpec, native: info.GroupNative, nominated: info.Nominated, priority: info.Priority, deadline: info.Deadline}
+	r := Request{UID: info.UID, Key: info.Key, Count: info.GPUs, job: info.Job, created: created, group: info.Group, groupSpec: info.GroupSpec, native: info.GroupNative, indexes: info.Indexes, nominated: info.Nominated, priority: info.Priority, deadline: info.Deadline}
 	if info.HasRequirement {
 		req, err := v1alpha1.ParseRequirement(info.Requirement)
 		if err != nil {
@@ -121,4 +123,14 @@ func (r Request) degraded(m topology.SetMetrics) (bool, string) {
 		return true, fmt.Sprintf("Pending longer than fallbackAfter %s with no free set of %d GPUs at %d GB/s per pair; placed at %d GB/s", after, r.Count, r.strict.MinPairBandwidthGBps, m.MinPairGBps)
 	}
 	return false, ""
+}
+
+// slice is the pod's slice in its sliced group, -1 when the group has no
+// slices or the pod names none (its group spec resolved).
+func (r Request) slice() int {
+	s, err := ledger.SliceOf(r.Key, r.groupSpec, r.indexes)
+	if err != nil {
+		return -1
+	}
+	return s
 }

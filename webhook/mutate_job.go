@@ -151,20 +151,40 @@ func jobGroup(job *batchv1.Job, uid types.UID, intent v1alpha1.Parallelism, hasI
 	const standIn = "group"
 	var errs field.ErrorList
 	var fromJob, fromTmpl v1alpha1.GroupSpec
+	// The group's size, where neither states it, is the pods at once
+	// (fill below): slices are judged against it.
+	sizeOf := func(a map[string]string) map[string]string {
+		if _, ok := a[v1alpha1.AnnotationGroupSize]; ok || !derive {
+			return a
+		}
+		if v, ok := jobAnn[v1alpha1.AnnotationGroupSize]; ok {
+			return withDefault(a, v1alpha1.AnnotationGroupSize, v)
+		}
+		if v, ok := tmplAnn[v1alpha1.AnnotationGroupSize]; ok {
+			return withDefault(a, v1alpha1.AnnotationGroupSize, v)
+		}
+		return withDefault(a, v1alpha1.AnnotationGroupSize, strconv.Itoa(atOnce))
+	}
 	if len(jobAnn) > 0 {
-		a := withDefault(jobAnn, v1alpha1.AnnotationGroup, standIn)
+		a := sizeOf(withDefault(jobAnn, v1alpha1.AnnotationGroup, standIn))
 		var perrs field.ErrorList
 		fromJob, _, perrs = v1alpha1.ParseGroup(annotationsPath, a)
 		errs = append(errs, perrs...)
+		if ferr := checkSliceLevels(annotationsPath, fromJob); len(perrs) == 0 && ferr != nil {
+			errs = append(errs, ferr)
+		}
 	}
 	if len(tmplAnn) > 0 {
 		a := tmplAnn
 		if derive {
-			a = withDefault(tmplAnn, v1alpha1.AnnotationGroup, standIn)
+			a = sizeOf(withDefault(tmplAnn, v1alpha1.AnnotationGroup, standIn))
 		}
 		var perrs field.ErrorList
 		fromTmpl, _, perrs = v1alpha1.ParseGroup(templateAnnotationsPath, a)
 		errs = append(errs, perrs...)
+		if ferr := checkSliceLevels(templateAnnotationsPath, fromTmpl); len(perrs) == 0 && ferr != nil {
+			errs = append(errs, ferr)
+		}
 	}
 	if len(errs) > 0 {
 		return nil, errs

@@ -15,6 +15,9 @@ const (
 	annSize      = v1alpha1.AnnotationGroupSize
 	annRequired  = v1alpha1.AnnotationGroupRequiredTopology
 	annPreferred = v1alpha1.AnnotationGroupPreferredTopology
+
+	annSliceSize     = v1alpha1.AnnotationSliceSize
+	annSliceRequired = v1alpha1.AnnotationSliceRequiredTopology
 )
 
 // nameOneGroupMsg is the denial of a group annotation at path next to the
@@ -152,6 +155,33 @@ func TestJobMutatorGroups(t *testing.T) {
 			job:     job().Intent("model").Parallelism(4).SchedulingGroup("pg").Obj(),
 			want:    job().Intent("model").Parallelism(4).SchedulingGroup("pg").TemplateAnnotation(v1alpha1.AnnotationParallelism, "model").Obj(),
 			verdict: allowed,
+		},
+		"a model Job of 32 pods in 2 slices of 16: the slice annotations reach the pods": {
+			job: job().Intent("model").Parallelism(32).Annotation(annRequired, "spine").Annotation(annSliceSize, "16").Annotation(annSliceRequired, "nvlink").Obj(),
+			want: job().Intent("model").Parallelism(32).Annotation(annRequired, "spine").Annotation(annSliceSize, "16").Annotation(annSliceRequired, "nvlink").
+				TemplateAnnotation(v1alpha1.AnnotationParallelism, "model").Group("train", 32, "nvlink").
+				TemplateAnnotation(annRequired, "spine").TemplateAnnotation(annSliceSize, "16").TemplateAnnotation(annSliceRequired, "nvlink").Obj(),
+			verdict: allowed,
+		},
+		"a slice size that does not divide the group is denied with a divisor": {
+			job:     job().Intent("model").Parallelism(32).Annotation(annSliceSize, "12").Annotation(annSliceRequired, "nvlink").Obj(),
+			verdict: invalid(`metadata.annotations[gputopo.io/slice-size]: Invalid value: "12": must divide the group's size 32 into whole slices: use a divisor of 32 (e.g. 8), or change gputopo.io/group-size`),
+		},
+		"a slice level wider than the group's is denied": {
+			job:     job().Intent("model").Parallelism(8).Annotation(annRequired, "leaf").Annotation(annSliceSize, "4").Annotation(annSliceRequired, "spine").Obj(),
+			verdict: invalid(`metadata.annotations[gputopo.io/slice-required-topology]: Invalid value: "spine": is wider than gputopo.io/group-required-topology "leaf": a slice lies inside its group; use a level no wider than "leaf", or widen gputopo.io/group-required-topology`),
+		},
+		"slices on a group of one are denied": {
+			job:     job().Intent("model").Parallelism(4).TemplateAnnotation(annGroup, "solo").TemplateAnnotation(annSize, "1").TemplateAnnotation(annSliceSize, "1").TemplateAnnotation(annSliceRequired, "nvlink").Obj(),
+			verdict: invalid(`spec.template.metadata.annotations[gputopo.io/slice-size]: Invalid value: "1": slices on a group of one pod: set gputopo.io/group-size to the group's pods (a multiple of 1), or remove gputopo.io/slice-size`),
+		},
+		"a slice size without its level is denied": {
+			job:     job().Intent("data").Parallelism(8).Annotation(annSliceSize, "4").Obj(),
+			verdict: invalid(`metadata.annotations[gputopo.io/slice-required-topology]: Required value: gputopo.io/slice-size cuts the group into slices; say the level each slice must lie in (e.g. nvlink or leaf), or remove gputopo.io/slice-size`),
+		},
+		"a slice level without a slice size is denied": {
+			job:     job().Intent("data").Parallelism(8).Annotation(annSliceRequired, "leaf").Obj(),
+			verdict: invalid(`metadata.annotations[gputopo.io/slice-required-topology]: Invalid value: "leaf": a slice level without gputopo.io/slice-size: add gputopo.io/slice-size (the pods of one slice), or remove gputopo.io/slice-required-topology`),
 		},
 
 		"a group size above the pods at once is denied": {

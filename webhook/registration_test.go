@@ -106,7 +106,8 @@ func TestRegistration(t *testing.T) {
 			` 'nvidia.com/gpu' in c.?resources.?limits.orValue({}) || 'nvidia.com/gpu' in c.?resources.?requests.orValue({})))`,
 		"vpod.gputopo.io": validatingPodExprDefault,
 		"vpodstatus.gputopo.io": `['gputopo.io/assigned-gpus', 'gputopo.io/placement', 'gputopo.io/allocated-gpus',` +
-			` 'gputopo.io/group', 'gputopo.io/group-size', 'gputopo.io/group-required-topology', 'gputopo.io/group-preferred-topology']` +
+			` 'gputopo.io/group', 'gputopo.io/group-size', 'gputopo.io/group-required-topology', 'gputopo.io/group-preferred-topology',` +
+			` 'gputopo.io/slice-size', 'gputopo.io/slice-required-topology', 'gputopo.io/slice-preferred-topology']` +
 			`.exists(k, object.metadata.?annotations[?k] != oldObject.metadata.?annotations[?k])`,
 	}
 	if diff := cmp.Diff(wantExpr, expressions(m, v)); diff != "" {

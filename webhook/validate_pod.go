@@ -224,8 +224,7 @@ func validateUserAnnotations(pod, old *corev1.Pod) field.ErrorList {
 // like a create when they change one).
 func (v *PodValidator) groupAnnotations(user string, pod, old *corev1.Pod) field.ErrorList {
 	if old == nil {
-		_, _, errs := v1alpha1.ParseGroup(annotationsPath, pod.Annotations)
-		return errs
+		return podGroupErrors(pod)
 	}
 	system := v.cfg.IsSystem(user) || v.cfg.IsNodeAgent(user)
 	var errs field.ErrorList
@@ -253,9 +252,35 @@ func (v *PodValidator) groupAnnotations(user string, pod, old *corev1.Pod) field
 			": the scheduler plans the pod's group from the group annotations the pod was created with; to change its group, delete the pod and create it again (for a Job's pods: the Job, with the new annotations)"))
 	}
 	if system && changed {
-		_, _, errs = v1alpha1.ParseGroup(annotationsPath, pod.Annotations)
+		errs = podGroupErrors(pod)
 	}
 	return errs
+}
+
+// podGroupErrors checks a pod's group annotations (v1alpha1.ParseGroup),
+// its slice levels against the default fabric levels, and the index that
+// names its slice.
+func podGroupErrors(pod *corev1.Pod) field.ErrorList {
+	g, ok, errs := v1alpha1.ParseGroup(annotationsPath, pod.Annotations)
+	if !ok || len(errs) > 0 {
+		return errs
+	}
+	if ferr := checkSliceLevels(annotationsPath, g); ferr != nil {
+		errs = append(errs, ferr)
+	}
+	if _, ferr := v1alpha1.SliceOf(annotationsPath, g, pod.Annotations, pod.Labels); ferr != nil {
+		errs = append(errs, ferr)
+	}
+	return errs
+}
+
+// checkSliceLevels refuses a slice level wider than the group's when both
+// are levels of the default fabric levels (the webhook does not read the
+// scheduler's configuration; the scheduler judges the others, and refuses
+// the pod with the same words).
+func checkSliceLevels(path *field.Path, g v1alpha1.GroupSpec) *field.Error {
+	levels := configv1alpha1.DefaultFabricLevels()
+	return v1alpha1.CheckSliceLevels(path, g, func(name string) (int, bool) { return configv1alpha1.FabricLevelIndex(levels, name) })
 }
 
 // fieldErrors unpacks an aggregate of field errors (ParseRequirement's,

@@ -321,6 +321,21 @@ func TestPodValidator(t *testing.T) {
 			pod:  MakePod("p", nsOptedIn).GPU(4).Group("llm", "2").Annotation(v1alpha1.AnnotationGroupRequiredTopology, "").Obj(),
 			want: invalid(`metadata.annotations[gputopo.io/group-required-topology]: Invalid value: "": must be a fabric level name (nvlink, leaf, spine, block, zone) or a node label key`),
 		},
+		"a pod of a sliced group with its rank is allowed": {
+			pod: MakePod("p", nsOptedIn).GPU(4).Group("llm", "32").Annotation(v1alpha1.AnnotationSliceSize, "16").
+				Annotation(v1alpha1.AnnotationSliceRequiredTopology, "nvlink").Annotation(v1alpha1.AnnotationRank, "17").Obj(),
+			want: allowed,
+		},
+		"a rank beyond the group is denied naming the annotation": {
+			pod: MakePod("p", nsOptedIn).GPU(4).Group("llm", "32").Annotation(v1alpha1.AnnotationSliceSize, "16").
+				Annotation(v1alpha1.AnnotationSliceRequiredTopology, "nvlink").Annotation(v1alpha1.AnnotationRank, "32").Obj(),
+			want: invalid(`metadata.annotations[gputopo.io/rank]: Invalid value: "32": must be the pod's rank in its group, 0 to 31`),
+		},
+		"a pod whose slice is wider than its group is denied": {
+			pod: MakePod("p", nsOptedIn).GPU(4).Group("llm", "32").Annotation(v1alpha1.AnnotationGroupRequiredTopology, "nvlink").
+				Annotation(v1alpha1.AnnotationSliceSize, "16").Annotation(v1alpha1.AnnotationSliceRequiredTopology, "leaf").Obj(),
+			want: invalid(`metadata.annotations[gputopo.io/slice-required-topology]: Invalid value: "leaf": is wider than gputopo.io/group-required-topology "nvlink": a slice lies inside its group; use a level no wider than "nvlink", or widen gputopo.io/group-required-topology`),
+		},
 		"a group size without a group is denied": {
 			pod: MakePod("p", nsOptedIn).GPU(4).Annotation(v1alpha1.AnnotationGroupSize, "2").Obj(),
 			want: invalid(`metadata.annotations[gputopo.io/group]: Required value: gputopo.io/group-size is set but the group is not named:` +

@@ -80,6 +80,11 @@ type Placement struct {
 	// in ("label=value", "node=NAME" for one node, "cluster").
 	Group  string `json:"group,omitempty"`
 	Domain string `json:"domain,omitempty"`
+	// Slice is the pod's slice of a sliced group (0 to slices-1) and
+	// SliceDomain the fabric domain the slice was placed in; SliceDomain
+	// is "" for a group without slices.
+	Slice       int    `json:"slice,omitempty"`
+	SliceDomain string `json:"sliceDomain,omitempty"`
 }
 
 // String encodes p as compact JSON.

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"sort"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
@@ -48,6 +50,8 @@ type slot struct {
 	node   string
 	holder types.UID
 	claim  types.UID // the member that claimed it; "" while unclaimed
+	// slice is the slice of a sliced group the slot belongs to.
+	slice int
 }
 
 // ErrGroupUnseen is PlanGroup's error for a group none of whose pods the
@@ -58,6 +62,9 @@ var ErrGroupUnseen = errors.New("no pod of the group has reached the scheduler's
 type Slot struct {
 	Node   string
 	Choice Choice
+	// Slice is the slot's slice in a sliced group: a pod that names its
+	// slice (PodInfo.Slice) claims a slot of that slice only.
+	Slice int
 }
 
 // GroupView is what the planner reads of a group.
@@ -68,6 +75,8 @@ type GroupView struct {
 	// nodes, for Bound).
 	Pending []*PodInfo
 	Bound   []string
+	// BoundPods are the bound members, in the order of Bound.
+	BoundPods []*PodInfo
 	// Planned says a plan is in place (its slots are held).
 	Planned bool
 }
@@ -300,7 +309,7 @@ func (l *Ledger) recordPlanLocked(key string, g *group, slots []Slot, domain, le
 		holder := types.UID("group:" + key + "#" + strconv.Itoa(i))
 		l.setHoldingLocked(&holding{uid: holder, pod: types.NamespacedName{Namespace: "", Name: key}, node: s.Node,
 			uuids: s.Choice.UUIDs, reserved: true, since: now, placement: s.Choice.Placement, group: key})
-		p.slots = append(p.slots, &slot{node: s.Node, holder: holder})
+		p.slots = append(p.slots, &slot{node: s.Node, holder: holder, slice: s.Slice})
 	}
 	g.plan = p
 	l.endReservationLocked(key, g)
@@ -313,19 +322,21 @@ func (l *Ledger) groupViewLocked(key string, g *group) GroupView {
 		if m.Node == "" {
 			gv.Pending = append(gv.Pending, m)
 		} else {
-			gv.Bound = append(gv.Bound, m.Node)
+			gv.BoundPods = append(gv.BoundPods, m)
 		}
 	}
 	slices.SortFunc(gv.Pending, func(a, b *PodInfo) int {
-		if a.Key.Name < b.Key.Name {
-			return -1
-		}
-		if a.Key.Name > b.Key.Name {
-			return 1
-		}
-		return 0
+		return strings.Compare(a.Key.Name, b.Key.Name)
 	})
-	sort.Strings(gv.Bound)
+	slices.SortFunc(gv.BoundPods, func(a, b *PodInfo) int {
+		if c := strings.Compare(a.Node, b.Node); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Key.Name, b.Key.Name)
+	})
+	for _, m := range gv.BoundPods {
+		gv.Bound = append(gv.Bound, m.Node)
+	}
 	return gv
 }
 
@@ -341,21 +352,25 @@ func (v View) Group(key string) (GroupView, bool) {
 
 // ClaimSlot gives pod uid a slot of its group's plan: the one it claimed
 // before, else a free one, preferring one on prefer. The slot's GPUs
-// become the pod's reservation (Reserve then hands them to it). ok is
-// false when the group has no plan or no slot left.
-func (l *Ledger) ClaimSlot(key string, uid types.UID, pod types.NamespacedName, prefer string) (node string, ok bool) {
+// become the pod's reservation (Reserve then hands them to it). A pod of
+// slice slice (-1: it names none) claims a slot of its slice when the
+// plan has any. ok is false when the group has no plan or no slot left.
+func (l *Ledger) ClaimSlot(key string, uid types.UID, pod types.NamespacedName, prefer string, slice int) (node string, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	g := l.groups[key]
 	if g == nil || g.plan == nil {
 		return "", false
 	}
+	if slice >= 0 && !slices.ContainsFunc(g.plan.slots, func(s *slot) bool { return s.slice == slice }) {
+		slice = -1 // a plan without the pod's slice (one adopted from an older decider)
+	}
 	var free *slot
 	for _, s := range g.plan.slots {
 		if s.claim == uid {
 			return s.node, true
 		}
-		if s.claim == "" && (free == nil || s.node == prefer && free.node != prefer) {
+		if s.claim == "" && (slice < 0 || s.slice == slice) && (free == nil || s.node == prefer && free.node != prefer) {
 			free = s
 		}
 	}
@@ -467,7 +482,10 @@ func (r Report) GroupPlans() []GroupPlan {
 
 // UpsertPodGroup records a Kubernetes PodGroup (scheduling.k8s.io): a gang
 // policy's minCount is the group's size (a basic policy: 1), and its first
-// topology constraint's key the level the whole group must share.
+// topology constraint's key the level the whole group must share. The
+// PodGroup API has no slices: gputopo's slice annotations on the PodGroup
+// object cut it into slices (docs/groups.md); when they are malformed the
+// group's pods are refused with the error.
 func (l *Ledger) UpsertPodGroup(pg *schedulingv1beta1.PodGroup) {
 	spec := v1alpha1.GroupSpec{Name: pg.Name, Size: 1}
 	if g := pg.Spec.SchedulingPolicy.Gang; g != nil && g.MinCount > 0 {
@@ -476,12 +494,39 @@ func (l *Ledger) UpsertPodGroup(pg *schedulingv1beta1.PodGroup) {
 	if c := pg.Spec.SchedulingConstraints; c != nil && len(c.Topology) > 0 {
 		spec.Required = c.Topology[0].Key
 	}
+	ng := nativeGroup{spec: spec}
+	ann := map[string]string{v1alpha1.AnnotationGroup: pg.Name, v1alpha1.AnnotationGroupSize: strconv.Itoa(spec.Size)}
+	if spec.Required != "" {
+		ann[v1alpha1.AnnotationGroupRequiredTopology] = spec.Required
+	}
+	sliced := false
+	for _, k := range []string{v1alpha1.AnnotationSliceSize, v1alpha1.AnnotationSliceRequiredTopology, v1alpha1.AnnotationSlicePreferredTopology} {
+		if v, ok := pg.Annotations[k]; ok {
+			ann[k], sliced = v, true
+		}
+	}
+	if sliced {
+		if s, _, errs := v1alpha1.ParseGroup(podGroupAnnotations, ann); len(errs) > 0 {
+			ng.err = fmt.Errorf("PodGroup %s/%s: %w", pg.Namespace, pg.Name, errs.ToAggregate())
+		} else {
+			ng.spec = s
+		}
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.native == nil {
-		l.native = make(map[string]v1alpha1.GroupSpec)
+		l.native = make(map[string]nativeGroup)
 	}
-	l.native[pg.Namespace+"/"+pg.Name] = spec
+	l.native[pg.Namespace+"/"+pg.Name] = ng
+}
+
+// podGroupAnnotations is the path of a PodGroup's annotations, for errors.
+var podGroupAnnotations = field.NewPath("metadata", "annotations")
+
+// nativeGroup is a Kubernetes PodGroup's spec, or why it cannot be read.
+type nativeGroup struct {
+	spec v1alpha1.GroupSpec
+	err  error
 }
 
 // DeletePodGroup forgets the Kubernetes PodGroup key.
@@ -492,10 +537,11 @@ func (l *Ledger) DeletePodGroup(key types.NamespacedName) {
 }
 
 // NativeGroup is the spec of Kubernetes PodGroup key (namespace/name);
-// ok is false when the ledger has not seen it.
-func (v View) NativeGroup(key string) (v1alpha1.GroupSpec, bool) {
-	s, ok := v.l.native[key]
-	return s, ok
+// ok is false when the ledger has not seen it; err says why its slice
+// annotations cannot be read.
+func (v View) NativeGroup(key string) (spec v1alpha1.GroupSpec, ok bool, err error) {
+	ng, ok := v.l.native[key]
+	return ng.spec, ok, ng.err
 }
 
 // Waiting calls fn with each group that has no plan and a pod not bound,

@@ -108,7 +108,7 @@ type Ledger struct {
 	// (domainSetLocked).
 	domainSets map[string][]string
 	// native are the Kubernetes PodGroups' specs, by namespace/name.
-	native map[string]v1alpha1.GroupSpec
+	native map[string]nativeGroup
 	// index is, per GPU count, the nodes that can hold that many now
 	// (index.go), kept current by every change to a node.
 	index fitIndex

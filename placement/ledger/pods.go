@@ -67,7 +67,32 @@ type PodInfo struct {
 	// (spec.schedulingGroup.podGroupName); its spec comes from the
 	// PodGroup object (View.NativeGroup).
 	GroupNative bool
+	// Indexes are the pod's annotations and labels that say its slice in
+	// a sliced group (v1alpha1.SliceOf); nil when it has none.
+	Indexes map[string]string
 }
+
+// Slice is m's slice in group spec (v1alpha1.SliceOf); -1 when spec has no
+// slices or m names none.
+func (m *PodInfo) Slice(spec v1alpha1.GroupSpec) (int, error) {
+	return SliceOf(m.Key, spec, m.Indexes)
+}
+
+// SliceOf is the slice in group spec of pod key with indexes (its
+// PodInfo.Indexes); -1 when spec has no slices or the pod names none.
+func SliceOf(key types.NamespacedName, spec v1alpha1.GroupSpec, indexes map[string]string) (int, error) {
+	if indexes == nil {
+		return -1, nil
+	}
+	s, ferr := v1alpha1.SliceOf(groupPath, spec, indexes, indexes)
+	if ferr != nil {
+		return -1, fmt.Errorf("pod %s/%s: %w", key.Namespace, key.Name, ferr)
+	}
+	return s, nil
+}
+
+// indexKeys are the annotations and labels PodInfo.Indexes keeps.
+var indexKeys = []string{v1alpha1.AnnotationRank, v1alpha1.LabelJobSetJobIndex, v1alpha1.AnnotationCompletionIndex}
 
 // GPUCount is the number of devices of resource (the configuration's
 // GPUResource) the pod needs, by v1alpha1.PodGPUDemand: app containers and
@@ -133,6 +158,23 @@ func NewPodInfo(p *corev1.Pod, resource corev1.ResourceName) *PodInfo {
 		// PodGroup's (UpsertPodGroup).
 		info.Group, info.GroupNative = p.Namespace+"/"+*p.Spec.SchedulingGroup.PodGroupName, true
 		info.GroupSpec = v1alpha1.GroupSpec{Name: *p.Spec.SchedulingGroup.PodGroupName}
+	}
+	for _, k := range indexKeys {
+		v, ok := p.Annotations[k]
+		if !ok {
+			v, ok = p.Labels[k]
+		}
+		if ok {
+			if info.Indexes == nil {
+				info.Indexes = map[string]string{}
+			}
+			info.Indexes[k] = v
+		}
+	}
+	if info.GroupErr == nil && !info.GroupNative {
+		if _, err := info.Slice(info.GroupSpec); err != nil {
+			info.GroupErr = err
+		}
 	}
 	info.AssignedRaw = p.Annotations[v1alpha1.AnnotationAssignedGPUs]
 	for _, key := range []string{v1alpha1.AnnotationAllocatedGPUs, v1alpha1.AnnotationAssignedGPUs} {

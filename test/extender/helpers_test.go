@@ -41,6 +41,34 @@ const (
 type env struct {
 	cp    *harness.ControlPlane
 	nodes []string
+	// gpus is each node's GPU count (0: gpusPerNode).
+	gpus int
+}
+
+// totalGPUs is every node's GPUs.
+func (e *env) totalGPUs() int {
+	if e.gpus > 0 {
+		return len(e.nodes) * e.gpus
+	}
+	return len(e.nodes) * gpusPerNode
+}
+
+// newFabricEnv is a control plane with n nodes of fixture fx (gpus GPUs
+// each), node i named name(i) and carrying labels(i).
+func newFabricEnv(t *testing.T, fx string, gpus, n int, name func(int) string, labels func(int) map[string]string) *env {
+	t.Helper()
+	e := newEnv(t, 0)
+	f, err := machine.FixtureByName(fx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.gpus = gpus
+	for i := range n {
+		e.nodes = append(e.nodes, name(i))
+		createNodeWith(t, e.cp, name(i), gpus, labels(i))
+		e.cp.PublishTopology(t, name(i), f)
+	}
+	return e
 }
 
 func newEnv(t *testing.T, nodes int) *env { return newEnvWith(t, nodes, harness.Options{}) }
@@ -81,8 +109,14 @@ func newEnvWith(t *testing.T, nodes int, opts harness.Options) *env {
 // bare control plane (no node lifecycle controller) leaves on it.
 func createNode(t *testing.T, cp *harness.ControlPlane, name string) {
 	t.Helper()
+	createNodeWith(t, cp, name, gpusPerNode, nil)
+}
+
+// createNodeWith is createNode with gpus GPUs and labels.
+func createNodeWith(t *testing.T, cp *harness.ControlPlane, name string, gpus int, labels map[string]string) {
+	t.Helper()
 	ctx := harness.Context(t)
-	n, err := cp.Clientset.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	n, err := cp.Clientset.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("create node %s: %v", name, err)
 	}
@@ -90,7 +124,7 @@ func createNode(t *testing.T, cp *harness.ControlPlane, name string) {
 		corev1.ResourceCPU:    resource.MustParse("96"),
 		corev1.ResourceMemory: resource.MustParse("512Gi"),
 		corev1.ResourcePods:   resource.MustParse("110"),
-		v1alpha1.ResourceGPU:  *resource.NewQuantity(gpusPerNode, resource.DecimalSI),
+		v1alpha1.ResourceGPU:  *resource.NewQuantity(int64(gpus), resource.DecimalSI),
 	}
 	n.Status.Capacity, n.Status.Allocatable = res, res
 	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: metav1.Now()}}

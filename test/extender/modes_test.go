@@ -44,9 +44,14 @@ var modes = []struct {
 
 // eachMode runs f once per mode, each on its own control plane.
 func eachMode(t *testing.T, nodes int, f func(t *testing.T, e *env, s system)) {
+	eachModeOn(t, func(t *testing.T) *env { return newEnv(t, nodes) }, f)
+}
+
+// eachModeOn is eachMode on the control planes mk starts.
+func eachModeOn(t *testing.T, mk func(t *testing.T) *env, f func(t *testing.T, e *env, s system)) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
-			e := newEnv(t, nodes)
+			e := mk(t)
 			f(t, e, m.start(t, e))
 		})
 	}
@@ -117,7 +122,7 @@ func startPluginSystem(t *testing.T, e *env) system {
 		t.Fatal(err)
 	}
 	s := &pluginSystem{e: e, sched: e.cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModePlugin})}
-	harness.WaitCore(t, s.sched, localcluster.TotalGPUs(len(e.nodes)*gpusPerNode))
+	harness.WaitCore(t, s.sched, localcluster.TotalGPUs(e.totalGPUs()))
 	return s
 }
 
@@ -137,7 +142,7 @@ func (s *pluginSystem) restart(t *testing.T) {
 	if err := s.sched.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	harness.WaitCore(t, s.sched, localcluster.TotalGPUs(len(s.e.nodes)*gpusPerNode))
+	harness.WaitCore(t, s.sched, localcluster.TotalGPUs(s.e.totalGPUs()))
 }
 
 func (s *pluginSystem) tail() string { return s.sched.Tail(30) }
