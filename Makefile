@@ -115,7 +115,7 @@ test-security: tools gputopo-scheduler image ## The security suite alone (real c
 comma := ,
 FAMILY_MACHINES := $(subst $(eval) ,$(comma),$(sort $(wildcard topology/machine/testdata/smi/*.yaml)))
 
-bench: ## Benchmarks (allocator, extender, webhook), the simulator on the bundled traces, the placement, gang and preemption suites and the generalisation families (about 4 minutes in all for the families, three replicas each); regenerates docs/benchmarks.md
+bench: ## Benchmarks (allocator, extender, webhook), the simulator on the bundled traces, the placement, gang, sliced and preemption suites and the generalisation families (about 4 minutes in all for the families, three replicas each); regenerates docs/benchmarks.md
 	@mkdir -p _out
 	{ echo "cores: $$(nproc)"; grep MemTotal /proc/meminfo; $(GO) version; echo "run: $$(date -u +%FT%TZ)"; } > _out/machine.txt
 	$(GO) test -run '^$$' -bench . -benchmem ./topology/allocator/ ./extender/ ./webhook/ | tee _out/bench.txt
@@ -123,12 +123,13 @@ bench: ## Benchmarks (allocator, extender, webhook), the simulator on the bundle
 	$(GO) run ./cmd/gputopo simulate --trace bundled:fragment --out _out/sim-fragment
 	$(GO) run ./cmd/gputopo simulate --suite --out _out/sim-suite
 	$(GO) run ./cmd/gputopo simulate --gang-suite --out _out/sim-gang
+	$(GO) run ./cmd/gputopo simulate --sliced-suite --out _out/sim-sliced
 	$(GO) run ./cmd/gputopo simulate --preemption-suite --out _out/sim-preempt
 	$(GO) run ./cmd/gputopo simulate --family tune --family-machines $(FAMILY_MACHINES) --out _out/sim-family-tune
 	$(GO) run ./cmd/gputopo simulate --family test --family-machines $(FAMILY_MACHINES) --out _out/sim-family-test
 	$(GO) run ./test/schedbench/docsplice -doc docs/benchmarks.md machine=text:_out/machine.txt go-bench=text:_out/bench.txt \
 	  sim-mixed=_out/sim-mixed/report.md sim-fragment=_out/sim-fragment/report.md sim-suite=_out/sim-suite/report.md \
-	  sim-gang=_out/sim-gang/report.md sim-preempt=_out/sim-preempt/report.md \
+	  sim-gang=_out/sim-gang/report.md sim-sliced=_out/sim-sliced/report.md sim-preempt=_out/sim-preempt/report.md \
 	  sim-family-tune=_out/sim-family-tune/report.md sim-family-test=_out/sim-family-test/report.md
 
 # SCHEDBENCH_NODES, SCHEDBENCH_PODS and SCHEDBENCH_REPS override the sizes.

@@ -3,6 +3,7 @@ package simulator
 import (
 	"container/heap"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -90,6 +91,13 @@ type GangResult struct {
 	// GroupGBpsMean and GroupGBpsWorst are over the placed groups' group
 	// bandwidths (see groupShape).
 	GroupGBpsMean, GroupGBpsWorst float64
+	// Sliced groups (Job.SliceSize): SlicedGroups counts them,
+	// SlicedPlaced the placed ones; Slices counts those groups' slices,
+	// SlicesOneDomain the ones inside one domain of their slice level (on
+	// one node counts); SliceGBpsMean is the mean over the placed sliced
+	// groups of their slowest slice's group bandwidth (groupShape).
+	SlicedGroups, SlicedPlaced, Slices, SlicesOneDomain int
+	SliceGBpsMean                                       float64
 	// Decisions counts Place calls; DecisionMean and DecisionP99 are their
 	// wall-clock times.
 	Decisions                 int
@@ -182,6 +190,7 @@ type gangEngine struct {
 	groupWaits []time.Duration
 	singleWait time.Duration
 	bwSum      float64
+	sliceBwSum float64
 	heldGPUs   float64 // GPU-seconds
 }
 
@@ -194,6 +203,9 @@ func runGang(cfg GangConfig, fab *fabric, p GangPolicy) (GangResult, error) {
 	for _, j := range cfg.Jobs {
 		if j.Group() {
 			e.res.Groups++
+			if j.Slices() > 0 {
+				e.res.SlicedGroups++
+			}
 		}
 	}
 	for e.next < len(cfg.Jobs) || e.run.Len() > 0 || len(e.queue) > 0 {
@@ -336,6 +348,9 @@ func (e *gangEngine) start(t time.Duration, gj *gangJob) {
 		if r.GroupGBpsWorst < 0 || s.GBps < r.GroupGBpsWorst {
 			r.GroupGBpsWorst = s.GBps
 		}
+		if j.Slices() > 0 {
+			e.slices(j, gj.pods)
+		}
 		r.Placed = append(r.Placed, GangPlaced{Job: j, Start: t, Pods: slices.Clone(gj.pods), Shape: s})
 	}
 	e.seq++
@@ -364,8 +379,36 @@ func (e *gangEngine) finish() {
 		r.GroupGBpsWorst = 0
 	}
 	r.GroupGBpsMean = meanOf(e.bwSum, r.GroupsPlaced)
+	r.SliceGBpsMean = meanOf(e.sliceBwSum, r.SlicedPlaced)
 	r.MeanWait = meanOf(e.waitSum, r.Jobs)
 	r.GroupMeanWait = meanOf(e.groupWait, r.Groups)
 	r.HeldGPUHours = e.heldGPUs / 3600
 	r.Decisions, r.DecisionMean, r.DecisionP99 = decisionStats(e.decisions)
+}
+
+// slices measures the slices of sliced job j placed on pods (pod i in
+// slice i / SliceSize): how many lie inside one domain of their level, and
+// the slowest one's bandwidth.
+func (e *gangEngine) slices(j Job, pods []Placement) {
+	r := &e.res
+	r.SlicedPlaced++
+	lvl := e.fab.extLevelOf(j.SliceLevel) - 1 // its fabric level
+	slowest := math.Inf(1)
+	for i := range j.Slices() {
+		part := pods[i*j.SliceSize : min((i+1)*j.SliceSize, len(pods))]
+		r.Slices++
+		seen := map[int]bool{}
+		var idx []int
+		for _, p := range part {
+			if !seen[p.Node] {
+				seen[p.Node] = true
+				idx = append(idx, p.Node)
+			}
+		}
+		if len(idx) == 1 || e.fab.sharedLevel(idx) <= lvl {
+			r.SlicesOneDomain++
+		}
+		slowest = math.Min(slowest, e.fab.shape(part).GBps)
+	}
+	e.sliceBwSum += slowest
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
@@ -75,6 +76,9 @@ type tasLike struct {
 func (*tasLike) Name() string { return GangTAS }
 
 func (p *tasLike) Place(job Job, have []Placement, free []topology.Mask) ([]Placement, error) {
+	if job.Slices() > 0 {
+		return p.placeSliced(job, have, free), nil
+	}
 	need := job.PodCount() - len(have)
 	g := job.GPUs
 	room := func(idx []int) (pods, gpus int) {
@@ -317,4 +321,95 @@ func better3(a, b [3]float64) bool {
 		}
 	}
 	return false
+}
+
+// extLevelOf is the extended level (extName) of fabric level name, the
+// cluster's for "" or a name the fabric does not know.
+func (f *fabric) extLevelOf(name string) int {
+	for i, l := range f.levels {
+		if l.Name == name {
+			return i + 1
+		}
+	}
+	return len(f.levels) + 1
+}
+
+// placeSliced places a sliced job as Kueue's topology-aware scheduling
+// places a pod set with slices (podset-slice-size and
+// podset-slice-required-topology beside the pod set's required
+// topology): all or nothing; from the slice level out to the group's,
+// at the first level where a domain's slice-level subdomains hold every
+// slice (each subdomain as many whole slices as its room by GPU count
+// allows), the domain with the fewest free GPUs; inside it, the slices go
+// to the subdomains with the most room first, the last ones to the
+// smallest that holds them, each slice's pods as tas-like places a group
+// in that subdomain (count only).
+func (p *tasLike) placeSliced(job Job, have []Placement, free []topology.Mask) []Placement {
+	if len(have) > 0 {
+		return nil
+	}
+	g, size, k := job.GPUs, job.SliceSize, job.Slices()
+	fr := slices.Clone(free)
+	room := func(idx []int) (pods, gpus int) {
+		for _, i := range idx {
+			pods += fr[i].Count() / g
+			gpus += fr[i].Count()
+		}
+		return pods, gpus
+	}
+	sliceX, groupX := p.fab.extLevelOf(job.SliceLevel), p.fab.extLevelOf(job.GroupLevel)
+	var idx []int
+	for i, f := range fr {
+		if f.Count() >= g {
+			idx = append(idx, i)
+		}
+	}
+	holds := func(sub []int) int {
+		pods, _ := room(sub)
+		return pods / size
+	}
+	for x := sliceX; x <= groupX; x++ {
+		var best []int
+		bestFree := -1
+		for _, d := range p.fab.domainsAt(idx, x) {
+			n := 0
+			for _, sub := range p.fab.domainsAt(d, sliceX) {
+				n += holds(sub)
+			}
+			if _, gpus := room(d); n >= k && (bestFree < 0 || gpus < bestFree) {
+				best, bestFree = d, gpus
+			}
+		}
+		if best == nil {
+			continue
+		}
+		subs := p.fab.domainsAt(best, sliceX)
+		var out []Placement
+		for left := k; left > 0; left-- {
+			// The smallest subdomain that holds the slices left, else
+			// the one that holds the most.
+			pick := -1
+			for i, sub := range subs {
+				h := holds(sub)
+				if h >= left && (pick < 0 || h < holds(subs[pick])) {
+					pick = i
+				}
+			}
+			if pick < 0 {
+				for i, sub := range subs {
+					if pick < 0 || holds(sub) > holds(subs[pick]) {
+						pick = i
+					}
+				}
+			}
+			var part []Placement
+			p.assign(subs[pick], sliceX, size, g, fr, room, &part)
+			for _, pl := range part {
+				fr[pl.Node] = fr[pl.Node].Minus(pl.GPUs)
+			}
+			out = append(out, part...)
+		}
+		return out
+	}
+	return nil
 }

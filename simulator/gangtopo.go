@@ -2,6 +2,7 @@ package simulator
 
 import (
 	"fmt"
+	"maps"
 	"strconv"
 
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
@@ -61,8 +62,22 @@ func (g *gangGputopo) Place(job Job, have []Placement, free []topology.Mask) ([]
 				v1alpha1.AnnotationGroupSize: strconv.Itoa(n),
 			}
 		}
+		if g.grouped && job.Slices() > 0 {
+			ann[v1alpha1.AnnotationSliceSize] = strconv.Itoa(job.SliceSize)
+			ann[v1alpha1.AnnotationSliceRequiredTopology] = job.SliceLevel
+			if job.GroupLevel != "" {
+				ann[v1alpha1.AnnotationGroupRequiredTopology] = job.GroupLevel
+			}
+		}
 		for i := range n {
-			if _, err := g.newPod(memberID(job, i), fmt.Sprintf("%s-%d", job.ID, i), job, ann); err != nil {
+			a := ann
+			if g.grouped && job.Slices() > 0 {
+				// Member i is rank i: slice i / SliceSize, as the
+				// engine measures it.
+				a = maps.Clone(ann)
+				a[v1alpha1.AnnotationRank] = strconv.Itoa(i)
+			}
+			if _, err := g.newPod(memberID(job, i), fmt.Sprintf("%s-%d", job.ID, i), job, a); err != nil {
 				return nil, err
 			}
 		}

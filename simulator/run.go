@@ -42,6 +42,9 @@ type Options struct {
 	// GangSuite runs the gang suite (GangSuite): groups of pods on
 	// clusters in a fabric, every gang policy side by side.
 	GangSuite bool
+	// SlicedSuite runs the sliced suite (SlicedSuite): groups cut into
+	// slices, every gang policy side by side.
+	SlicedSuite bool
 	// DeclaredDurations is how the gang suite's jobs declare their
 	// durations (DeclareDurations; "": none).
 	DeclaredDurations string
@@ -122,8 +125,8 @@ func Simulate(w io.Writer, o Options) error {
 	if err != nil {
 		return err
 	}
-	if n := btoi(o.Suite) + btoi(o.GangSuite) + btoi(o.PreemptionSuite) + btoi(o.Family != ""); n > 1 {
-		return fmt.Errorf("--suite, --gang-suite, --preemption-suite and --family: give one")
+	if n := btoi(o.Suite) + btoi(o.GangSuite) + btoi(o.SlicedSuite) + btoi(o.PreemptionSuite) + btoi(o.Family != ""); n > 1 {
+		return fmt.Errorf("--suite, --gang-suite, --sliced-suite, --preemption-suite and --family: give one")
 	}
 	if d := o.DeclaredDurations; d != "" && d != DeclareNone && !o.GangSuite {
 		return fmt.Errorf("--declared-durations %s: only with --gang-suite (the traces declare no durations)", d)
@@ -139,6 +142,18 @@ func Simulate(w io.Writer, o Options) error {
 	}
 	if o.GangSuite {
 		return simulateGangSuite(w, o, ext)
+	}
+	if o.SlicedSuite {
+		if err := fixedSuite(o, "--sliced-suite"); err != nil {
+			return err
+		}
+		rows, err := RunSlicedSuite(SlicedSuite, ext)
+		if err != nil {
+			return err
+		}
+		return writeSuiteReport(w, o, rows, func(held int) string {
+			return fmt.Sprintf("sliced suite: %d traces on %d cluster mixes; every slice and hold point holds on %d; max wait %s\n\n", len(rows), len(rows)/3, held, DefaultMaxWait)
+		}, WriteSlicedSuite)
 	}
 	if o.Seeds > 1 {
 		return simulateSeeds(w, o, ext, table)

@@ -44,6 +44,21 @@ type Job struct {
 	// (spec.activeDeadlineSeconds; 0: nothing). Traces carry none; the
 	// gang suite's --declared-durations sets it (DeclareDurations).
 	Declared time.Duration
+	// SliceSize cuts a group into slices of that many pods (pods i*size
+	// to (i+1)*size-1 are slice i), each to be placed inside one domain
+	// of fabric level SliceLevel, the whole group inside one domain of
+	// GroupLevel ("": anywhere); 0: no slices. Only the sliced gang
+	// generators set them.
+	SliceSize              int
+	SliceLevel, GroupLevel string
+}
+
+// Slices is how many slices the job is cut into (0: none).
+func (j Job) Slices() int {
+	if j.SliceSize < 1 || !j.Group() {
+		return 0
+	}
+	return j.PodCount() / j.SliceSize
 }
 
 // How a trace's jobs declare their durations (DeclareDurations).
@@ -427,8 +442,15 @@ func Generate(spec string) (Trace, error) {
 			return Trace{}, fmt.Errorf("generator %q: cluster: %w", spec, err)
 		}
 		jobs = generateGang(rng, nodes, n, load, expo)
+	case "sliced-nvl72", "sliced-hgx":
+		cluster = map[string]string{"sliced-nvl72": ClusterNVL72, "sliced-hgx": ClusterHGXFabric}[kind]
+		nodes, err := ParseCluster(cluster)
+		if err != nil {
+			return Trace{}, fmt.Errorf("generator %q: cluster: %w", spec, err)
+		}
+		jobs = generateSliced(rng, nodes, n, load, expo, kind == "sliced-nvl72")
 	default:
-		return Trace{}, fmt.Errorf("generator %q: unknown kind %q; known: mixed, fragment, priority, gang-nvl72, gang-hgx, gang-fleet", spec, kind)
+		return Trace{}, fmt.Errorf("generator %q: unknown kind %q; known: mixed, fragment, priority, gang-nvl72, gang-hgx, gang-fleet, sliced-nvl72, sliced-hgx", spec, kind)
 	}
 	return Trace{Name: spec, Cluster: cluster, Jobs: jobs}, nil
 }
@@ -499,6 +521,61 @@ func generateGang(rng *rand.Rand, nodes []Node, n int, load float64, expo func(m
 		}
 		if rng.IntN(2) == 0 {
 			j.Pods, j.GPUs = groupPods[rng.IntN(len(groupPods))], podGPUs[rng.IntN(len(podGPUs))]
+		} else {
+			j.GPUs = single[rng.IntN(len(single))]
+		}
+		j.Duration = expo(meanDur, 300, 8*3600)
+		jobs = append(jobs, j)
+	}
+	return jobs
+}
+
+// generateSliced draws the sliced generators' jobs for nodes (see
+// Generate): half single pods as generateGang's, half model-parallel
+// groups cut into 2 to 4 slices required inside one spine. On GB200 NVL72
+// (nvl72) each slice is 4, 8 or 16 trays × 4 GPUs inside one rack's NVLink
+// domain; on HGX leaves each slice is 2, 4 or 8 servers × 8 GPUs inside
+// one leaf, at most 16 servers (a spine) in all.
+func generateSliced(rng *rand.Rand, nodes []Node, n int, load float64, expo func(mean, lo, hi float64) time.Duration, nvl72 bool) []Job {
+	gpus := 0
+	for _, nd := range nodes {
+		gpus += nd.Graph.Len()
+	}
+	podGPUs, level, sizes, single := 8, "leaf", []int{2, 4, 4, 8}, []int{1, 1, 2, 4, 4, 8}
+	if nvl72 {
+		podGPUs, level, sizes, single = 4, "nvlink", []int{4, 8, 8, 16}, []int{1, 1, 2, 4, 4}
+	}
+	slicesOf := func(size int) int {
+		most := 4
+		if !nvl72 {
+			most = min(4, 16/size)
+		}
+		return 2 + rng.IntN(most-1)
+	}
+	const meanDur = 3600.0
+	// Mean GPUs of a job, by drawing: the load is that of the jobs drawn.
+	var sum float64
+	probe := rand.New(rand.NewPCG(1, 2))
+	for range 1000 {
+		size := sizes[probe.IntN(len(sizes))]
+		sum += float64(size * (2 + probe.IntN(max(1, min(4, 16/size)-1))) * podGPUs)
+	}
+	meanSingle := 0.0
+	for _, x := range single {
+		meanSingle += float64(x) / float64(len(single))
+	}
+	meanGPUs := 0.5*meanSingle + 0.5*sum/1000
+	gap := meanGPUs * meanDur / (load * float64(gpus))
+	var jobs []Job
+	var t float64
+	for i := range n {
+		t += rng.ExpFloat64() * gap
+		j := Job{ID: fmt.Sprintf("s%04d", i), Arrival: time.Duration(math.Round(t)) * time.Second, Pods: 1,
+			Parallelism: v1alpha1.ParallelismData}
+		if rng.IntN(2) == 0 {
+			size := sizes[rng.IntN(len(sizes))]
+			j.Pods, j.GPUs, j.Parallelism = size*slicesOf(size), podGPUs, v1alpha1.ParallelismModel
+			j.SliceSize, j.SliceLevel, j.GroupLevel = size, level, "spine"
 		} else {
 			j.GPUs = single[rng.IntN(len(single))]
 		}

@@ -38,6 +38,7 @@ See docs/simulator.md.`,
   gputopo simulate --trace gen:mixed:load=1.0 --seeds 10 --extender-config my-extender.yaml --webhook-config my-webhook.yaml
   gputopo simulate --extender-config my-extender.yaml --seeds 10
   gputopo simulate --gang-suite --out _out/sim-gang
+  gputopo simulate --sliced-suite --out _out/sim-sliced
   gputopo simulate --preemption-suite --out _out/sim-preempt
   gputopo simulate --family test --out _out/sim-family`,
 		Args: cobra.NoArgs,
@@ -60,6 +61,7 @@ See docs/simulator.md.`,
 	f.StringVar(&opts.WebhookConfig, "webhook-config", "", "webhook configuration file whose policyTable turns intents into requirements (the webhook's --config; default: built-in table)")
 	f.BoolVar(&opts.Suite, "suite", false, "run the placement suite (12 traces on 5 cluster mixes) and print gputopo against the optimum and the count-only baselines, with and without fallbackAfter")
 	f.BoolVar(&opts.GangSuite, "gang-suite", false, "run the gang suite (groups of pods on NVL72, HGX/DGX and mixed fleets in a fabric) and print gputopo's group planning against per-pod gputopo, a count-only gang scheduler, a Kueue-TAS-like placer and the greedy optimum")
+	f.BoolVar(&opts.SlicedSuite, "sliced-suite", false, "run the sliced suite (groups cut into slices, each required inside one NVLink domain or leaf, on NVL72 and HGX/DGX fabrics) and print gputopo against the same baselines, tas-like placing slices as Kueue's topology-aware scheduling does")
 	f.StringVar(&opts.DeclaredDurations, "declared-durations", simulator.DeclareNone, "with --gang-suite: what the jobs' pods declare they run at most (spec.activeDeadlineSeconds), which reservations for waiting groups backfill by: "+simulator.DeclareNone+", "+simulator.DeclareExact+", "+simulator.DeclareDouble+" (twice the duration) or "+simulator.DeclareHours+" (rounded up to whole hours)")
 	f.BoolVar(&opts.PreemptionSuite, "preemption-suite", false, "run the preemption suite (priority traces on a mixed cluster) and print gputopo's preemption against count-only preemption (kube-scheduler's victim search without gputopo's filter) and plain kube-scheduler")
 	f.StringVar(&opts.Family, "family", "", "run a family of the generalisation benchmark: "+simulator.FamilyTune+" (seeds from "+strconv.Itoa(simulator.FamilyTuneSeed)+", for tuning) or "+simulator.FamilyTest+" (seeds from "+strconv.Itoa(simulator.FamilyTestSeed)+", never tuned on): random cluster mixes and workloads, single pods and groups, every policy, mean, worst and traces won per column, and the acceptance points")
