@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -299,5 +300,32 @@ func TestSlicedGroupPreemptsWhereItEvictsLeast(t *testing.T) {
 	}
 	if gp.Domain != "network.topology.nvidia.com/spine=s" {
 		t.Errorf("plan domain %q", gp.Domain)
+	}
+}
+
+// TestWaitingSlicedGroupKeepsEachSliceInOneDomain: the slots a waiting
+// sliced group keeps are whole slices, each inside one domain, the domain
+// whose slots free soonest first; nil when the domains cannot hold every
+// slice.
+func TestWaitingSlicedGroupKeepsEachSliceInOneDomain(t *testing.T) {
+	later := groupEpoch.Add(time.Hour)
+	slot := func(node string, ready time.Time, held int) reserveSlot {
+		return reserveSlot{node: node, ready: ready, held: held}
+	}
+	dom := func(node string) string { return node[:1] }
+	// a: three slots free now; b: two now, two in an hour; c: one.
+	slots := []reserveSlot{slot("a1", time.Time{}, 0), slot("a2", time.Time{}, 0), slot("a3", time.Time{}, 0),
+		slot("b1", time.Time{}, 0), slot("b2", time.Time{}, 0), slot("b3", later, 4), slot("b4", later, 4), slot("c1", time.Time{}, 0)}
+	soonestFirst(slots)
+	got := soonestSlices(slots, 2, 2, dom)
+	var nodes []string
+	for _, s := range got {
+		nodes = append(nodes, s.node)
+	}
+	if want := "a1 a2 b1 b2"; strings.Join(nodes, " ") != want {
+		t.Errorf("kept %v, want %s (a slice in a, one in b, both free now)", nodes, want)
+	}
+	if got := soonestSlices(slots, 3, 3, dom); got != nil {
+		t.Errorf("3 slices of 3 kept %v; only a and b hold 3", got)
 	}
 }
