@@ -545,20 +545,22 @@ func generateSliced(rng *rand.Rand, nodes []Node, n int, load float64, expo func
 	if nvl72 {
 		podGPUs, level, sizes, single = 4, "nvlink", []int{4, 8, 8, 16}, []int{1, 1, 2, 4, 4}
 	}
-	slicesOf := func(size int) int {
+	// A group of slices of size: 2 to 4 of them, on HGX at most 16
+	// servers (one spine).
+	slicesOf := func(r *rand.Rand, size int) int {
 		most := 4
 		if !nvl72 {
 			most = min(4, 16/size)
 		}
-		return 2 + rng.IntN(most-1)
+		return 2 + r.IntN(most-1)
 	}
 	const meanDur = 3600.0
-	// Mean GPUs of a job, by drawing: the load is that of the jobs drawn.
+	// The groups' mean GPUs, by drawing apart from the trace's draws.
 	var sum float64
 	probe := rand.New(rand.NewPCG(1, 2))
 	for range 1000 {
 		size := sizes[probe.IntN(len(sizes))]
-		sum += float64(size * (2 + probe.IntN(max(1, min(4, 16/size)-1))) * podGPUs)
+		sum += float64(size * slicesOf(probe, size) * podGPUs)
 	}
 	meanSingle := 0.0
 	for _, x := range single {
@@ -574,7 +576,7 @@ func generateSliced(rng *rand.Rand, nodes []Node, n int, load float64, expo func
 			Parallelism: v1alpha1.ParallelismData}
 		if rng.IntN(2) == 0 {
 			size := sizes[rng.IntN(len(sizes))]
-			j.Pods, j.GPUs, j.Parallelism = size*slicesOf(size), podGPUs, v1alpha1.ParallelismModel
+			j.Pods, j.GPUs, j.Parallelism = size*slicesOf(rng, size), podGPUs, v1alpha1.ParallelismModel
 			j.SliceSize, j.SliceLevel, j.GroupLevel = size, level, "spine"
 		} else {
 			j.GPUs = single[rng.IntN(len(single))]
