@@ -296,3 +296,40 @@ func TestExplainSaysWhichNodeDomainPackingPassedOver(t *testing.T) {
 		}
 	}
 }
+
+// A sliced group's bound pod shows its slice and the slice's domain in
+// the DOMAIN column and in explain's members, beside the group's domain in
+// the JSON rows.
+func TestPodsTableShowsEachPodsSlice(t *testing.T) {
+	s := groupCluster(t, 2, 2, map[string]string{v1alpha1.AnnotationSliceSize: "1", v1alpha1.AnnotationSliceRequiredTopology: "nvlink"})
+	bind(t, s, "train-0", "a100-1", leafLabel+"=l1")
+	p := s.pod("team", "train-0")
+	pl, err := v1alpha1.ParsePlacement(p.Annotations[v1alpha1.AnnotationPlacement])
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl.Slice, pl.SliceDomain = 1, "node=a100-1"
+	p.Annotations[v1alpha1.AnnotationPlacement] = pl.String()
+	rows := s.PodRows()
+	for _, r := range rows {
+		if r.Name == "train-0" && (r.Slice != 1 || r.SliceDomain != "node=a100-1" || r.Domain != leafLabel+"=l1") {
+			t.Errorf("row %+v: want slice 1 in node=a100-1 of the group's domain %s=l1", r, leafLabel)
+		}
+	}
+	out, err := runPlugin(t, fakeCluster(t, s), "pods")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "slice 1: node=a100-1") {
+		t.Errorf("pods table does not show the pod's slice:\n%s", out)
+	}
+	out, err = runPlugin(t, fakeCluster(t, s), "explain", "train-1", "-n", "team")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"in slices of 1 pods, each inside one nvlink domain", "train-0 on a100-1 (slice 1 in node=a100-1)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("explain does not say %q:\n%s", want, out)
+		}
+	}
+}
