@@ -19,8 +19,11 @@ const cliqueLabel = "nvidia.com/gpu.clique"
 // gb200Env is two GB200 NVL72 racks of 18 trays (4 GPUs each), tray i of
 // rack r named rack-r-i, each rack's trays labelled with the rack's NVLink
 // clique, every tray under one spine.
-func gb200Env(t *testing.T) *env {
-	return newFabricEnv(t, "gb200-nvl72-tray", 4, 36,
+func gb200Env(t *testing.T) *env { return gb200Racks(t, 2) }
+
+// gb200Racks is gb200Env with racks racks.
+func gb200Racks(t *testing.T, racks int) *env {
+	return newFabricEnv(t, "gb200-nvl72-tray", 4, 18*racks,
 		func(i int) string { return fmt.Sprintf("rack-%d-%02d", i/18, i%18) },
 		func(i int) map[string]string {
 			return map[string]string{cliqueLabel: fmt.Sprintf("clique-%d", i/18), "network.topology.nvidia.com/spine": "s", "kubernetes.io/hostname": fmt.Sprintf("rack-%d-%02d", i/18, i%18)}
@@ -107,5 +110,86 @@ func testSlicedGroupOnTwoGB200Racks(t *testing.T, e *env, s system) {
 	g := s.gauges(t)
 	if _, bound := groupNodes(t, e, "next"); bound != 0 || g["held"]+g["reserved"] != 12+128 {
 		t.Errorf("the waiting group has %d pods bound; %s (want the busy pods' 12 GPUs and the first group's 128 held, nothing more)", bound, fmtGauges(g))
+	}
+}
+
+// TestSlicedGroupPreemptsInTheCliquesItTakes: three GB200 racks full of
+// low-priority 4-GPU pods but for two free trays in rack 0 and four in
+// rack 1. A high-priority group of 2 slices × 16 trays, each required in
+// one clique, is bound with each slice in one rack of racks 0 and 1, the
+// cliques where it evicts least: 14 + 12 pods evicted, only on the trays
+// it takes, none in rack 2. Both modes.
+func TestSlicedGroupPreemptsInTheCliquesItTakes(t *testing.T) {
+	eachModeOn(t, func(t *testing.T) *env { return gb200Racks(t, 3) }, testSlicedGroupPreemptsInTheCliquesItTakes)
+}
+
+func testSlicedGroupPreemptsInTheCliquesItTakes(t *testing.T, e *env, s system) {
+	priorityClasses(t, e)
+	free := map[string]bool{"rack-0-03": true, "rack-0-10": true, "rack-1-02": true, "rack-1-07": true, "rack-1-12": true, "rack-1-17": true}
+	var low []*corev1.Pod
+	var lowNames []string
+	nodeOf := map[string]string{}
+	for _, n := range e.nodes {
+		if free[n] {
+			continue
+		}
+		p := withPriority(pinned("low-"+n, 4, n), "low")
+		low = append(low, p)
+		lowNames = append(lowNames, p.Name)
+		nodeOf[p.Name] = n
+	}
+	createAll(t, e, low)
+	harness.Poll(t, 2*time.Minute, "the low-priority pods bound", func() (bool, string) {
+		g := s.gauges(t)
+		return g["held"]+g["reserved"] == float64(4*len(low)), fmtGauges(g)
+	})
+	group := slicedGroupPods("llm")
+	for _, p := range group {
+		withPriority(p, "high")
+	}
+	createAll(t, e, group)
+	harness.Poll(t, 3*time.Minute, "the sliced group bound whole", func() (bool, string) {
+		nodes, bound := groupNodes(t, e, "llm")
+		return bound == 32, fmt.Sprintf("%d of 32 bound on %v; %s", bound, nodes, s.tail())
+	})
+	racks := map[int]map[string]bool{}
+	taken := map[string]bool{}
+	for _, p := range listPods(t, e) {
+		if p.Annotations[v1alpha1.AnnotationGroup] != "llm" {
+			continue
+		}
+		var rank int
+		fmt.Sscan(p.Annotations[v1alpha1.AnnotationRank], &rank)
+		if racks[rank/16] == nil {
+			racks[rank/16] = map[string]bool{}
+		}
+		racks[rank/16][p.Spec.NodeName[:len("rack-0")]] = true
+		taken[p.Spec.NodeName] = true
+	}
+	if len(racks[0]) != 1 || len(racks[1]) != 1 || racks[0]["rack-2"] || racks[1]["rack-2"] {
+		t.Errorf("slices by rack %v: want each slice in one of racks 0 and 1", racks)
+	}
+	evicted := evictedPerNode(t, e, lowNames, nodeOf)
+	total := 0
+	for n, k := range evicted {
+		total += k
+		if !taken[n] {
+			t.Errorf("%d pods evicted on %s, which the group does not take", k, n)
+		}
+	}
+	if total != 26 {
+		t.Errorf("%d pods evicted, want 26 (14 in rack 0, 12 in rack 1): %v", total, evicted)
+	}
+	owner := map[string]string{}
+	for _, p := range listPods(t, e) {
+		if p.Spec.NodeName == "" {
+			continue
+		}
+		for _, u := range harness.PodGPUs(t, &p, v1alpha1.AnnotationAssignedGPUs) {
+			if o, dup := owner[u]; dup {
+				t.Errorf("GPU %s issued to two live pods: %s and %s", u, o, p.Name)
+			}
+			owner[u] = p.Name
+		}
 	}
 }
