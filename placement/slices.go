@@ -266,6 +266,9 @@ func slotsForPending(pr Request, g ledger.GroupView, bySlice map[int][]ledger.Sl
 
 // slicesWord describes a sliced group's shape for messages.
 func slicesWord(spec v1alpha1.GroupSpec, gpus int, level string) string {
+	if spec.Slices() == 1 {
+		return fmt.Sprintf("1 slice of %d pods × %d GPUs inside one %s domain", spec.SliceSize, gpus, level)
+	}
 	return fmt.Sprintf("%d slices of %d pods × %d GPUs, each inside one %s domain", spec.Slices(), spec.SliceSize, gpus, level)
 }
 

@@ -93,24 +93,46 @@ func testSlicedGroupOnTwoGB200Racks(t *testing.T, e *env, s system) {
 		t.Errorf("slices by rack %v: want each slice in one rack", racks)
 	}
 
+	// A second such group: one tray is left.
 	createAll(t, e, slicedGroupPods("next"))
-	want := "group default/next needs 2 slices of 16 pods × 4 GPUs, each inside one nvlink domain, all in one spine domain"
-	harness.Poll(t, time.Minute, "the second group's pods to say why they wait", func() (bool, string) {
-		var msgs []string
-		ok := true
-		for _, p := range listPods(t, e) {
-			if p.Annotations[v1alpha1.AnnotationGroup] == "next" {
-				m := scheduledFalseMessage(&p)
-				msgs = append(msgs, m)
-				ok = ok && strings.Contains(m, want) && strings.Contains(m, "found no nvlink domain")
-			}
-		}
-		return ok && len(msgs) == 32, fmt.Sprintf("messages %q", msgs[:min(len(msgs), 2)])
-	})
+	waitReason(t, e, "next", 32, "group default/next needs 2 slices of 16 pods × 4 GPUs, each inside one nvlink domain, all in one spine domain: the largest free holds 1 of its 32 pods")
 	g := s.gauges(t)
 	if _, bound := groupNodes(t, e, "next"); bound != 0 || g["held"]+g["reserved"] != 12+128 {
 		t.Errorf("the waiting group has %d pods bound; %s (want the busy pods' 12 GPUs and the first group's 128 held, nothing more)", bound, fmtGauges(g))
 	}
+	// The busy trays free: two trays in each clique, four in all. A group
+	// of 3 trays in one slice fits by count, not in one clique: the pods
+	// say which slice found no clique, and nothing is held.
+	deletePods(t, e, busy)
+	trio := groupPods("trio", 3, 4, "spine")
+	for _, p := range trio {
+		p.Annotations[v1alpha1.AnnotationSliceSize] = "3"
+		p.Annotations[v1alpha1.AnnotationSliceRequiredTopology] = "nvlink"
+	}
+	createAll(t, e, trio)
+	waitReason(t, e, "trio", 3, "group default/trio needs 1 slice of 3 pods × 4 GPUs inside one nvlink domain, all in one spine domain: slice 0 (3 pods) found no nvlink domain with room for it in network.topology.nvidia.com/spine=s; the roomiest left holds 2")
+	g = s.gauges(t)
+	if _, bound := groupNodes(t, e, "trio"); bound != 0 || g["held"]+g["reserved"] != 128 {
+		t.Errorf("the waiting group has %d pods bound; %s (want the first group's 128 GPUs held, nothing more)", bound, fmtGauges(g))
+	}
+}
+
+// waitReason waits until each of the size pods of group name says want in
+// its PodScheduled condition.
+func waitReason(t *testing.T, e *env, name string, size int, want string) {
+	t.Helper()
+	harness.Poll(t, time.Minute, "group "+name+"'s pods to say why they wait", func() (bool, string) {
+		var msgs []string
+		ok := true
+		for _, p := range listPods(t, e) {
+			if p.Annotations[v1alpha1.AnnotationGroup] == name {
+				m := scheduledFalseMessage(&p)
+				msgs = append(msgs, m)
+				ok = ok && strings.Contains(m, want)
+			}
+		}
+		return ok && len(msgs) == size, fmt.Sprintf("messages %q", msgs[:min(len(msgs), 2)])
+	})
 }
 
 // TestSlicedGroupPreemptsInTheCliquesItTakes: three GB200 racks full of
