@@ -215,3 +215,52 @@ func testSlicedGroupPreemptsInTheCliquesItTakes(t *testing.T, e *env, s system) 
 		}
 	}
 }
+
+// TestSlicedGroupOnHGXLeaves: six leaves of eight HGX H100 servers under
+// one spine, one server busy in each of the first two leaves. A group of
+// 4 slices × 8 pods × 8 GPUs (by rank), slice level leaf, group level
+// spine, binds with each slice on one whole free leaf. Both modes.
+func TestSlicedGroupOnHGXLeaves(t *testing.T) {
+	name := func(i int) string { return fmt.Sprintf("leaf-%d-%d", i/8, i%8) }
+	eachModeOn(t, func(t *testing.T) *env {
+		return newFabricEnv(t, "hgx-h100", 8, 48, name, func(i int) map[string]string {
+			return map[string]string{leafLabel: fmt.Sprintf("l%d", i/8), "network.topology.nvidia.com/spine": "s", "kubernetes.io/hostname": name(i)}
+		})
+	}, testSlicedGroupOnHGXLeaves)
+}
+
+func testSlicedGroupOnHGXLeaves(t *testing.T, e *env, s system) {
+	createAll(t, e, []*corev1.Pod{pinned("busy-0", 8, "leaf-0-0"), pinned("busy-1", 8, "leaf-1-0")})
+	pods := groupPods("train", 32, 8, "spine")
+	for i, p := range pods {
+		p.Annotations[v1alpha1.AnnotationSliceSize] = "8"
+		p.Annotations[v1alpha1.AnnotationSliceRequiredTopology] = "leaf"
+		p.Annotations[v1alpha1.AnnotationRank] = fmt.Sprint(i)
+	}
+	createAll(t, e, pods)
+	harness.Poll(t, 3*time.Minute, "group train bound", func() (bool, string) {
+		nodes, bound := groupNodes(t, e, "train")
+		return bound == 32, fmt.Sprintf("%d of 32 bound, on %v", bound, nodes)
+	})
+	leaves := map[int]map[string]bool{}
+	for _, p := range listPods(t, e) {
+		if p.Annotations[v1alpha1.AnnotationGroup] != "train" {
+			continue
+		}
+		var rank int
+		fmt.Sscan(p.Annotations[v1alpha1.AnnotationRank], &rank)
+		if leaves[rank/8] == nil {
+			leaves[rank/8] = map[string]bool{}
+		}
+		leaves[rank/8][p.Spec.NodeName[:len("leaf-0")]] = true
+	}
+	used := map[string]bool{}
+	for sl, ls := range leaves {
+		for l := range ls {
+			if len(ls) != 1 || l == "leaf-0" || l == "leaf-1" || used[l] {
+				t.Errorf("slice %d on leaves %v: want one free leaf of its own", sl, ls)
+			}
+			used[l] = true
+		}
+	}
+}
