@@ -8,6 +8,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology/machine"
@@ -327,5 +329,54 @@ func TestWaitingSlicedGroupKeepsEachSliceInOneDomain(t *testing.T) {
 	}
 	if got := soonestSlices(slots, 3, 3, dom); got != nil {
 		t.Errorf("3 slices of 3 kept %v; only a and b hold 3", got)
+	}
+}
+
+// TestKubernetesPodGroupWithSlices: a PodGroup (gang of 32, the spine)
+// whose own annotations cut it into slices of 16 in one clique is placed
+// with each slice (by the pods' ranks) in one rack; malformed slice
+// annotations on a PodGroup keep its pods Pending with the field named.
+func TestKubernetesPodGroupWithSlices(t *testing.T) {
+	x, names := cliqueCore(t, 2)
+	pg := func(name string, ann map[string]string) *schedulingv1beta1.PodGroup {
+		return &schedulingv1beta1.PodGroup{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ml", Annotations: ann},
+			Spec: schedulingv1beta1.PodGroupSpec{
+				SchedulingPolicy:      schedulingv1beta1.PodGroupSchedulingPolicy{Gang: &schedulingv1beta1.GangSchedulingPolicy{MinCount: 32}},
+				SchedulingConstraints: &schedulingv1beta1.PodGroupSchedulingConstraints{Topology: []schedulingv1beta1.TopologyConstraint{{Key: "network.topology.nvidia.com/spine"}}},
+			},
+		}
+	}
+	x.ledger.UpsertPodGroup(pg("llm", map[string]string{v1alpha1.AnnotationSliceSize: "16", v1alpha1.AnnotationSliceRequiredTopology: "nvlink"}))
+	x.ledger.UpsertPodGroup(pg("bad", map[string]string{v1alpha1.AnnotationSliceSize: "12", v1alpha1.AnnotationSliceRequiredTopology: "nvlink"}))
+	members := func(group string) []*corev1.Pod {
+		var out []*corev1.Pod
+		for i := range 32 {
+			p := gpuPod(fmt.Sprintf("%s-%d", group, i), 4, map[string]string{v1alpha1.AnnotationRank: fmt.Sprint(i)})
+			p.Spec.SchedulingGroup = &corev1.PodSchedulingGroup{PodGroupName: ptrTo(group)}
+			out = append(out, p)
+		}
+		return out
+	}
+	nodes, why, placements := placeAll(t, x, names, members("llm"))
+	racks := map[int]map[int]bool{}
+	for i, n := range nodes {
+		if n == "" {
+			t.Fatalf("llm-%d not placed: %s", i, why)
+		}
+		if placements[i].Slice != i/16 {
+			t.Errorf("llm-%d in slice %d, want %d", i, placements[i].Slice, i/16)
+		}
+		if racks[i/16] == nil {
+			racks[i/16] = map[int]bool{}
+		}
+		racks[i/16][rackOf(n)] = true
+	}
+	if len(racks[0]) != 1 || len(racks[1]) != 1 {
+		t.Errorf("slices by rack %v: want each slice in one rack", racks)
+	}
+	_, why, _ = placeAll(t, x, names, members("bad")[:1])
+	if want := `PodGroup ml/bad: metadata.annotations[gputopo.io/slice-size]: Invalid value: "12": must divide the group's size 32`; !strings.Contains(why, want) {
+		t.Errorf("reason %q, want %q", why, want)
 	}
 }
