@@ -29,8 +29,9 @@ build: gputopo-scheduler ## Build bin/gputopo and bin/gputopo-scheduler
 kubectl-gputopo: ## Build the kubectl plugin into bin/kubectl-gputopo (kubectl runs it as `kubectl gputopo` when bin/ is on PATH)
 	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/kubectl-gputopo ./cmd/kubectl-gputopo
 
-tools: ## Build the control-plane binaries into bin/ (about 15 minutes cold, cached)
+tools: ## Build the control-plane binaries and the workload controllers into bin/ (about 17 minutes cold, cached)
 	bash hack/tools/build.sh
+	bash hack/tools/controllers.sh
 
 # gputopo-scheduler is kube-scheduler with gputopo's plugin compiled in. It is
 # its own module (cmd/gputopo-scheduler) so that the main module does not

@@ -287,6 +287,21 @@ func (j *JobWrapper) Group(name string, size int, preferred string) *JobWrapper 
 
 func (j *JobWrapper) Obj() *batchv1.Job { return j.Job.DeepCopy() }
 
+// Label sets a label on the Job.
+func (j *JobWrapper) Label(k, v string) *JobWrapper {
+	if j.Labels == nil {
+		j.Labels = map[string]string{}
+	}
+	j.Labels[k] = v
+	return j
+}
+
+// OfJobSet labels the Job as the JobSet controller labels the Jobs of
+// JobSet name, which runs jobs Jobs, at restart attempt restarts.
+func (j *JobWrapper) OfJobSet(name string, jobs, restarts int) *JobWrapper {
+	return j.Label(labelJobSetName, name).Label(labelJobSetGlobalReplicas, strconv.Itoa(jobs)).Label(labelJobSetRestarts, strconv.Itoa(restarts))
+}
+
 // MakeNamespace returns a namespace, opted in when optedIn.
 func MakeNamespace(name string, optedIn bool, intent string) *corev1.Namespace {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{corev1.LabelMetadataName: name}}}

@@ -143,7 +143,15 @@ func jobGroup(job *batchv1.Job, uid types.UID, intent v1alpha1.Parallelism, hasI
 	}
 
 	atOnce, limit, raise := podsAtOnce(job)
-	derive := hasIntent && atOnce > 1
+	// A JobSet's Jobs are one group: its Jobs' pods at once (every
+	// replicated Job is taken to run as many as this one), each Job a
+	// slice when the JobSet names a slice level.
+	setName, jobs, inSet := jobSetOf(job)
+	groupPods := atOnce * jobs
+	if inSet {
+		limit = fmt.Sprintf("%s in each of the JobSet's %d Jobs", limit, jobs)
+	}
+	derive := hasIntent && groupPods > 1
 	_, tmplNamed := tmplAnn[v1alpha1.AnnotationGroup]
 
 	// Parse with a stand-in name where the group's name will be filled in,
@@ -153,7 +161,18 @@ func jobGroup(job *batchv1.Job, uid types.UID, intent v1alpha1.Parallelism, hasI
 	var fromJob, fromTmpl v1alpha1.GroupSpec
 	// The group's size, where neither states it, is the pods at once
 	// (fill below): slices are judged against it.
+	sliceOfSet := inSet && (hasKey(jobAnn, v1alpha1.AnnotationSliceRequiredTopology) || hasKey(tmplAnn, v1alpha1.AnnotationSliceRequiredTopology)) &&
+		!hasKey(jobAnn, v1alpha1.AnnotationSliceSize) && !hasKey(tmplAnn, v1alpha1.AnnotationSliceSize)
+	setSlice := strconv.Itoa(atOnce)
+	for _, m := range []map[string]string{tmplAnn, jobAnn} {
+		if v, ok := m[v1alpha1.AnnotationSliceSize]; ok {
+			setSlice = v
+		}
+	}
 	sizeOf := func(a map[string]string) map[string]string {
+		if inSet && hasKey(a, v1alpha1.AnnotationSliceRequiredTopology) {
+			a = withDefault(a, v1alpha1.AnnotationSliceSize, setSlice)
+		}
 		if _, ok := a[v1alpha1.AnnotationGroupSize]; ok || !derive {
 			return a
 		}
@@ -163,7 +182,7 @@ func jobGroup(job *batchv1.Job, uid types.UID, intent v1alpha1.Parallelism, hasI
 		if v, ok := tmplAnn[v1alpha1.AnnotationGroupSize]; ok {
 			return withDefault(a, v1alpha1.AnnotationGroupSize, v)
 		}
-		return withDefault(a, v1alpha1.AnnotationGroupSize, strconv.Itoa(atOnce))
+		return withDefault(a, v1alpha1.AnnotationGroupSize, strconv.Itoa(groupPods))
 	}
 	if len(jobAnn) > 0 {
 		a := sizeOf(withDefault(jobAnn, v1alpha1.AnnotationGroup, standIn))
@@ -193,21 +212,21 @@ func jobGroup(job *batchv1.Job, uid types.UID, intent v1alpha1.Parallelism, hasI
 	sizeKey := v1alpha1.AnnotationGroupSize
 	_, jobSized := jobAnn[sizeKey]
 	_, tmplSized := tmplAnn[sizeKey]
-	if jobSized && fromJob.Size > atOnce {
-		errs = append(errs, incomplete(annotationsPath.Key(sizeKey), jobAnn[sizeKey], atOnce, limit, raise))
+	if jobSized && fromJob.Size > groupPods {
+		errs = append(errs, incomplete(annotationsPath.Key(sizeKey), jobAnn[sizeKey], groupPods, limit, raise))
 	}
-	if tmplSized && !tmplNamed && fromTmpl.Size > atOnce {
-		errs = append(errs, incomplete(templateAnnotationsPath.Key(sizeKey), tmplAnn[sizeKey], atOnce, limit, raise))
+	if tmplSized && !tmplNamed && fromTmpl.Size > groupPods {
+		errs = append(errs, incomplete(templateAnnotationsPath.Key(sizeKey), tmplAnn[sizeKey], groupPods, limit, raise))
 	}
 
 	if !tmplNamed && !derive {
 		// The pods get no group: the Job's annotations would reach none.
 		for _, key := range v1alpha1.GroupAnnotations {
 			v, ok := jobAnn[key]
-			if !ok || (key == sizeKey && fromJob.Size > atOnce) {
+			if !ok || (key == sizeKey && fromJob.Size > groupPods) {
 				continue
 			}
-			errs = append(errs, field.Invalid(annotationsPath.Key(key), v, noGroupReason(hasIntent, atOnce, limit, raise)))
+			errs = append(errs, field.Invalid(annotationsPath.Key(key), v, noGroupReason(hasIntent, groupPods, limit, raise)))
 		}
 		return nil, errs
 	}
@@ -246,8 +265,15 @@ func jobGroup(job *batchv1.Job, uid types.UID, intent v1alpha1.Parallelism, hasI
 				set[key] = v
 			}
 		}
-		fill(v1alpha1.AnnotationGroup, jobGroupName(job, uid))
-		fill(sizeKey, strconv.Itoa(atOnce))
+		if inSet {
+			fill(v1alpha1.AnnotationGroup, setName)
+		} else {
+			fill(v1alpha1.AnnotationGroup, jobGroupName(job, uid))
+		}
+		fill(sizeKey, strconv.Itoa(groupPods))
+		if sliceOfSet {
+			fill(v1alpha1.AnnotationSliceSize, strconv.Itoa(atOnce))
+		}
 		if intent == v1alpha1.ParallelismModel {
 			fill(v1alpha1.AnnotationGroupPreferredTopology, configv1alpha1.FabricNVLink)
 		}
@@ -344,4 +370,9 @@ func nameOneGroup(podGroup *string, jobAnn, tmplAnn map[string]string) field.Err
 		}
 	}
 	return errs
+}
+
+func hasKey(m map[string]string, key string) bool {
+	_, ok := m[key]
+	return ok
 }

@@ -163,6 +163,35 @@ func TestJobMutatorGroups(t *testing.T) {
 				TemplateAnnotation(annRequired, "spine").TemplateAnnotation(annSliceSize, "16").TemplateAnnotation(annSliceRequired, "nvlink").Obj(),
 			verdict: allowed,
 		},
+		"a JobSet's Job: the JobSet is one group of all its Jobs' pods": {
+			job: job().OfJobSet("llm", 4, 0).Intent("data").Parallelism(8).Obj(),
+			want: job().OfJobSet("llm", 4, 0).Intent("data").Parallelism(8).TemplateAnnotation(v1alpha1.AnnotationParallelism, "data").
+				Group("llm", 32, "").Obj(),
+			verdict: allowed,
+		},
+		"a JobSet that names a slice level: each Job is a slice": {
+			job: job().OfJobSet("llm", 2, 0).Intent("model").Parallelism(16).Annotation(annRequired, "spine").Annotation(annSliceRequired, "nvlink").Obj(),
+			want: job().OfJobSet("llm", 2, 0).Intent("model").Parallelism(16).Annotation(annRequired, "spine").Annotation(annSliceRequired, "nvlink").
+				TemplateAnnotation(v1alpha1.AnnotationParallelism, "model").Group("llm", 32, "nvlink").
+				TemplateAnnotation(annRequired, "spine").TemplateAnnotation(annSliceRequired, "nvlink").TemplateAnnotation(annSliceSize, "16").Obj(),
+			verdict: allowed,
+		},
+		"a restarted JobSet is a fresh group": {
+			job: job().OfJobSet("llm", 2, 3).Intent("data").Parallelism(4).Obj(),
+			want: job().OfJobSet("llm", 2, 3).Intent("data").Parallelism(4).TemplateAnnotation(v1alpha1.AnnotationParallelism, "data").
+				Group("llm-r3", 8, "").Obj(),
+			verdict: allowed,
+		},
+		"a JobSet of one-pod Jobs is a group too": {
+			job:     job().OfJobSet("w", 3, 0).Intent("data").Parallelism(1).Obj(),
+			want:    job().OfJobSet("w", 3, 0).Intent("data").Parallelism(1).TemplateAnnotation(v1alpha1.AnnotationParallelism, "data").Group("w", 3, "").Obj(),
+			verdict: allowed,
+		},
+		"a JobSet without intent is left as it is": {
+			job:     job().OfJobSet("llm", 4, 0).Parallelism(8).Obj(),
+			want:    job().OfJobSet("llm", 4, 0).Parallelism(8).Obj(),
+			verdict: allowed,
+		},
 		"a slice size that does not divide the group is denied with a divisor": {
 			job:     job().Intent("model").Parallelism(32).Annotation(annSliceSize, "12").Annotation(annSliceRequired, "nvlink").Obj(),
 			verdict: invalid(`metadata.annotations[gputopo.io/slice-size]: Invalid value: "12": must divide the group's size 32 into whole slices: use a divisor of 32 (e.g. 8), or change gputopo.io/group-size`),

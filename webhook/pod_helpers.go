@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -119,11 +120,7 @@ func dnsLabelPrefix(name string, max int) string {
 // this Job.
 func jobGroupName(job *batchv1.Job, uid types.UID) string {
 	if job.Name != "" {
-		if len(validation.IsDNS1123Label(job.Name)) == 0 {
-			return job.Name
-		}
-		suffix := hashSuffix(job.Name)
-		return strings.TrimPrefix(dnsLabelPrefix(job.Name, validation.DNS1123LabelMaxLength-len(suffix))+suffix, "-")
+		return groupNameOf(job.Name)
 	}
 	suffix := hashSuffix(string(uid))
 	return strings.TrimPrefix(dnsLabelPrefix(job.GenerateName, validation.DNS1123LabelMaxLength-len(suffix))+suffix, "-")
@@ -237,4 +234,38 @@ func (m metadataReader) jobIntent(ctx context.Context, namespace, name string) (
 	}
 	v, ok := job.Annotations[v1alpha1.AnnotationParallelism]
 	return v, ok, nil
+}
+
+// groupNameOf is name as a group name: itself when it is a DNS label, else
+// its DNS-label prefix and a hash of it.
+func groupNameOf(name string) string {
+	if len(validation.IsDNS1123Label(name)) == 0 {
+		return name
+	}
+	suffix := hashSuffix(name)
+	return strings.TrimPrefix(dnsLabelPrefix(name, validation.DNS1123LabelMaxLength-len(suffix))+suffix, "-")
+}
+
+// The labels the JobSet controller puts on each Job it creates
+// (sigs.k8s.io/jobset, api/jobset/v1alpha2 and pkg/constants).
+const (
+	labelJobSetName           = "jobset.sigs.k8s.io/jobset-name"
+	labelJobSetGlobalReplicas = "jobset.sigs.k8s.io/global-replicas"
+	labelJobSetRestarts       = "jobset.sigs.k8s.io/restart-attempt"
+)
+
+// jobSetOf says whether job was created by a JobSet, and if so the
+// group its pods form (the JobSet's name, with the restart attempt from
+// the first restart on, so that a restarted JobSet is a fresh group) and
+// how many Jobs the JobSet runs (its replicated Jobs' replicas, summed).
+func jobSetOf(job *batchv1.Job) (group string, jobs int, ok bool) {
+	name := job.Labels[labelJobSetName]
+	n, err := strconv.Atoi(job.Labels[labelJobSetGlobalReplicas])
+	if name == "" || err != nil || n < 1 {
+		return "", 1, false
+	}
+	if a := job.Labels[labelJobSetRestarts]; a != "" && a != "0" {
+		name += "-r" + a
+	}
+	return groupNameOf(name), n, true
 }

@@ -1,0 +1,9 @@
+//go:build tools
+
+// Package controllers pins the workload controllers the ecosystem tests
+// run (test/ecosystem) in their own module, so that their dependency
+// versions (JobSet v0.11.1 is built against Kubernetes 0.35) never move
+// the main module's or Kubernetes'. hack/tools/controllers.sh builds them.
+package controllers
+
+import _ "sigs.k8s.io/jobset"
