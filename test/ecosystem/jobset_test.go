@@ -22,10 +22,10 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	"sigs.k8s.io/yaml"
 
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/extender"
 	"github.com/gputopo/gputopo/internal/localcluster"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/topology/machine"
@@ -44,15 +44,41 @@ const (
 )
 
 // env is a control plane with gputopo's webhook registered and serving,
-// the Job controller, gputopo-scheduler (plugin mode) and JobSet's
-// controller, on two GB200 NVL72 racks.
+// the Job controller and garbage collector, gputopo deciding (plugin mode:
+// gputopo-scheduler; extender mode: kube-scheduler calling an in-process
+// extender) and JobSet's controller, on two GB200 NVL72 racks.
 type env struct {
 	cp    *harness.ControlPlane
 	nodes []string
 	sched *harness.Decider
+	// ext is the extender in extender mode (nil in plugin mode).
+	ext *localcluster.Extender
 }
 
-func newEnv(t *testing.T) *env {
+const extenderUser = "gputopo-extender"
+
+// eachMode runs f once per mode, each on its own environment.
+func eachMode(t *testing.T, f func(t *testing.T, e *env)) {
+	for _, m := range localcluster.Modes {
+		t.Run(string(m), func(t *testing.T) { f(t, newEnv(t, m)) })
+	}
+}
+
+// held is how many GPUs the deciding core's ledger holds or has reserved.
+func (e *env) held(t *testing.T) int {
+	t.Helper()
+	if e.ext != nil {
+		c := e.ext.Core().Report().Counts()
+		return c.Held + c.Reserved
+	}
+	g, err := e.sched.CoreGauges()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int(g["held"] + g["reserved"])
+}
+
+func newEnv(t *testing.T, mode localcluster.Mode) *env {
 	t.Helper()
 	mut, val, err := webhook.Registration(webhook.RegistrationOptions{ServiceName: "gputopo-webhook", ServiceNamespace: "gputopo-system", ResourceName: string(v1alpha1.ResourceGPU)})
 	if err != nil {
@@ -90,11 +116,36 @@ func newEnv(t *testing.T) *env {
 	// The Job controller creates the pods; the garbage collector deletes
 	// them with their Job when JobSet restarts.
 	e.cp.StartControllerManager(t, "job", "garbagecollector")
-	if err := localcluster.GrantExtenderRole(ctx, e.cp.Client, harness.SchedulerUser); err != nil {
-		t.Fatal(err)
+	if mode == localcluster.ModePlugin {
+		if err := localcluster.GrantExtenderRole(ctx, e.cp.Client, harness.SchedulerUser); err != nil {
+			t.Fatal(err)
+		}
+		e.sched = e.cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModePlugin})
+		harness.WaitCore(t, e.sched, localcluster.TotalGPUs(4*len(e.nodes)))
+	} else {
+		if err := localcluster.GrantExtenderRole(ctx, e.cp.Client, extenderUser); err != nil {
+			t.Fatal(err)
+		}
+		port, err := harness.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		x, err := localcluster.StartExtender(context.Background(), e.cp.UserConfig(t, extenderUser),
+			extender.Options{Port: port, BindAddress: "127.0.0.1", MetricsBindAddress: "0", Config: configv1alpha1.DefaultExtenderConfiguration()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := x.Stop(); err != nil {
+				t.Errorf("extender: %v", err)
+			}
+		})
+		if err := x.WaitReady(ctx, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		e.ext = x
+		e.sched = e.cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModeExtender, ExtenderURL: x.URL()})
 	}
-	e.sched = e.cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModePlugin})
-	harness.WaitCore(t, e.sched, localcluster.TotalGPUs(4*len(e.nodes)))
 	e.startJobSet(t)
 	return e
 }
@@ -234,9 +285,11 @@ func listPods(t *testing.T, e *env) []corev1.Pod {
 // index); the Job controller creates the pods; gputopo-scheduler binds all
 // 32, each Job wholly inside one rack, one rack per Job. When a pod fails
 // and JobSet restarts (its failure policy recreates the Jobs), the new
-// pods are a fresh group, bound whole, and nothing of the first is held.
-func TestJobSetIsOneGroupOfSlices(t *testing.T) {
-	e := newEnv(t)
+// pods are a fresh group, bound whole, and nothing of the first is held;
+// deleting the JobSet frees every GPU within seconds. Both modes.
+func TestJobSetIsOneGroupOfSlices(t *testing.T) { eachMode(t, testJobSetIsOneGroupOfSlices) }
+
+func testJobSetIsOneGroupOfSlices(t *testing.T, e *env) {
 	ctx := harness.Context(t)
 	js := jobSet("llm", 2, 16, map[string]string{
 		v1alpha1.AnnotationParallelism:           string(v1alpha1.ParallelismModel),
@@ -326,12 +379,28 @@ func TestJobSetIsOneGroupOfSlices(t *testing.T) {
 		return fresh == 32 && bound == 32 && old == 0, fmt.Sprintf("%d pods of llm-r1, %d bound; %d pods of the first attempt left; jobs %v", fresh, bound, old, jobs)
 	})
 	harness.Poll(t, time.Minute, "the ledger to hold the new group's GPUs only", func() (bool, string) {
-		g, err := e.sched.CoreGauges()
-		if err != nil {
-			return false, err.Error()
-		}
-		return g["held"] == 128 && g["reserved"] == 0, fmt.Sprintf("%v", g)
+		h := e.held(t)
+		return h == 128, fmt.Sprintf("%d GPUs held or reserved, want 128", h)
 	})
-	out, _ := yaml.Marshal(racks)
-	t.Logf("first attempt's Jobs by rack:\n%s", out)
+
+	// Deleting the JobSet frees every GPU within seconds (the garbage
+	// collector deletes its Jobs and their pods).
+	if err := e.cp.Client.Delete(ctx, js, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
+		t.Fatalf("delete JobSet: %v", err)
+	}
+	start := time.Now()
+	harness.Poll(t, time.Minute, "every GPU free after the JobSet was deleted", func() (bool, string) {
+		left := 0
+		for _, p := range listPods(t, e) {
+			left++
+			if p.DeletionTimestamp != nil {
+				_ = e.cp.Clientset.CoreV1().Pods(nsTeam).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+			}
+		}
+		h := e.held(t)
+		return left == 0 && h == 0, fmt.Sprintf("%d pods left, %d GPUs held", left, h)
+	})
+	if d := time.Since(start); d > 30*time.Second {
+		t.Errorf("GPUs freed %s after the JobSet was deleted, want within 30 s", d.Round(time.Second))
+	}
 }
