@@ -25,6 +25,7 @@ require (
 	k8s.io/component-helpers v0.37.2
 	k8s.io/cri-api v0.37.2
 	k8s.io/cri-client v0.37.2
+	k8s.io/dynamic-resource-allocation v0.37.2
 	k8s.io/klog/v2 v2.140.0
 	k8s.io/kube-scheduler v0.37.2
 	k8s.io/kubelet v0.37.2
@@ -89,7 +90,6 @@ require (
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	k8s.io/apiextensions-apiserver v0.37.2 // indirect
 	k8s.io/component-base v0.37.2 // indirect
-	k8s.io/dynamic-resource-allocation v0.37.2 // indirect
 	k8s.io/kube-openapi v0.0.0-20260721132016-d427ff9ee9ad // indirect
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect

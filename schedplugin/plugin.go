@@ -202,7 +202,7 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev
 	plan := p.x.PreFilter(ctx, placement.PreFilterInput{
 		Pod:     pod,
 		Nodes:   len(nodes),
-		Allowed: func() []string { return schedulable(ctx, pod, nodes) },
+		Allowed: func() []string { return schedulable(ctx, pod, nodes, p.claimsFit(ctx, pod)) },
 		EachNode: func(fn func(string, func(types.UID) bool)) {
 			for _, ni := range nodes {
 				if ni.Node() != nil {
@@ -246,10 +246,11 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev
 
 // schedulable are the nodes a group's pod may go to by its own rules
 // that PreFilter can read: its nodeSelector and required node affinity,
-// and the taints it does not tolerate (NoSchedule, NoExecute). The group
-// is planned on them only, as the extender plans on the nodes
+// and the taints it does not tolerate (NoSchedule, NoExecute), and, for a
+// pod with ResourceClaims, where claimsFit says they can be allocated. The
+// group is planned on them only, as the extender plans on the nodes
 // kube-scheduler's filters passed.
-func schedulable(ctx context.Context, pod *corev1.Pod, nodes []fwk.NodeInfo) []string {
+func schedulable(ctx context.Context, pod *corev1.Pod, nodes []fwk.NodeInfo, claimsFit func(*corev1.Node) bool) []string {
 	rules := placement.NodeRulesOf(pod)
 	out := make([]string, 0, len(nodes))
 	for _, ni := range nodes {
@@ -258,6 +259,9 @@ func schedulable(ctx context.Context, pod *corev1.Pod, nodes []fwk.NodeInfo) []s
 			continue
 		}
 		if why, err := rules.Excludes(ctx, n); err != nil || why != "" {
+			continue
+		}
+		if claimsFit != nil && !claimsFit(n) {
 			continue
 		}
 		out = append(out, n.Name)
