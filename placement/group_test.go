@@ -414,3 +414,28 @@ func TestGroupOfAnotherNamespaceIsAnotherGroup(t *testing.T) {
 		t.Errorf("intruder: node %q reason %q; want it alone in tenant/llm", n, anyReason(ans))
 	}
 }
+
+// TestGroupPlannedAroundAMemberWhoseBindIsInFlight: a group's pod sent to
+// a node outside any plan (a preemption's what-if plan placed it) has its
+// GPUs reserved there while its bind is in flight. The rest of the group
+// is planned around it, inside its domain, as around a bound member: the
+// group required in one leaf does not end split across leaves.
+func TestGroupPlannedAroundAMemberWhoseBindIsInFlight(t *testing.T) {
+	x, names := groupCore(t, "dgx-a100", 4, func(i int) string { return []string{"a", "a", "b", "b"}[i] })
+	var prs []Request
+	for i := range 2 {
+		p := groupPod("train", i, 2, 8, map[string]string{v1alpha1.AnnotationGroupRequiredTopology: "leaf"})
+		x.ledger.UpsertPod(p)
+		prs = append(prs, request(t, x, p))
+	}
+	if res := x.Reserve(context.Background(), prs[0], "node-2"); res.Err != nil {
+		t.Fatalf("reserve train-0 on node-2: %v", res.Err)
+	}
+	ans, err := x.Filter(context.Background(), prs[1], names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ans.Passed) != 1 || ans.Passed[0] != "node-3" {
+		t.Errorf("train-1 may go to %v; want node-3 only, the other node of train-0's leaf (%s)", ans.Passed, anyReason(ans))
+	}
+}

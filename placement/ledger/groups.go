@@ -72,7 +72,8 @@ type GroupView struct {
 	// Key is namespace/name.
 	Key string
 	// Pending and Bound are the live members not bound and bound (their
-	// nodes, for Bound).
+	// nodes, for Bound); a member whose bind is in flight outside a plan
+	// counts as bound on its node.
 	Pending []*PodInfo
 	Bound   []string
 	// BoundPods are the bound members, in the order of Bound.
@@ -319,10 +320,19 @@ func (l *Ledger) recordPlanLocked(key string, g *group, slots []Slot, domain, le
 func (l *Ledger) groupViewLocked(key string, g *group) GroupView {
 	gv := GroupView{Key: key, Planned: g.plan != nil}
 	for _, m := range g.members {
-		if m.Node == "" {
-			gv.Pending = append(gv.Pending, m)
-		} else {
+		switch h := l.holdings[m.UID]; {
+		case m.Node != "":
 			gv.BoundPods = append(gv.BoundPods, m)
+		case g.plan == nil && h != nil && h.reserved && h.group == "" && h.node != "":
+			// A bind in flight outside any plan (a pod sent to its place
+			// in a preemption's what-if plan): the pod is bound on
+			// h.node next, so the rest of the group is planned around it
+			// as around a bound member, not as if it were still to place.
+			inFlight := *m
+			inFlight.Node = h.node
+			gv.BoundPods = append(gv.BoundPods, &inFlight)
+		default:
+			gv.Pending = append(gv.Pending, m)
 		}
 	}
 	slices.SortFunc(gv.Pending, func(a, b *PodInfo) int {
