@@ -21,6 +21,10 @@ type PreFilterInput struct {
 	// (nodeSelector, required node affinity, taints); asked only for a
 	// group's pod, whose group is planned on them.
 	Allowed func() []string
+	// LeftOut, when not nil, says after Allowed why nodes the pod's own
+	// rules allow were left out of Allowed ("" for none): a group that
+	// waits says it beside its own reason.
+	LeftOut func() string
 	// EachNode calls fn with every node of the cycle and whether a pod
 	// is on it in the front end's snapshot: a pod-group preemption's dry
 	// run takes its candidate victims out of that snapshot, and the group
@@ -93,6 +97,13 @@ func (x *Core) PreFilter(ctx context.Context, in PreFilterInput) PreFilterPlan {
 	var wait *GroupWait
 	switch {
 	case errors.As(err, &wait):
+		if in.LeftOut != nil {
+			if why := in.LeftOut(); why != "" {
+				w := *wait
+				w.Msg += "; " + why
+				wait = &w
+			}
+		}
 		return x.groupWaits(ctx, in, pr, allowed, wait)
 	case err != nil:
 		return PreFilterPlan{Err: fmt.Errorf("%s%w", ReasonPrefix, err)}

@@ -2,6 +2,7 @@ package schedplugin
 
 import (
 	"context"
+	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -93,4 +94,16 @@ func (p *Plugin) claimsFit(ctx context.Context, pod *corev1.Pod) func(*corev1.No
 		res, err := alloc.Allocate(ctx, node, pending)
 		return err != nil || res != nil
 	}
+}
+
+// claimsLeftOut says why n nodes were left out of a group's planning for
+// its claims ("" for none), for the pod's waiting reason.
+func claimsLeftOut(n int) string {
+	switch n {
+	case 0:
+		return ""
+	case 1:
+		return "1 node was left out because the pod's ResourceClaims cannot be allocated there"
+	}
+	return fmt.Sprintf("%d nodes were left out because the pod's ResourceClaims cannot be allocated there", n)
 }

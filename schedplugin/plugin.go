@@ -199,10 +199,16 @@ func nodeNames(nodes []fwk.NodeInfo) []string {
 // without GPUs skip the plugin; a malformed requirement ends the cycle as
 // unresolvable with the message that names the field.
 func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev1.Pod, nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+	claimsOut := 0
 	plan := p.x.PreFilter(ctx, placement.PreFilterInput{
-		Pod:     pod,
-		Nodes:   len(nodes),
-		Allowed: func() []string { return schedulable(ctx, pod, nodes, p.claimsFit(ctx, pod)) },
+		Pod:   pod,
+		Nodes: len(nodes),
+		Allowed: func() []string {
+			var allowed []string
+			allowed, claimsOut = schedulable(ctx, pod, nodes, p.claimsFit(ctx, pod))
+			return allowed
+		},
+		LeftOut: func() string { return claimsLeftOut(claimsOut) },
 		EachNode: func(fn func(string, func(types.UID) bool)) {
 			for _, ni := range nodes {
 				if ni.Node() != nil {
@@ -250,9 +256,9 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev
 // pod with ResourceClaims, where claimsFit says they can be allocated. The
 // group is planned on them only, as the extender plans on the nodes
 // kube-scheduler's filters passed.
-func schedulable(ctx context.Context, pod *corev1.Pod, nodes []fwk.NodeInfo, claimsFit func(*corev1.Node) bool) []string {
+func schedulable(ctx context.Context, pod *corev1.Pod, nodes []fwk.NodeInfo, claimsFit func(*corev1.Node) bool) (out []string, claimsOut int) {
 	rules := placement.NodeRulesOf(pod)
-	out := make([]string, 0, len(nodes))
+	out = make([]string, 0, len(nodes))
 	for _, ni := range nodes {
 		n := ni.Node()
 		if n == nil {
@@ -262,11 +268,12 @@ func schedulable(ctx context.Context, pod *corev1.Pod, nodes []fwk.NodeInfo, cla
 			continue
 		}
 		if claimsFit != nil && !claimsFit(n) {
+			claimsOut++
 			continue
 		}
 		out = append(out, n.Name)
 	}
-	return out
+	return out, claimsOut
 }
 
 // activate moves the pods of keys (a group's other pending pods) to the

@@ -191,3 +191,67 @@ func testClaimOnlySomeNodesCanAllocate(t *testing.T, e *env) {
 		return ok, fmt.Sprintf("on %v; %q", nodes, why)
 	})
 }
+
+// TestGroupWhoseClaimsFitNoNode: a group of 2 pods whose claims ask a
+// device class no driver publishes waits, holding nothing, with a reason
+// that names the claims: kube-scheduler's DynamicResources words in
+// extender mode (the extender sees only the nodes its filters passed),
+// the plugin's in plugin mode (it plans the group on the nodes where the
+// claims can be allocated: none).
+func TestGroupWhoseClaimsFitNoNode(t *testing.T) { eachMode(t, testGroupWhoseClaimsFitNoNode) }
+
+func testGroupWhoseClaimsFitNoNode(t *testing.T, e *env) {
+	ctx := harness.Context(t)
+	publishChannels(t, e)
+	class := &resourcev1.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "nowhere"}, Spec: resourcev1.DeviceClassSpec{
+		Selectors: []resourcev1.DeviceSelector{{CEL: &resourcev1.CELDeviceSelector{Expression: `device.driver == "no-such-driver.example.com"`}}},
+	}}
+	if _, err := e.cp.Clientset.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var pods []*corev1.Pod
+	for i := range 2 {
+		name := fmt.Sprintf("lost-%d", i)
+		claim := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name + "-dev", Namespace: nsTeam}, Spec: resourcev1.ResourceClaimSpec{
+			Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{{Name: "dev", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: "nowhere"}}}},
+		}}
+		if _, err := e.cp.Clientset.ResourceV1().ResourceClaims(nsTeam).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		p := harness.GPUPod(nsTeam, name, 4)
+		p.Annotations = map[string]string{v1alpha1.AnnotationParallelism: string(v1alpha1.ParallelismModel),
+			v1alpha1.AnnotationGroup: "lost", v1alpha1.AnnotationGroupSize: "2"}
+		p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "dev", ResourceClaimName: &claim.Name}}
+		p.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "dev"}}
+		if err := e.cp.Client.Create(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		pods = append(pods, p)
+	}
+	want := "cannot allocate all claims"
+	if e.ext == nil {
+		want = "36 nodes were left out because the pod's ResourceClaims cannot be allocated there"
+	}
+	harness.Poll(t, time.Minute, "the group's pods to say their claims fit no node", func() (bool, string) {
+		var msgs []string
+		ok := true
+		for _, p := range pods {
+			got, err := e.cp.Clientset.CoreV1().Pods(nsTeam).Get(ctx, p.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			m := ""
+			for _, c := range got.Status.Conditions {
+				if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
+					m = c.Message
+				}
+			}
+			msgs = append(msgs, m)
+			ok = ok && got.Spec.NodeName == "" && strings.Contains(m, want)
+		}
+		return ok, fmt.Sprintf("%q", msgs)
+	})
+	if h := e.held(t); h != 0 {
+		t.Errorf("%d GPUs held for a group that cannot be placed", h)
+	}
+}
