@@ -390,15 +390,7 @@ func (x *Core) groupNodes(e *evaluator, v ledger.View, pr Request, need int, can
 // With members already bound, only the domain that holds all of them is
 // kept.
 func domainsAt(nodes []*groupNode, lvl, top int, bound []string, v ledger.View) []domain {
-	key := func(n *ledger.Node) string {
-		if lvl == top {
-			return "cluster"
-		}
-		if d := n.Domain(lvl); d != "" {
-			return d
-		}
-		return "node=" + n.Name()
-	}
+	key := func(n *ledger.Node) string { return domainKey(n, n.Name(), lvl, top) }
 	want := ""
 	for i, b := range bound {
 		bn := v.Node(b)

@@ -52,7 +52,7 @@ type env struct {
 	nodes []string
 	sched *harness.Decider
 	// ext is the extender in extender mode (nil in plugin mode).
-	ext *localcluster.Extender
+	ext *harness.Extender
 }
 
 const extenderUser = "gputopo-extender"
@@ -130,19 +130,8 @@ func newEnv(t *testing.T, mode localcluster.Mode) *env {
 		if err != nil {
 			t.Fatal(err)
 		}
-		x, err := localcluster.StartExtender(context.Background(), e.cp.UserConfig(t, extenderUser),
+		x := harness.StartExtender(t, context.Background(), e.cp.UserConfig(t, extenderUser),
 			extender.Options{Port: port, BindAddress: "127.0.0.1", MetricsBindAddress: "0", Config: configv1alpha1.DefaultExtenderConfiguration()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := x.Stop(); err != nil {
-				t.Errorf("extender: %v", err)
-			}
-		})
-		if err := x.WaitReady(ctx, time.Minute); err != nil {
-			t.Fatal(err)
-		}
 		e.ext = x
 		e.sched = e.cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModeExtender, ExtenderURL: x.URL()})
 	}
