@@ -205,6 +205,18 @@ func (p *PodWrapper) OwnedByJob(name string) *PodWrapper {
 	return p
 }
 
+// LWS labels the pod as LeaderWorkerSet v0.8.0's controller creates
+// it: a replica of set of size pods, as the leader (worker 0, its group
+// index only in the StatefulSet pod index, as before LWS's own webhook
+// runs) or a worker of replica group at revision rev.
+func (p *PodWrapper) LWS(set string, size, group, worker int, rev string) *PodWrapper {
+	p.Label(labelLWSName, set).Label(labelLWSRevision, rev).Annotation(annotationLWSSize, strconv.Itoa(size))
+	if worker == 0 {
+		return p.Label(labelLWSWorkerIndex, "0").Label(labelStatefulSetIndex, strconv.Itoa(group))
+	}
+	return p.Label(labelLWSGroupIndex, strconv.Itoa(group)).Label(labelStatefulSetIndex, strconv.Itoa(worker-1))
+}
+
 func (p *PodWrapper) Obj() *corev1.Pod { return p.Pod.DeepCopy() }
 
 // JobWrapper builds Jobs for tests.

@@ -112,10 +112,18 @@ func (m *PodMutator) mutateCreate(ctx context.Context, pod *corev1.Pod, shape *r
 		}
 	}
 	labels := map[string]string{}
-	if _, ok := pod.Labels[v1alpha1.LabelJob]; !ok {
-		if job := jobIdentity(pod); job != "" {
-			labels[v1alpha1.LabelJob] = job
+	job := jobIdentity(pod)
+	if g, ok := lwsGroupOf(pod); ok {
+		// A LeaderWorkerSet replica is placed whole: its group comes from
+		// the set's labels, the set is the job.
+		job = labelValue(g.set)
+		for k, v := range lwsGroupAnnotations(pod, g) {
+			annotations[k] = v
 		}
+		log.V(2).Info("derived a LeaderWorkerSet replica's group", "group", g.group, "size", g.size)
+	}
+	if _, ok := pod.Labels[v1alpha1.LabelJob]; !ok && job != "" {
+		labels[v1alpha1.LabelJob] = job
 	}
 	ops = setMetadata(ops, "/metadata", shape.Metadata.shape(), annotations, labels)
 

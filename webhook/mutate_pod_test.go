@@ -127,6 +127,33 @@ func TestPodMutator(t *testing.T) {
 			pod:  MakePod("p", nsOptedIn).GPU(4).Intent("pipeline").Obj(),
 			want: MakePod("p", nsOptedIn).GPU(4).Intent("pipeline").JobLabel("p").SchedulerName(sched).Obj(),
 		},
+		"a LeaderWorkerSet leader is its replica's group, by its StatefulSet pod index, preferred in NVLink": {
+			pod: MakePod("serve-1", nsOptedIn).GPU(8).LWS("serve", 2, 1, 0, "abc12").Obj(),
+			want: MakePod("serve-1", nsOptedIn).GPU(8).LWS("serve", 2, 1, 0, "abc12").Requirement(reqNone).JobLabel("serve").SchedulerName(sched).
+				Group("serve-1-abc12", "2").Annotation(v1alpha1.AnnotationGroupPreferredTopology, "nvlink").Obj(),
+		},
+		"a LeaderWorkerSet worker joins its leader's group; the set's exclusive topology is the group's requirement": {
+			pod: MakePod("serve-1-1", nsOptedIn).GPU(8).LWS("serve", 2, 1, 1, "abc12").Annotation(annotationLWSExclusive, "leaf").Obj(),
+			want: MakePod("serve-1-1", nsOptedIn).GPU(8).LWS("serve", 2, 1, 1, "abc12").Annotation(annotationLWSExclusive, "leaf").Requirement(reqNone).JobLabel("serve").SchedulerName(sched).
+				Group("serve-1-abc12", "2").Annotation(v1alpha1.AnnotationGroupPreferredTopology, "nvlink").Annotation(v1alpha1.AnnotationGroupRequiredTopology, "leaf").Obj(),
+		},
+		"a LeaderWorkerSet pod keeps the group keys its template states": {
+			pod: MakePod("serve-0-1", nsOptedIn).GPU(8).LWS("serve", 3, 0, 1, "abc12").Annotation(v1alpha1.AnnotationGroupSize, "2").Annotation(v1alpha1.AnnotationGroupPreferredTopology, "leaf").Obj(),
+			want: MakePod("serve-0-1", nsOptedIn).GPU(8).LWS("serve", 3, 0, 1, "abc12").Requirement(reqNone).JobLabel("serve").SchedulerName(sched).
+				Group("serve-0-abc12", "2").Annotation(v1alpha1.AnnotationGroupPreferredTopology, "leaf").Obj(),
+		},
+		"a LeaderWorkerSet pod that names its own group is left as it is": {
+			pod:  MakePod("serve-0-1", nsOptedIn).GPU(8).LWS("serve", 2, 0, 1, "abc12").Group("mine", "4").Obj(),
+			want: MakePod("serve-0-1", nsOptedIn).GPU(8).LWS("serve", 2, 0, 1, "abc12").Group("mine", "4").Requirement(reqNone).JobLabel("serve").SchedulerName(sched).Obj(),
+		},
+		"a LeaderWorkerSet of size 1 is no group": {
+			pod:  MakePod("serve-0", nsOptedIn).GPU(8).LWS("serve", 1, 0, 0, "abc12").Obj(),
+			want: MakePod("serve-0", nsOptedIn).GPU(8).LWS("serve", 1, 0, 0, "abc12").Requirement(reqNone).JobLabel("serve-0").SchedulerName(sched).Obj(),
+		},
+		"a LeaderWorkerSet pod without GPUs gets no group": {
+			pod:  MakePod("serve-0", nsOptedIn).LWS("serve", 2, 0, 0, "abc12").Obj(),
+			want: MakePod("serve-0", nsOptedIn).LWS("serve", 2, 0, 0, "abc12").Void("main").Obj(),
+		},
 		"default-scheduler is replaced": {
 			pod:  MakePod("p", nsOptedIn).GPU(1).SchedulerName(corev1.DefaultSchedulerName).Obj(),
 			want: MakePod("p", nsOptedIn).GPU(1).Requirement(reqNone).JobLabel("p").SchedulerName(sched).Obj(),

@@ -269,3 +269,81 @@ func jobSetOf(job *batchv1.Job) (group string, jobs int, ok bool) {
 	}
 	return groupNameOf(name), n, true
 }
+
+// The labels and annotations LeaderWorkerSet's controller and webhook put
+// on the pods of each replica group (sigs.k8s.io/lws,
+// api/leaderworkerset/v1), and the pod index the StatefulSet controller
+// labels every pod with.
+const (
+	labelLWSName           = "leaderworkerset.sigs.k8s.io/name"
+	labelLWSGroupIndex     = "leaderworkerset.sigs.k8s.io/group-index"
+	labelLWSWorkerIndex    = "leaderworkerset.sigs.k8s.io/worker-index"
+	labelLWSRevision       = "leaderworkerset.sigs.k8s.io/template-revision-hash"
+	annotationLWSSize      = "leaderworkerset.sigs.k8s.io/size"
+	annotationLWSExclusive = "leaderworkerset.sigs.k8s.io/exclusive-topology"
+	labelStatefulSetIndex  = "apps.kubernetes.io/pod-index"
+)
+
+// lwsGroup is a LeaderWorkerSet replica group as its pods carry it.
+type lwsGroup struct {
+	// set is the LeaderWorkerSet's name.
+	set string
+	// group is the gputopo group of the replica: the set's name, the
+	// replica's index and the template revision, so that a rolling update
+	// makes each replica a fresh group.
+	group string
+	// size is the replica's pods (the leader and its workers).
+	size int
+	// exclusive is the node label key the set asks each replica to have
+	// to itself (its exclusive-topology annotation), or "".
+	exclusive string
+}
+
+// lwsGroupOf says whether pod belongs to a LeaderWorkerSet replica of
+// more than one pod, and if so which. Workers carry their replica's
+// index from their StatefulSet's template; a leader gets it from
+// LeaderWorkerSet's own pod webhook, which may run after gputopo's, so a
+// leader (worker index 0) without it is read from the StatefulSet pod
+// index, which is the replica's index for the leaders' StatefulSet.
+func lwsGroupOf(pod *corev1.Pod) (lwsGroup, bool) {
+	set := pod.Labels[labelLWSName]
+	size, err := strconv.Atoi(pod.Annotations[annotationLWSSize])
+	if set == "" || err != nil || size < 2 {
+		return lwsGroup{}, false
+	}
+	idx, ok := pod.Labels[labelLWSGroupIndex]
+	if !ok && pod.Labels[labelLWSWorkerIndex] == "0" {
+		idx, ok = pod.Labels[labelStatefulSetIndex]
+	}
+	if n, err := strconv.Atoi(idx); !ok || err != nil || n < 0 {
+		return lwsGroup{}, false
+	}
+	name := set + "-" + idx
+	if rev := pod.Labels[labelLWSRevision]; rev != "" {
+		name += "-" + rev
+	}
+	return lwsGroup{set: set, group: groupNameOf(name), size: size, exclusive: pod.Annotations[annotationLWSExclusive]}, true
+}
+
+// lwsGroupAnnotations are the group annotations a LeaderWorkerSet pod
+// without a group of its own gets: its replica as one group of the set's
+// size, preferred inside one NVLink domain, required inside the set's
+// exclusive topology when it names one. Keys the pod states are kept (a
+// set whose leader asks for no GPUs states group-size on its worker
+// template, since a pod without GPUs is not gputopo's to place). A pod
+// that names its own group gets nothing.
+func lwsGroupAnnotations(pod *corev1.Pod, g lwsGroup) map[string]string {
+	if _, named := pod.Annotations[v1alpha1.AnnotationGroup]; named {
+		return nil
+	}
+	out := map[string]string{v1alpha1.AnnotationGroup: g.group}
+	fill := func(key, v string) {
+		if _, ok := pod.Annotations[key]; !ok && v != "" {
+			out[key] = v
+		}
+	}
+	fill(v1alpha1.AnnotationGroupSize, strconv.Itoa(g.size))
+	fill(v1alpha1.AnnotationGroupPreferredTopology, configv1alpha1.FabricNVLink)
+	fill(v1alpha1.AnnotationGroupRequiredTopology, g.exclusive)
+	return out
+}

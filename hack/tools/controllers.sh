@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the workload controllers the ecosystem tests run beside gputopo
 # (test/ecosystem), pinned in their own module (controllers/): JobSet's
-# controller manager into bin/jobset-controller (the tests install its CRD
-# from the same version's module sources, harness.ModuleDir). A stamp file records the
+# controller manager into bin/jobset-controller and LeaderWorkerSet's into
+# bin/lws-controller (the tests install their CRDs and webhook
+# configurations from the same versions' module sources, harness.ModuleDir). A stamp file records the
 # hash of the pins, so a second run with unchanged pins returns at once; a
 # cold build takes about 2 minutes on 2 cores.
 set -euo pipefail
@@ -14,14 +15,16 @@ mkdir -p "$bin"
 
 stamp="$bin/.controllers-stamp"
 want=$(cat "$here/controllers/go.mod" "$here/controllers/go.sum" "$here/controllers.sh" | sha256sum | cut -d' ' -f1)
-if [ -x "$bin/jobset-controller" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+if [ -x "$bin/jobset-controller" ] && [ -x "$bin/lws-controller" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   echo "controllers: up to date in $bin"
   exit 0
 fi
 cd "$here/controllers"
 jver=$(go list -m -f '{{.Version}}' sigs.k8s.io/jobset)
-echo "controllers: building JobSet $jver into $bin"
+lver=$(go list -m -f '{{.Version}}' sigs.k8s.io/lws)
+echo "controllers: building JobSet $jver and LeaderWorkerSet $lver into $bin"
 start=$(date +%s)
 CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin/jobset-controller" sigs.k8s.io/jobset
+CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin/lws-controller" sigs.k8s.io/lws/cmd
 echo "controllers: built in $(( $(date +%s) - start ))s"
 echo "$want" > "$stamp"

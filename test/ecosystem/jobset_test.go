@@ -50,6 +50,8 @@ const (
 type env struct {
 	cp    *harness.ControlPlane
 	nodes []string
+	// gpus is the GPUs of all nodes.
+	gpus int
 	sched *harness.Decider
 	// ext is the extender in extender mode (nil in plugin mode).
 	ext *harness.Extender
@@ -57,11 +59,54 @@ type env struct {
 
 const extenderUser = "gputopo-extender"
 
-// eachMode runs f once per mode, each on its own environment.
-func eachMode(t *testing.T, f func(t *testing.T, e *env)) {
+// envOptions shape an environment: its nodes (two GB200 NVL72 racks by
+// default) and the workload controllers it runs besides the Job
+// controller (JobSet's by default).
+type envOptions struct {
+	// nodes creates the nodes and publishes their topologies; nil: two
+	// GB200 NVL72 racks (gb200Racks).
+	nodes func(t *testing.T, e *env)
+	// controllers are kube-controller-manager's controllers beyond job and
+	// garbagecollector.
+	controllers []string
+	// start runs the workload controllers; nil: JobSet's.
+	start func(e *env, t *testing.T)
+}
+
+// eachMode runs f once per mode, each on its own environment of two
+// GB200 racks with JobSet's controller.
+func eachMode(t *testing.T, f func(t *testing.T, e *env)) { eachModeWith(t, envOptions{}, f) }
+
+// eachModeWith runs f once per mode, each on its own environment shaped
+// by opts.
+func eachModeWith(t *testing.T, opts envOptions, f func(t *testing.T, e *env)) {
 	for _, m := range localcluster.Modes {
-		t.Run(string(m), func(t *testing.T) { f(t, newEnv(t, m)) })
+		t.Run(string(m), func(t *testing.T) { f(t, newEnv(t, m, opts)) })
 	}
+}
+
+// gb200Racks creates 36 GB200 NVL72 trays of 4 GPUs, 18 per NVLink clique
+// (rack), all under one spine.
+func gb200Racks(t *testing.T, e *env) {
+	t.Helper()
+	f, err := machine.FixtureByName("gb200-nvl72-tray")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 36 {
+		e.addNode(t, fmt.Sprintf("rack-%d-%02d", i/18, i%18), f, map[string]string{cliqueLabel: fmt.Sprintf("clique-%d", i/18), spineLabel: "s"})
+	}
+}
+
+// addNode creates a node of machine f with labels and publishes its
+// topology.
+func (e *env) addNode(t *testing.T, name string, f machine.Fixture, labels map[string]string) {
+	t.Helper()
+	gpus := f.GPUs
+	e.nodes = append(e.nodes, name)
+	e.gpus += gpus
+	e.cp.CreateGPUNode(t, name, gpus, labels)
+	e.cp.PublishTopology(t, name, f)
 }
 
 // held is how many GPUs the deciding core's ledger holds or has reserved.
@@ -78,7 +123,7 @@ func (e *env) held(t *testing.T) int {
 	return int(g["held"] + g["reserved"])
 }
 
-func newEnv(t *testing.T, mode localcluster.Mode) *env {
+func newEnv(t *testing.T, mode localcluster.Mode, opts envOptions) *env {
 	t.Helper()
 	mut, val, err := webhook.Registration(webhook.RegistrationOptions{ServiceName: "gputopo-webhook", ServiceNamespace: "gputopo-system", ResourceName: string(v1alpha1.ResourceGPU)})
 	if err != nil {
@@ -102,26 +147,20 @@ func newEnv(t *testing.T, mode localcluster.Mode) *env {
 			t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
 		}
 	}
-	f, err := machine.FixtureByName("gb200-nvl72-tray")
-	if err != nil {
-		t.Fatal(err)
+	if opts.nodes == nil {
+		opts.nodes = gb200Racks
 	}
-	for i := range 36 {
-		name := fmt.Sprintf("rack-%d-%02d", i/18, i%18)
-		e.nodes = append(e.nodes, name)
-		e.cp.CreateGPUNode(t, name, 4, map[string]string{cliqueLabel: fmt.Sprintf("clique-%d", i/18), spineLabel: "s"})
-		e.cp.PublishTopology(t, name, f)
-	}
+	opts.nodes(t, e)
 	e.startWebhook(t)
 	// The Job controller creates the pods; the garbage collector deletes
 	// them with their Job when JobSet restarts.
-	e.cp.StartControllerManager(t, "job", "garbagecollector")
+	e.cp.StartControllerManager(t, append([]string{"job", "garbagecollector"}, opts.controllers...)...)
 	if mode == localcluster.ModePlugin {
 		if err := localcluster.GrantExtenderRole(ctx, e.cp.Client, harness.SchedulerUser); err != nil {
 			t.Fatal(err)
 		}
 		e.sched = e.cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModePlugin})
-		harness.WaitCore(t, e.sched, localcluster.TotalGPUs(4*len(e.nodes)))
+		harness.WaitCore(t, e.sched, localcluster.TotalGPUs(e.gpus))
 	} else {
 		if err := localcluster.GrantExtenderRole(ctx, e.cp.Client, extenderUser); err != nil {
 			t.Fatal(err)
@@ -135,7 +174,10 @@ func newEnv(t *testing.T, mode localcluster.Mode) *env {
 		e.ext = x
 		e.sched = e.cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModeExtender, ExtenderURL: x.URL()})
 	}
-	e.startJobSet(t)
+	if opts.start == nil {
+		opts.start = (*env).startJobSet
+	}
+	opts.start(e, t)
 	return e
 }
 
