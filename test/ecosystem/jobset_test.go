@@ -51,7 +51,7 @@ type env struct {
 	cp    *harness.ControlPlane
 	nodes []string
 	// gpus is the GPUs of all nodes.
-	gpus int
+	gpus  int
 	sched *harness.Decider
 	// ext is the extender in extender mode (nil in plugin mode).
 	ext *harness.Extender
