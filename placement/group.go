@@ -70,7 +70,15 @@ func (x *Core) groupSlot(ctx context.Context, pr Request, candidates, reserveOve
 	if msg := x.deciderRefusal(); msg != "" {
 		return nil, errors.New(msg)
 	}
-	if node, ok := x.ledger.ClaimSlot(pr.group, pr.UID, pr.Key, pr.nominated, pr.slice()); ok {
+	prefer := pr.nominated
+	if pr.pinned != "" {
+		x.ledger.Read(func(v ledger.View) {
+			if n := pinnedNode(v, pr.pinned); n != nil {
+				prefer = n.Name()
+			}
+		})
+	}
+	if node, ok := x.ledger.ClaimSlot(pr.group, pr.UID, pr.Key, prefer, pr.slice()); ok {
 		return &GroupSlot{Group: pr.group, Node: node}, nil
 	}
 	var complete bool
@@ -94,7 +102,7 @@ func (x *Core) groupSlot(ctx context.Context, pr Request, candidates, reserveOve
 	if complete {
 		return nil, nil // every pod the group needs is bound; this one is an extra
 	}
-	if node, ok := x.ledger.ClaimSlot(pr.group, pr.UID, pr.Key, pr.nominated, pr.slice()); ok {
+	if node, ok := x.ledger.ClaimSlot(pr.group, pr.UID, pr.Key, prefer, pr.slice()); ok {
 		return &GroupSlot{Group: pr.group, Node: node}, nil
 	}
 	return nil, &GroupWait{Group: pr.group, Msg: fmt.Sprintf("group %s is placed and has no place left for this pod (it has more pods than its size %d)", pr.group, pr.groupSpec.Size)}
@@ -209,6 +217,9 @@ func (x *Core) planGroup(ctx context.Context, v ledger.View, pr Request, g ledge
 		}
 	}
 	pref = min(pref, req)
+	if pinnedGroup(g, need) {
+		return x.planPinned(ctx, v, pr, g, req, top)
+	}
 	if spec.Slices() > 0 {
 		return x.planSliced(ctx, v, pr, g, need, candidates, over, pref, req)
 	}

@@ -43,6 +43,9 @@ type Request struct {
 	// nominated is the node kube-scheduler's preemption nominated the
 	// pod to ("" for none): its group slot is taken there when it can be.
 	nominated string
+	// pinned is the node label value the pod's nodeSelector pins it to
+	// by kubernetes.io/hostname (ledger.PodInfo.Pinned), or "".
+	pinned string
 	// priority is the pod's spec.priority.
 	priority int32
 	// deadline is the pod's activeDeadlineSeconds (0: none): how long it
@@ -81,7 +84,7 @@ func requestOf(info *ledger.PodInfo, created, now time.Time) (Request, error) {
 	if info.GroupErr != nil {
 		return Request{}, info.GroupErr
 	}
-	r := Request{UID: info.UID, Key: info.Key, Count: info.GPUs, job: info.Job, created: created, group: info.Group, groupSpec: info.GroupSpec, native: info.GroupNative, indexes: info.Indexes, nominated: info.Nominated, priority: info.Priority, deadline: info.Deadline}
+	r := Request{UID: info.UID, Key: info.Key, Count: info.GPUs, job: info.Job, created: created, group: info.Group, groupSpec: info.GroupSpec, native: info.GroupNative, indexes: info.Indexes, nominated: info.Nominated, pinned: info.Pinned, priority: info.Priority, deadline: info.Deadline}
 	if info.HasRequirement {
 		req, err := v1alpha1.ParseRequirement(info.Requirement)
 		if err != nil {

@@ -34,6 +34,10 @@ type PodInfo struct {
 	// Nominated is status.nominatedNodeName: the node kube-scheduler's
 	// preemption made room on for it.
 	Nominated string
+	// Pinned is the pod's nodeSelector for kubernetes.io/hostname, the
+	// form a queue's topology-aware assignment pins each pod to the node
+	// it chose (Kueue's ungater writes it), or "".
+	Pinned string
 	// Preempted: kube-scheduler is evicting the pod to make room for a
 	// pod of higher priority (its DisruptionTarget condition): the GPUs
 	// it frees are remembered for that pod (TakeFreed).
@@ -135,6 +139,7 @@ func NewPodInfo(p *corev1.Pod, resource corev1.ResourceName) *PodInfo {
 		info.Deadline = time.Duration(*d) * time.Second
 	}
 	info.Nominated = p.Status.NominatedNodeName
+	info.Pinned = p.Spec.NodeSelector[corev1.LabelHostname]
 	info.Preempted = preemptedBy(p)
 	info.Requirement, info.HasRequirement = p.Annotations[v1alpha1.AnnotationRequirement]
 	if info.HasRequirement && info.GPUs > 1 {

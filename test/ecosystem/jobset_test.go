@@ -103,6 +103,7 @@ func gb200Racks(t *testing.T, e *env) {
 func (e *env) addNode(t *testing.T, name string, f machine.Fixture, labels map[string]string) {
 	t.Helper()
 	gpus := f.GPUs
+	labels[corev1.LabelHostname] = name
 	e.nodes = append(e.nodes, name)
 	e.gpus += gpus
 	e.cp.CreateGPUNode(t, name, gpus, labels)
