@@ -436,3 +436,66 @@ func testJobSetIsOneGroupOfSlices(t *testing.T, e *env) {
 		t.Errorf("GPUs freed %s after the JobSet was deleted, want within 30 s", d.Round(time.Second))
 	}
 }
+
+// TestJobSetSlicesOnDGXLeaves: a JobSet of 2 Jobs × 4 pods × 4 GPUs,
+// model-parallel, each Job a slice required inside one leaf, on five DGX
+// A100 nodes under three leaves (one leaf of a single node: no Job fits
+// it). All 8 pods are bound, each Job's 4 pods inside one leaf of two
+// nodes, the two Jobs in the two such leaves; deleting the JobSet frees
+// every GPU within seconds. Both modes.
+func TestJobSetSlicesOnDGXLeaves(t *testing.T) {
+	eachModeWith(t, envOptions{nodes: dgxLeaves}, testJobSetSlicesOnDGXLeaves)
+}
+
+func testJobSetSlicesOnDGXLeaves(t *testing.T, e *env) {
+	ctx := harness.Context(t)
+	js := jobSet("train", 2, 4, map[string]string{
+		v1alpha1.AnnotationParallelism:           string(v1alpha1.ParallelismModel),
+		v1alpha1.AnnotationSliceRequiredTopology: "leaf",
+	})
+	if err := e.cp.Client.Create(ctx, js); err != nil {
+		t.Fatalf("create JobSet: %v", err)
+	}
+	harness.Poll(t, 2*time.Minute, "the JobSet's 8 pods bound", func() (bool, string) {
+		bound, n := 0, 0
+		for _, p := range listPods(t, e) {
+			n++
+			if p.Spec.NodeName != "" {
+				bound++
+			}
+		}
+		return bound == 8, fmt.Sprintf("%d pods, %d bound", n, bound)
+	})
+	leaves := map[string]map[string]bool{} // Job index -> leaves
+	for _, p := range listPods(t, e) {
+		if p.Annotations[v1alpha1.AnnotationGroup] != "train" || p.Annotations[v1alpha1.AnnotationGroupSize] != "8" || p.Annotations[v1alpha1.AnnotationSliceSize] != "4" {
+			t.Errorf("pod %s: group %q of %s in slices of %s; want train of 8 in slices of 4", p.Name, p.Annotations[v1alpha1.AnnotationGroup], p.Annotations[v1alpha1.AnnotationGroupSize], p.Annotations[v1alpha1.AnnotationSliceSize])
+		}
+		j := p.Labels["jobset.sigs.k8s.io/job-global-index"]
+		if leaves[j] == nil {
+			leaves[j] = map[string]bool{}
+		}
+		leaves[j][strings.Split(p.Spec.NodeName, "-")[1]] = true
+	}
+	if len(leaves) != 2 || len(leaves["0"]) != 1 || len(leaves["1"]) != 1 || leaves["0"]["a"] || leaves["1"]["a"] {
+		t.Fatalf("Jobs by leaf %v: want each Job in one leaf of two nodes", leaves)
+	}
+	if err := e.cp.Client.Delete(ctx, js, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
+		t.Fatalf("delete JobSet: %v", err)
+	}
+	start := time.Now()
+	harness.Poll(t, time.Minute, "every GPU free after the JobSet was deleted", func() (bool, string) {
+		left := 0
+		for _, p := range listPods(t, e) {
+			left++
+			if p.DeletionTimestamp != nil {
+				_ = e.cp.Clientset.CoreV1().Pods(nsTeam).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+			}
+		}
+		h := e.held(t)
+		return left == 0 && h == 0, fmt.Sprintf("%d pods left, %d GPUs held", left, h)
+	})
+	if d := time.Since(start); d > 30*time.Second {
+		t.Errorf("GPUs freed %s after the JobSet was deleted, want within 30 s", d.Round(time.Second))
+	}
+}
