@@ -68,7 +68,7 @@ func (e *env) startLWS(t *testing.T) {
 		t.Fatal(err)
 	}
 	wio := e.cp.Env.WebhookInstallOptions
-	for _, obj := range lwsWebhooks(t, filepath.Join(dir, "config", "webhook", "manifests.yaml"), fmt.Sprintf("https://127.0.0.1:%d", port), wio.LocalServingCAData) {
+	for _, obj := range webhooksAt(t, filepath.Join(dir, "config", "webhook", "manifests.yaml"), "lws-", fmt.Sprintf("https://127.0.0.1:%d", port), wio.LocalServingCAData) {
 		if err := e.cp.Client.Create(ctx, obj); err != nil {
 			t.Fatalf("register LeaderWorkerSet's webhook %s: %v", obj.GetName(), err)
 		}
@@ -113,10 +113,11 @@ health:
 	})
 }
 
-// lwsWebhooks reads LeaderWorkerSet's webhook configurations from path
-// and points them at url, trusting ca, as a cluster with LWS installed
-// registers them (names prefixed lws- as its kustomization does).
-func lwsWebhooks(t *testing.T, path, url string, ca []byte) []client.Object {
+// webhooksAt reads a controller's webhook configurations (one mutating,
+// one validating, kubebuilder's manifests.yaml) from path and points them
+// at url, trusting ca, as a cluster with the controller installed
+// registers them (names prefixed with prefix as its kustomization does).
+func webhooksAt(t *testing.T, path, prefix, url string, ca []byte) []client.Object {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
@@ -143,7 +144,7 @@ func lwsWebhooks(t *testing.T, path, url string, ca []byte) []client.Object {
 			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, m); err != nil {
 				t.Fatal(err)
 			}
-			m.Name = "lws-" + m.Name
+			m.Name = prefix + m.Name
 			for i := range m.Webhooks {
 				point(&m.Webhooks[i].ClientConfig)
 			}
@@ -153,7 +154,7 @@ func lwsWebhooks(t *testing.T, path, url string, ca []byte) []client.Object {
 			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, v); err != nil {
 				t.Fatal(err)
 			}
-			v.Name = "lws-" + v.Name
+			v.Name = prefix + v.Name
 			for i := range v.Webhooks {
 				point(&v.Webhooks[i].ClientConfig)
 			}
@@ -161,7 +162,7 @@ func lwsWebhooks(t *testing.T, path, url string, ca []byte) []client.Object {
 		}
 	}
 	if len(out) != 2 {
-		t.Fatalf("%s: %d webhook configurations, want LeaderWorkerSet's mutating and validating ones", path, len(out))
+		t.Fatalf("%s: %d webhook configurations, want a mutating and a validating one", path, len(out))
 	}
 	return out
 }

@@ -2,7 +2,10 @@ module github.com/gputopo/gputopo/hack/tools/kueue
 
 go 1.25.0
 
-require sigs.k8s.io/kueue v0.17.0
+require (
+	github.com/kubeflow/trainer/v2 v2.2.0
+	sigs.k8s.io/kueue v0.17.0
+)
 
 require (
 	cel.dev/expr v0.25.1 // indirect
@@ -57,7 +60,6 @@ require (
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/kubeflow/mpi-operator v0.8.0 // indirect
 	github.com/kubeflow/spark-operator/v2 v2.5.0 // indirect
-	github.com/kubeflow/trainer/v2 v2.2.0 // indirect
 	github.com/kubeflow/training-operator v1.9.3 // indirect
 	github.com/kylelemons/godebug v1.1.0 // indirect
 	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect
