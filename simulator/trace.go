@@ -113,6 +113,11 @@ const TraceHeader = "id,arrival_s,duration_s,gpus,parallelism"
 // TraceHeader and the pods of each job.
 const GangTraceHeader = TraceHeader + ",pods"
 
+// SlicedTraceHeader is the first line of a trace file with sliced
+// groups: GangTraceHeader and each job's slice size (0: no slices), its
+// slices' level and its group's level (fabric level names; "" for none).
+const SlicedTraceHeader = GangTraceHeader + ",slice_size,slice_level,group_level"
+
 // PriorityTraceHeader is the first line of a trace file of single-pod
 // jobs with priorities: TraceHeader and each job's priority (an integer,
 // as a PriorityClass value; higher preempts lower).
@@ -181,7 +186,7 @@ func ParseTrace(r io.Reader) ([]Job, error) {
 	cr.TrimLeadingSpace = true
 	var jobs []Job
 	seen := map[string]int{}
-	header, fields, priority := false, 5, false
+	header, fields, priority, sliced := false, 5, false, false
 	for {
 		f, err := cr.Read()
 		if err == io.EOF {
@@ -196,10 +201,12 @@ func ParseTrace(r io.Reader) ([]Job, error) {
 			case TraceHeader:
 			case GangTraceHeader:
 				fields = 6
+			case SlicedTraceHeader:
+				fields, sliced = 9, true
 			case PriorityTraceHeader:
 				fields, priority = 6, true
 			default:
-				return nil, fmt.Errorf("line %d: header is %q, want %q (or %q, or %q)", line, got, TraceHeader, GangTraceHeader, PriorityTraceHeader)
+				return nil, fmt.Errorf("line %d: header is %q, want %q (or %q, %q or %q)", line, got, TraceHeader, GangTraceHeader, SlicedTraceHeader, PriorityTraceHeader)
 			}
 			header = true
 			continue
@@ -209,6 +216,8 @@ func ParseTrace(r io.Reader) ([]Job, error) {
 			switch {
 			case priority:
 				h = PriorityTraceHeader
+			case sliced:
+				h = SlicedTraceHeader
 			case fields == 6:
 				h = GangTraceHeader
 			}
@@ -247,9 +256,14 @@ func ParseTrace(r io.Reader) ([]Job, error) {
 				return nil, fmt.Errorf("line %d: priority: %q must be an integer up to 1000000000 (a PriorityClass value)", line, f[5])
 			}
 			j.Priority = int32(v)
-		} else if fields == 6 {
+		} else if fields >= 6 {
 			if j.Pods, err = strconv.Atoi(strings.TrimSpace(f[5])); err != nil || j.Pods < 1 || j.Pods > v1alpha1.MaxGroupSize {
 				return nil, fmt.Errorf("line %d: pods: %q must be an integer 1..%d", line, f[5], v1alpha1.MaxGroupSize)
+			}
+		}
+		if sliced {
+			if err := parseSlices(&j, f[6], f[7], f[8]); err != nil {
+				return nil, fmt.Errorf("line %d: %w", line, err)
 			}
 		}
 		jobs = append(jobs, j)
@@ -262,6 +276,35 @@ func ParseTrace(r io.Reader) ([]Job, error) {
 	}
 	sort.SliceStable(jobs, func(a, b int) bool { return jobs[a].Arrival < jobs[b].Arrival })
 	return jobs, nil
+}
+
+// parseSlices reads a sliced trace's slice columns into j: a slice size
+// of 0 (no slices; the levels must then be empty) or one that cuts the
+// job's pods into at least two slices, with a slice level; the group
+// level may be empty (anywhere).
+func parseSlices(j *Job, size, sliceLevel, groupLevel string) error {
+	n, err := strconv.Atoi(strings.TrimSpace(size))
+	if err != nil || n < 0 {
+		return fmt.Errorf("slice_size: %q must be an integer, 0 for no slices", size)
+	}
+	sl, gl := strings.TrimSpace(sliceLevel), strings.TrimSpace(groupLevel)
+	if n == 0 {
+		if sl != "" {
+			return fmt.Errorf("slice_level: %q is set but slice_size is 0; give the slice size or leave the level empty", sl)
+		}
+		j.GroupLevel = gl
+		return nil
+	}
+	switch {
+	case j.PodCount() < 2:
+		return fmt.Errorf("slice_size: %d on a job of one pod; slices cut a group, so set pods to 2 or more or slice_size to 0", n)
+	case n >= j.PodCount() || j.PodCount()%n != 0:
+		return fmt.Errorf("slice_size: %d must divide the job's %d pods into 2 or more slices", n, j.PodCount())
+	case sl == "":
+		return fmt.Errorf("slice_level: empty with slice_size %d; name the level each slice must lie in (nvlink, leaf, ...)", n)
+	}
+	j.SliceSize, j.SliceLevel, j.GroupLevel = n, sl, gl
+	return nil
 }
 
 func trimAll(f []string) []string {
@@ -281,8 +324,8 @@ func seconds(s string) (time.Duration, error) {
 }
 
 // WriteTrace writes jobs in the format ParseTrace reads, with comment
-// lines first (GangTraceHeader when a job has Pods set, else
-// TraceHeader); encoding/csv quotes what needs quoting. An ID that could
+// lines first (SlicedTraceHeader when a job has slices or a group level,
+// else GangTraceHeader when a job has Pods set, else TraceHeader); encoding/csv quotes what needs quoting. An ID that could
 // not be read back is an error naming the job: an empty one, or one that
 // starts with '#' (the line would read as a comment).
 func WriteTrace(w io.Writer, comments []string, jobs []Job) error {
@@ -303,7 +346,10 @@ func WriteTrace(w io.Writer, comments []string, jobs []Job) error {
 			header = PriorityTraceHeader
 		}
 	}
-	if header == GangTraceHeader && slices.ContainsFunc(jobs, func(j Job) bool { return j.Priority != 0 }) {
+	if header == GangTraceHeader && slices.ContainsFunc(jobs, func(j Job) bool { return j.SliceSize > 0 || j.GroupLevel != "" }) {
+		header = SlicedTraceHeader
+	}
+	if header != TraceHeader && header != PriorityTraceHeader && slices.ContainsFunc(jobs, func(j Job) bool { return j.Priority != 0 }) {
 		return fmt.Errorf("write trace: a trace has either pods or priorities (%s or %s), not both", GangTraceHeader, PriorityTraceHeader)
 	}
 	if err := cw.Write(strings.Split(header, ",")); err != nil {
@@ -325,6 +371,8 @@ func WriteTrace(w io.Writer, comments []string, jobs []Job) error {
 		switch header {
 		case GangTraceHeader:
 			rec = append(rec, strconv.Itoa(j.PodCount()))
+		case SlicedTraceHeader:
+			rec = append(rec, strconv.Itoa(j.PodCount()), strconv.Itoa(j.SliceSize), j.SliceLevel, j.GroupLevel)
 		case PriorityTraceHeader:
 			rec = append(rec, strconv.Itoa(int(j.Priority)))
 		}

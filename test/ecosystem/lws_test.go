@@ -256,8 +256,10 @@ func (e *env) actAsKubelet(t *testing.T) {
 // size, so each replica's two pods land in one leaf (b or c, never a).
 // A rolling update (a new image) recreates the replicas one by one as
 // fresh groups; at the end every pod is of the new revision, each
-// replica is again in one leaf, no GPU is held by two pods and the ledger
-// holds exactly the live pods' GPUs. Both modes.
+// replica is again in one leaf, no GPU is held by two pods. A worker's
+// container restart makes LeaderWorkerSet recreate its replica (same
+// revision, same group), which is placed whole again; the ledger holds
+// exactly the live pods' GPUs. Both modes.
 func TestLeaderWorkerSetReplicasAreGroups(t *testing.T) {
 	eachModeWith(t, envOptions{nodes: dgxLeaves, controllers: []string{"statefulset"}, start: (*env).startLWS}, testLeaderWorkerSetReplicasAreGroups)
 }
@@ -279,6 +281,36 @@ func testLeaderWorkerSetReplicasAreGroups(t *testing.T, e *env) {
 	}
 	second := e.waitReplicasPlaced(t, first)
 	t.Logf("revisions: %s, then %s", first, second)
+
+	// A group restart: a worker's container restarts (kubelet counts it),
+	// LeaderWorkerSet deletes the replica's leader and with it the
+	// workers, and recreates the replica at the same revision: the same
+	// group, placed whole again.
+	leader := &corev1.Pod{}
+	if err := e.cp.Client.Get(ctx, client.ObjectKey{Namespace: nsTeam, Name: "serve-0"}, leader); err != nil {
+		t.Fatal(err)
+	}
+	worker := &corev1.Pod{}
+	if err := e.cp.Client.Get(ctx, client.ObjectKey{Namespace: nsTeam, Name: "serve-0-1"}, worker); err != nil {
+		t.Fatal(err)
+	}
+	if len(worker.Status.ContainerStatuses) == 0 {
+		t.Fatalf("worker serve-0-1 has no container status")
+	}
+	worker.Status.ContainerStatuses[0].RestartCount = 1
+	if err := e.cp.Client.Status().Update(ctx, worker); err != nil {
+		t.Fatalf("report serve-0-1's restart: %v", err)
+	}
+	harness.Poll(t, 2*time.Minute, "replica 0 recreated", func() (bool, string) {
+		p := &corev1.Pod{}
+		if err := e.cp.Client.Get(ctx, client.ObjectKey{Namespace: nsTeam, Name: "serve-0"}, p); err != nil {
+			return false, err.Error()
+		}
+		return p.UID != leader.UID, "leader serve-0 not recreated yet"
+	})
+	if third := e.waitReplicasPlaced(t, "-"); third != second {
+		t.Errorf("revision %s after the group restart, want %s", third, second)
+	}
 	harness.Poll(t, time.Minute, "the ledger to hold the live pods' GPUs only", func() (bool, string) {
 		h := e.held(t)
 		return h == 32, fmt.Sprintf("%d GPUs held or reserved, want 32 (4 pods × 8)", h)
