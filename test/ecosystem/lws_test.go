@@ -290,17 +290,20 @@ func testLeaderWorkerSetReplicasAreGroups(t *testing.T, e *env) {
 	if err := e.cp.Client.Get(ctx, client.ObjectKey{Namespace: nsTeam, Name: "serve-0"}, leader); err != nil {
 		t.Fatal(err)
 	}
-	worker := &corev1.Pod{}
-	if err := e.cp.Client.Get(ctx, client.ObjectKey{Namespace: nsTeam, Name: "serve-0-1"}, worker); err != nil {
-		t.Fatal(err)
-	}
-	if len(worker.Status.ContainerStatuses) == 0 {
-		t.Fatalf("worker serve-0-1 has no container status")
-	}
-	worker.Status.ContainerStatuses[0].RestartCount = 1
-	if err := e.cp.Client.Status().Update(ctx, worker); err != nil {
-		t.Fatalf("report serve-0-1's restart: %v", err)
-	}
+	harness.Poll(t, time.Minute, "worker serve-0-1 running, then its container restarted", func() (bool, string) {
+		worker := &corev1.Pod{}
+		if err := e.cp.Client.Get(ctx, client.ObjectKey{Namespace: nsTeam, Name: "serve-0-1"}, worker); err != nil {
+			return false, err.Error()
+		}
+		if len(worker.Status.ContainerStatuses) == 0 {
+			return false, "no container status yet"
+		}
+		worker.Status.ContainerStatuses[0].RestartCount = 1
+		if err := e.cp.Client.Status().Update(ctx, worker); err != nil {
+			return false, err.Error()
+		}
+		return true, ""
+	})
 	harness.Poll(t, 2*time.Minute, "replica 0 recreated", func() (bool, string) {
 		p := &corev1.Pod{}
 		if err := e.cp.Client.Get(ctx, client.ObjectKey{Namespace: nsTeam, Name: "serve-0"}, p); err != nil {
