@@ -9,7 +9,6 @@ package ecosystem
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -221,39 +220,12 @@ func (e *env) startWebhook(t *testing.T) {
 // default.
 func (e *env) startJobSet(t *testing.T) {
 	t.Helper()
-	bin, err := localcluster.Binary("jobset-controller")
-	if err != nil {
-		t.Fatalf("%v (make tools builds it)", err)
-	}
 	port, err := harness.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	wio := e.cp.Env.WebhookInstallOptions
-	cfg := fmt.Sprintf(`apiVersion: config.jobset.x-k8s.io/v1alpha1
-kind: Configuration
-leaderElection:
-  leaderElect: false
-internalCertManagement:
-  enable: false
-webhook:
-  host: 127.0.0.1
-  port: %d
-  certDir: %s
-metrics:
-  bindAddress: "0"
-health:
-  healthProbeBindAddress: "0"
-`, port, wio.LocalServingCertDir)
-	path := filepath.Join(t.TempDir(), "jobset.yaml")
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p := harness.StartProcess(t, "jobset-controller", bin, "--config", path, "--kubeconfig", e.cp.Kubeconfig(t, "jobset-controller", "system:masters"))
-	harness.Poll(t, time.Minute, "JobSet's controller to start", func() (bool, string) {
-		if exited, err := p.Exited(); exited {
-			t.Fatalf("jobset-controller exited: %v\n%s", err, p.Tail(30))
-		}
+	cfg := kubebuilderConfig("config.jobset.x-k8s.io/v1alpha1", port, e.cp.Env.WebhookInstallOptions.LocalServingCertDir)
+	e.startManager(t, "jobset-controller", cfg, nil, func(p *localcluster.Process) (bool, string) {
 		return p.LogContains("Starting workers"), p.Tail(3)
 	})
 }
@@ -261,10 +233,6 @@ health:
 // jobSet is a JobSet of replicas Jobs of pods pods × 4 GPUs each, whose
 // replicated Job's template carries annotations.
 func jobSet(name string, replicas, pods int, annotations map[string]string) *unstructured.Unstructured {
-	ann := map[string]any{}
-	for k, v := range annotations {
-		ann[k] = v
-	}
 	js := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "jobset.x-k8s.io/v1alpha2",
 		"kind":       "JobSet",
@@ -278,7 +246,7 @@ func jobSet(name string, replicas, pods int, annotations map[string]string) *uns
 				"name":     "rack",
 				"replicas": int64(replicas),
 				"template": map[string]any{
-					"metadata": map[string]any{"annotations": ann},
+					"metadata": map[string]any{"annotations": anyMap(annotations)},
 					"spec": map[string]any{
 						"parallelism":    int64(pods),
 						"completions":    int64(pods),
@@ -420,21 +388,7 @@ func testJobSetIsOneGroupOfSlices(t *testing.T, e *env) {
 	if err := e.cp.Client.Delete(ctx, js, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
 		t.Fatalf("delete JobSet: %v", err)
 	}
-	start := time.Now()
-	harness.Poll(t, time.Minute, "every GPU free after the JobSet was deleted", func() (bool, string) {
-		left := 0
-		for _, p := range listPods(t, e) {
-			left++
-			if p.DeletionTimestamp != nil {
-				_ = e.cp.Clientset.CoreV1().Pods(nsTeam).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
-			}
-		}
-		h := e.held(t)
-		return left == 0 && h == 0, fmt.Sprintf("%d pods left, %d GPUs held", left, h)
-	})
-	if d := time.Since(start); d > 30*time.Second {
-		t.Errorf("GPUs freed %s after the JobSet was deleted, want within 30 s", d.Round(time.Second))
-	}
+	e.waitAllFreed(t, "the JobSet", 30*time.Second)
 }
 
 // TestJobSetSlicesOnDGXLeaves: a JobSet of 2 Jobs × 4 pods × 4 GPUs,
@@ -483,19 +437,5 @@ func testJobSetSlicesOnDGXLeaves(t *testing.T, e *env) {
 	if err := e.cp.Client.Delete(ctx, js, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
 		t.Fatalf("delete JobSet: %v", err)
 	}
-	start := time.Now()
-	harness.Poll(t, time.Minute, "every GPU free after the JobSet was deleted", func() (bool, string) {
-		left := 0
-		for _, p := range listPods(t, e) {
-			left++
-			if p.DeletionTimestamp != nil {
-				_ = e.cp.Clientset.CoreV1().Pods(nsTeam).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
-			}
-		}
-		h := e.held(t)
-		return left == 0 && h == 0, fmt.Sprintf("%d pods left, %d GPUs held", left, h)
-	})
-	if d := time.Since(start); d > 30*time.Second {
-		t.Errorf("GPUs freed %s after the JobSet was deleted, want within 30 s", d.Round(time.Second))
-	}
+	e.waitAllFreed(t, "the JobSet", 30*time.Second)
 }

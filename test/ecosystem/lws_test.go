@@ -73,40 +73,13 @@ func (e *env) startLWS(t *testing.T) {
 			t.Fatalf("register LeaderWorkerSet's webhook %s: %v", obj.GetName(), err)
 		}
 	}
-	bin, err := localcluster.Binary("lws-controller")
-	if err != nil {
-		t.Fatalf("%v (make tools builds it)", err)
-	}
-	cfg := fmt.Sprintf(`apiVersion: config.lws.x-k8s.io/v1alpha1
-kind: Configuration
-leaderElection:
-  leaderElect: false
-internalCertManagement:
-  enable: false
-webhook:
-  host: 127.0.0.1
-  port: %d
-  certDir: %s
-metrics:
-  bindAddress: "0"
-health:
-  healthProbeBindAddress: "0"
-`, port, wio.LocalServingCertDir)
-	path := filepath.Join(t.TempDir(), "lws.yaml")
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p := harness.StartProcess(t, "lws-controller", bin, "--config", path, "--kubeconfig", e.cp.Kubeconfig(t, "lws-controller", "system:masters"))
-	harness.Poll(t, time.Minute, "LeaderWorkerSet's controller and webhook to serve", func() (bool, string) {
-		if exited, err := p.Exited(); exited {
-			t.Fatalf("lws-controller exited: %v\n%s", err, p.Tail(30))
-		}
+	cfg := kubebuilderConfig("config.lws.x-k8s.io/v1alpha1", port, wio.LocalServingCertDir)
+	e.startManager(t, "lws-controller", cfg, nil, func(p *localcluster.Process) (bool, string) {
 		if !p.LogContains("Starting workers") {
 			return false, p.Tail(3)
 		}
 		// The webhook answers: a dry-run LeaderWorkerSet is defaulted.
-		probe := leaderWorkerSet("probe", 1, 2, 1, nil)
-		if err := e.cp.Client.Create(ctx, probe, client.DryRunAll); err != nil {
+		if err := e.cp.Client.Create(ctx, leaderWorkerSet("probe", 1, 2, 1, nil), client.DryRunAll); err != nil {
 			return false, err.Error()
 		}
 		return true, ""
@@ -171,10 +144,6 @@ func webhooksAt(t *testing.T, path, prefix, url string, ca []byte) []client.Obje
 // gpus GPUs each (leader and workers alike), its pod templates carrying
 // annotations.
 func leaderWorkerSet(name string, replicas, size, gpus int, annotations map[string]string) *unstructured.Unstructured {
-	ann := map[string]any{}
-	for k, v := range annotations {
-		ann[k] = v
-	}
 	return &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "leaderworkerset.x-k8s.io/v1",
 		"kind":       "LeaderWorkerSet",
@@ -184,7 +153,7 @@ func leaderWorkerSet(name string, replicas, size, gpus int, annotations map[stri
 			"leaderWorkerTemplate": map[string]any{
 				"size": int64(size),
 				"workerTemplate": map[string]any{
-					"metadata": map[string]any{"annotations": ann},
+					"metadata": map[string]any{"annotations": anyMap(annotations)},
 					"spec": map[string]any{
 						"containers": []any{map[string]any{
 							"name": "server", "image": "server:v1",
@@ -322,10 +291,7 @@ func testLeaderWorkerSetReplicasAreGroups(t *testing.T, e *env) {
 	if err := e.cp.Client.Delete(ctx, lws, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
 		t.Fatalf("delete LeaderWorkerSet: %v", err)
 	}
-	harness.Poll(t, time.Minute, "every GPU free after the LeaderWorkerSet was deleted", func() (bool, string) {
-		left, h := len(listPods(t, e)), e.held(t)
-		return left == 0 && h == 0, fmt.Sprintf("%d pods left, %d GPUs held", left, h)
-	})
+	e.waitAllFreed(t, "the LeaderWorkerSet", time.Minute)
 }
 
 // waitReplicasPlaced waits until the set's 4 pods are bound, all of one

@@ -50,10 +50,6 @@ func (e *env) startTrainer(t *testing.T) {
 			t.Fatalf("register Trainer's webhook %s: %v", obj.GetName(), err)
 		}
 	}
-	bin, err := localcluster.Binary("trainer-controller-manager")
-	if err != nil {
-		t.Fatalf("%v (make tools builds it)", err)
-	}
 	tmp := t.TempDir()
 	certs := filepath.Join(tmp, "k8s-webhook-server", "serving-certs")
 	if err := os.MkdirAll(certs, 0o700); err != nil {
@@ -82,15 +78,7 @@ leaderElection:
 certManagement:
   enable: false
 `, port)
-	path := filepath.Join(tmp, "trainer.yaml")
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p := harness.StartProcess(t, "trainer", "/usr/bin/env", "TMPDIR="+tmp, bin, "--config", path, "--kubeconfig", e.cp.Kubeconfig(t, "trainer", "system:masters"))
-	harness.Poll(t, time.Minute, "Trainer's controllers and webhook to serve", func() (bool, string) {
-		if exited, err := p.Exited(); exited {
-			t.Fatalf("trainer exited: %v\n%s", err, p.Tail(30))
-		}
+	e.startManager(t, "trainer-controller-manager", cfg, []string{"/usr/bin/env", "TMPDIR=" + tmp}, func(p *localcluster.Process) (bool, string) {
 		if !p.LogContains("Starting workers") {
 			return false, p.Tail(3)
 		}
@@ -202,8 +190,5 @@ func testTrainJobIsOneGroup(t *testing.T, e *env) {
 	if err := e.cp.Client.Delete(ctx, tj, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
 		t.Fatalf("delete TrainJob: %v", err)
 	}
-	harness.Poll(t, time.Minute, "every GPU free after the TrainJob was deleted", func() (bool, string) {
-		left, h := len(listPods(t, e)), e.held(t)
-		return left == 0 && h == 0, fmt.Sprintf("%d pods left, %d GPUs held", left, h)
-	})
+	e.waitAllFreed(t, "the TrainJob", time.Minute)
 }
