@@ -40,10 +40,10 @@ const (
 // JobSet integrations on, internal certificate management, leader
 // election, metrics, probes and the visibility API server off.
 //
-// Kueue's webhooks are not registered: a Job or JobSet submitted to a
-// queue is written suspended, as Kueue's defaulting webhook would make it
-// (Kueue's reconciler manages it the same). Kueue's webhook server still
-// starts, on a free local port with the harness's certificate. With its
+// Kueue's webhooks for Jobs, JobSets and its own objects are registered
+// from the module's manifests, pointed at its webhook server on a free
+// local port with the harness's certificate: a Job or JobSet submitted to
+// a queue is suspended by Kueue's own webhook. With its
 // certificate management off, Kueue reads a metrics certificate from a
 // fixed path (/etc/kueue/metrics/certs) even when metrics are off; the
 // tier gives it one in a private mount namespace (an overlay on /etc seen
@@ -59,6 +59,16 @@ func (e *env) startKueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	wio := e.cp.Env.WebhookInstallOptions
+	// The webhooks of the integrations the tier enables and of Kueue's own
+	// objects (the pod, Deployment and StatefulSet integrations are off).
+	hooks := webhooksAt(t, filepath.Join(dir, "config", "components", "webhook", "manifests.yaml"), "kueue-", fmt.Sprintf("https://127.0.0.1:%d", port), wio.LocalServingCAData,
+		"mjob.kb.io", "vjob.kb.io", "mjobset.kb.io", "vjobset.kb.io", "mclusterqueue.kb.io", "vclusterqueue.kb.io",
+		"mresourceflavor.kb.io", "vresourceflavor.kb.io", "mworkload.kb.io", "vworkload.kb.io", "vcohort.kb.io")
+	for _, obj := range hooks {
+		if err := e.cp.Client.Create(harness.Context(t), obj); err != nil {
+			t.Fatalf("register Kueue's webhook %s: %v", obj.GetName(), err)
+		}
+	}
 	cfg := fmt.Sprintf(`apiVersion: config.kueue.x-k8s.io/v1beta2
 kind: Configuration
 manageJobsWithoutQueueName: false
@@ -97,7 +107,16 @@ exec "$@"`
 	}
 	wrap = append(wrap, "/bin/sh", "-c", script, "kueue", tmp, wio.LocalServingCertDir)
 	e.startManager(t, "kueue", cfg, wrap, func(p *localcluster.Process) (bool, string) {
-		return p.LogContains(`"msg":"Starting workers"`), p.Tail(3)
+		if !p.LogContains(`"msg":"Starting workers"`) {
+			return false, p.Tail(3)
+		}
+		// The webhook answers: a dry-run queued Job is suspended by it.
+		probe := queued(indexedJob("probe", 1, 1, nil), "none")
+		if err := e.cp.Client.Create(harness.Context(t), probe, client.DryRunAll); err != nil {
+			return false, err.Error()
+		}
+		s, _, _ := unstructured.NestedBool(probe.Object, "spec", "suspend")
+		return s, "the queued dry-run Job is not suspended"
 	})
 }
 
@@ -162,8 +181,7 @@ func (e *env) kueueQueue(t *testing.T, queue string, gpus int, topology string) 
 	})
 }
 
-// queued puts obj in Kueue's queue, suspended, as Kueue's webhook would
-// leave it.
+// queued puts obj in Kueue's queue (Kueue's webhook suspends it).
 func queued(obj *unstructured.Unstructured, queue string) *unstructured.Unstructured {
 	labels := obj.GetLabels()
 	if labels == nil {
@@ -171,7 +189,6 @@ func queued(obj *unstructured.Unstructured, queue string) *unstructured.Unstruct
 	}
 	labels[kueueQueueLabel] = queue
 	obj.SetLabels(labels)
-	_ = unstructured.SetNestedField(obj.Object, true, "spec", "suspend")
 	return obj
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -90,7 +91,8 @@ func (e *env) startLWS(t *testing.T) {
 // one validating, kubebuilder's manifests.yaml) from path and points them
 // at url, trusting ca, as a cluster with the controller installed
 // registers them (names prefixed with prefix as its kustomization does).
-func webhooksAt(t *testing.T, path, prefix, url string, ca []byte) []client.Object {
+// When keep is not nil, only the webhooks it names are kept.
+func webhooksAt(t *testing.T, path, prefix, url string, ca []byte, keep ...string) []client.Object {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
@@ -118,6 +120,9 @@ func webhooksAt(t *testing.T, path, prefix, url string, ca []byte) []client.Obje
 				t.Fatal(err)
 			}
 			m.Name = prefix + m.Name
+			if len(keep) > 0 {
+				m.Webhooks = slices.DeleteFunc(m.Webhooks, func(w admissionregistrationv1.MutatingWebhook) bool { return !slices.Contains(keep, w.Name) })
+			}
 			for i := range m.Webhooks {
 				point(&m.Webhooks[i].ClientConfig)
 			}
@@ -128,6 +133,9 @@ func webhooksAt(t *testing.T, path, prefix, url string, ca []byte) []client.Obje
 				t.Fatal(err)
 			}
 			v.Name = prefix + v.Name
+			if len(keep) > 0 {
+				v.Webhooks = slices.DeleteFunc(v.Webhooks, func(w admissionregistrationv1.ValidatingWebhook) bool { return !slices.Contains(keep, w.Name) })
+			}
 			for i := range v.Webhooks {
 				point(&v.Webhooks[i].ClientConfig)
 			}
