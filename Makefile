@@ -116,7 +116,7 @@ test-security: tools gputopo-scheduler image ## The security suite alone (real c
 comma := ,
 FAMILY_MACHINES := $(subst $(eval) ,$(comma),$(sort $(wildcard topology/machine/testdata/smi/*.yaml)))
 
-bench: ## Benchmarks (allocator, extender, webhook), the simulator on the bundled traces, the placement, gang, sliced and preemption suites and the generalisation families (about 4 minutes in all for the families, three replicas each); regenerates docs/benchmarks.md
+bench: ## Benchmarks (allocator, extender, webhook), the simulator on the bundled traces, the placement, gang, sliced and preemption suites and the generalisation families (about 9 minutes in all for the families, three replicas each); regenerates docs/benchmarks.md
 	@mkdir -p _out
 	{ echo "cores: $$(nproc)"; grep MemTotal /proc/meminfo; $(GO) version; echo "run: $$(date -u +%FT%TZ)"; } > _out/machine.txt
 	$(GO) test -run '^$$' -bench . -benchmem ./topology/allocator/ ./extender/ ./webhook/ | tee _out/bench.txt

@@ -18,6 +18,7 @@ import (
 
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/topology"
 	"github.com/gputopo/gputopo/topology/machine"
 )
 
@@ -37,6 +38,7 @@ const (
 	// single-pod and group traces.
 	FamilySingleJobs = 300
 	FamilyGangJobs   = 200
+	FamilySlicedJobs = 200
 	// FamilyReplicas is how many times a family run replays each case
 	// unless told otherwise: its drawn traces, then copies of them whose
 	// arrivals are each moved later by up to FamilyJitter (Replicate).
@@ -58,8 +60,9 @@ type FamilyCase struct {
 	GPUs         int
 	Load         float64
 	// Single are single-pod jobs; Gang half groups, half single pods
-	// (generateGang).
-	Single, Gang Trace
+	// (generateGang); Sliced half groups of slices, half single pods
+	// (drawSliced), with no jobs on a mix without a level to slice at.
+	Single, Gang, Sliced Trace
 	// Replica is 0 for the drawn traces and r > 0 for their r-th copy
 	// with arrivals moved (Replicate).
 	Replica int
@@ -83,6 +86,9 @@ func Replicate(cases []FamilyCase, k int) ([]FamilyCase, error) {
 			if r > 0 {
 				rng := rand.New(rand.NewPCG(c.Seed, uint64(r)))
 				rc.Single.Jobs, rc.Gang.Jobs = jitterArrivals(rng, c.Single.Jobs), jitterArrivals(rng, c.Gang.Jobs)
+				if len(c.Sliced.Jobs) > 0 {
+					rc.Sliced.Jobs = jitterArrivals(rng, c.Sliced.Jobs)
+				}
 			}
 			out = append(out, rc)
 		}
@@ -232,7 +238,79 @@ func drawCase(seed uint64, pool []familyMachine) (FamilyCase, error) {
 	expo := expoDraw(rng)
 	c.Single = Trace{Name: fmt.Sprintf("family:%d:single", seed), Cluster: c.Cluster, Jobs: drawSingle(rng, c.GPUs, widest, c.Load, expo)}
 	c.Gang = Trace{Name: fmt.Sprintf("family:%d:gang", seed), Cluster: c.Cluster, Jobs: generateGang(rng, nodes, FamilyGangJobs, c.Load, expo)}
+	// The sliced trace draws from a source of its own, so that the
+	// single-pod and group traces are what they were before it existed.
+	srng := rand.New(rand.NewPCG(seed, 0x736c69636564))
+	if jobs := drawSliced(srng, nodes, FamilySlicedJobs, c.Load, expoDraw(srng)); len(jobs) > 0 {
+		c.Sliced = Trace{Name: fmt.Sprintf("family:%d:sliced", seed), Cluster: c.Cluster, Jobs: jobs}
+	}
 	return c, nil
+}
+
+// drawSliced draws a sliced workload for nodes (slicedJobs): slices inside
+// one multi-node NVLink domain where the mix has GB200 racks, else inside
+// one leaf where its nodes carry leaf labels; the group inside one spine
+// where there are spines. Pods are model-parallel, so each takes an
+// NVLink-connected set: pods of 8, 4 or 2 GPUs, whichever size the
+// level's nodes give the most GPUs in such sets; slices of 2 to 8 pods (4
+// to 16 trays on racks) as far as the roomiest domain holds them. Nil for
+// a mix with neither level, or whose domains hold no slice of two.
+func drawSliced(rng *rand.Rand, nodes []Node, n int, load float64, expo func(mean, lo, hi float64) time.Duration) []Job {
+	sh := slicedShape{level: "nvlink", sizes: []int{4, 8, 8, 16}}
+	key := LabelClique
+	if !slices.ContainsFunc(nodes, func(nd Node) bool { return nd.Labels[LabelClique] != "" }) {
+		sh = slicedShape{level: "leaf", sizes: []int{2, 4, 4, 8}}
+		key = LabelLeaf
+	}
+	island := make([]int, len(nodes))
+	for i, nd := range nodes {
+		all := nd.Graph.All().Intersect(nd.Graph.Healthy())
+		island[i] = nd.Graph.Metrics(topology.Mask{}, all).LeftLargestIsland
+	}
+	// pods is how many pods of g GPUs the roomiest domain by label holds
+	// ("": the cluster), each on an NVLink-connected set, and in all.
+	pods := func(g int, label string) (most, all int) {
+		in := map[string]int{}
+		for i, nd := range nodes {
+			d := nd.Labels[label]
+			if label != "" && (d == "" || nd.Labels[key] == "") {
+				continue
+			}
+			in[d] += island[i] / g
+			all += island[i] / g
+			most = max(most, in[d])
+		}
+		return most, all
+	}
+	// The group's level: the spine where there are spines, else the
+	// cluster.
+	groupLabel := ""
+	if slices.ContainsFunc(nodes, func(nd Node) bool { return nd.Labels[LabelSpine] != "" }) {
+		sh.groupLevel, groupLabel = "spine", LabelSpine
+	}
+	// Of the pod sizes that give a group of two slices of two pods a
+	// place, the one with the most GPUs on NVLink-connected sets.
+	perDomain, gpus := 0, 0
+	for _, g := range []int{8, 4, 2} {
+		most, all := pods(g, key)
+		inGroup, _ := pods(g, groupLabel)
+		if most >= 2 && inGroup >= 4 && all*g > gpus {
+			sh.podGPUs, perDomain, sh.mostPods, gpus = g, most, inGroup, all*g
+		}
+	}
+	if sh.podGPUs == 0 {
+		return nil
+	}
+	sh.sizes = slices.DeleteFunc(sh.sizes, func(s int) bool { return s > perDomain || 2*s > sh.mostPods })
+	if len(sh.sizes) == 0 {
+		sh.sizes = []int{min(perDomain, sh.mostPods/2)}
+	}
+	for _, x := range []int{1, 1, 2, 4, 4, 8} {
+		if x <= sh.podGPUs {
+			sh.single = append(sh.single, x)
+		}
+	}
+	return slicedJobs(rng, clusterGPUs(nodes), n, load, expo, sh)
 }
 
 // expoDraw returns a draw of exponential durations from rng with the given
@@ -286,6 +364,7 @@ var FamilyPolicies = []string{PolicyGputopo, PolicyOptimum, PolicyFirstFit, Poli
 // GangColumns are the measures of a group trace the family summarises.
 var GangColumns = []ColumnOf[GangResult]{
 	{Name: "groups placed", Value: GangResult.GroupsPlacedShare, Higher: true, Format: pct},
+	{Name: "keeping the intent", Value: GangResult.IntentKeptShare, Higher: true, Format: pct},
 	{Name: "in one domain", Value: GangResult.OneDomainShare, Higher: true, Format: pct},
 	{Name: "group GB/s", Value: func(r GangResult) float64 { return r.GroupGBpsMean }, Higher: true, Format: gbps},
 	{Name: "group wait", Value: func(r GangResult) float64 { return float64(r.GroupMeanWait) }, Higher: false, Format: wait},
@@ -302,13 +381,16 @@ type FamilyRun struct {
 	Cases  []FamilyCase
 	Single [][]Result
 	Gang   []GangRow
+	// Sliced is each case's sliced trace's row; Results is nil where the
+	// case has none.
+	Sliced []GangRow
 }
 
 // RunFamily replays every case's two traces through the policies, with
 // ext (nil: defaults) and the default policy table; cases run in parallel,
 // one per CPU.
 func RunFamily(family string, cases []FamilyCase, ext *configv1alpha1.ExtenderConfiguration) (FamilyRun, error) {
-	run := FamilyRun{Family: family, Cases: cases, Single: make([][]Result, len(cases)), Gang: make([]GangRow, len(cases))}
+	run := FamilyRun{Family: family, Cases: cases, Single: make([][]Result, len(cases)), Gang: make([]GangRow, len(cases)), Sliced: make([]GangRow, len(cases))}
 	table := configv1alpha1.DefaultWebhookConfiguration().PolicyTable
 	var g errgroup.Group
 	g.SetLimit(runtime.GOMAXPROCS(0))
@@ -324,6 +406,14 @@ func RunFamily(family string, cases []FamilyCase, ext *configv1alpha1.ExtenderCo
 				return err
 			}
 			run.Gang[i] = row
+			if len(c.Sliced.Jobs) == 0 {
+				return nil
+			}
+			row, err = runGangCase(GangCase{Trace: c.Sliced.Name, Cluster: c.Cluster, Mix: fmt.Sprintf("seed %d", c.Seed)}, c.Sliced.Jobs, c.Nodes, ext)
+			if err != nil {
+				return err
+			}
+			run.Sliced[i] = row
 			return nil
 		})
 	}

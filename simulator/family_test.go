@@ -78,6 +78,75 @@ func TestFamilyCasesAreDrawnFromTheirSeedWithinTheDocumentedRanges(t *testing.T)
 	}
 }
 
+// A case whose mix has GB200 racks or leaf labels draws a sliced trace:
+// model-parallel groups of 2 to 4 slices, each slice at most what the
+// roomiest domain of its level holds on NVLink-connected sets of the
+// pod's GPUs, and the group inside one spine where there are spines; a
+// mix with neither draws none. The sliced trace does not change the
+// other two (its own random source).
+func TestFamilySlicedTracesFitTheirMix(t *testing.T) {
+	cases, err := FamilyCases(FamilyTest, 40, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	racks, leaves := 0, 0
+	for _, c := range cases {
+		var clique, leaf, spine bool
+		for _, n := range c.Nodes {
+			clique = clique || n.Labels[LabelClique] != ""
+			leaf = leaf || n.Labels[LabelLeaf] != ""
+			spine = spine || n.Labels[LabelSpine] != ""
+		}
+		if !clique && !leaf {
+			if len(c.Sliced.Jobs) != 0 {
+				t.Errorf("seed %d (%s): %d sliced jobs on a mix with no level to slice at", c.Seed, c.Mix, len(c.Sliced.Jobs))
+			}
+			continue
+		}
+		if len(c.Sliced.Jobs) != FamilySlicedJobs {
+			t.Errorf("seed %d (%s): %d sliced jobs, want %d", c.Seed, c.Mix, len(c.Sliced.Jobs), FamilySlicedJobs)
+			continue
+		}
+		level, key := "leaf", LabelLeaf
+		if clique {
+			level, key = "nvlink", LabelClique
+			racks++
+		} else {
+			leaves++
+		}
+		f := newFabric(c.Nodes, nil)
+		groups := 0
+		for _, j := range c.Sliced.Jobs {
+			if j.SliceSize == 0 {
+				if j.Pods != 1 || j.Parallelism != "data" {
+					t.Errorf("seed %d: single job %s: %d pods, %s", c.Seed, j.ID, j.Pods, j.Parallelism)
+				}
+				continue
+			}
+			groups++
+			room := map[string]int{}
+			most := 0
+			for i, n := range c.Nodes {
+				if d := n.Labels[key]; d != "" {
+					room[d] += f.island[i] / j.GPUs
+					most = max(most, room[d])
+				}
+			}
+			if n := j.Slices(); n < 2 || n > 4 || j.SliceLevel != level || j.Parallelism != "model" || j.SliceSize > most ||
+				(spine != (j.GroupLevel == "spine")) || j.GPUs != 2 && j.GPUs != 4 && j.GPUs != 8 {
+				t.Errorf("seed %d (%s): job %s: %d pods × %d GPUs in slices of %d at %q (group %q); the roomiest %s holds %d such pods",
+					c.Seed, c.Mix, j.ID, j.Pods, j.GPUs, j.SliceSize, j.SliceLevel, j.GroupLevel, level, most)
+			}
+		}
+		if groups < FamilySlicedJobs/4 {
+			t.Errorf("seed %d: %d sliced groups of %d jobs", c.Seed, groups, FamilySlicedJobs)
+		}
+	}
+	if racks == 0 || leaves == 0 {
+		t.Errorf("%d cases sliced on racks, %d on leaves; want both", racks, leaves)
+	}
+}
+
 // A machine file named like a built-in machine stands in for it.
 func TestFamilyMachinesTakeImportedFiles(t *testing.T) {
 	pool, err := familyMachines([]string{"../topology/machine/testdata/smi/dgx1-v100.yaml", "../topology/machine/testdata/smi/a30-nvlink-pairs.yaml"})

@@ -44,8 +44,13 @@ type FamilyVerdict struct {
 	DomainTraces              int
 	PlacedTraces              int
 	GBpsMean, GBpsMeanTAS     float64
-	GangLosses                []string
-	Traces                    int
+	// KeptMean is gputopo's mean groups placed keeping the intent (groups
+	// placed less model-parallel groups off NVLink) per case, KeptBest the
+	// best baseline's (KeptBestPolicy) on the same mean.
+	KeptMean, KeptBest float64
+	KeptBestPolicy     string
+	GangLosses         []string
+	Traces             int
 }
 
 // MeanCheck is gputopo's mean on one column against the optimum's.
@@ -84,6 +89,7 @@ func (run FamilyRun) Verdict() FamilyVerdict {
 		}
 	}
 	v.NVLinkAll = v.NVLinkWorst == 1
+	var kept map[string]float64 // per baseline, the sum of its case means keeping the intent
 	for _, idx := range run.caseRuns() {
 		c := run.Cases[idx[0]]
 		where := fmt.Sprintf("seed %d (%s, load %.2f)", c.Seed, c.Mix, c.Load)
@@ -124,9 +130,15 @@ func (run FamilyRun) Verdict() FamilyVerdict {
 		// baseline placed on the case, on the mean of its replicas, less
 		// its model-parallel groups off NVLink.
 		placed, best := gang(GangGputopo, func(r GangResult) float64 { return float64(r.GroupsPlaced) }), 0.0
+		v.KeptMean += placed
 		for _, p := range GangPolicyNames {
 			if p != GangGputopo {
-				best = max(best, gang(p, func(r GangResult) float64 { return float64(r.GroupsPlaced - r.ModelGroupsOffNVLink) }))
+				k := gang(p, func(r GangResult) float64 { return float64(r.GroupsPlaced - r.ModelGroupsOffNVLink) })
+				best = max(best, k)
+				if kept == nil {
+					kept = map[string]float64{}
+				}
+				kept[p] += k
 			}
 		}
 		if placed >= best {
@@ -140,6 +152,12 @@ func (run FamilyRun) Verdict() FamilyVerdict {
 	}
 	if n := float64(v.Traces); n > 0 {
 		v.DomainMean, v.DomainMeanTAS, v.GBpsMean, v.GBpsMeanTAS = v.DomainMean/n, v.DomainMeanTAS/n, v.GBpsMean/n, v.GBpsMeanTAS/n
+		v.KeptMean /= n
+		for _, p := range GangPolicyNames {
+			if k, ok := kept[p]; ok && (v.KeptBestPolicy == "" || k/n > v.KeptBest) {
+				v.KeptBest, v.KeptBestPolicy = k/n, p
+			}
+		}
 	}
 	return v
 }
@@ -188,6 +206,9 @@ func (run FamilyRun) Replica(r int) FamilyRun {
 			out.Cases = append(out.Cases, c)
 			out.Single = append(out.Single, run.Single[i])
 			out.Gang = append(out.Gang, run.Gang[i])
+			if len(run.Sliced) > 0 {
+				out.Sliced = append(out.Sliced, run.Sliced[i])
+			}
 		}
 	}
 	return out
@@ -328,6 +349,58 @@ func WriteFamily(w io.Writer, run FamilyRun) error {
 			fmt.Fprintf(w, "- groups, %s\n", l)
 		}
 	}
+	return writeFamilySliced(w, run)
+}
+
+// SlicedColumns are the measures of a sliced trace the family summarises.
+var SlicedColumns = []ColumnOf[GangResult]{
+	{Name: "sliced groups placed", Value: func(r GangResult) float64 { return ratio(r.SlicedPlaced, r.SlicedGroups) }, Higher: true, Format: pct},
+	{Name: "keeping the intent", Value: func(r GangResult) float64 { return ratio(slicedKept(r), r.SlicedGroups) }, Higher: true, Format: pct},
+	{Name: "slices in one domain", Value: func(r GangResult) float64 { return ratio(r.SlicesOneDomain, r.Slices) }, Higher: true, Format: pct},
+	{Name: "slowest slice GB/s", Value: func(r GangResult) float64 { return r.SliceGBpsMean }, Higher: true, Format: gbps},
+	{Name: "group wait", Value: func(r GangResult) float64 { return float64(r.GroupMeanWait) }, Higher: false, Format: wait},
+	{Name: "single-pod wait", Value: func(r GangResult) float64 { return float64(r.SingleMeanWait) }, Higher: false, Format: wait},
+	{Name: "GPU-h held incomplete", Value: func(r GangResult) float64 { return r.HeldGPUHours }, Higher: false, Format: func(v float64) string { return fmt.Sprintf("%.1f", v) }},
+}
+
+// slicedKept is r's sliced groups placed less its model-parallel groups
+// off NVLink (on a sliced trace every group is sliced and model-parallel).
+func slicedKept(r GangResult) int { return r.SlicedPlaced - r.ModelGroupsOffNVLink }
+
+// writeFamilySliced prints the family's groups of slices: the cases whose
+// mix has a level to slice at (drawSliced), every policy summarised, and
+// the sliced suite's acceptance points over all their runs.
+func writeFamilySliced(w io.Writer, run FamilyRun) error {
+	var runs [][]GangResult
+	var rows []SlicedRow
+	cases := map[uint64]bool{}
+	for i, r := range run.Sliced {
+		if r.Results == nil {
+			continue
+		}
+		runs = append(runs, r.Results)
+		g := r.Result(GangGputopo)
+		rows = append(rows, SlicedRow{GangRow: r, SlicesOK: g.SlicesOneDomain == g.Slices})
+		cases[run.Cases[i].Seed] = true
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	fmt.Fprintf(w, "\n### Groups of slices (%d jobs per case, half of them sliced groups; the %d cases with GB200 racks or leaf labels, %d runs)\n\n", FamilySlicedJobs, len(cases), len(rows))
+	if err := writeSummaryBy(w, SlicedColumns, summarizeBy(runs, SlicedColumns, func(r GangResult) string { return r.Policy })); err != nil {
+		return err
+	}
+	v := Verdict(rows)
+	held, kept, keptTAS := 0.0, 0.0, 0.0
+	for _, r := range rows {
+		held = max(held, r.Result(GangGputopo).HeldGPUHours)
+		kept += float64(slicedKept(r.Result(GangGputopo))) / float64(len(rows))
+		keptTAS += float64(slicedKept(r.Result(GangTAS))) / float64(len(rows))
+	}
+	fmt.Fprintf(w, "\n- placed slices inside one domain of their level, gputopo / tas-like: %.1f%% / %.1f%%%s\n", 100*v.InDomain, 100*v.InTAS, mark(v.AllInDomain))
+	fmt.Fprintf(w, "- sliced groups placed keeping the intent (less model-parallel groups with a pod off NVLink), mean per run gputopo / tas-like: %.1f / %.1f%s; as placed: %.1f / %.1f\n", kept, keptTAS, mark(kept >= keptTAS), v.Placed, v.PlacedTAS)
+	fmt.Fprintf(w, "- slowest slice's GB/s, mean gputopo / tas-like: %.1f / %.1f\n", v.GBps, v.GBpsTAS)
+	fmt.Fprintf(w, "- GPU-h held by gputopo's incomplete groups, worst run: %.1f%s\n", held, mark(held == 0))
 	return nil
 }
 
@@ -339,4 +412,7 @@ func writePoints(w io.Writer, v FamilyVerdict) {
 		100*v.DomainMean, 100*v.DomainMeanTAS, mark(v.DomainMean >= v.DomainMeanTAS), countPct(v.DomainTraces, n), mark(10*v.DomainTraces >= 8*n))
 	fmt.Fprintf(w, "- traces where gputopo places at least the groups of the best baseline keeping the intent: %s (want ≥ 90%%)%s\n", countPct(v.PlacedTraces, n), mark(10*v.PlacedTraces >= 9*n))
 	fmt.Fprintf(w, "- group GB/s, mean gputopo / tas-like: %.1f / %.1f%s\n", v.GBpsMean, v.GBpsMeanTAS, mark(v.GBpsMean >= v.GBpsMeanTAS))
+	if v.KeptBestPolicy != "" {
+		fmt.Fprintf(w, "- groups placed keeping the intent, mean per case gputopo / the best baseline (%s): %.1f / %.1f%s\n", v.KeptBestPolicy, v.KeptMean, v.KeptBest, mark(v.KeptMean >= v.KeptBest))
+	}
 }

@@ -117,6 +117,13 @@ type GangPlaced struct {
 // GroupsPlacedShare is GroupsPlaced/Groups.
 func (r GangResult) GroupsPlacedShare() float64 { return ratio(r.GroupsPlaced, r.Groups) }
 
+// IntentKeptShare is the share of the trace's groups placed keeping the
+// model intent: groups placed less model-parallel groups off NVLink, as
+// the acceptance points compare groups placed.
+func (r GangResult) IntentKeptShare() float64 {
+	return ratio(r.GroupsPlaced-r.ModelGroupsOffNVLink, r.Groups)
+}
+
 // OneDomainShare is the share of placed groups inside one domain (see
 // GroupsOneDomain).
 func (r GangResult) OneDomainShare() float64 { return ratio(r.GroupsOneDomain, r.GroupsPlaced) }

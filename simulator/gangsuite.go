@@ -3,6 +3,7 @@ package simulator
 import (
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"time"
 
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
@@ -86,11 +87,37 @@ func (r GangRow) Result(policy string) GangResult {
 // defaults) and the default policy table, the jobs declaring their
 // durations by the model declare (DeclareDurations).
 func RunGangSuite(cases []GangCase, ext *configv1alpha1.ExtenderConfiguration, declare string) ([]GangRow, error) {
+	return runGangReplica(cases, ext, declare, 0)
+}
+
+// RunGangSuiteReplicas runs the suite k times: as RunGangSuite, then k-1
+// copies in which every job arrives later by up to FamilyJitter (drawn
+// from the case's place in the suite and the copy's number), as the
+// families replicate their cases.
+func RunGangSuiteReplicas(cases []GangCase, ext *configv1alpha1.ExtenderConfiguration, declare string, k int) ([][]GangRow, error) {
+	if k < 1 || k > 10 {
+		return nil, fmt.Errorf("--family-replicas %d: must be 1..10", k)
+	}
+	out := make([][]GangRow, 0, k)
+	for r := range k {
+		rows, err := runGangReplica(cases, ext, declare, r)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rows)
+	}
+	return out, nil
+}
+
+func runGangReplica(cases []GangCase, ext *configv1alpha1.ExtenderConfiguration, declare string, replica int) ([]GangRow, error) {
 	rows := make([]GangRow, 0, len(cases))
-	for _, c := range cases {
+	for i, c := range cases {
 		tr, nodes, err := loadCase(c.Trace, c.Cluster)
 		if err != nil {
 			return nil, err
+		}
+		if replica > 0 {
+			tr.Jobs = jitterArrivals(rand.New(rand.NewPCG(uint64(i+1), uint64(replica))), tr.Jobs)
 		}
 		if err := DeclareDurations(tr.Jobs, declare); err != nil {
 			return nil, err
@@ -164,6 +191,9 @@ func WriteGangSuite(w io.Writer, rows []GangRow) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if err := writeGangTotals(w, rows); err != nil {
+		return err
+	}
 	for _, r := range rows {
 		fmt.Fprintf(w, "\n%s on %s (%s: %d nodes, %d GPUs): %d jobs, %d of them groups\n\n",
 			r.Case.Trace, r.Case.Mix, r.Case.Cluster, r.Nodes, r.GPUs, r.Results[0].Jobs, r.Results[0].Groups)
@@ -172,6 +202,62 @@ func WriteGangSuite(w io.Writer, rows []GangRow) error {
 		}
 	}
 	return nil
+}
+
+// writeGangTotals prints each policy over the whole suite: groups placed,
+// the same less its model-parallel groups off NVLink (the count the
+// intent lets a placer claim), the share of them in one domain and the
+// mean of the traces' group bandwidth.
+func writeGangTotals(w io.Writer, rows []GangRow) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	fmt.Fprintf(w, "\nOver the suite:\n\n")
+	tw := markdownTable(w, "policy", "groups placed", "keeping the intent", "in one domain", "group GB/s, mean of the traces", "GPU-h held incomplete")
+	for _, p := range rows[0].Results {
+		var placed, kept, one, groups int
+		var gbps, held float64
+		for _, r := range rows {
+			x := r.Result(p.Policy)
+			placed, kept, one, groups = placed+x.GroupsPlaced, kept+x.GroupsPlaced-x.ModelGroupsOffNVLink, one+x.GroupsOneDomain, groups+x.Groups
+			gbps += x.GroupGBpsMean / float64(len(rows))
+			held += x.HeldGPUHours
+		}
+		fmt.Fprintf(tw, "| %s\t| %s\t| %d\t| %s\t| %.1f\t| %.1f\t|\n", p.Policy, countPct(placed, groups), kept, countPct(one, placed), gbps, held)
+	}
+	return tw.Flush()
+}
+
+// WriteGangReplicas prints, per policy, the suite's groups placed keeping
+// the intent on each replica and their mean, and the same for the share
+// in one domain: how far each policy moves against itself when jobs
+// arrive a little later.
+func WriteGangReplicas(w io.Writer, reps [][]GangRow) error {
+	if len(reps) < 2 || len(reps[0]) == 0 {
+		return nil
+	}
+	fmt.Fprintf(w, "\nOver the suite, each trace replayed %d times (the drawn trace, then copies with every arrival moved later by up to %s): groups placed keeping the intent; in one domain\n\n", len(reps), FamilyJitter)
+	head := []string{"policy"}
+	for r := range reps {
+		head = append(head, fmt.Sprintf("replica %d", r))
+	}
+	tw := markdownTable(w, append(head, "mean")...)
+	for _, p := range reps[0][0].Results {
+		line := "| " + p.Policy
+		var kept, share float64
+		for _, rows := range reps {
+			var k, one, placed int
+			for _, r := range rows {
+				x := r.Result(p.Policy)
+				k, one, placed = k+x.GroupsPlaced-x.ModelGroupsOffNVLink, one+x.GroupsOneDomain, placed+x.GroupsPlaced
+			}
+			line += fmt.Sprintf("\t| %d; %.1f%%", k, 100*ratio(one, placed))
+			kept += float64(k) / float64(len(reps))
+			share += ratio(one, placed) / float64(len(reps))
+		}
+		fmt.Fprintf(tw, "%s\t| %.1f; %.1f%%\t|\n", line, kept, 100*share)
+	}
+	return tw.Flush()
 }
 
 // WriteGangTable prints one row per gang policy.

@@ -383,13 +383,19 @@ func simulateGangSuite(w io.Writer, o Options, ext *configv1alpha1.ExtenderConfi
 	if err := fixedSuite(o, "--gang-suite"); err != nil {
 		return err
 	}
-	rows, err := RunGangSuite(GangSuite, ext, o.DeclaredDurations)
+	reps, err := RunGangSuiteReplicas(GangSuite, ext, o.DeclaredDurations, max(1, o.FamilyReplicas))
 	if err != nil {
 		return err
 	}
+	rows := reps[0]
 	return writeSuiteReport(w, o, rows, func(held int) string {
 		return fmt.Sprintf("gang suite: %d traces on %d cluster mixes; every acceptance point holds on %d; max wait %s\n\n", len(rows), gangMixes(rows), held, DefaultMaxWait)
-	}, WriteGangSuite)
+	}, func(w io.Writer, rows []GangRow) error {
+		if err := WriteGangSuite(w, rows); err != nil {
+			return err
+		}
+		return WriteGangReplicas(w, reps)
+	})
 }
 
 // simulateFamily runs a family of the generalisation benchmark with the

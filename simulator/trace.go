@@ -585,34 +585,49 @@ func generateGang(rng *rand.Rand, nodes []Node, n int, load float64, expo func(m
 // domain; on HGX leaves each slice is 2, 4 or 8 servers × 8 GPUs inside
 // one leaf, at most 16 servers (a spine) in all.
 func generateSliced(rng *rand.Rand, nodes []Node, n int, load float64, expo func(mean, lo, hi float64) time.Duration, nvl72 bool) []Job {
-	gpus := 0
-	for _, nd := range nodes {
-		gpus += nd.Graph.Len()
-	}
-	podGPUs, level, sizes, single := 8, "leaf", []int{2, 4, 4, 8}, []int{1, 1, 2, 4, 4, 8}
+	sh := slicedShape{podGPUs: 8, level: "leaf", groupLevel: "spine", sizes: []int{2, 4, 4, 8}, single: []int{1, 1, 2, 4, 4, 8}, mostPods: 16}
 	if nvl72 {
-		podGPUs, level, sizes, single = 4, "nvlink", []int{4, 8, 8, 16}, []int{1, 1, 2, 4, 4}
+		sh = slicedShape{podGPUs: 4, level: "nvlink", groupLevel: "spine", sizes: []int{4, 8, 8, 16}, single: []int{1, 1, 2, 4, 4}}
 	}
-	// A group of slices of size: 2 to 4 of them, on HGX at most 16
-	// servers (one spine).
-	slicesOf := func(r *rand.Rand, size int) int {
-		most := 4
-		if !nvl72 {
-			most = min(4, 16/size)
-		}
-		return 2 + r.IntN(most-1)
+	return slicedJobs(rng, clusterGPUs(nodes), n, load, expo, sh)
+}
+
+// slicedShape is what a sliced workload draws: pods of podGPUs GPUs, each
+// slice required inside one domain at level, the group inside one domain
+// at groupLevel ("": anywhere); slice sizes (in pods) and single-pod
+// sizes drawn uniformly from their lists (repeats weigh); 2 to 4 slices a
+// group, at most mostPods pods (0: no bound).
+type slicedShape struct {
+	podGPUs           int
+	level, groupLevel string
+	sizes, single     []int
+	mostPods          int
+}
+
+// slicesOf draws how many slices a group of slices of size has.
+func (sh slicedShape) slicesOf(r *rand.Rand, size int) int {
+	most := 4
+	if sh.mostPods > 0 {
+		most = max(2, min(4, sh.mostPods/size))
 	}
+	return 2 + r.IntN(most-1)
+}
+
+// slicedJobs draws n jobs of shape sh at the offered load on gpus GPUs:
+// half single data-parallel pods, half model-parallel sliced groups,
+// Poisson arrivals, durations exponential (mean 1 h, 5 min..8 h).
+func slicedJobs(rng *rand.Rand, gpus, n int, load float64, expo func(mean, lo, hi float64) time.Duration, sh slicedShape) []Job {
 	const meanDur = 3600.0
 	// The groups' mean GPUs, by drawing apart from the trace's draws.
 	var sum float64
 	probe := rand.New(rand.NewPCG(1, 2))
 	for range 1000 {
-		size := sizes[probe.IntN(len(sizes))]
-		sum += float64(size * slicesOf(probe, size) * podGPUs)
+		size := sh.sizes[probe.IntN(len(sh.sizes))]
+		sum += float64(size * sh.slicesOf(probe, size) * sh.podGPUs)
 	}
 	meanSingle := 0.0
-	for _, x := range single {
-		meanSingle += float64(x) / float64(len(single))
+	for _, x := range sh.single {
+		meanSingle += float64(x) / float64(len(sh.single))
 	}
 	meanGPUs := 0.5*meanSingle + 0.5*sum/1000
 	gap := meanGPUs * meanDur / (load * float64(gpus))
@@ -623,14 +638,23 @@ func generateSliced(rng *rand.Rand, nodes []Node, n int, load float64, expo func
 		j := Job{ID: fmt.Sprintf("s%04d", i), Arrival: time.Duration(math.Round(t)) * time.Second, Pods: 1,
 			Parallelism: v1alpha1.ParallelismData}
 		if rng.IntN(2) == 0 {
-			size := sizes[rng.IntN(len(sizes))]
-			j.Pods, j.GPUs, j.Parallelism = size*slicesOf(rng, size), podGPUs, v1alpha1.ParallelismModel
-			j.SliceSize, j.SliceLevel, j.GroupLevel = size, level, "spine"
+			size := sh.sizes[rng.IntN(len(sh.sizes))]
+			j.Pods, j.GPUs, j.Parallelism = size*sh.slicesOf(rng, size), sh.podGPUs, v1alpha1.ParallelismModel
+			j.SliceSize, j.SliceLevel, j.GroupLevel = size, sh.level, sh.groupLevel
 		} else {
-			j.GPUs = single[rng.IntN(len(single))]
+			j.GPUs = sh.single[rng.IntN(len(sh.single))]
 		}
 		j.Duration = expo(meanDur, 300, 8*3600)
 		jobs = append(jobs, j)
 	}
 	return jobs
+}
+
+// clusterGPUs is the GPUs of nodes.
+func clusterGPUs(nodes []Node) int {
+	gpus := 0
+	for _, nd := range nodes {
+		gpus += nd.Graph.Len()
+	}
+	return gpus
 }
