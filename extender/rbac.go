@@ -19,6 +19,10 @@ func ClusterRBACRules() []rbacv1.PolicyRule {
 		// Kubernetes PodGroups (scheduling.k8s.io), where the cluster
 		// serves them: a group's size and topology constraint.
 		{APIGroups: []string{"scheduling.k8s.io"}, Resources: []string{"podgroups"}, Verbs: []string{"list", "watch"}},
+		// DRA (resource.k8s.io), where the cluster serves it: GPUs
+		// allocated through ResourceClaims, resolved to UUIDs through the
+		// driver's ResourceSlices (docs/dra.md).
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims", "resourceslices"}, Verbs: []string{"list", "watch"}},
 		// Preemption: the PodDisruptionBudgets of the victims the preempt
 		// verb returns, counted as kube-scheduler counts them.
 		{APIGroups: []string{"policy"}, Resources: []string{"poddisruptionbudgets"}, Verbs: []string{"list", "watch"}},

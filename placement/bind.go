@@ -107,7 +107,11 @@ func (x *Core) bind(ctx context.Context, b BindRequest) BindResult {
 		}
 		return failed(Unchanged, ErrConflict, "pod %s is already bound to node %s", key, info.Node)
 	}
-	if res := x.admitBind(ctx, p, info.GPUs, b.Node); res.Err != nil {
+	gpus := info.GPUs
+	if gpus == 0 && b.Request != nil && b.Request.claims {
+		gpus = b.Request.Count // through ResourceClaims, read by the front end this cycle
+	}
+	if res := x.admitBind(ctx, p, gpus, b.Node); res.Err != nil {
 		return res
 	}
 	pr := b.Request

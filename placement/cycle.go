@@ -3,6 +3,8 @@ package placement
 import (
 	"context"
 	"sync/atomic"
+
+	"github.com/gputopo/gputopo/placement/ledger"
 )
 
 // Cycle is one pod's filter in progress for a front end that asks node by
@@ -85,6 +87,24 @@ func (c *Cycle) FilterNode(node string) (passed, unresolvable bool, reason strin
 		return true, false, ""
 	}
 	return false, v.unresolvable, filterReason(c.pr, v)
+}
+
+// Choice is the GPUs, by UUID, that the pod would get on node as the
+// ledger has it now (the set Reserve would hold), or nil when it does not
+// fit there. A front end whose device allocator is another's (DRA's)
+// offers it exactly these devices.
+func (c *Cycle) Choice(node string) []string {
+	var out []string
+	c.e.readNode(c.x.ledger, node, func(lv ledger.View) {
+		n := lv.NodeFor(node, c.pr.UID)
+		if n == nil {
+			return
+		}
+		if v := c.e.check(n); v.ok {
+			out = uuidsOf(n, v.res.GPUs)
+		}
+	})
+	return out
 }
 
 // Score is prioritize's 0..MaxScore for each of names (the feasible

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -196,6 +197,12 @@ func (e *evaluator) checkNode(n *ledger.Node) *verdict {
 		// It may heal (kubelet's next status, the agent republishing), so
 		// kube-scheduler may try the node again.
 		return &verdict{code: ReasonUntrustedTopology, reason: n.UntrustedReason()}
+	}
+	switch d := n.DRA(); {
+	case e.pr.claims && d == "":
+		return &verdict{code: ReasonTooFewGPUs, unresolvable: true, reason: fmt.Sprintf("pod asks for GPUs through ResourceClaims; node's GPUs are the device plugin's (%s), not published by DRA driver %s", e.cfg.GPUResource(), e.cfg.DRA.Driver)}
+	case !e.pr.claims && d != "":
+		return &verdict{code: ReasonTooFewGPUs, unresolvable: true, reason: fmt.Sprintf("pod asks for %s; node's GPUs are published by DRA driver %s: ask for them through a ResourceClaim of class %s", e.cfg.GPUResource(), d, strings.Join(e.cfg.DRA.DeviceClasses, " or "))}
 	}
 	if size := n.Size(); e.pr.Count > size {
 		return &verdict{code: ReasonTooFewGPUs, unresolvable: true, reason: fmt.Sprintf("pod requests %d GPUs; node has %d", e.pr.Count, size)}

@@ -27,6 +27,14 @@ type Feed interface {
 	DeletePod(key types.NamespacedName, uid types.UID)
 	UpsertPodGroup(*schedulingv1beta1.PodGroup)
 	DeletePodGroup(key types.NamespacedName)
+	// UpsertClaim records an allocated ResourceClaim's GPUs (DRA, its
+	// status.allocation resolved to UUIDs); DeleteClaim forgets a claim
+	// that is gone or deallocated.
+	UpsertClaim(ledger.ClaimAllocation)
+	DeleteClaim(uid types.UID)
+	// SetDRADevices records the GPU UUIDs a DRA driver's ResourceSlices
+	// publish on a node (none: it serves no GPU there).
+	SetDRADevices(node, driver string, uuids []string)
 	// TopologiesListed says the initial list of NodeGPUTopologies is in:
 	// a GPU UUID listed from then on by a second node is that node's
 	// later claim.

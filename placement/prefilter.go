@@ -30,6 +30,12 @@ type PreFilterInput struct {
 	// run takes its candidate victims out of that snapshot, and the group
 	// is planned as the snapshot has the nodes. Nil: no snapshot.
 	EachNode func(fn func(node string, present func(types.UID) bool))
+	// ClaimGPUs is how many GPUs the pod asks through ResourceClaims of a
+	// device class gputopo serves (docs/dra.md), as the front end read
+	// them from the claims; 0: none. The core decides such a pod's node
+	// and GPUs as for the device plugin's resource; it may not ask both
+	// ways.
+	ClaimGPUs int
 }
 
 // PreFilterPlan is the core's one answer at the start of a pod's cycle:
@@ -75,6 +81,13 @@ func (x *Core) PreFilter(ctx context.Context, in PreFilterInput) PreFilterPlan {
 	if err != nil {
 		x.obs.Failed(PhaseFilter, ErrBadRequest)
 		return PreFilterPlan{Refusal: err.Error(), Unresolvable: true}
+	}
+	if in.ClaimGPUs > 0 {
+		if pr.Count > 0 {
+			x.obs.Failed(PhaseFilter, ErrBadRequest)
+			return PreFilterPlan{Refusal: fmt.Sprintf("pod %s asks %d %s and %d GPUs through ResourceClaims: ask for GPUs one way, the resource or the claims (docs/dra.md)", pr.Key, pr.Count, x.cfg.GPUResource(), in.ClaimGPUs), Unresolvable: true}
+		}
+		pr.Count, pr.claims = in.ClaimGPUs, true
 	}
 	if pr.Count == 0 {
 		return PreFilterPlan{Skip: true}

@@ -21,8 +21,11 @@ type Request struct {
 	Key types.NamespacedName
 	// Count is the pod's GPU demand; 0: not the core's to decide.
 	Count int
-	req   v1alpha1.Requirement
-	job   string // namespace/job label
+	// claims: Count is GPUs the pod asks through ResourceClaims
+	// (PreFilterInput.ClaimGPUs), not the resource.
+	claims bool
+	req    v1alpha1.Requirement
+	job    string // namespace/job label
 	// strict is the requirement as written. With fallbackAfter due, req
 	// is its relaxed form and fallback is true; fallbackIn is the time
 	// left before it falls back (0: it never does, or it already did).

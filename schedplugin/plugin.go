@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/placement"
 	corev1 "k8s.io/api/core/v1"
@@ -139,12 +140,15 @@ type cycle struct {
 	refused *fwk.Status
 	group   *groupPreempt
 	over    map[string]*placement.WhatIf
+	// dra is the DRA driver whose devices are the pod's GPUs, when it
+	// asks for them through ResourceClaims (DeviceView); nil otherwise.
+	dra *configv1alpha1.DRA
 }
 
 // Clone copies the per-node what-ifs, which AddPod and RemovePod change;
 // the core's cycle and the group's preemption plan are shared.
 func (c *cycle) Clone() fwk.StateData {
-	out := &cycle{c: c.c, refused: c.refused, group: c.group}
+	out := &cycle{c: c.c, refused: c.refused, group: c.group, dra: c.dra}
 	if len(c.over) > 0 {
 		out.over = make(map[string]*placement.WhatIf, len(c.over))
 		for node, w := range c.over {
@@ -200,9 +204,19 @@ func nodeNames(nodes []fwk.NodeInfo) []string {
 // unresolvable with the message that names the field.
 func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev1.Pod, nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
 	claimsOut := 0
+	var draMgr fwk.SharedDRAManager
+	if p.h != nil {
+		draMgr = p.h.SharedDRAManager()
+	}
+	dra := p.x.Config().DRA
+	viaClaims, err := claimGPUs(pod, draMgr, dra)
+	if err != nil {
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, placement.ReasonPrefix+err.Error())
+	}
 	plan := p.x.PreFilter(ctx, placement.PreFilterInput{
-		Pod:   pod,
-		Nodes: len(nodes),
+		ClaimGPUs: viaClaims,
+		Pod:       pod,
+		Nodes:     len(nodes),
 		Allowed: func() []string {
 			var allowed []string
 			allowed, claimsOut = schedulable(ctx, pod, nodes, p.claimsFit(ctx, pod))
@@ -228,7 +242,11 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev
 	}
 	switch {
 	case plan.Cycle != nil:
-		state.Write(cycleKey, &cycle{c: plan.Cycle, over: plan.Over})
+		c := &cycle{c: plan.Cycle, over: plan.Over}
+		if viaClaims > 0 {
+			c.dra = &dra
+		}
+		state.Write(cycleKey, c)
 	case plan.Waiting != "":
 		c := &cycle{refused: fwk.NewStatus(fwk.UnschedulableAndUnresolvable, plan.Waiting)}
 		if plan.GroupPreemption != nil {

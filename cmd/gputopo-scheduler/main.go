@@ -39,7 +39,7 @@ const (
 
 func main() {
 	stopProfile := startCPUProfile(os.Getenv(cpuProfileEnv))
-	cmd := app.NewSchedulerCommand(app.WithPlugin(schedplugin.Name, schedplugin.New))
+	cmd := app.NewSchedulerCommand(app.WithPlugin(schedplugin.Name, schedplugin.New), app.WithPlugin(draName, newDRA))
 	code := cli.Run(cmd)
 	stopProfile()
 	writeHeapProfile(os.Getenv(heapProfileEnv))

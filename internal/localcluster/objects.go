@@ -21,7 +21,9 @@ import (
 // CreateGPUNode creates a Node with gpus nvidia.com/gpu, as kubelet would
 // report it, and clears what a bare control plane leaves in the way: with no
 // node lifecycle controller the not-ready taint added at creation would stay
-// forever, and the Ready condition would never be set.
+// forever, and the Ready condition would never be set. gpus < 0 creates a
+// node that advertises no nvidia.com/gpu: one whose GPUs a DRA driver
+// publishes instead.
 func CreateGPUNode(ctx context.Context, c client.Client, name string, gpus int, labels map[string]string) (*corev1.Node, error) {
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{corev1.LabelHostname: name}}}
 	for k, v := range labels {
@@ -40,10 +42,12 @@ func CreateGPUNode(ctx context.Context, c client.Client, name string, gpus int, 
 		return nil, fmt.Errorf("clear taints of node %s: %w", name, err)
 	}
 	capacity := corev1.ResourceList{
-		corev1.ResourceCPU:                        resource.MustParse("128"),
-		corev1.ResourceMemory:                     resource.MustParse("1Ti"),
-		corev1.ResourcePods:                       resource.MustParse("110"),
-		corev1.ResourceName(v1alpha1.ResourceGPU): *resource.NewQuantity(int64(gpus), resource.DecimalSI),
+		corev1.ResourceCPU:    resource.MustParse("128"),
+		corev1.ResourceMemory: resource.MustParse("1Ti"),
+		corev1.ResourcePods:   resource.MustParse("110"),
+	}
+	if gpus >= 0 {
+		capacity[corev1.ResourceName(v1alpha1.ResourceGPU)] = *resource.NewQuantity(int64(gpus), resource.DecimalSI)
 	}
 	node.Status.Capacity, node.Status.Allocatable = capacity, capacity
 	node.Status.Conditions = []corev1.NodeCondition{{

@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -72,6 +73,16 @@ func (r *Runtime) startInformers(ctx context.Context) error {
 	}
 	if r.servesPodGroups(ctx) {
 		if err := add(&schedulingv1beta1.PodGroup{}, h.podGroups); err != nil {
+			return err
+		}
+	}
+	if r.servesDRA(ctx) {
+		klog.FromContext(ctx).V(2).Info("tracking GPUs allocated through ResourceClaims", "driver", r.cfg.DRA.Driver, "uuidAttribute", r.cfg.DRA.UUIDAttribute)
+		slices, claims := newDRATracker(r.core.Feed(), r.cfg.DRA).handlers()
+		if err := add(&resourcev1.ResourceSlice{}, slices); err != nil {
+			return err
+		}
+		if err := add(&resourcev1.ResourceClaim{}, claims); err != nil {
 			return err
 		}
 	}

@@ -56,6 +56,12 @@ type Ledger struct {
 	shapes   shapeIndex
 	holdings map[types.UID]*holding
 	pods     map[types.NamespacedName]*PodInfo
+	// claims maps an allocated ResourceClaim to the holding it made or
+	// confirmed (claims.go); claimMismatches counts allocations that
+	// named other GPUs than the ledger held for their pod.
+	draClaims       map[types.UID]types.UID
+	claimHolders    map[types.UID]types.UID // holder -> claim, the reverse of draClaims
+	claimMismatches int
 	// jobs counts live bound pods per job (namespace/label) per node.
 	jobs map[string]map[string]int
 	now  func() time.Time
@@ -163,6 +169,8 @@ func New(o Options) *Ledger {
 		nodes:        make(map[string]*Node),
 		topos:        make(map[string]*Topo),
 		holdings:     make(map[types.UID]*holding),
+		draClaims:    make(map[types.UID]types.UID),
+		claimHolders: make(map[types.UID]types.UID),
 		pods:         make(map[types.NamespacedName]*PodInfo),
 		jobs:         make(map[string]map[string]int),
 		now:          o.Clock,
@@ -234,6 +242,10 @@ type Node struct {
 	observedNs int64
 	// telemetryNs is the telemetry time in Unix nanoseconds, 0 when unset.
 	telemetryNs int64
+	// dra are the GPU UUIDs a DRA driver's ResourceSlices publish on the
+	// node (draDriver's; SetDRADevices), nil when none do.
+	dra       []string
+	draDriver string
 	// allocatable is the Node's nvidia.com/gpu allocatable, -1 when no Node
 	// object has been seen.
 	allocatable int
@@ -301,7 +313,7 @@ type Node struct {
 }
 
 func (n *Node) empty() bool {
-	return n.allocatable < 0 && !n.hasTopology && len(n.holdings) == 0
+	return n.allocatable < 0 && !n.hasTopology && len(n.holdings) == 0 && n.dra == nil
 }
 
 // GPUTelemetry is one GPU's utilization (0..100), temperature (°C), power

@@ -286,6 +286,9 @@ func (l *Ledger) forgetPodLocked(uid types.UID, key types.NamespacedName) {
 		l.groupLeaveLocked(info, true)
 		delete(l.pods, key)
 	}
+	if _, byClaim := l.claimHolders[uid]; byClaim {
+		return // an allocated ResourceClaim holds them until it is deallocated (claims.go)
+	}
 	l.releaseLocked(uid)
 }
 

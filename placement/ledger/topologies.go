@@ -117,14 +117,30 @@ func (l *Ledger) UpsertNode(node *corev1.Node) {
 	n := l.nodeLocked(node.Name)
 	n.obj = node
 	l.setDomainsLocked(n, node.Labels)
-	n.allocatable, n.capacity = 0, -1
-	if q, ok := node.Status.Allocatable[l.resource]; ok {
-		n.allocatable = int(min(q.Value(), 1<<16))
-	}
-	if q, ok := node.Status.Capacity[l.resource]; ok {
-		n.capacity = int(min(max(q.Value(), 0), 1<<16))
-	}
+	l.countsLocked(n)
 	l.trustLocked(n)
+}
+
+// countsLocked reads n's GPU allocatable and capacity from its Node. A
+// node whose GPUs a DRA driver publishes and whose Node advertises none
+// of the resource reports no count (-1): its GPUs are the driver's.
+func (l *Ledger) countsLocked(n *Node) {
+	n.allocatable, n.capacity = -1, -1
+	if n.obj == nil {
+		return
+	}
+	a, aok := n.obj.Status.Allocatable[l.resource]
+	c, cok := n.obj.Status.Capacity[l.resource]
+	if n.dra != nil && !aok && !cok {
+		return
+	}
+	n.allocatable = 0
+	if aok {
+		n.allocatable = int(min(a.Value(), 1<<16))
+	}
+	if cok {
+		n.capacity = int(min(max(c.Value(), 0), 1<<16))
+	}
 }
 
 // DeleteNode forgets a Node object (its topology and holdings stay until

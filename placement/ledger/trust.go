@@ -206,7 +206,11 @@ func (l *Ledger) trustLocked(n *Node) {
 	if n.graph == nil {
 		return // missing or invalid: State says so
 	}
-	if n.distrust = CountDistrust(n.graph, n.capacity, n.allocatable, l.resource); n.distrust != "" {
+	if n.dra != nil {
+		if n.distrust = l.draDistrust(n); n.distrust != "" {
+			return
+		}
+	} else if n.distrust = CountDistrust(n.graph, n.capacity, n.allocatable, l.resource); n.distrust != "" {
 		return
 	}
 	switch {

@@ -380,7 +380,7 @@ func (r *runner) realRun(h *helpInfo, args []string) ([]string, bool) {
 		return args, true
 	case "gputopo simulate":
 		// The suites and families run long: checked with --help.
-		if slices.Contains(args, "--suite") || slices.Contains(args, "--family") || slices.Contains(args, "--sliced-suite") {
+		if slices.Contains(args, "--suite") || slices.Contains(args, "--family") || slices.Contains(args, "--sliced-suite") || slices.Contains(args, "--gang-suite") {
 			return nil, false
 		}
 		if i, ok := value("--cluster"); ok {

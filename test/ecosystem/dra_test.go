@@ -31,12 +31,7 @@ func publishChannels(t *testing.T, e *env) {
 	t.Helper()
 	ctx := harness.Context(t)
 	cs := e.cp.Clientset.ResourceV1()
-	class := &resourcev1.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: channelClass}, Spec: resourcev1.DeviceClassSpec{
-		Selectors: []resourcev1.DeviceSelector{{CEL: &resourcev1.CELDeviceSelector{Expression: fmt.Sprintf("device.driver == %q", channelDriver)}}},
-	}}
-	if _, err := cs.DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create DeviceClass: %v", err)
-	}
+	createDeviceClass(t, e, channelClass, channelDriver)
 	for _, n := range e.nodes {
 		slice := &resourcev1.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: n + "-channels"}, Spec: resourcev1.ResourceSliceSpec{
 			Driver: channelDriver, NodeName: &n,
@@ -46,6 +41,17 @@ func publishChannels(t *testing.T, e *env) {
 		if _, err := cs.ResourceSlices().Create(ctx, slice, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("create ResourceSlice: %v", err)
 		}
+	}
+}
+
+// createDeviceClass creates DeviceClass name selecting driver's devices.
+func createDeviceClass(t *testing.T, e *env, name, driver string) {
+	t.Helper()
+	class := &resourcev1.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: resourcev1.DeviceClassSpec{
+		Selectors: []resourcev1.DeviceSelector{{CEL: &resourcev1.CELDeviceSelector{Expression: fmt.Sprintf("device.driver == %q", driver)}}},
+	}}
+	if _, err := e.cp.Clientset.ResourceV1().DeviceClasses().Create(harness.Context(t), class, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create DeviceClass %s: %v", name, err)
 	}
 }
 

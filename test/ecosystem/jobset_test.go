@@ -109,6 +109,17 @@ func (e *env) addNode(t *testing.T, name string, f machine.Fixture, labels map[s
 	e.cp.PublishTopology(t, name, f)
 }
 
+// addDRANode creates a node of machine f whose GPUs a DRA driver serves:
+// it advertises no nvidia.com/gpu (publishGPUs lists its devices), and its
+// topology is published as the node agent does.
+func (e *env) addDRANode(t *testing.T, name string, f machine.Fixture) {
+	t.Helper()
+	e.nodes = append(e.nodes, name)
+	e.gpus += f.GPUs
+	e.cp.CreateGPUNode(t, name, -1, map[string]string{corev1.LabelHostname: name})
+	e.cp.PublishTopology(t, name, f)
+}
+
 // held is how many GPUs the deciding core's ledger holds or has reserved.
 func (e *env) held(t *testing.T) int {
 	t.Helper()

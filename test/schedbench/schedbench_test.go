@@ -207,7 +207,7 @@ func startMode(t *testing.T, cp *harness.ControlPlane, mode string, n int, exten
 		o := harness.DeciderOptions{Mode: harness.ModePlugin}
 		switch mode {
 		case modeBaseline:
-			o.Binary, o.Configure = os.Getenv("SCHEDBENCH_PLUGIN_BASELINE"), withoutPlacementPlugins
+			o.Binary, o.Configure = os.Getenv("SCHEDBENCH_PLUGIN_BASELINE"), asBefore
 		case modeEvents:
 			o.PluginArgs.ConfigFile = eventsConfig(t)
 		}
@@ -242,14 +242,25 @@ func eventsConfig(t *testing.T) string {
 	return p
 }
 
-// withoutPlacementPlugins leaves the pod-group cycle's extension points
-// (placementGenerate, placementScore) out of the profiles, for a baseline
-// build from before the plugin implemented them: with them, it would
-// not start.
-func withoutPlacementPlugins(c *schedconfigv1.KubeSchedulerConfiguration) {
+// asBefore shapes the profiles for a baseline build from before the
+// plugins it lacks: the pod-group cycle's extension points
+// (placementGenerate, placementScore) are left out, and upstream's
+// DynamicResources runs in place of GPUTopologyDynamicResources (DRA
+// GPUs). With them, such a build would not start.
+func asBefore(c *schedconfigv1.KubeSchedulerConfiguration) {
+	const dra = "GPUTopologyDynamicResources"
+	drop := func(ps *schedconfigv1.PluginSet) {
+		ps.Enabled = slices.DeleteFunc(ps.Enabled, func(p schedconfigv1.Plugin) bool { return p.Name == dra })
+		ps.Disabled = slices.DeleteFunc(ps.Disabled, func(p schedconfigv1.Plugin) bool { return p.Name == "DynamicResources" })
+	}
 	for i := range c.Profiles {
-		if p := c.Profiles[i].Plugins; p != nil {
-			p.PlacementGenerate, p.PlacementScore = schedconfigv1.PluginSet{}, schedconfigv1.PluginSet{}
+		p := c.Profiles[i].Plugins
+		if p == nil {
+			continue
+		}
+		p.PlacementGenerate, p.PlacementScore = schedconfigv1.PluginSet{}, schedconfigv1.PluginSet{}
+		for _, ps := range []*schedconfigv1.PluginSet{&p.MultiPoint, &p.PreEnqueue, &p.PreFilter, &p.Filter, &p.PostFilter, &p.Score, &p.Reserve, &p.PreBind, &p.PodGroupPostFilter} {
+			drop(ps)
 		}
 	}
 }

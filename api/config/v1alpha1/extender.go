@@ -99,6 +99,31 @@ type ExtenderConfiguration struct {
 	// Patience bounds how long a pod waits for a faster GPU set than the
 	// free ones (docs/extender.md, "Waiting for a faster set").
 	Patience Patience `json:"patience"`
+
+	// DRA names the DRA driver whose devices are GPUs gputopo places, for
+	// pods that ask for GPUs through ResourceClaims (docs/dra.md).
+	DRA DRA `json:"dra"`
+}
+
+// DefaultDRADriver is NVIDIA's DRA driver for GPUs, and the name of the
+// DeviceClass it installs.
+const DefaultDRADriver = "gpu.nvidia.com"
+
+// DRA is the DRA driver whose ResourceSlices publish GPUs: a pod's
+// ResourceClaim request of one of DeviceClasses, for an exact count, is
+// that many GPUs gputopo chooses (plugin mode), and each device is one
+// GPU of the node's NodeGPUTopology, matched by the UUID in its
+// UUIDAttribute.
+type DRA struct {
+	// Driver is the driver's name. Default gpu.nvidia.com (NVIDIA's DRA
+	// driver for GPUs).
+	Driver string `json:"driver"`
+	// UUIDAttribute is the device attribute that carries the GPU's UUID.
+	// Default uuid.
+	UUIDAttribute string `json:"uuidAttribute"`
+	// DeviceClasses are the DeviceClasses whose requests ask for the
+	// driver's GPUs. Default [gpu.nvidia.com].
+	DeviceClasses []string `json:"deviceClasses"`
 }
 
 // Patience is how long a pod that asks for bandwidth waits for a faster
@@ -469,6 +494,15 @@ func SetExtenderDefaults(c *ExtenderConfiguration) {
 		c.Patience.BandwidthWait = &metav1.Duration{Duration: 10 * time.Minute}
 	}
 	setInt32(&c.Patience.BandwidthPercent, 50)
+	if c.DRA.Driver == "" {
+		c.DRA.Driver = DefaultDRADriver
+	}
+	if c.DRA.UUIDAttribute == "" {
+		c.DRA.UUIDAttribute = "uuid"
+	}
+	if c.DRA.DeviceClasses == nil {
+		c.DRA.DeviceClasses = []string{DefaultDRADriver}
+	}
 	if c.Events.GPUsBound == nil {
 		c.Events.GPUsBound = new(false)
 	}

@@ -93,6 +93,18 @@ func TestParseExtender(t *testing.T) {
 			}
 		},
 	}, {
+		name: "dra names another driver, attribute and classes",
+		doc:  "dra:\n  driver: gpu.example.com\n  uuidAttribute: gpu.example.com/uuid\n  deviceClasses: [gpu.example.com, big-gpus]\n",
+		check: func(t *testing.T, c *ExtenderConfiguration) {
+			if c.DRA.Driver != "gpu.example.com" || c.DRA.UUIDAttribute != "gpu.example.com/uuid" || len(c.DRA.DeviceClasses) != 2 {
+				t.Errorf("dra = %+v", c.DRA)
+			}
+		},
+	}, {
+		name:    "bad dra fields are named with the fix",
+		doc:     "dra:\n  driver: Not_A_Driver\n  uuidAttribute: 'a b'\n  deviceClasses: [gpu.nvidia.com, gpu.nvidia.com]\n",
+		wantErr: []string{`dra.driver: Invalid value: "Not_A_Driver"`, `dra.uuidAttribute: Invalid value: "a b": name the device attribute that carries the GPU's UUID`, `dra.deviceClasses[1]: Duplicate value: "gpu.nvidia.com"`},
+	}, {
 		name:    "patience out of range names the field and the range",
 		doc:     "patience:\n  bandwidthWait: -1m\n  bandwidthPercent: 0\n",
 		wantErr: []string{`patience.bandwidthWait: Invalid value: "-1m0s": must be 0 (patience off) or a duration up to 24h`, `patience.bandwidthPercent: Invalid value: 0: must be between 1 and 100`},

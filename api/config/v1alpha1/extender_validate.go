@@ -76,6 +76,7 @@ func (c *ExtenderConfiguration) Validate() field.ErrorList {
 	}
 	errs = append(errs, validateExtendedResourceName(field.NewPath("resourceName"), c.ResourceName)...)
 	errs = append(errs, c.Fabric.validate(field.NewPath("fabric"))...)
+	errs = append(errs, c.DRA.validate(field.NewPath("dra"))...)
 	errs = append(errs, c.Patience.validate(field.NewPath("patience"))...)
 	return append(errs, c.Telemetry.validate(field.NewPath("telemetry"))...)
 }
@@ -196,6 +197,35 @@ func validateExtendedResourceName(path *field.Path, name string) field.ErrorList
 	var errs field.ErrorList
 	for _, msg := range validation.IsQualifiedName(corev1.DefaultResourceRequestsPrefix + name) {
 		errs = append(errs, field.Invalid(path, name, hint+": "+msg))
+	}
+	return errs
+}
+
+func (d *DRA) validate(path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for _, msg := range validation.IsDNS1123Subdomain(d.Driver) {
+		errs = append(errs, field.Invalid(path.Child("driver"), d.Driver, msg+" (the DRA driver's name, as its ResourceSlices' spec.driver says, e.g. gpu.nvidia.com)"))
+	}
+	// A device attribute's name: a C identifier, optionally after a
+	// domain and a slash (resource.k8s.io's QualifiedName).
+	domain, name, qualified := strings.Cut(d.UUIDAttribute, "/")
+	if !qualified {
+		domain, name = "", d.UUIDAttribute
+	}
+	bad := len(validation.IsCIdentifier(name)) > 0 || qualified && len(validation.IsDNS1123Subdomain(domain)) > 0
+	if bad {
+		errs = append(errs, field.Invalid(path.Child("uuidAttribute"), d.UUIDAttribute, "name the device attribute that carries the GPU's UUID: an identifier, optionally after a domain and a slash, e.g. uuid or gpu.nvidia.com/uuid"))
+	}
+	seen := map[string]bool{}
+	for i, c := range d.DeviceClasses {
+		p := path.Child("deviceClasses").Index(i)
+		for _, msg := range validation.IsDNS1123Subdomain(c) {
+			errs = append(errs, field.Invalid(p, c, msg+" (a DeviceClass name)"))
+		}
+		if seen[c] {
+			errs = append(errs, field.Duplicate(p, c))
+		}
+		seen[c] = true
 	}
 	return errs
 }

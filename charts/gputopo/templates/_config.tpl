@@ -67,6 +67,11 @@ events:
 patience:
   bandwidthWait: {{ $pt.bandwidthWait | default "10m" | quote }}
   bandwidthPercent: {{ $pt.bandwidthPercent | default 50 }}
+{{- $d := $v.dra | default dict }}
+dra:
+  driver: {{ $d.driver | default "gpu.nvidia.com" | quote }}
+  uuidAttribute: {{ $d.uuidAttribute | default "uuid" | quote }}
+  deviceClasses: {{ $d.deviceClasses | default (list "gpu.nvidia.com") | toJson }}
 {{- $f := $v.fabric | default dict }}
 fabric:
   groupReservationTTL: {{ $f.groupReservationTTL | default "2m" | quote }}

@@ -1,0 +1,221 @@
+package cluster
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+
+	resourcev1 "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
+	"github.com/gputopo/gputopo/placement"
+	"github.com/gputopo/gputopo/placement/ledger"
+)
+
+// draTracker feeds the ledger the GPUs DRA allocated (docs/dra.md): each
+// allocated ResourceClaim's devices of the configured driver, resolved to
+// GPU UUIDs through the driver's ResourceSlices (a device's UUID
+// attribute), held for the pod the claim is reserved for. The claim's
+// status.allocation is the truth; the ledger follows it.
+type draTracker struct {
+	feed   placement.Feed
+	driver string
+	attr   []string // the UUID attribute's names, as written and as the driver's domain qualifies it
+
+	mu sync.Mutex
+	// devices maps a slice's pool and device name to its node and UUID;
+	// bySlice lists what each slice added, so that an update replaces it.
+	devices map[poolDevice]nodeGPU
+	bySlice map[string][]poolDevice
+	nodeOf  map[string]string // slice -> node
+	// claims are the allocated claims with devices of the driver, by UID.
+	claims map[types.UID]*resourcev1.ResourceClaim
+}
+
+type poolDevice struct{ pool, device string }
+
+type nodeGPU struct{ node, uuid string }
+
+func newDRATracker(feed placement.Feed, cfg configv1alpha1.DRA) *draTracker {
+	t := &draTracker{feed: feed, driver: cfg.Driver, devices: map[poolDevice]nodeGPU{}, bySlice: map[string][]poolDevice{}, nodeOf: map[string]string{}, claims: map[types.UID]*resourcev1.ResourceClaim{}}
+	t.attr = []string{cfg.UUIDAttribute}
+	if domain, name, ok := strings.Cut(cfg.UUIDAttribute, "/"); ok && domain == cfg.Driver {
+		t.attr = append(t.attr, name)
+	} else if !ok {
+		t.attr = append(t.attr, cfg.Driver+"/"+cfg.UUIDAttribute)
+	}
+	return t
+}
+
+// UUIDReader reads the UUID a device of cfg's driver carries in its UUID
+// attribute, as configured or qualified by the driver's domain ("" when
+// none).
+func UUIDReader(cfg configv1alpha1.DRA) func(*resourcev1.Device) string {
+	return newDRATracker(nil, cfg).uuidOf
+}
+
+func (t *draTracker) uuidOf(d *resourcev1.Device) string {
+	for _, a := range t.attr {
+		if v, ok := d.Attributes[resourcev1.QualifiedName(a)]; ok && v.StringValue != nil {
+			return *v.StringValue
+		}
+	}
+	return ""
+}
+
+func (t *draTracker) handlers() (slices, claims toolscache.ResourceEventHandlerFuncs) {
+	return handler(t.upsertSlice, func(m metav1.Object) { t.deleteSlice(m.GetName()) }),
+		handler(t.upsertClaim, func(m metav1.Object) { t.deleteClaim(m.GetUID()) })
+}
+
+func (t *draTracker) upsertSlice(s *resourcev1.ResourceSlice) {
+	if s.Spec.Driver != t.driver {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.dropSliceLocked(s.Name)
+	node := ""
+	if s.Spec.NodeName != nil {
+		node = *s.Spec.NodeName
+	}
+	var added []poolDevice
+	for i := range s.Spec.Devices {
+		d := &s.Spec.Devices[i]
+		u := t.uuidOf(d)
+		if node == "" || u == "" {
+			continue
+		}
+		k := poolDevice{s.Spec.Pool.Name, d.Name}
+		t.devices[k] = nodeGPU{node, u}
+		added = append(added, k)
+	}
+	t.bySlice[s.Name] = added
+	t.nodeOf[s.Name] = node
+	t.publishLocked(node)
+	t.resyncLocked()
+}
+
+func (t *draTracker) deleteSlice(name string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	node := t.nodeOf[name]
+	t.dropSliceLocked(name)
+	t.publishLocked(node)
+	t.resyncLocked()
+}
+
+func (t *draTracker) dropSliceLocked(name string) {
+	for _, k := range t.bySlice[name] {
+		delete(t.devices, k)
+	}
+	delete(t.bySlice, name)
+	delete(t.nodeOf, name)
+}
+
+// publishLocked tells the ledger every GPU UUID the driver's slices list
+// on node now.
+func (t *draTracker) publishLocked(node string) {
+	if node == "" {
+		return
+	}
+	var uuids []string
+	for _, g := range t.devices {
+		if g.node == node {
+			uuids = append(uuids, g.uuid)
+		}
+	}
+	slices.Sort(uuids)
+	t.feed.SetDRADevices(node, t.driver, uuids)
+}
+
+func (t *draTracker) upsertClaim(c *resourcev1.ResourceClaim) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.hasDevices(c) {
+		if _, ok := t.claims[c.UID]; ok {
+			delete(t.claims, c.UID)
+			t.feed.DeleteClaim(c.UID)
+		}
+		return
+	}
+	t.claims[c.UID] = c
+	t.feedLocked(c)
+}
+
+func (t *draTracker) deleteClaim(uid types.UID) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.claims[uid]; ok {
+		delete(t.claims, uid)
+		t.feed.DeleteClaim(uid)
+	}
+}
+
+// hasDevices says whether c is allocated devices of the driver.
+func (t *draTracker) hasDevices(c *resourcev1.ResourceClaim) bool {
+	if c.Status.Allocation == nil {
+		return false
+	}
+	for _, r := range c.Status.Allocation.Devices.Results {
+		if r.Driver == t.driver {
+			return true
+		}
+	}
+	return false
+}
+
+// resyncLocked feeds every tracked claim again: a slice that came or
+// changed may resolve devices a claim named before it was seen.
+func (t *draTracker) resyncLocked() {
+	for _, c := range t.claims {
+		t.feedLocked(c)
+	}
+}
+
+func (t *draTracker) feedLocked(c *resourcev1.ResourceClaim) {
+	a := ledger.ClaimAllocation{Claim: types.NamespacedName{Namespace: c.Namespace, Name: c.Name}, UID: c.UID}
+	if rf := c.Status.ReservedFor; len(rf) == 1 && rf[0].Resource == "pods" && rf[0].APIGroup == "" {
+		a.Pod, a.PodUID = types.NamespacedName{Namespace: c.Namespace, Name: rf[0].Name}, rf[0].UID
+	}
+	for _, r := range c.Status.Allocation.Devices.Results {
+		if r.Driver != t.driver || r.AdminAccess != nil && *r.AdminAccess {
+			continue
+		}
+		g, ok := t.devices[poolDevice{r.Pool, r.Device}]
+		if !ok {
+			continue // its slice not seen yet: fed again when it is
+		}
+		if a.Node != "" && a.Node != g.node {
+			klog.Background().V(2).Info("claim allocates GPUs of two nodes; only the first node's are counted", "claim", a.Claim, "nodes", []string{a.Node, g.node})
+			continue
+		}
+		a.Node = g.node
+		a.UUIDs = append(a.UUIDs, g.uuid)
+	}
+	t.feed.UpsertClaim(a)
+}
+
+// servesDRA says whether the cluster serves ResourceSlices and
+// ResourceClaims (resource.k8s.io/v1), which the runtime then watches.
+func (r *Runtime) servesDRA(ctx context.Context) bool {
+	if r.client == nil {
+		return false
+	}
+	rl, err := r.client.Discovery().ServerResourcesForGroupVersion(resourcev1.SchemeGroupVersion.String())
+	if err != nil {
+		klog.FromContext(ctx).V(2).Info("DRA not served; GPUs through ResourceClaims are not tracked", "groupVersion", resourcev1.SchemeGroupVersion.String(), "err", err)
+		return false
+	}
+	var slices, claims bool
+	for _, r := range rl.APIResources {
+		slices = slices || r.Name == "resourceslices"
+		claims = claims || r.Name == "resourceclaims"
+	}
+	return slices && claims
+}

@@ -1,0 +1,168 @@
+package schedplugin
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
+	fwk "k8s.io/kube-scheduler/framework"
+
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
+	clusterrt "github.com/gputopo/gputopo/placement/cluster"
+)
+
+// GPUs through DRA (docs/dra.md). A pod may ask for GPUs with a
+// ResourceClaim whose request names a DeviceClass of the configured DRA
+// driver (dra.deviceClasses) for an exact count, instead of the device
+// plugin's resource. gputopo then decides its node and GPUs as for any GPU
+// pod (requirement, patience, the ledger), and kube-scheduler's
+// DynamicResources plugin allocates the claim with upstream's allocator,
+// unchanged, over a view of the driver's ResourceSlices in which each
+// node offers only the GPUs gputopo chose there for the pod
+// (DeviceView). What upstream checks still holds: the claim's and the
+// class's selectors and constraints, admin access, other drivers'
+// devices in the same claim. gputopo-scheduler registers DynamicResources
+// over the view as GPUTopologyDynamicResources (cmd/gputopo-scheduler).
+
+// claimGPUs is how many GPUs pod asks through its ResourceClaims: the sum
+// of the exact counts of its claims' requests of a served DeviceClass, in
+// claims not allocated yet (an allocated claim's devices are chosen). A
+// request gputopo cannot choose for (all devices of a class, a
+// firstAvailable list that names a served class) is an error that names
+// the claim and the fix.
+func claimGPUs(pod *corev1.Pod, dra fwk.SharedDRAManager, cfg configv1alpha1.DRA) (int, error) {
+	if len(pod.Spec.ResourceClaims) == 0 || dra == nil {
+		return 0, nil
+	}
+	served := sets.New(cfg.DeviceClasses...)
+	total := 0
+	for _, pc := range pod.Spec.ResourceClaims {
+		name, _, err := resourceclaim.Name(pod, &pc)
+		if err != nil || name == nil {
+			continue // a claim not created yet: DynamicResources' PreEnqueue holds the pod until it is
+		}
+		c, err := dra.ResourceClaims().Get(pod.Namespace, *name)
+		if err != nil || c.Status.Allocation != nil {
+			continue
+		}
+		for _, r := range c.Spec.Devices.Requests {
+			switch {
+			case r.Exactly != nil && served.Has(r.Exactly.DeviceClassName):
+				e := r.Exactly
+				if e.AdminAccess != nil && *e.AdminAccess {
+					continue // admin access takes no GPU from anyone
+				}
+				if e.AllocationMode == resourceapi.DeviceAllocationModeAll {
+					return 0, fmt.Errorf("ResourceClaim %s/%s request %q asks all devices of class %s: gputopo chooses GPUs for an exact count; set allocationMode: ExactCount and count", c.Namespace, c.Name, r.Name, e.DeviceClassName)
+				}
+				n := e.Count
+				if n == 0 {
+					n = 1
+				}
+				total += int(n)
+			case r.Exactly == nil:
+				for _, sr := range r.FirstAvailable {
+					if served.Has(sr.DeviceClassName) {
+						return 0, fmt.Errorf("ResourceClaim %s/%s request %q lists class %s among firstAvailable: gputopo chooses GPUs for one exact request; ask them with exactly", c.Namespace, c.Name, r.Name, sr.DeviceClassName)
+					}
+				}
+			}
+		}
+	}
+	return total, nil
+}
+
+// DeviceView is a SharedDRAManager for a DynamicResources plugin: its
+// ResourceSlices, while a pod that asks for GPUs through claims is in its
+// PreFilter (Begin to End), list on each node only the driver's devices
+// whose UUIDs are the GPUs gputopo chose there for the pod; every other
+// slice, and every slice outside that window, is listed as it is.
+// DynamicResources reads the slices once, in PreFilter, to build the
+// cycle's allocator.
+type DeviceView struct {
+	fwk.SharedDRAManager
+	mu  sync.Mutex
+	cur *viewCycle
+}
+
+type viewCycle struct {
+	driver string
+	uuid   func(*resourceapi.Device) string
+	choice func(node string) []string
+}
+
+// NewDeviceView wraps m.
+func NewDeviceView(m fwk.SharedDRAManager) *DeviceView { return &DeviceView{SharedDRAManager: m} }
+
+// Begin makes the slices listed until End those of the pod whose cycle
+// state is state: restricted when GPUTopology's PreFilter decided to
+// choose its GPUs through claims, as listed otherwise.
+func (v *DeviceView) Begin(state fwk.CycleState) {
+	var cur *viewCycle
+	if d, err := state.Read(cycleKey); err == nil {
+		if cy := d.(*cycle); cy.c != nil && cy.dra != nil {
+			cur = &viewCycle{driver: cy.dra.Driver, uuid: clusterrt.UUIDReader(*cy.dra), choice: cy.c.Choice}
+		}
+	}
+	v.mu.Lock()
+	v.cur = cur
+	v.mu.Unlock()
+}
+
+// End ends the window Begin opened.
+func (v *DeviceView) End() {
+	v.mu.Lock()
+	v.cur = nil
+	v.mu.Unlock()
+}
+
+// ResourceSlices implements fwk.SharedDRAManager.
+func (v *DeviceView) ResourceSlices() fwk.ResourceSliceLister {
+	return viewLister{v: v, inner: v.SharedDRAManager.ResourceSlices()}
+}
+
+type viewLister struct {
+	v     *DeviceView
+	inner fwk.ResourceSliceLister
+}
+
+// ListWithDeviceTaintRules implements fwk.ResourceSliceLister.
+func (l viewLister) ListWithDeviceTaintRules() ([]*resourceapi.ResourceSlice, error) {
+	all, err := l.inner.ListWithDeviceTaintRules()
+	l.v.mu.Lock()
+	cur := l.v.cur
+	l.v.mu.Unlock()
+	if err != nil || cur == nil {
+		return all, err
+	}
+	return restrict(all, cur), nil
+}
+
+// restrict lists slices with the driver's devices on each node cut to
+// the UUIDs cur chose there (none where the pod does not fit).
+func restrict(all []*resourceapi.ResourceSlice, cur *viewCycle) []*resourceapi.ResourceSlice {
+	chosen := map[string]sets.Set[string]{}
+	out := make([]*resourceapi.ResourceSlice, 0, len(all))
+	for _, s := range all {
+		if s.Spec.Driver != cur.driver || s.Spec.NodeName == nil {
+			out = append(out, s)
+			continue
+		}
+		node := *s.Spec.NodeName
+		keep, ok := chosen[node]
+		if !ok {
+			keep = sets.New(cur.choice(node)...)
+			chosen[node] = keep
+		}
+		cp := s.DeepCopy()
+		cp.Spec.Devices = slices.DeleteFunc(cp.Spec.Devices, func(d resourceapi.Device) bool {
+			return !keep.Has(cur.uuid(&d))
+		})
+		out = append(out, cp)
+	}
+	return out
+}

@@ -1,0 +1,195 @@
+//go:build integration
+
+package ecosystem
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/internal/localcluster"
+	"github.com/gputopo/gputopo/test/harness"
+	"github.com/gputopo/gputopo/topology/machine"
+)
+
+// GPUs published as NVIDIA's DRA driver publishes them (docs/dra.md): one
+// ResourceSlice per node, pool named after the node, a device gpu-<i> per
+// GPU with its uuid, index, productName, pciBusID and the standard
+// resource.kubernetes.io/pcieRoot; the DeviceClass gpu.nvidia.com selects
+// the driver's devices.
+const (
+	gpuDriver = configv1alpha1.DefaultDRADriver
+	nsDRA     = "dra"
+)
+
+// publishGPUs creates the DeviceClass and each node's ResourceSlice of
+// machine f's GPUs.
+func publishGPUs(t *testing.T, e *env, f machine.Fixture, nodes ...string) {
+	t.Helper()
+	ctx := harness.Context(t)
+	cs := e.cp.Clientset.ResourceV1()
+	createDeviceClass(t, e, gpuDriver, gpuDriver)
+	str := func(s string) resourcev1.DeviceAttribute { return resourcev1.DeviceAttribute{StringValue: &s} }
+	for _, n := range nodes {
+		var devices []resourcev1.Device
+		for i, g := range f.Graph(n).GPUs() {
+			devices = append(devices, resourcev1.Device{Name: fmt.Sprintf("gpu-%d", i), Attributes: map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{
+				"uuid":                            str(g.UUID),
+				"index":                           {IntValue: ptr.To(int64(i))},
+				"productName":                     str(g.Model),
+				"pciBusID":                        str(g.PCIBusID),
+				"resource.kubernetes.io/pcieRoot": str(fmt.Sprintf("pci0000:%02x", i/2)),
+			}})
+		}
+		slice := &resourcev1.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: n + "-gpus"}, Spec: resourcev1.ResourceSliceSpec{
+			Driver: gpuDriver, NodeName: &n, Pool: resourcev1.ResourcePool{Name: n, ResourceSliceCount: 1}, Devices: devices,
+		}}
+		if _, err := cs.ResourceSlices().Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("create ResourceSlice: %v", err)
+		}
+	}
+}
+
+// gpuClaimPod creates a ResourceClaim for gpus GPUs of class gpu.nvidia.com
+// and pod name using it, on node (nodeSelector), for scheduler.
+func gpuClaimPod(t *testing.T, e *env, name, scheduler, node string, gpus int, annotations map[string]string) {
+	t.Helper()
+	ctx := harness.Context(t)
+	claim := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name + "-gpus", Namespace: nsDRA}, Spec: resourcev1.ResourceClaimSpec{
+		Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{{Name: "gpus", Exactly: &resourcev1.ExactDeviceRequest{
+			DeviceClassName: gpuDriver, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: int64(gpus)}}}},
+	}}
+	if _, err := e.cp.Clientset.ResourceV1().ResourceClaims(nsDRA).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create ResourceClaim: %v", err)
+	}
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: nsDRA, Name: name, Annotations: annotations}, Spec: corev1.PodSpec{
+		SchedulerName: scheduler,
+		NodeSelector:  map[string]string{corev1.LabelHostname: node},
+		Containers: []corev1.Container{{Name: "main", Image: "registry.k8s.io/pause:3.10",
+			Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpus"}}}}},
+		ResourceClaims: []corev1.PodResourceClaim{{Name: "gpus", ResourceClaimName: &claim.Name}},
+	}}
+	if err := e.cp.Client.Create(ctx, p); err != nil {
+		t.Fatalf("create pod %s: %v", name, err)
+	}
+}
+
+// allocatedIndices waits for pod name to be bound and returns the GPU
+// indices its claim was allocated (the devices' names, gpu-<i>).
+func allocatedIndices(t *testing.T, e *env, name string) []int {
+	t.Helper()
+	ctx := harness.Context(t)
+	var out []int
+	harness.Poll(t, time.Minute, "pod "+name+" bound with its claim allocated", func() (bool, string) {
+		p, err := e.cp.Clientset.CoreV1().Pods(nsDRA).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		c, err := e.cp.Clientset.ResourceV1().ResourceClaims(nsDRA).Get(ctx, name+"-gpus", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		if p.Spec.NodeName == "" || c.Status.Allocation == nil {
+			return false, fmt.Sprintf("node %q, allocation %v, conditions %v", p.Spec.NodeName, c.Status.Allocation, p.Status.Conditions)
+		}
+		out = out[:0]
+		for _, r := range c.Status.Allocation.Devices.Results {
+			i, err := strconv.Atoi(r.Device[len("gpu-"):])
+			if err != nil || r.Driver != gpuDriver || r.Pool != p.Spec.NodeName {
+				return false, fmt.Sprintf("unexpected result %+v", r)
+			}
+			out = append(out, i)
+		}
+		slices.Sort(out)
+		return true, ""
+	})
+	return out
+}
+
+// TestDRAClaimGetsAnNVLinkQuad: DGX-1 V100 nodes whose GPUs a DRA driver
+// publishes (no nvidia.com/gpu), each with GPUs 0 and 1 allocated to a
+// claim that plain kube-scheduler placed. A 4-GPU claim pod placed by
+// plain kube-scheduler gets the first four free devices, 2-5, across both
+// NVLink quads; the same pod placed by gputopo-scheduler gets 4-7, a
+// quad whose GPUs all talk over NVLink, allocated by upstream's
+// DynamicResources over gputopo's view. Plugin mode: in extender mode the
+// devices are upstream's choice (docs/dra.md).
+func TestDRAClaimGetsAnNVLinkQuad(t *testing.T) {
+	f, err := machine.FixtureByName("dgx1-v100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := []string{"dgx1-a", "dgx1-b"}
+	e := newEnv(t, localcluster.ModePlugin, envOptions{
+		nodes: func(t *testing.T, e *env) {
+			for _, n := range nodes {
+				e.addDRANode(t, n, f)
+			}
+		},
+		start: func(*env, *testing.T) {},
+	})
+	ctx := harness.Context(t)
+	if err := e.cp.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: nsDRA}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.cp.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: nsDRA, Name: "default"}}); err != nil {
+		t.Fatal(err)
+	}
+	publishGPUs(t, e, f, nodes...)
+	e.cp.StartScheduler(t, nil) // plain kube-scheduler: default-scheduler
+	for _, n := range nodes {
+		gpuClaimPod(t, e, "filler-"+n, corev1.DefaultSchedulerName, n, 2, nil)
+		if got := allocatedIndices(t, e, "filler-"+n); !slices.Equal(got, []int{0, 1}) {
+			t.Fatalf("filler on %s got GPUs %v, want 0 and 1 (first fit)", n, got)
+		}
+	}
+	harness.WaitCore(t, e.sched, func(g map[string]float64) bool { return g["held"] == 4 })
+
+	model := map[string]string{v1alpha1.AnnotationRequirement: `{"requireNVLink":true,"strategy":"highest_bandwidth"}`}
+	gpuClaimPod(t, e, "plain", corev1.DefaultSchedulerName, nodes[0], 4, model)
+	plain := allocatedIndices(t, e, "plain")
+	gpuClaimPod(t, e, "gputopo", v1alpha1.DefaultSchedulerName, nodes[1], 4, model)
+	mine := allocatedIndices(t, e, "gputopo")
+
+	quad := func(set []int) bool {
+		return slices.Equal(set, []int{0, 1, 2, 3}) || slices.Equal(set, []int{4, 5, 6, 7})
+	}
+	if !slices.Equal(plain, []int{2, 3, 4, 5}) {
+		t.Errorf("plain kube-scheduler's claim got GPUs %v, want 2-5 (first fit)", plain)
+	}
+	if !quad(mine) {
+		t.Errorf("gputopo's claim got GPUs %v, want an NVLink quad (4-7)", mine)
+	}
+	g := f.Graph(nodes[1])
+	for _, set := range [][]int{mine} {
+		for i := range set {
+			for j := range set[:i] {
+				if g.Link(set[j], set[i]).NVLinks == 0 {
+					t.Errorf("GPUs %d and %d of gputopo's set %v are not NVLink-connected", set[j], set[i], set)
+				}
+			}
+		}
+	}
+	// The ledger holds what the claims allocated: the fillers' 4 GPUs and
+	// the two 4-GPU claims.
+	harness.WaitCore(t, e.sched, func(g map[string]float64) bool { return g["held"] == 12 })
+	p, err := e.cp.Clientset.CoreV1().Pods(nsDRA).Get(ctx, "gputopo", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	assigned := harness.PodGPUs(t, p, v1alpha1.AnnotationAssignedGPUs)
+	for _, i := range mine {
+		if !slices.Contains(assigned, g.GPUs()[i].UUID) {
+			t.Errorf("pod's assigned-gpus %v lacks GPU %d (%s) of its claim", assigned, i, g.GPUs()[i].UUID)
+		}
+	}
+}
