@@ -22,7 +22,7 @@ func ClusterRBACRules() []rbacv1.PolicyRule {
 		// DRA (resource.k8s.io), where the cluster serves it: GPUs
 		// allocated through ResourceClaims, resolved to UUIDs through the
 		// driver's ResourceSlices (docs/dra.md).
-		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims", "resourceslices"}, Verbs: []string{"list", "watch"}},
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims", "resourceclaimtemplates", "resourceslices"}, Verbs: []string{"list", "watch"}},
 		// Preemption: the PodDisruptionBudgets of the victims the preempt
 		// verb returns, counted as kube-scheduler counts them.
 		{APIGroups: []string{"policy"}, Resources: []string{"poddisruptionbudgets"}, Verbs: []string{"list", "watch"}},

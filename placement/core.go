@@ -7,6 +7,7 @@ import (
 
 	"github.com/gputopo/gputopo/topology/allocator"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/klog/v2"
 
@@ -80,6 +81,11 @@ type Options struct {
 	// runs in simulated time passes its own: pod ages (fallbackAfter),
 	// reservation TTLs and topology ages are then measured on it.
 	Clock func() time.Time
+	// ClaimGPUs, when set, is how many GPUs a pod that asks none of the
+	// device plugin's resource asks through its ResourceClaims (the
+	// runtime reads them from its caches; docs/dra.md): the ledger then
+	// knows such pods, pending ones included, as GPU pods.
+	ClaimGPUs func(*corev1.Pod) int
 }
 
 // Recorder records Events about pods: client-go's record.EventRecorder,
@@ -151,6 +157,7 @@ func New(o Options) (*Core, error) {
 		Fabric:         fabric,
 		TopologyMaxAge: cfg.TopologyAgeLimit(),
 		OnDoubleHeld:   x.onDoubleHeld,
+		ClaimGPUs:      o.ClaimGPUs,
 	}
 	if p := cfg.Telemetry.Prometheus; cfg.Telemetry.Source == configv1alpha1.TelemetryPrometheus && p != nil {
 		lo.ExternalTelemetryMaxAge = p.MaxAge.Duration

@@ -95,6 +95,12 @@ func (c *Cycle) FilterNode(node string) (passed, unresolvable bool, reason strin
 // offers it exactly these devices.
 func (c *Cycle) Choice(node string) []string {
 	var out []string
+	// GPUs the pod holds there already (a group's slot, a reservation
+	// from an earlier attempt) are what Reserve gives it again.
+	c.x.ledger.Read(func(v ledger.View) { out = v.HeldOn(c.pr.UID, node) })
+	if out != nil {
+		return out
+	}
 	c.e.readNode(c.x.ledger, node, func(lv ledger.View) {
 		n := lv.NodeFor(node, c.pr.UID)
 		if n == nil {

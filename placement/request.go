@@ -87,7 +87,7 @@ func requestOf(info *ledger.PodInfo, created, now time.Time) (Request, error) {
 	if info.GroupErr != nil {
 		return Request{}, info.GroupErr
 	}
-	r := Request{UID: info.UID, Key: info.Key, Count: info.GPUs, job: info.Job, created: created, group: info.Group, groupSpec: info.GroupSpec, native: info.GroupNative, indexes: info.Indexes, nominated: info.Nominated, pinned: info.Pinned, priority: info.Priority, deadline: info.Deadline}
+	r := Request{UID: info.UID, Key: info.Key, Count: info.GPUs, claims: info.ViaClaims, job: info.Job, created: created, group: info.Group, groupSpec: info.GroupSpec, native: info.GroupNative, indexes: info.Indexes, nominated: info.Nominated, pinned: info.Pinned, priority: info.Priority, deadline: info.Deadline}
 	if info.HasRequirement {
 		req, err := v1alpha1.ParseRequirement(info.Requirement)
 		if err != nil {

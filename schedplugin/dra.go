@@ -38,7 +38,6 @@ func claimGPUs(pod *corev1.Pod, dra fwk.SharedDRAManager, cfg configv1alpha1.DRA
 	if len(pod.Spec.ResourceClaims) == 0 || dra == nil {
 		return 0, nil
 	}
-	served := sets.New(cfg.DeviceClasses...)
 	total := 0
 	for _, pc := range pod.Spec.ResourceClaims {
 		name, _, err := resourceclaim.Name(pod, &pc)
@@ -49,29 +48,11 @@ func claimGPUs(pod *corev1.Pod, dra fwk.SharedDRAManager, cfg configv1alpha1.DRA
 		if err != nil || c.Status.Allocation != nil {
 			continue
 		}
-		for _, r := range c.Spec.Devices.Requests {
-			switch {
-			case r.Exactly != nil && served.Has(r.Exactly.DeviceClassName):
-				e := r.Exactly
-				if e.AdminAccess != nil && *e.AdminAccess {
-					continue // admin access takes no GPU from anyone
-				}
-				if e.AllocationMode == resourceapi.DeviceAllocationModeAll {
-					return 0, fmt.Errorf("ResourceClaim %s/%s request %q asks all devices of class %s: gputopo chooses GPUs for an exact count; set allocationMode: ExactCount and count", c.Namespace, c.Name, r.Name, e.DeviceClassName)
-				}
-				n := e.Count
-				if n == 0 {
-					n = 1
-				}
-				total += int(n)
-			case r.Exactly == nil:
-				for _, sr := range r.FirstAvailable {
-					if served.Has(sr.DeviceClassName) {
-						return 0, fmt.Errorf("ResourceClaim %s/%s request %q lists class %s among firstAvailable: gputopo chooses GPUs for one exact request; ask them with exactly", c.Namespace, c.Name, r.Name, sr.DeviceClassName)
-					}
-				}
-			}
+		n, err := clusterrt.ServedGPUs(c.Spec.Devices.Requests, cfg)
+		if err != nil {
+			return 0, fmt.Errorf("ResourceClaim %s/%s %w", c.Namespace, c.Name, err)
 		}
+		total += n
 	}
 	return total, nil
 }

@@ -22,6 +22,7 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
@@ -68,6 +69,9 @@ type Runtime struct {
 	core *placement.Core
 	cfg  *configv1alpha1.ExtenderConfiguration
 	opts Options
+	// draCache reads ResourceClaims and ResourceClaimTemplates once the
+	// cluster is known to serve them (claimGPUs); nil before.
+	draCache atomic.Pointer[client.Reader]
 	// client talks to the API server (rebuild, the decider Lease, Events,
 	// reads bind cannot answer from a cache).
 	client  kubernetes.Interface
@@ -110,6 +114,7 @@ func New(restCfg *rest.Config, cs kubernetes.Interface, o Options) (*Runtime, er
 	}
 	r := &Runtime{opts: o, client: cs, restCfg: restCfg}
 	co := o.Core
+	co.ClaimGPUs = r.claimGPUs
 	r.api = &clusterAPI{client: cs}
 	co.API, co.Gate = r.api, r
 	if co.Recorder == nil {

@@ -2,15 +2,19 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/placement"
@@ -23,7 +27,10 @@ import (
 // attribute), held for the pod the claim is reserved for. The claim's
 // status.allocation is the truth; the ledger follows it.
 type draTracker struct {
-	feed   placement.Feed
+	feed placement.Feed
+	// refeed feeds the ledger again the pending pods of a namespace that
+	// use a claim (or template) just seen; nil: none.
+	refeed func(ns string, uses func(corev1.PodResourceClaim) bool)
 	driver string
 	attr   []string // the UUID attribute's names, as written and as the driver's domain qualifies it
 
@@ -68,9 +75,45 @@ func (t *draTracker) uuidOf(d *resourcev1.Device) string {
 	return ""
 }
 
-func (t *draTracker) handlers() (slices, claims toolscache.ResourceEventHandlerFuncs) {
+func (t *draTracker) handlers() (slices, claims, templates toolscache.ResourceEventHandlerFuncs) {
 	return handler(t.upsertSlice, func(m metav1.Object) { t.deleteSlice(m.GetName()) }),
-		handler(t.upsertClaim, func(m metav1.Object) { t.deleteClaim(m.GetUID()) })
+		handler(t.upsertClaim, func(m metav1.Object) { t.deleteClaim(m.GetUID()) }),
+		handler(func(tmpl *resourcev1.ResourceClaimTemplate) {
+			if t.refeed != nil {
+				t.refeed(tmpl.Namespace, func(pc corev1.PodResourceClaim) bool {
+					return pc.ResourceClaimTemplateName != nil && *pc.ResourceClaimTemplateName == tmpl.Name
+				})
+			}
+		}, func(metav1.Object) {})
+}
+
+// refeedClaimPods returns what feeds the ledger again the pending pods of
+// a namespace that use a claim or template just seen: a pod seen before
+// its claim or template counted no GPUs through it (claimGPUs).
+func (r *Runtime) refeedClaimPods(ctx context.Context, c client.Reader) func(ns string, uses func(corev1.PodResourceClaim) bool) {
+	return func(ns string, uses func(corev1.PodResourceClaim) bool) {
+		var pods []*corev1.Pod
+		if host := r.opts.HostInformers; host != nil {
+			for _, o := range host.Pods.GetStore().List() {
+				if p, ok := o.(*corev1.Pod); ok && p.Namespace == ns {
+					pods = append(pods, p)
+				}
+			}
+		} else {
+			var l corev1.PodList
+			if err := c.List(ctx, &l, client.InNamespace(ns)); err != nil {
+				return
+			}
+			for i := range l.Items {
+				pods = append(pods, &l.Items[i])
+			}
+		}
+		for _, p := range pods {
+			if p.Spec.NodeName == "" && slices.ContainsFunc(p.Spec.ResourceClaims, uses) {
+				r.core.Feed().UpsertPod(p)
+			}
+		}
+	}
 }
 
 func (t *draTracker) upsertSlice(s *resourcev1.ResourceSlice) {
@@ -135,6 +178,11 @@ func (t *draTracker) publishLocked(node string) {
 }
 
 func (t *draTracker) upsertClaim(c *resourcev1.ResourceClaim) {
+	if t.refeed != nil && c.Status.Allocation == nil {
+		t.refeed(c.Namespace, func(pc corev1.PodResourceClaim) bool {
+			return pc.ResourceClaimName != nil && *pc.ResourceClaimName == c.Name
+		})
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if !t.hasDevices(c) {
@@ -201,6 +249,72 @@ func (t *draTracker) feedLocked(c *resourcev1.ResourceClaim) {
 	t.feed.UpsertClaim(a)
 }
 
+// ServedGPUs is how many GPUs requests ask of the DRA driver's served
+// DeviceClasses (cfg.DeviceClasses): the sum of their exact counts
+// (count 0 is 1), admin access counting none. A request gputopo cannot
+// choose for is an error naming the request and the fix: all devices of
+// a served class, or a served class in a firstAvailable list.
+func ServedGPUs(reqs []resourcev1.DeviceRequest, cfg configv1alpha1.DRA) (int, error) {
+	total := 0
+	for _, r := range reqs {
+		switch {
+		case r.Exactly != nil && slices.Contains(cfg.DeviceClasses, r.Exactly.DeviceClassName):
+			e := r.Exactly
+			if e.AdminAccess != nil && *e.AdminAccess {
+				continue // admin access takes no GPU from anyone
+			}
+			if e.AllocationMode == resourcev1.DeviceAllocationModeAll {
+				return 0, fmt.Errorf("request %q asks all devices of class %s: gputopo chooses GPUs for an exact count; set allocationMode: ExactCount and count", r.Name, e.DeviceClassName)
+			}
+			total += int(max(e.Count, 1))
+		case r.Exactly == nil:
+			for _, sr := range r.FirstAvailable {
+				if slices.Contains(cfg.DeviceClasses, sr.DeviceClassName) {
+					return 0, fmt.Errorf("request %q lists class %s among firstAvailable: gputopo chooses GPUs for one exact request; ask them with exactly", r.Name, sr.DeviceClassName)
+				}
+			}
+		}
+	}
+	return total, nil
+}
+
+// claimGPUs is how many GPUs pod p asks through its ResourceClaims, read
+// from the informer cache: a claim from a template counts the template's
+// requests (its claim may not exist yet), a named claim its own. 0 while
+// an object is not in the cache yet, or for a request gputopo cannot
+// choose for (the plugin's PreFilter says why).
+func (r *Runtime) claimGPUs(p *corev1.Pod) int {
+	c := r.draCache.Load()
+	if c == nil {
+		return 0
+	}
+	ctx := context.Background()
+	total := 0
+	for _, pc := range p.Spec.ResourceClaims {
+		var reqs []resourcev1.DeviceRequest
+		switch {
+		case pc.ResourceClaimTemplateName != nil:
+			var t resourcev1.ResourceClaimTemplate
+			if (*c).Get(ctx, types.NamespacedName{Namespace: p.Namespace, Name: *pc.ResourceClaimTemplateName}, &t) != nil {
+				return 0
+			}
+			reqs = t.Spec.Spec.Devices.Requests
+		case pc.ResourceClaimName != nil:
+			var rc resourcev1.ResourceClaim
+			if (*c).Get(ctx, types.NamespacedName{Namespace: p.Namespace, Name: *pc.ResourceClaimName}, &rc) != nil {
+				return 0
+			}
+			reqs = rc.Spec.Devices.Requests
+		}
+		n, err := ServedGPUs(reqs, r.cfg.DRA)
+		if err != nil {
+			return 0
+		}
+		total += n
+	}
+	return total
+}
+
 // servesDRA says whether the cluster serves ResourceSlices and
 // ResourceClaims (resource.k8s.io/v1), which the runtime then watches.
 func (r *Runtime) servesDRA(ctx context.Context) bool {
@@ -212,10 +326,28 @@ func (r *Runtime) servesDRA(ctx context.Context) bool {
 		klog.FromContext(ctx).V(2).Info("DRA not served; GPUs through ResourceClaims are not tracked", "groupVersion", resourcev1.SchemeGroupVersion.String(), "err", err)
 		return false
 	}
-	var slices, claims bool
+	served := map[string]bool{}
 	for _, r := range rl.APIResources {
-		slices = slices || r.Name == "resourceslices"
-		claims = claims || r.Name == "resourceclaims"
+		served[r.Name] = true
 	}
-	return slices && claims
+	for _, res := range draResources {
+		if !served[res] {
+			return false
+		}
+		// Without list and watch an informer never syncs, and the
+		// runtime would wait for it forever: say so and track no claims.
+		for _, verb := range []string{"list", "watch"} {
+			review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
+				ResourceAttributes: &authorizationv1.ResourceAttributes{Group: resourcev1.GroupName, Resource: res, Verb: verb}}}
+			got, err := r.client.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
+			if err != nil || !got.Status.Allowed {
+				klog.FromContext(ctx).Info("not allowed to "+verb+" "+res+": GPUs through ResourceClaims are not tracked; grant the role the chart installs (docs/dra.md)", "err", err)
+				return false
+			}
+		}
+	}
+	return true
 }
+
+// draResources are what the runtime watches of resource.k8s.io/v1.
+var draResources = []string{"resourceslices", "resourceclaims", "resourceclaimtemplates"}

@@ -78,13 +78,22 @@ func (r *Runtime) startInformers(ctx context.Context) error {
 	}
 	if r.servesDRA(ctx) {
 		klog.FromContext(ctx).V(2).Info("tracking GPUs allocated through ResourceClaims", "driver", r.cfg.DRA.Driver, "uuidAttribute", r.cfg.DRA.UUIDAttribute)
-		slices, claims := newDRATracker(r.core.Feed(), r.cfg.DRA).handlers()
+		t := newDRATracker(r.core.Feed(), r.cfg.DRA)
+		t.refeed = r.refeedClaimPods(ctx, c)
+		slices, claims, templates := t.handlers()
 		if err := add(&resourcev1.ResourceSlice{}, slices); err != nil {
 			return err
 		}
 		if err := add(&resourcev1.ResourceClaim{}, claims); err != nil {
 			return err
 		}
+		// A pod's GPUs through claims from templates are read from the
+		// cached templates (claimGPUs).
+		if err := add(&resourcev1.ResourceClaimTemplate{}, templates); err != nil {
+			return err
+		}
+		var reader client.Reader = c
+		r.draCache.Store(&reader)
 	}
 	nodeHandler, podHandler := h.nodes, h.pods
 	if host := r.opts.HostInformers; host != nil {

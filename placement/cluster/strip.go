@@ -154,9 +154,12 @@ func stripPodOf(obj any, resource corev1.ResourceName) (any, error) {
 			// The pod's Kubernetes PodGroup (groups).
 			SchedulingGroup: p.Spec.SchedulingGroup,
 			// Preemption orders victims by priority and start.
-			Priority: p.Spec.Priority, ActiveDeadlineSeconds: p.Spec.ActiveDeadlineSeconds},
+			Priority: p.Spec.Priority, ActiveDeadlineSeconds: p.Spec.ActiveDeadlineSeconds,
+			// GPUs asked through ResourceClaims (docs/dra.md).
+			ResourceClaims: p.Spec.ResourceClaims},
 		// A group's pods plan on the nodes preemption nominated them to.
-		Status: corev1.PodStatus{Phase: p.Status.Phase, StartTime: p.Status.StartTime, NominatedNodeName: p.Status.NominatedNodeName},
+		Status: corev1.PodStatus{Phase: p.Status.Phase, StartTime: p.Status.StartTime, NominatedNodeName: p.Status.NominatedNodeName,
+			ResourceClaimStatuses: p.Status.ResourceClaimStatuses},
 	}
 	// A preemption victim's GPUs are remembered for the pod that
 	// preempted it (ledger.PodInfo.Preempted).

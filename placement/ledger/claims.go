@@ -4,7 +4,10 @@ import (
 	"fmt"
 	"slices"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
 // GPUs allocated through DRA (docs/dra.md). A ResourceClaim's
@@ -62,8 +65,8 @@ func (l *Ledger) UpsertClaim(a ClaimAllocation) {
 	}
 	nh := &holding{uid: holder, pod: key, node: a.Node, uuids: a.UUIDs, since: l.now()}
 	if h := l.holdings[holder]; h != nil {
-		if len(h.uuids) > 0 || h.unknown > 0 {
-			l.claimMismatches++
+		if len(h.uuids) > 0 {
+			l.claimMismatches++ // GPUs it was known to hold; an unknown count is only made known
 		}
 		nh.placement, nh.group = h.placement, h.group
 	}
@@ -96,6 +99,22 @@ func (l *Ledger) releaseClaimLocked(uid types.UID) {
 		return // the pod's own annotation holds them
 	}
 	l.releaseLocked(holder)
+}
+
+// viaClaims fills in the GPUs pod p asks through ResourceClaims, when it
+// asks none of the ledger's resource and the ledger can read claims.
+func (l *Ledger) viaClaims(p *corev1.Pod, info *PodInfo) {
+	if info.GPUs != 0 || info.DemandErr != nil || len(p.Spec.ResourceClaims) == 0 || l.claimGPUs == nil {
+		return
+	}
+	if n := l.claimGPUs(p); n > 0 {
+		info.GPUs, info.ViaClaims = n, true
+		if info.HasRequirement && n > 1 {
+			if r, err := v1alpha1.ParseRequirement(info.Requirement); err == nil {
+				info.AsksBandwidth = r.AsksBandwidth(n)
+			}
+		}
+	}
 }
 
 // SetDRADevices records the GPU UUIDs driver's ResourceSlices publish on

@@ -3,8 +3,14 @@ package ledger_test
 import (
 	"strings"
 	"testing"
+	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/topology/machine"
 
 	"github.com/gputopo/gputopo/placement/ledger"
 	"github.com/gputopo/gputopo/topology"
@@ -126,5 +132,42 @@ func TestDRANodesAreServedOneWay(t *testing.T) {
 	l.Read(func(v ledger.View) { alloc, driver = v.Node("a").Allocatable(), v.Node("a").DRA() })
 	if alloc != 0 || driver != "" {
 		t.Errorf("node the driver left: allocatable %d, driver %q; want 0 (its Node advertises none) and none", alloc, driver)
+	}
+}
+
+// With a claim reader, a pod that asks no GPUs of the resource but some
+// through its ResourceClaims is a GPU pod to the ledger, pending or not:
+// a group of such pods is seen whole.
+func TestPodsAskingThroughClaimsAreGPUPods(t *testing.T) {
+	f, err := machine.FixtureByName("dgx-a100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := ledger.New(ledger.Options{Clock: func() time.Time { return now }, ClaimGPUs: func(p *corev1.Pod) int {
+		if len(p.Spec.ResourceClaims) == 0 {
+			return 0
+		}
+		return 4
+	}})
+	st := f.Graph("a").Status()
+	st.ObservedTime = metav1.NewTime(now)
+	l.UpsertTopology(&v1alpha1.NodeGPUTopology{ObjectMeta: metav1.ObjectMeta{Name: "a"}, Status: st})
+	for _, name := range []string{"g-0", "g-1", "plain"} {
+		p := pod(name, "", "", 0)
+		p.Spec.Containers[0].Resources.Limits = nil
+		if name != "plain" {
+			p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpus", ResourceClaimName: new(name + "-gpus")}}
+			p.Annotations = map[string]string{v1alpha1.AnnotationGroup: "g", v1alpha1.AnnotationGroupSize: "2"}
+		}
+		l.UpsertPod(p)
+	}
+	var pending int
+	var known bool
+	l.Read(func(v ledger.View) {
+		g, ok := v.Group("ns/g")
+		known, pending = ok, len(g.Pending)
+	})
+	if !known || pending != 2 {
+		t.Errorf("group of claim pods: known %v with %d pending, want both", known, pending)
 	}
 }

@@ -82,6 +82,8 @@ type Ledger struct {
 	// is called under the ledger's lock: it must not block or call back
 	// into the ledger.
 	onDoubleHeld func(added, cleared []DoubleHold)
+	// claimGPUs reads a pod's GPUs through ResourceClaims (Options).
+	claimGPUs func(*corev1.Pod) int
 	// onUsable, when set, is told when a node comes to offer GPUs it did
 	// not from its topology's side (OnUsable); maxAge is the topology age
 	// limit filter applies (SetTopologyMaxAge), for a topology that is
@@ -155,6 +157,9 @@ type Options struct {
 	// under the ledger's lock: it must not block or call back into the
 	// ledger.
 	OnDoubleHeld func(added, cleared []DoubleHold)
+	// ClaimGPUs, when set, is how many GPUs a pod that asks none of
+	// Resource asks through its ResourceClaims (claims.go).
+	ClaimGPUs func(*corev1.Pod) int
 }
 
 // New returns an empty ledger with the settings o.
@@ -185,6 +190,7 @@ func New(o Options) *Ledger {
 		maxAge:       o.TopologyMaxAge,
 		extMaxAge:    o.ExternalTelemetryMaxAge,
 		onDoubleHeld: o.OnDoubleHeld,
+		claimGPUs:    o.ClaimGPUs,
 	}
 	l.index.init()
 	return l

@@ -285,6 +285,16 @@ func (v View) HolderNode(uid types.UID) (node string, ok bool) {
 	return h.node, true
 }
 
+// HeldOn is the GPUs pod uid holds or has been promised on node (its
+// reservation, its group slot), nil when none there.
+func (v View) HeldOn(uid types.UID, node string) []string {
+	h, ok := v.l.holdings[uid]
+	if !ok || h.node != node || len(h.uuids) == 0 {
+		return nil
+	}
+	return slices.Clone(h.uuids)
+}
+
 // Without is n as if pod uid held nothing on it: a copy, n is left alone.
 // n itself when uid holds nothing there.
 func (v View) Without(n *Node, uid types.UID) *Node {

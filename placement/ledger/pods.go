@@ -18,8 +18,10 @@ type PodInfo struct {
 	UID  types.UID
 	Key  types.NamespacedName
 	Node string
-	// GPUs is the pod's GPU demand (see GPUCount).
-	GPUs int
+	// GPUs is the pod's GPU demand (see GPUCount); ViaClaims: it asks
+	// them through ResourceClaims (Options.ClaimGPUs), not the resource.
+	GPUs      int
+	ViaClaims bool
 	// Job is namespace/job label, "" without one.
 	Job string
 	// Priority is the pod's spec.priority (0 when unset); Started its
@@ -219,6 +221,7 @@ func (l *Ledger) UpsertPod(p *corev1.Pod) {
 		return
 	}
 	info := NewPodInfo(p, l.resource)
+	l.viaClaims(p, info)
 	if info.GPUs == 0 && len(info.Assigned) == 0 && info.DemandErr == nil {
 		l.forgetPodLocked(p.UID, info.Key)
 		return

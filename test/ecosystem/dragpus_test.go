@@ -60,7 +60,7 @@ func publishGPUs(t *testing.T, e *env, f machine.Fixture, nodes ...string) {
 }
 
 // gpuClaimPod creates a ResourceClaim for gpus GPUs of class gpu.nvidia.com
-// and pod name using it, on node (nodeSelector), for scheduler.
+// and pod name using it, on node (nodeSelector; "": any), for scheduler.
 func gpuClaimPod(t *testing.T, e *env, name, scheduler, node string, gpus int, annotations map[string]string) {
 	t.Helper()
 	ctx := harness.Context(t)
@@ -73,11 +73,13 @@ func gpuClaimPod(t *testing.T, e *env, name, scheduler, node string, gpus int, a
 	}
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: nsDRA, Name: name, Annotations: annotations}, Spec: corev1.PodSpec{
 		SchedulerName: scheduler,
-		NodeSelector:  map[string]string{corev1.LabelHostname: node},
 		Containers: []corev1.Container{{Name: "main", Image: "registry.k8s.io/pause:3.10",
 			Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpus"}}}}},
 		ResourceClaims: []corev1.PodResourceClaim{{Name: "gpus", ResourceClaimName: &claim.Name}},
 	}}
+	if node != "" {
+		p.Spec.NodeSelector = map[string]string{corev1.LabelHostname: node}
+	}
 	if err := e.cp.Client.Create(ctx, p); err != nil {
 		t.Fatalf("create pod %s: %v", name, err)
 	}
@@ -192,4 +194,64 @@ func TestDRAClaimGetsAnNVLinkQuad(t *testing.T) {
 			t.Errorf("pod's assigned-gpus %v lacks GPU %d (%s) of its claim", assigned, i, g.GPUs()[i].UUID)
 		}
 	}
+}
+
+// TestDRAGroupOfClaimPodsInOneLeaf: a group of 2 pods, each asking 8
+// GPUs through its own ResourceClaim, required inside one leaf, on three
+// DGX-1 V100 nodes a DRA driver serves, one alone under its leaf: both
+// pods are bound under the leaf of two nodes, each claim allocated the 8
+// GPUs of its pod's node, and the ledger holds the 16. Plugin mode.
+func TestDRAGroupOfClaimPodsInOneLeaf(t *testing.T) {
+	f, err := machine.FixtureByName("dgx1-v100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leafOf := map[string]string{"solo": "leaf-1", "x": "leaf-2", "y": "leaf-2"}
+	var nodes []string
+	e := newEnv(t, localcluster.ModePlugin, envOptions{
+		nodes: func(t *testing.T, e *env) {
+			for _, n := range []string{"solo", "x", "y"} {
+				e.addDRANode(t, n, f)
+				nodes = append(nodes, n)
+			}
+		},
+		start: func(*env, *testing.T) {},
+	})
+	ctx := harness.Context(t)
+	for _, n := range nodes {
+		node, err := e.cp.Clientset.CoreV1().Nodes().Get(ctx, n, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		node.Labels[leafLabel] = leafOf[n]
+		node.Labels[spineLabel] = "s"
+		if _, err := e.cp.Clientset.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.cp.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: nsDRA}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.cp.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: nsDRA, Name: "default"}}); err != nil {
+		t.Fatal(err)
+	}
+	publishGPUs(t, e, f, nodes...)
+	group := map[string]string{v1alpha1.AnnotationGroup: "pair", v1alpha1.AnnotationGroupSize: "2", v1alpha1.AnnotationGroupRequiredTopology: "leaf"}
+	for i := range 2 {
+		gpuClaimPod(t, e, fmt.Sprintf("pair-%d", i), v1alpha1.DefaultSchedulerName, "", 8, group)
+	}
+	seen := map[string]bool{}
+	for i := range 2 {
+		name := fmt.Sprintf("pair-%d", i)
+		got := allocatedIndices(t, e, name)
+		p, err := e.cp.Clientset.CoreV1().Pods(nsDRA).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if leafOf[p.Spec.NodeName] != "leaf-2" || seen[p.Spec.NodeName] || len(got) != 8 {
+			t.Errorf("pod %s on %s (%s) with GPUs %v; want each pod on its own node of leaf-2 with all 8", name, p.Spec.NodeName, leafOf[p.Spec.NodeName], got)
+		}
+		seen[p.Spec.NodeName] = true
+	}
+	harness.WaitCore(t, e.sched, func(g map[string]float64) bool { return g["held"] == 16 })
 }
