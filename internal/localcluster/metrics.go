@@ -50,6 +50,16 @@ func LedgerGPUs(url string) (map[string]float64, error) {
 	if f := fams["gputopo_extender_group_reservations"]; f != nil && len(f.Metric) > 0 {
 		out["group_reservations"] = f.Metric[0].GetGauge().GetValue()
 	}
+	// Nodes by topology state, as nodes_<state> (nodes_untrusted, ...).
+	if f := fams["gputopo_extender_topology_nodes"]; f != nil {
+		for _, m := range f.Metric {
+			for _, l := range m.Label {
+				if l.GetName() == "state" {
+					out["nodes_"+l.GetValue()] = m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
 	return out, nil
 }
 

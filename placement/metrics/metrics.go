@@ -241,7 +241,7 @@ func ledgerCollector(l placement.Report) *scrape {
 // topologyStateCollector counts nodes by topology state.
 func topologyStateCollector(l placement.Report, m *Metrics) *scrape {
 	return &scrape{descs: []*prometheus.Desc{prometheus.NewDesc("gputopo_extender_topology_nodes",
-		"Nodes by the state of their NodeGPUTopology as filter judges it: fresh, missing (the Node advertises GPUs, no topology), invalid, agent_stale (the node agent marked it stale), old (observedTime missing, older than topologyMaxAge or ahead of the clock), untrusted (its GPU count disagrees with the Node's capacity or allocatable, or it lists a GPU UUID another node listed first). Nodes in any state but fresh are refused.", []string{"state"}, nil),
+		"Nodes by the state of their NodeGPUTopology as filter judges it: fresh, missing (the Node advertises GPUs, no topology), invalid, agent_stale (the node agent marked it stale), old (observedTime missing, older than topologyMaxAge or ahead of the clock), untrusted (its GPU count disagrees with the Node's capacity or allocatable, it lists a GPU UUID another node listed first, or a DRA driver's ResourceSlices list a GPU it does not or serve a node the device plugin also serves). Nodes in any state but fresh are refused.", []string{"state"}, nil),
 		prometheus.NewDesc("gputopo_extender_topology_duplicate_gpus",
 			"GPU UUIDs that more than one node's NodeGPUTopology lists now (one GPU is in one machine); 0 in a healthy cluster. The node that listed one later is refused as untrusted.", nil, nil)},
 		collect: func(ch chan<- prometheus.Metric, d []*prometheus.Desc) {

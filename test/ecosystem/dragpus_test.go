@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -254,4 +255,124 @@ func TestDRAGroupOfClaimPodsInOneLeaf(t *testing.T) {
 		seen[p.Spec.NodeName] = true
 	}
 	harness.WaitCore(t, e.sched, func(g map[string]float64) bool { return g["held"] == 16 })
+}
+
+// podReason waits for pod name to be refused and returns its
+// PodScheduled message.
+func podReason(t *testing.T, e *env, name, want string) string {
+	t.Helper()
+	ctx := harness.Context(t)
+	var msg string
+	harness.Poll(t, time.Minute, "pod "+name+" refused with "+want, func() (bool, string) {
+		p, err := e.cp.Clientset.CoreV1().Pods(nsDRA).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		if p.Spec.NodeName != "" {
+			t.Fatalf("pod %s bound to %s; want it refused", name, p.Spec.NodeName)
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled {
+				msg = c.Message
+			}
+		}
+		return strings.Contains(msg, want), msg
+	})
+	return msg
+}
+
+// TestDRANodesBesideDevicePluginNodes: one cluster with a node whose GPUs
+// the device plugin serves, a node whose GPUs a DRA driver serves, and a
+// DRA node whose ResourceSlice lists a GPU its NodeGPUTopology does not.
+// A device-plugin pod and a claim pod each go to the node served their
+// way, never sharing a GPU; a claim pod pinned to the node with the
+// foreign UUID stays Pending saying why; a claim whose selector excludes
+// the set gputopo chose on its node stays Pending with upstream's reason.
+// Plugin mode.
+func TestDRANodesBesideDevicePluginNodes(t *testing.T) {
+	f, err := machine.FixtureByName("dgx1-v100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, localcluster.ModePlugin, envOptions{
+		nodes: func(t *testing.T, e *env) {
+			e.addNode(t, "plugin", f, map[string]string{})
+			e.addDRANode(t, "dra", f)
+			e.addDRANode(t, "liar", f)
+			e.addDRANode(t, "sel", f)
+		},
+		start: func(*env, *testing.T) {},
+	})
+	ctx := harness.Context(t)
+	if err := e.cp.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: nsDRA}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.cp.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: nsDRA, Name: "default"}}); err != nil {
+		t.Fatal(err)
+	}
+	publishGPUs(t, e, f, "dra", "liar", "sel")
+	// The liar's slice lists a GPU of another machine.
+	s, err := e.cp.Clientset.ResourceV1().ResourceSlices().Get(ctx, "liar-gpus", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign := "GPU-00000000-dead-beef-0000-000000000000"
+	s.Spec.Devices[7].Attributes["uuid"] = resourcev1.DeviceAttribute{StringValue: &foreign}
+	if _, err := e.cp.Clientset.ResourceV1().ResourceSlices().Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	dp := harness.GPUPod(nsDRA, "device-plugin", 8)
+	dp.Spec.SchedulerName = v1alpha1.DefaultSchedulerName
+	if err := e.cp.Client.Create(ctx, dp); err != nil {
+		t.Fatal(err)
+	}
+	gpuClaimPod(t, e, "claim", v1alpha1.DefaultSchedulerName, "dra", 8, nil)
+	got := allocatedIndices(t, e, "claim")
+	claimPod, err := e.cp.Clientset.CoreV1().Pods(nsDRA).Get(ctx, "claim", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if claimPod.Spec.NodeName != "dra" || len(got) != 8 {
+		t.Errorf("claim pod on %s with GPUs %v; want the DRA node's 8", claimPod.Spec.NodeName, got)
+	}
+	p, err := e.cp.WaitForPod(ctx, nsDRA, "device-plugin", time.Minute, func(p *corev1.Pod) bool { return p.Spec.NodeName != "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Spec.NodeName != "plugin" {
+		t.Errorf("device-plugin pod on %s; want the device plugin's node", p.Spec.NodeName)
+	}
+	mine := harness.PodGPUs(t, claimPod, v1alpha1.AnnotationAssignedGPUs)
+	for _, u := range harness.PodGPUs(t, p, v1alpha1.AnnotationAssignedGPUs) {
+		if slices.Contains(mine, u) {
+			t.Errorf("GPU %s issued to both pods", u)
+		}
+	}
+
+	harness.WaitCore(t, e.sched, func(g map[string]float64) bool { return g["nodes_untrusted"] == 1 })
+	gpuClaimPod(t, e, "on-liar", v1alpha1.DefaultSchedulerName, "liar", 1, nil)
+	podReason(t, e, "on-liar", "[GPUTopology]")
+
+	// A claim whose selector allows GPUs 0, 1, 4 and 5 only, on a node
+	// where gputopo's set for a 4-GPU model-parallel pod is an NVLink
+	// quad: upstream cannot allocate the quad, and the pod stays Pending
+	// with upstream's reason, holding nothing.
+	claim := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "picky-gpus", Namespace: nsDRA}, Spec: resourcev1.ResourceClaimSpec{
+		Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{{Name: "gpus", Exactly: &resourcev1.ExactDeviceRequest{
+			DeviceClassName: gpuDriver, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 4,
+			Selectors: []resourcev1.DeviceSelector{{CEL: &resourcev1.CELDeviceSelector{Expression: `device.attributes["gpu.nvidia.com"].index in [0, 1, 4, 5]`}}}}}}},
+	}}
+	if _, err := e.cp.Clientset.ResourceV1().ResourceClaims(nsDRA).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	picky := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: nsDRA, Name: "picky", Annotations: map[string]string{v1alpha1.AnnotationRequirement: `{"requireNVLink":true,"strategy":"highest_bandwidth"}`}},
+		Spec: corev1.PodSpec{SchedulerName: v1alpha1.DefaultSchedulerName, NodeSelector: map[string]string{corev1.LabelHostname: "sel"},
+			Containers:     []corev1.Container{{Name: "main", Image: "registry.k8s.io/pause:3.10", Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpus"}}}}},
+			ResourceClaims: []corev1.PodResourceClaim{{Name: "gpus", ResourceClaimName: &claim.Name}}}}
+	if err := e.cp.Client.Create(ctx, picky); err != nil {
+		t.Fatal(err)
+	}
+	podReason(t, e, "picky", "cannot allocate all claims")
+	harness.WaitCore(t, e.sched, func(g map[string]float64) bool { return g["held"] == 16 && g["reserved"] == 0 }) // the two bound pods'
 }
