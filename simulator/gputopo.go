@@ -43,6 +43,12 @@ type gputopoPolicy struct {
 	pods  map[string]*corev1.Pod // pending or bound, by job ID
 	// rng breaks ties between equally scored nodes.
 	rng *rand.Rand
+	// nodeOnly: gputopo chooses the node and the devices there are the
+	// lowest free ones (PolicyGputopoNode: extender mode with GPUs
+	// through DRA claims, whose devices upstream's allocator picks).
+	nodeOnly   bool
+	graphs     []*topology.Graph
+	freeBefore []topology.Mask
 }
 
 var _ Policy = (*gputopoPolicy)(nil)
@@ -89,7 +95,12 @@ func newGputopoPolicy(nodes []Node, ext *configv1alpha1.ExtenderConfiguration, t
 	return p, nil
 }
 
-func (*gputopoPolicy) Name() string { return PolicyGputopo }
+func (p *gputopoPolicy) Name() string {
+	if p.nodeOnly {
+		return PolicyGputopoNode
+	}
+	return PolicyGputopo
+}
 
 // SetTime moves the extender's clock to simulated time t.
 func (p *gputopoPolicy) SetTime(t time.Duration) { p.now = t }
@@ -147,7 +158,8 @@ func (p *gputopoPolicy) newPod(id, name string, job Job, extra map[string]string
 	return pod, nil
 }
 
-func (p *gputopoPolicy) Place(job Job, _ []topology.Mask) (Placement, bool, error) {
+func (p *gputopoPolicy) Place(job Job, free []topology.Mask) (Placement, bool, error) {
+	p.freeBefore = free
 	pod, err := p.pod(job)
 	if err != nil {
 		return Placement{}, false, err
@@ -199,6 +211,20 @@ func (p *gputopoPolicy) placePod(id string, pod *corev1.Pod) (Placement, bool, e
 	pl, err := v1alpha1.ParsePlacement(bound.Annotations[v1alpha1.AnnotationPlacement])
 	if err != nil {
 		return Placement{}, false, fmt.Errorf("job %s: %w", id, err)
+	}
+	if p.nodeOnly {
+		// Upstream's allocator takes the first free devices of the node;
+		// the ledger follows the claim's allocation (docs/dra.md).
+		g := p.graphs[p.index[node]]
+		free := p.freeBefore[p.index[node]]
+		set := lowestK(free, len(pl.GPUIndices))
+		var uuids []string
+		for _, i := range set.Indices() {
+			uuids = append(uuids, g.GPU(i).UUID)
+		}
+		bound.Annotations[v1alpha1.AnnotationAssignedGPUs] = v1alpha1.FormatGPUList(uuids)
+		p.x.Feed().UpsertPod(bound)
+		return Placement{Node: p.index[node], GPUs: set}, true, nil
 	}
 	return Placement{Node: p.index[node], GPUs: topology.MaskOf(pl.GPUIndices...)}, true, nil
 }

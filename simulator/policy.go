@@ -46,6 +46,11 @@ const (
 	PolicyFirstFit  = "first-fit"
 	PolicyPairSum   = "pair-sum"
 	PolicyPartition = "partition"
+	// PolicyGputopoNode is gputopo's node with the node's lowest free
+	// GPUs: extender mode for pods that ask for GPUs through DRA claims,
+	// whose devices upstream's allocator picks (docs/dra.md). Only with
+	// --policy.
+	PolicyGputopoNode = "gputopo-node"
 )
 
 // PolicyNames lists every policy Run knows.
@@ -67,6 +72,16 @@ func newPolicy(name string, nodes []Node, ext *configv1alpha1.ExtenderConfigurat
 	switch name {
 	case PolicyGputopo:
 		return newGputopoPolicy(nodes, ext, t)
+	case PolicyGputopoNode:
+		p, err := newGputopoPolicy(nodes, ext, t)
+		if err != nil {
+			return nil, err
+		}
+		p.nodeOnly = true
+		for _, n := range nodes {
+			p.graphs = append(p.graphs, n.Graph)
+		}
+		return p, nil
 	case PolicyOptimum:
 		return &optimum{nodes: nodes, table: t}, nil
 	case PolicyFirstFit:
@@ -76,7 +91,7 @@ func newPolicy(name string, nodes []Node, ext *configv1alpha1.ExtenderConfigurat
 	case PolicyPartition:
 		return &partition{nodes: nodes}, nil
 	}
-	return nil, fmt.Errorf("policy %q: unknown; known policies are %v", name, PolicyNames)
+	return nil, fmt.Errorf("policy %q: unknown; known policies are %v and %s", name, PolicyNames, PolicyGputopoNode)
 }
 
 // firstFit is kube-scheduler with a plain device plugin, counting GPUs

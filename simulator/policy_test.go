@@ -151,3 +151,38 @@ func TestGputopoPolicyPlacesThroughTheExtender(t *testing.T) {
 		t.Errorf("after release Place = %+v, %v, %v; want 2 GPUs of the released quad", again, ok, err)
 	}
 }
+
+// gputopo-node (extender mode for DRA claim pods) takes gputopo's node and
+// the lowest free GPUs there, and the ledger follows them: a 4-GPU
+// model-parallel job after a 2-GPU one on a DGX-1 gets GPUs 2-5, across
+// both quads, where gputopo gives a quad.
+func TestGputopoNodePolicyTakesTheFirstFreeGPUsOfGputoposNode(t *testing.T) {
+	nodes := mustCluster(t, "dgx1-v100=1")
+	for _, name := range []string{PolicyGputopoNode, PolicyGputopo} {
+		p, err := newPolicy(name, nodes, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		free := nodes[0].Graph.All()
+		first, ok, err := p.Place(Job{ID: "a", GPUs: 2, Parallelism: v1alpha1.ParallelismData}, []topology.Mask{free})
+		if err != nil || !ok {
+			t.Fatalf("%s: first Place: %v, %v", name, ok, err)
+		}
+		free = free.Minus(first.GPUs)
+		second, ok, err := p.Place(Job{ID: "b", GPUs: 4, Parallelism: v1alpha1.ParallelismModel}, []topology.Mask{free})
+		if err != nil || !ok {
+			t.Fatalf("%s: second Place: %v, %v", name, ok, err)
+		}
+		quad := second.GPUs == mask(0, 1, 2, 3) || second.GPUs == mask(4, 5, 6, 7)
+		switch name {
+		case PolicyGputopoNode:
+			if want := lowestK(free, 4); second.GPUs != want || quad {
+				t.Errorf("gputopo-node: second job got %v, want the lowest free %v", second.GPUs.Indices(), want.Indices())
+			}
+		case PolicyGputopo:
+			if !quad {
+				t.Errorf("gputopo: second job got %v, want a quad", second.GPUs.Indices())
+			}
+		}
+	}
+}
