@@ -164,6 +164,26 @@ func newEvaluator(ctx context.Context, alloc *allocator.Allocator, cfg *configv1
 	return e
 }
 
+// claimSelected is the GPUs of n the pod's claims' selectors allow, ok
+// false when they allow every one.
+func (e *evaluator) claimSelected(n *ledger.Node) (topology.Mask, bool) {
+	if e.pr.selected == nil {
+		return topology.Mask{}, false
+	}
+	uuids, ok := e.pr.selected(n.Name())
+	if !ok {
+		return topology.Mask{}, false
+	}
+	var m topology.Mask
+	g := n.Graph()
+	for _, u := range uuids {
+		if i, ok := g.IndexOf(u); ok {
+			m = m.With(i)
+		}
+	}
+	return m, true
+}
+
 // check decides whether node n can take the pod now. The caller holds the
 // ledger's read lock. At verbosity 5 every verdict is logged.
 func (e *evaluator) check(n *ledger.Node) *verdict {
@@ -211,6 +231,13 @@ func (e *evaluator) checkNode(n *ledger.Node) *verdict {
 		return &verdict{code: ReasonTooFewGPUs, unresolvable: true, reason: fmt.Sprintf("pod requests %d GPUs; node advertises %d %s", e.pr.Count, a, e.cfg.GPUResource())}
 	}
 	free := e.freeFor(n)
+	if sel, ok := e.claimSelected(n); ok {
+		in := free.Intersect(sel)
+		if !e.allocate(n, in, false).ok && e.allocate(n, free, false).ok {
+			return &verdict{code: ReasonInfeasible, reason: fmt.Sprintf("pod's ResourceClaims' selectors allow GPUs %v of this node; no free set of them meets the request", sel.Indices())}
+		}
+		free = in
+	}
 	if u := n.UnknownHeld(); u > 0 && free.Count()-u < e.pr.Count {
 		return &verdict{code: ReasonNotEnoughFree, reason: fmt.Sprintf("needs %d GPUs; %d of %d are free (%d more are held by pods whose GPUs are not recorded yet)",
 			e.pr.Count, max(free.Count()-u, 0), n.Size(), u)}

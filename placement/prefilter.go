@@ -36,6 +36,11 @@ type PreFilterInput struct {
 	// and GPUs as for the device plugin's resource; it may not ask both
 	// ways.
 	ClaimGPUs int
+	// ClaimSelected, when not nil, says which of a node's GPUs (UUIDs) the
+	// pod's claims' CEL selectors (the request's and its DeviceClass's)
+	// allow; ok false: every one. The core then chooses the best set
+	// among them, so that upstream's allocator can take it.
+	ClaimSelected func(node string) (uuids []string, ok bool)
 }
 
 // PreFilterPlan is the core's one answer at the start of a pod's cycle:
@@ -87,7 +92,7 @@ func (x *Core) PreFilter(ctx context.Context, in PreFilterInput) PreFilterPlan {
 			x.obs.Failed(PhaseFilter, ErrBadRequest)
 			return PreFilterPlan{Refusal: fmt.Sprintf("pod %s asks %d %s and %d GPUs through ResourceClaims: ask for GPUs one way, the resource or the claims (docs/dra.md)", pr.Key, pr.Count, x.cfg.GPUResource(), in.ClaimGPUs), Unresolvable: true}
 		}
-		pr.Count, pr.claims = in.ClaimGPUs, true
+		pr.Count, pr.claims, pr.selected = in.ClaimGPUs, true, in.ClaimSelected
 	}
 	if pr.Count == 0 {
 		return PreFilterPlan{Skip: true}

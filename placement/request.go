@@ -24,6 +24,10 @@ type Request struct {
 	// claims: Count is GPUs the pod asks through ResourceClaims
 	// (PreFilterInput.ClaimGPUs), not the resource.
 	claims bool
+	// selected, when not nil, is which GPUs (UUIDs) of a node the pod's
+	// claims' selectors allow; ok false: they allow every one
+	// (PreFilterInput.ClaimSelected).
+	selected func(node string) (uuids []string, ok bool)
 	req    v1alpha1.Requirement
 	job    string // namespace/job label
 	// strict is the requirement as written. With fallbackAfter due, req

@@ -1,6 +1,7 @@
 package schedplugin
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"sync"
@@ -8,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	fwk "k8s.io/kube-scheduler/framework"
 
@@ -55,6 +57,95 @@ func claimGPUs(pod *corev1.Pod, dra fwk.SharedDRAManager, cfg configv1alpha1.DRA
 		total += n
 	}
 	return total, nil
+}
+
+// claimSelected returns which of a node's GPUs (UUIDs) the CEL selectors
+// of pod's one served request allow (the request's and its
+// DeviceClass's), evaluated as upstream's allocator evaluates them, once
+// per node; nil when no selector narrows them, or when the pod has more
+// than one served request (each is then left to upstream as it is).
+func claimSelected(ctx context.Context, pod *corev1.Pod, dra fwk.SharedDRAManager, cfg configv1alpha1.DRA) func(node string) ([]string, bool) {
+	if len(pod.Spec.ResourceClaims) == 0 || dra == nil {
+		return nil
+	}
+	var req *resourceapi.ExactDeviceRequest
+	for _, pc := range pod.Spec.ResourceClaims {
+		name, _, err := resourceclaim.Name(pod, &pc)
+		if err != nil || name == nil {
+			continue
+		}
+		c, err := dra.ResourceClaims().Get(pod.Namespace, *name)
+		if err != nil || c.Status.Allocation != nil {
+			continue
+		}
+		for _, r := range c.Spec.Devices.Requests {
+			if r.Exactly != nil && slices.Contains(cfg.DeviceClasses, r.Exactly.DeviceClassName) {
+				if req != nil {
+					return nil
+				}
+				req = r.Exactly
+			}
+		}
+	}
+	if req == nil {
+		return nil
+	}
+	selectors := slices.Clone(req.Selectors)
+	if class, err := dra.DeviceClasses().Get(req.DeviceClassName); err == nil {
+		selectors = append(selectors, class.Spec.Selectors...)
+	}
+	narrows := slices.ContainsFunc(selectors, func(s resourceapi.DeviceSelector) bool { return s.CEL != nil })
+	if !narrows {
+		return nil
+	}
+	all, err := dra.ResourceSlices().ListWithDeviceTaintRules()
+	if err != nil {
+		return nil
+	}
+	uuid := clusterrt.UUIDReader(cfg)
+	// Filter asks from parallel goroutines.
+	var mu sync.Mutex
+	memo := map[string][]string{}
+	return func(node string) ([]string, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if got, ok := memo[node]; ok {
+			return got, true
+		}
+		allowed := []string{}
+		for _, s := range all {
+			if s.Spec.Driver != cfg.Driver || s.Spec.NodeName == nil || *s.Spec.NodeName != node {
+				continue
+			}
+			for i := range s.Spec.Devices {
+				d := &s.Spec.Devices[i]
+				if u := uuid(d); u != "" && deviceMatches(ctx, cfg.Driver, d, selectors) {
+					allowed = append(allowed, u)
+				}
+			}
+		}
+		memo[node] = allowed
+		return allowed, true
+	}
+}
+
+// deviceMatches says whether every CEL selector matches device d of
+// driver (an expression that fails to compile or evaluate does not).
+func deviceMatches(ctx context.Context, driver string, d *resourceapi.Device, selectors []resourceapi.DeviceSelector) bool {
+	for _, s := range selectors {
+		if s.CEL == nil {
+			continue
+		}
+		r := claimCELCache.GetOrCompile(s.CEL.Expression)
+		if r.Error != nil {
+			return false
+		}
+		ok, _, err := r.DeviceMatches(ctx, cel.Device{Driver: driver, Attributes: d.Attributes, Capacity: d.Capacity})
+		if err != nil || !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // DeviceView is a SharedDRAManager for a DynamicResources plugin: its

@@ -1,6 +1,7 @@
 package schedplugin
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -148,5 +149,76 @@ func TestDeviceViewRestrictsTheDriversDevices(t *testing.T) {
 	}
 	if asked["a"] != 1 || asked["b"] != 1 {
 		t.Errorf("choices asked %v, want once per node", asked)
+	}
+}
+
+// draObjects is a SharedDRAManager over claims, classes and slices.
+type draObjects struct {
+	claimsOnly
+	classes map[string]*resourceapi.DeviceClass
+	slices  []*resourceapi.ResourceSlice
+}
+
+func (m draObjects) DeviceClasses() fwk.DeviceClassLister { return classLister(m.classes) }
+func (m draObjects) ResourceSlices() fwk.ResourceSliceLister {
+	return sliceLister(m.slices)
+}
+
+type classLister map[string]*resourceapi.DeviceClass
+
+func (c classLister) List() ([]*resourceapi.DeviceClass, error) { return nil, nil }
+func (c classLister) Get(name string) (*resourceapi.DeviceClass, error) {
+	if dc, ok := c[name]; ok {
+		return dc, nil
+	}
+	return nil, apierrors.NewNotFound(schema.GroupResource{Group: "resource.k8s.io", Resource: "deviceclasses"}, name)
+}
+
+type sliceLister []*resourceapi.ResourceSlice
+
+func (s sliceLister) ListWithDeviceTaintRules() ([]*resourceapi.ResourceSlice, error) { return s, nil }
+
+// The GPUs a claim's selectors allow on a node are those every CEL
+// selector of its served request and of its class matches, as upstream
+// evaluates them; a request that narrows nothing, or a pod with two
+// served requests, leaves the choice unrestricted.
+func TestClaimSelectedEvaluatesTheSelectors(t *testing.T) {
+	cfg := configv1alpha1.DefaultExtenderConfiguration().DRA
+	var devices []resourceapi.Device
+	for i := range 8 {
+		devices = append(devices, resourceapi.Device{Name: fmt.Sprintf("gpu-%d", i), Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+			"uuid": {StringValue: ptr.To(fmt.Sprintf("GPU-%d", i))}, "index": {IntValue: ptr.To(int64(i))}}})
+	}
+	a := "a"
+	sel := func(expr string) []resourceapi.DeviceSelector {
+		return []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: expr}}}
+	}
+	high := exact("gpus", cfg.DeviceClasses[0], 4, "")
+	high.Exactly.Selectors = sel(`device.attributes["gpu.nvidia.com"].index >= 4`)
+	m := draObjects{
+		claimsOnly: claimsOnly{claims: map[string]*resourceapi.ResourceClaim{
+			"ns/high":  gpuClaim("high", high),
+			"ns/plain": gpuClaim("plain", exact("gpus", cfg.DeviceClasses[0], 4, "")),
+		}},
+		classes: map[string]*resourceapi.DeviceClass{cfg.DeviceClasses[0]: {Spec: resourceapi.DeviceClassSpec{Selectors: sel(`device.attributes["gpu.nvidia.com"].index != 7`)}}},
+		slices:  []*resourceapi.ResourceSlice{{Spec: resourceapi.ResourceSliceSpec{Driver: cfg.Driver, NodeName: &a, Devices: devices}}},
+	}
+	f := claimSelected(context.Background(), claimingPod("high"), m, cfg)
+	if f == nil {
+		t.Fatal("selectors that narrow the devices gave no restriction")
+	}
+	got, ok := f("a")
+	if !ok || strings.Join(got, ",") != "GPU-4,GPU-5,GPU-6" {
+		t.Errorf("allowed on a: %v (%v), want GPU-4..6 (the request's index >= 4 and the class's index != 7)", got, ok)
+	}
+	if got, ok := f("b"); !ok || len(got) != 0 {
+		t.Errorf("allowed on a node without the driver's slices: %v (%v), want none", got, ok)
+	}
+	m.classes = nil
+	if f := claimSelected(context.Background(), claimingPod("plain"), m, cfg); f != nil {
+		t.Error("a request and class without selectors restricted the choice")
+	}
+	if f := claimSelected(context.Background(), claimingPod("high", "plain"), m, cfg); f != nil {
+		t.Error("two served requests restricted the choice; each is left to upstream")
 	}
 }

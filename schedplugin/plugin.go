@@ -213,10 +213,15 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev
 	if err != nil {
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, placement.ReasonPrefix+err.Error())
 	}
+	var selected func(string) ([]string, bool)
+	if viaClaims > 0 {
+		selected = claimSelected(ctx, pod, draMgr, dra)
+	}
 	plan := p.x.PreFilter(ctx, placement.PreFilterInput{
-		ClaimGPUs: viaClaims,
-		Pod:       pod,
-		Nodes:     len(nodes),
+		ClaimGPUs:     viaClaims,
+		ClaimSelected: selected,
+		Pod:           pod,
+		Nodes:         len(nodes),
 		Allowed: func() []string {
 			var allowed []string
 			allowed, claimsOut = schedulable(ctx, pod, nodes, p.claimsFit(ctx, pod))

@@ -286,9 +286,9 @@ func podReason(t *testing.T, e *env, name, want string) string {
 // DRA node whose ResourceSlice lists a GPU its NodeGPUTopology does not.
 // A device-plugin pod and a claim pod each go to the node served their
 // way, never sharing a GPU; a claim pod pinned to the node with the
-// foreign UUID stays Pending saying why; a claim whose selector excludes
-// the set gputopo chose on its node stays Pending with upstream's reason.
-// Plugin mode.
+// foreign UUID stays Pending; a claim whose selector allows no set that
+// meets the pod's requirement stays Pending saying so; one whose selector
+// allows GPUs 6 and 7 gets them. Plugin mode.
 func TestDRANodesBesideDevicePluginNodes(t *testing.T) {
 	f, err := machine.FixtureByName("dgx1-v100")
 	if err != nil {
@@ -300,6 +300,7 @@ func TestDRANodesBesideDevicePluginNodes(t *testing.T) {
 			e.addDRANode(t, "dra", f)
 			e.addDRANode(t, "liar", f)
 			e.addDRANode(t, "sel", f)
+			e.addDRANode(t, "hi", f)
 		},
 		start: func(*env, *testing.T) {},
 	})
@@ -310,7 +311,7 @@ func TestDRANodesBesideDevicePluginNodes(t *testing.T) {
 	if err := e.cp.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: nsDRA, Name: "default"}}); err != nil {
 		t.Fatal(err)
 	}
-	publishGPUs(t, e, f, "dra", "liar", "sel")
+	publishGPUs(t, e, f, "dra", "liar", "sel", "hi")
 	// The liar's slice lists a GPU of another machine.
 	s, err := e.cp.Clientset.ResourceV1().ResourceSlices().Get(ctx, "liar-gpus", metav1.GetOptions{})
 	if err != nil {
@@ -354,10 +355,9 @@ func TestDRANodesBesideDevicePluginNodes(t *testing.T) {
 	gpuClaimPod(t, e, "on-liar", v1alpha1.DefaultSchedulerName, "liar", 1, nil)
 	podReason(t, e, "on-liar", "[GPUTopology]")
 
-	// A claim whose selector allows GPUs 0, 1, 4 and 5 only, on a node
-	// where gputopo's set for a 4-GPU model-parallel pod is an NVLink
-	// quad: upstream cannot allocate the quad, and the pod stays Pending
-	// with upstream's reason, holding nothing.
+	// A claim whose selector allows GPUs 0, 1, 4 and 5 only, for a 4-GPU
+	// pod that requires NVLink between all its GPUs: no set of them
+	// does, and the pod stays Pending saying so, holding nothing.
 	claim := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "picky-gpus", Namespace: nsDRA}, Spec: resourcev1.ResourceClaimSpec{
 		Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{{Name: "gpus", Exactly: &resourcev1.ExactDeviceRequest{
 			DeviceClassName: gpuDriver, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 4,
@@ -373,6 +373,27 @@ func TestDRANodesBesideDevicePluginNodes(t *testing.T) {
 	if err := e.cp.Client.Create(ctx, picky); err != nil {
 		t.Fatal(err)
 	}
-	podReason(t, e, "picky", "cannot allocate all claims")
-	harness.WaitCore(t, e.sched, func(g map[string]float64) bool { return g["held"] == 16 && g["reserved"] == 0 }) // the two bound pods'
+	podReason(t, e, "picky", "pod's ResourceClaims' selectors allow GPUs [0 1 4 5] of this node; no free set of them meets the request")
+
+	// A claim whose selector allows GPUs 6 and 7 only gets them: gputopo
+	// chooses the best set the selector allows.
+	twoHigh := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "high-gpus", Namespace: nsDRA}, Spec: resourcev1.ResourceClaimSpec{
+		Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{{Name: "gpus", Exactly: &resourcev1.ExactDeviceRequest{
+			DeviceClassName: gpuDriver, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 2,
+			Selectors: []resourcev1.DeviceSelector{{CEL: &resourcev1.CELDeviceSelector{Expression: `device.attributes["gpu.nvidia.com"].index >= 6`}}}}}}},
+	}}
+	if _, err := e.cp.Clientset.ResourceV1().ResourceClaims(nsDRA).Create(ctx, twoHigh, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	high := picky.DeepCopy()
+	high.ResourceVersion, high.UID = "", ""
+	high.Name, high.Spec.NodeSelector = "high", map[string]string{corev1.LabelHostname: "hi"}
+	high.Spec.ResourceClaims[0].ResourceClaimName = &twoHigh.Name
+	if err := e.cp.Client.Create(ctx, high); err != nil {
+		t.Fatal(err)
+	}
+	if got := allocatedIndices(t, e, "high"); !slices.Equal(got, []int{6, 7}) {
+		t.Errorf("claim allowing GPUs 6 and 7 got %v", got)
+	}
+	harness.WaitCore(t, e.sched, func(g map[string]float64) bool { return g["held"] == 18 && g["reserved"] == 0 }) // the three bound pods'
 }
