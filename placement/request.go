@@ -28,8 +28,8 @@ type Request struct {
 	// claims' selectors allow; ok false: they allow every one
 	// (PreFilterInput.ClaimSelected).
 	selected func(node string) (uuids []string, ok bool)
-	req    v1alpha1.Requirement
-	job    string // namespace/job label
+	req      v1alpha1.Requirement
+	job      string // namespace/job label
 	// strict is the requirement as written. With fallbackAfter due, req
 	// is its relaxed form and fallback is true; fallbackIn is the time
 	// left before it falls back (0: it never does, or it already did).
