@@ -32,11 +32,17 @@ const (
 	nsDRA     = "dra"
 )
 
-// publishGPUs creates the DeviceClass and each node's ResourceSlice of
-// machine f's GPUs.
+// publishGPUs creates the tests' namespace (not opted in to the webhook),
+// the DeviceClass and each node's ResourceSlice of machine f's GPUs.
 func publishGPUs(t *testing.T, e *env, f machine.Fixture, nodes ...string) {
 	t.Helper()
 	ctx := harness.Context(t)
+	if err := e.cp.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: nsDRA}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.cp.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: nsDRA, Name: "default"}}); err != nil {
+		t.Fatal(err)
+	}
 	cs := e.cp.Clientset.ResourceV1()
 	createDeviceClass(t, e, gpuDriver, gpuDriver)
 	str := func(s string) resourcev1.DeviceAttribute { return resourcev1.DeviceAttribute{StringValue: &s} }
@@ -141,12 +147,6 @@ func TestDRAClaimGetsAnNVLinkQuad(t *testing.T) {
 		start: func(*env, *testing.T) {},
 	})
 	ctx := harness.Context(t)
-	if err := e.cp.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: nsDRA}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.cp.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: nsDRA, Name: "default"}}); err != nil {
-		t.Fatal(err)
-	}
 	publishGPUs(t, e, f, nodes...)
 	e.cp.StartScheduler(t, nil) // plain kube-scheduler: default-scheduler
 	for _, n := range nodes {
@@ -230,12 +230,6 @@ func TestDRAGroupOfClaimPodsInOneLeaf(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := e.cp.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: nsDRA}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.cp.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: nsDRA, Name: "default"}}); err != nil {
-		t.Fatal(err)
-	}
 	publishGPUs(t, e, f, nodes...)
 	group := map[string]string{v1alpha1.AnnotationGroup: "pair", v1alpha1.AnnotationGroupSize: "2", v1alpha1.AnnotationGroupRequiredTopology: "leaf"}
 	for i := range 2 {
@@ -305,12 +299,6 @@ func TestDRANodesBesideDevicePluginNodes(t *testing.T) {
 		start: func(*env, *testing.T) {},
 	})
 	ctx := harness.Context(t)
-	if err := e.cp.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: nsDRA}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.cp.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: nsDRA, Name: "default"}}); err != nil {
-		t.Fatal(err)
-	}
 	publishGPUs(t, e, f, "dra", "liar", "sel", "hi")
 	// The liar's slice lists a GPU of another machine.
 	s, err := e.cp.Clientset.ResourceV1().ResourceSlices().Get(ctx, "liar-gpus", metav1.GetOptions{})
