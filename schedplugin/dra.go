@@ -12,6 +12,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/utils/ptr"
 
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	clusterrt "github.com/gputopo/gputopo/placement/cluster"
@@ -35,28 +36,36 @@ import (
 // claims not allocated yet (an allocated claim's devices are chosen). A
 // request gputopo cannot choose for (all devices of a class, a
 // firstAvailable list that names a served class) is an error that names
-// the claim and the fix.
-func claimGPUs(pod *corev1.Pod, dra fwk.SharedDRAManager, cfg configv1alpha1.DRA) (int, error) {
+// the claim and the fix. only says that the pod's claims ask for nothing
+// else: every claim exists, none is allocated or has constraints (which
+// gputopo does not model), and each of their requests is an exact count
+// of a served class without admin access.
+func claimGPUs(pod *corev1.Pod, dra fwk.SharedDRAManager, cfg configv1alpha1.DRA) (gpus int, only bool, err error) {
 	if len(pod.Spec.ResourceClaims) == 0 || dra == nil {
-		return 0, nil
+		return 0, false, nil
 	}
-	total := 0
+	only = true
 	for _, pc := range pod.Spec.ResourceClaims {
 		name, _, err := resourceclaim.Name(pod, &pc)
 		if err != nil || name == nil {
+			only = false
 			continue // a claim not created yet: DynamicResources' PreEnqueue holds the pod until it is
 		}
 		c, err := dra.ResourceClaims().Get(pod.Namespace, *name)
 		if err != nil || c.Status.Allocation != nil {
+			only = false
 			continue
 		}
 		n, err := clusterrt.ServedGPUs(c.Spec.Devices.Requests, cfg)
 		if err != nil {
-			return 0, fmt.Errorf("ResourceClaim %s/%s %w", c.Namespace, c.Name, err)
+			return 0, false, fmt.Errorf("ResourceClaim %s/%s %w", c.Namespace, c.Name, err)
 		}
-		total += n
+		gpus += n
+		only = only && len(c.Spec.Devices.Constraints) == 0 && !slices.ContainsFunc(c.Spec.Devices.Requests, func(r resourceapi.DeviceRequest) bool {
+			return r.Exactly == nil || !slices.Contains(cfg.DeviceClasses, r.Exactly.DeviceClassName) || ptr.Deref(r.Exactly.AdminAccess, false)
+		})
 	}
-	return total, nil
+	return gpus, only && gpus > 0, nil
 }
 
 // claimSelected returns which of a node's GPUs (UUIDs) the CEL selectors
@@ -237,4 +246,23 @@ func restrict(all []*resourceapi.ResourceSlice, cur *viewCycle) []*resourceapi.R
 		out = append(out, cp)
 	}
 	return out
+}
+
+// PreemptsForClaims says whether kube-scheduler's preemption may take the
+// verdict on a node for the pod of state's cycle from GPUTopology's
+// what-if alone, leaving DynamicResources' Filter out: gputopo chooses
+// the pod's GPUs through its claims, and the claims ask for nothing else
+// (no other driver's devices, no admin access, none allocated yet).
+// Upstream's allocator, built in PreFilter, counts the devices of the
+// victims' claims as allocated whatever preemption removes, so without
+// this a claim pod could never preempt. The real cycle after the
+// eviction, victims' claims deallocated, runs upstream's Filter and
+// allocator in full (docs/dra.md).
+func PreemptsForClaims(state fwk.CycleState) bool {
+	d, err := state.Read(cycleKey)
+	if err != nil {
+		return false
+	}
+	c := d.(*cycle)
+	return c.c != nil && c.dra != nil && c.onlyGPUs
 }

@@ -60,7 +60,8 @@ func claimingPod(claims ...string) *corev1.Pod {
 
 // A pod's GPUs through claims are the exact counts of its requests of a
 // served class, in claims not allocated yet; other classes, admin access
-// and allocated claims count nothing; all-devices and firstAvailable
+// and allocated claims count nothing, and make the claims ask for more
+// than GPUs (as a claim not created yet does); all-devices and firstAvailable
 // requests of a served class are refused with the claim and the fix.
 func TestClaimGPUs(t *testing.T) {
 	cfg := configv1alpha1.DefaultExtenderConfiguration().DRA
@@ -68,10 +69,13 @@ func TestClaimGPUs(t *testing.T) {
 	allocated.Status.Allocation = &resourceapi.AllocationResult{}
 	admin := exact("debug", cfg.DeviceClasses[0], 8, resourceapi.DeviceAllocationModeExactCount)
 	admin.Exactly.AdminAccess = ptr.To(true)
+	tied := gpuClaim("tied", exact("c", cfg.DeviceClasses[0], 2, ""))
+	tied.Spec.Devices.Constraints = []resourceapi.DeviceConstraint{{MatchAttribute: ptr.To[resourceapi.FullyQualifiedName]("resource.kubernetes.io/pcieRoot")}}
 	m := claimsOnly{claims: map[string]*resourceapi.ResourceClaim{
 		"ns/two":   gpuClaim("two", exact("a", cfg.DeviceClasses[0], 2, resourceapi.DeviceAllocationModeExactCount), exact("nic", "nic.example.com", 1, "")),
 		"ns/one":   gpuClaim("one", exact("b", cfg.DeviceClasses[0], 0, "")),
 		"ns/done":  allocated,
+		"ns/tied":  tied,
 		"ns/admin": gpuClaim("admin", admin),
 		"ns/all":   gpuClaim("all", exact("every", cfg.DeviceClasses[0], 0, resourceapi.DeviceAllocationModeAll)),
 		"ns/first": gpuClaim("first", resourceapi.DeviceRequest{Name: "pick", FirstAvailable: []resourceapi.DeviceSubRequest{{Name: "big", DeviceClassName: cfg.DeviceClasses[0], Count: 8}}}),
@@ -79,23 +83,29 @@ func TestClaimGPUs(t *testing.T) {
 	for _, tc := range []struct {
 		claims []string
 		want   int
+		only   bool
 		err    string
 	}{
-		{[]string{"two", "one"}, 3, ""},
-		{[]string{"done", "admin"}, 0, ""},
-		{[]string{"missing"}, 0, ""},
-		{[]string{"two", "all"}, 0, `ResourceClaim ns/all request "every" asks all devices of class gpu.nvidia.com: gputopo chooses GPUs for an exact count; set allocationMode: ExactCount and count`},
-		{[]string{"first"}, 0, `ResourceClaim ns/first request "pick" lists class gpu.nvidia.com among firstAvailable`},
+		{[]string{"two", "one"}, 3, false, ""},
+		{[]string{"one"}, 1, true, ""},
+		{[]string{"one", "admin"}, 1, false, ""},
+		{[]string{"one", "done"}, 1, false, ""},
+		{[]string{"tied"}, 2, false, ""},
+		{[]string{"one", "missing"}, 1, false, ""},
+		{[]string{"done", "admin"}, 0, false, ""},
+		{[]string{"missing"}, 0, false, ""},
+		{[]string{"two", "all"}, 0, false, `ResourceClaim ns/all request "every" asks all devices of class gpu.nvidia.com: gputopo chooses GPUs for an exact count; set allocationMode: ExactCount and count`},
+		{[]string{"first"}, 0, false, `ResourceClaim ns/first request "pick" lists class gpu.nvidia.com among firstAvailable`},
 	} {
-		got, err := claimGPUs(claimingPod(tc.claims...), m, cfg)
+		got, only, err := claimGPUs(claimingPod(tc.claims...), m, cfg)
 		if tc.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.err) {
 				t.Errorf("claims %v: err %v, want %q", tc.claims, err, tc.err)
 			}
 			continue
 		}
-		if err != nil || got != tc.want {
-			t.Errorf("claims %v: %d GPUs, err %v; want %d", tc.claims, got, err, tc.want)
+		if err != nil || got != tc.want || only != tc.only {
+			t.Errorf("claims %v: %d GPUs, only GPUs %v, err %v; want %d, %v", tc.claims, got, only, err, tc.want, tc.only)
 		}
 	}
 }

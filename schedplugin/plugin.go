@@ -143,12 +143,15 @@ type cycle struct {
 	// dra is the DRA driver whose devices are the pod's GPUs, when it
 	// asks for them through ResourceClaims (DeviceView); nil otherwise.
 	dra *configv1alpha1.DRA
+	// onlyGPUs says the pod's claims ask for nothing but those GPUs
+	// (claimGPUs).
+	onlyGPUs bool
 }
 
 // Clone copies the per-node what-ifs, which AddPod and RemovePod change;
 // the core's cycle and the group's preemption plan are shared.
 func (c *cycle) Clone() fwk.StateData {
-	out := &cycle{c: c.c, refused: c.refused, group: c.group, dra: c.dra}
+	out := &cycle{c: c.c, refused: c.refused, group: c.group, dra: c.dra, onlyGPUs: c.onlyGPUs}
 	if len(c.over) > 0 {
 		out.over = make(map[string]*placement.WhatIf, len(c.over))
 		for node, w := range c.over {
@@ -209,7 +212,7 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev
 		draMgr = p.h.SharedDRAManager()
 	}
 	dra := p.x.Config().DRA
-	viaClaims, err := claimGPUs(pod, draMgr, dra)
+	viaClaims, onlyGPUs, err := claimGPUs(pod, draMgr, dra)
 	if err != nil {
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, placement.ReasonPrefix+err.Error())
 	}
@@ -249,7 +252,7 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev
 	case plan.Cycle != nil:
 		c := &cycle{c: plan.Cycle, over: plan.Over}
 		if viaClaims > 0 {
-			c.dra = &dra
+			c.dra, c.onlyGPUs = &dra, onlyGPUs
 		}
 		state.Write(cycleKey, c)
 	case plan.Waiting != "":

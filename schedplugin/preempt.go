@@ -20,11 +20,18 @@ func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return p }
 
 // AddPod counts pod on the node in the cycle's what-if: a victim given
 // back holds its GPUs again; a pod nominated to the node, which holds none
-// yet, holds as many as it requests.
+// yet, holds as many as it requests, through its resources or its
+// ResourceClaims not allocated yet.
 func (p *Plugin) AddPod(_ context.Context, state fwk.CycleState, _ *corev1.Pod, pod fwk.PodInfo, nodeInfo fwk.NodeInfo) *fwk.Status {
 	c, node := p.preemptionCycle(state, nodeInfo)
 	if c == nil {
 		return nil
+	}
+	if p.h != nil {
+		if n, _, err := claimGPUs(pod.GetPod(), p.h.SharedDRAManager(), p.x.Config().DRA); err == nil && n > 0 {
+			c.whatIf(node).Add(pod.GetPod().UID, n)
+			return nil
+		}
 	}
 	c.whatIf(node).AddPod(pod.GetPod(), p.x.Config().GPUResource())
 	return nil

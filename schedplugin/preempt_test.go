@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	resourceapi "k8s.io/api/resource/v1"
+
 	corev1 "k8s.io/api/core/v1"
 	fwk "k8s.io/kube-scheduler/framework"
 
@@ -334,5 +336,44 @@ func TestGroupPlansOnTheSnapshotPodGroupPreemptionTries(t *testing.T) {
 	}
 	if got := c.x.Core().Report().Counts(); got != held {
 		t.Errorf("ledger after the tries: %s, want it unchanged (%s)", got, held)
+	}
+}
+
+// draHandle is a framework handle that serves DRA objects only.
+type draHandle struct {
+	fwk.Handle
+	m fwk.SharedDRAManager
+}
+
+func (h draHandle) SharedDRAManager() fwk.SharedDRAManager { return h.m }
+
+// TestNominatedClaimPodKeepsItsGPUs: a pod nominated to a node that asks
+// for its GPUs through a ResourceClaim not allocated yet counts as
+// holding them when the framework adds it, as a device-plugin pod does.
+func TestNominatedClaimPodKeepsItsGPUs(t *testing.T) {
+	const fixture = "dgx-a100"
+	c := newCluster(t, fixture)
+	cfg := c.x.Core().Config().DRA
+	c.p.h = draHandle{m: claimsOnly{claims: map[string]*resourceapi.ResourceClaim{
+		"ns/four": gpuClaim("four", exact("gpus", cfg.DeviceClasses[0], 4, resourceapi.DeviceAllocationModeExactCount)),
+	}}}
+	node := c.nodes[0]
+	for i := range 4 {
+		c.bindOn(t, fmt.Sprintf("low-%d", i), node.Node().Name, fixture, i)
+	}
+	nominated := claimingPod("four")
+	nominated.UID = "nominated"
+	pod := c.pod(t, "other", 2, "")
+	st := newState()
+	if s := c.filter(t, st, pod)[node.Node().Name]; !s.IsSuccess() {
+		t.Fatalf("2 GPUs on a node with 4 free: %v", s)
+	}
+	s := st.clone()
+	if st := c.p.PreFilterExtensions().AddPod(context.Background(), s, pod, podInfo{p: nominated}, node); !st.IsSuccess() {
+		t.Fatal(st)
+	}
+	got := c.p.Filter(context.Background(), s, pod, node)
+	if got.Code() != fwk.Unschedulable || !strings.Contains(got.Message(), "0 of 8 are free") {
+		t.Errorf("with the nominated pod's 4-GPU claim added: %v, want Unschedulable, no GPU left", got)
 	}
 }

@@ -12,6 +12,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
@@ -67,8 +69,9 @@ func publishGPUs(t *testing.T, e *env, f machine.Fixture, nodes ...string) {
 }
 
 // gpuClaimPod creates a ResourceClaim for gpus GPUs of class gpu.nvidia.com
-// and pod name using it, on node (nodeSelector; "": any), for scheduler.
-func gpuClaimPod(t *testing.T, e *env, name, scheduler, node string, gpus int, annotations map[string]string) {
+// and pod name using it, on node (nodeSelector; "": any), for scheduler,
+// changed by each of edit before it is created.
+func gpuClaimPod(t *testing.T, e *env, name, scheduler, node string, gpus int, annotations map[string]string, edit ...func(*corev1.Pod)) {
 	t.Helper()
 	ctx := harness.Context(t)
 	claim := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name + "-gpus", Namespace: nsDRA}, Spec: resourcev1.ResourceClaimSpec{
@@ -86,6 +89,9 @@ func gpuClaimPod(t *testing.T, e *env, name, scheduler, node string, gpus int, a
 	}}
 	if node != "" {
 		p.Spec.NodeSelector = map[string]string{corev1.LabelHostname: node}
+	}
+	for _, fn := range edit {
+		fn(p)
 	}
 	if err := e.cp.Client.Create(ctx, p); err != nil {
 		t.Fatalf("create pod %s: %v", name, err)
@@ -249,6 +255,65 @@ func TestDRAGroupOfClaimPodsInOneLeaf(t *testing.T) {
 		seen[p.Spec.NodeName] = true
 	}
 	harness.WaitCore(t, e.sched, func(g map[string]float64) bool { return g["held"] == 16 })
+}
+
+// TestDRAClaimPodPreemptsForAnNVLinkQuad: a DGX-1 V100 node a DRA driver
+// serves, its GPUs held by four low-priority 2-GPU claim pods, one per
+// NVLink pair. A high-priority 4-GPU claim pod that requires NVLink
+// between all its GPUs preempts exactly the two pods of one quad, and
+// its claim is allocated that quad once theirs are deallocated; the
+// other two pods keep their GPUs. Plugin mode: upstream's
+// DynamicResources alone never preempts for a claim (docs/dra.md).
+func TestDRAClaimPodPreemptsForAnNVLinkQuad(t *testing.T) {
+	f, err := machine.FixtureByName("dgx1-v100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, localcluster.ModePlugin, envOptions{
+		nodes: func(t *testing.T, e *env) { e.addDRANode(t, "dgx1", f) },
+		start: func(*env, *testing.T) {},
+		// Deallocates the claims of the pods preemption deletes.
+		controllers: []string{"resourceclaim-controller"},
+	})
+	ctx := harness.Context(t)
+	publishGPUs(t, e, f, "dgx1")
+	for name, value := range map[string]int32{"low": 10, "high": 1000} {
+		if _, err := e.cp.Clientset.SchedulingV1().PriorityClasses().Create(ctx, &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Value: value}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	priority := func(class string) func(*corev1.Pod) {
+		return func(p *corev1.Pod) {
+			p.Spec.PriorityClassName = class
+			p.Spec.TerminationGracePeriodSeconds = ptr.To[int64](0) // no kubelet: victims go at once
+		}
+	}
+	held := map[string][]int{}
+	for i := range 4 {
+		name := fmt.Sprintf("low-%d", i)
+		gpuClaimPod(t, e, name, v1alpha1.DefaultSchedulerName, "", 2, nil, priority("low"))
+		held[name] = allocatedIndices(t, e, name)
+	}
+	harness.WaitCore(t, e.sched, func(g map[string]float64) bool { return g["held"] == 8 })
+
+	model := map[string]string{v1alpha1.AnnotationRequirement: `{"requireNVLink":true,"strategy":"highest_bandwidth"}`}
+	gpuClaimPod(t, e, "high", v1alpha1.DefaultSchedulerName, "", 4, model, priority("high"))
+	got := allocatedIndices(t, e, "high")
+	if !slices.Equal(got, []int{0, 1, 2, 3}) && !slices.Equal(got, []int{4, 5, 6, 7}) {
+		t.Fatalf("high-priority claim got GPUs %v; want an NVLink quad", got)
+	}
+	for name, gpus := range held {
+		_, err := e.cp.Clientset.CoreV1().Pods(nsDRA).Get(ctx, name, metav1.GetOptions{})
+		evicted := apierrors.IsNotFound(err)
+		if err != nil && !evicted {
+			t.Fatal(err)
+		}
+		inQuad := slices.ContainsFunc(gpus, func(i int) bool { return slices.Contains(got, i) })
+		if evicted != inQuad {
+			t.Errorf("pod %s on GPUs %v evicted=%v; want evicted exactly when its GPUs are in the preemptor's quad %v", name, gpus, evicted, got)
+		}
+	}
+	harness.WaitCore(t, e.sched, func(g map[string]float64) bool { return g["held"] == 8 && g["reserved"] == 0 })
 }
 
 // podReason waits for pod name to be refused and returns its
