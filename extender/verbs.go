@@ -20,7 +20,7 @@ func (x *Extender) request(args *extenderv1.ExtenderArgs) (placement.Request, er
 	if args.Pod == nil {
 		return placement.Request{}, errors.New("request has no pod")
 	}
-	return placement.ParseRequest(args.Pod, x.cfg.GPUResource(), x.core.Now())
+	return x.core.ParsePod(args.Pod)
 }
 
 // Filter keeps the nodes whose currently free healthy GPUs satisfy the pod.

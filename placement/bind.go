@@ -102,7 +102,7 @@ func (x *Core) bind(ctx context.Context, b BindRequest) BindResult {
 		return failed(Unchanged, ErrBadRequest, "%w", info.DemandErr)
 	}
 	if info.Node != "" {
-		if info.Node == b.Node && info.AssignedRaw != "" {
+		if info.Node == b.Node && (info.AssignedRaw != "" || info.GPUs == 0 && len(p.Spec.ResourceClaims) > 0) {
 			return BindResult{Outcome: Bound} // bound by an earlier attempt whose answer was lost
 		}
 		return failed(Unchanged, ErrConflict, "pod %s is already bound to node %s", key, info.Node)
@@ -110,6 +110,15 @@ func (x *Core) bind(ctx context.Context, b BindRequest) BindResult {
 	gpus := info.GPUs
 	if gpus == 0 && b.Request != nil && b.Request.claims {
 		gpus = b.Request.Count // through ResourceClaims, read by the front end this cycle
+	}
+	// A pod that asks through ResourceClaims, bound without the cycle's
+	// request (the HTTP extender): kube-scheduler's DynamicResources
+	// allocated its claims' devices before this bind (PreBind); the
+	// ledger takes them from the claims, and the Binding carries none.
+	allocated := false
+	if gpus == 0 && b.Request == nil {
+		ledger.AddClaimGPUs(p, info, x.opts.ClaimGPUs)
+		gpus, allocated = info.GPUs, info.ViaClaims
 	}
 	if res := x.admitBind(ctx, p, gpus, b.Node); res.Err != nil {
 		return res
@@ -127,7 +136,7 @@ func (x *Core) bind(ctx context.Context, b BindRequest) BindResult {
 		Target:     corev1.ObjectReference{Kind: "Node", Name: b.Node},
 	}
 	var res BindResult
-	if pr.Count > 0 {
+	if pr.Count > 0 && !allocated {
 		if res = x.reserve(ctx, key, b.UID, b.Node, *pr); res.Err != nil {
 			return res
 		}
@@ -147,6 +156,10 @@ func (x *Core) bind(ctx context.Context, b BindRequest) BindResult {
 		if res = x.settle(ctx, b, res, err); res.Err != nil {
 			return res
 		}
+	}
+	if allocated {
+		klog.FromContext(ctx).V(2).Info("pod bound; its GPUs are its ResourceClaims' allocation", "pod", b.Key, "node", b.Node, "gpus", gpus)
+		return res
 	}
 	x.bound(ctx, b, *pr, res)
 	return res

@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/ptr"
 
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
@@ -149,6 +150,56 @@ func TestBindWritesTheGPUsItHoldsInOneBinding(t *testing.T) {
 	again := x.Bind(context.Background(), bindReq(got, names[0]))
 	if again.Outcome != Bound || again.Err != nil || api.binds != 1 {
 		t.Errorf("bind again: outcome %d, %v, %d Bindings written; want Bound without a second Binding", again.Outcome, again.Err, api.binds)
+	}
+}
+
+// TestExtenderBindOfAClaimPodWritesAPlainBinding: bound without the
+// cycle's request (the HTTP extender), a pod that asks for its GPUs
+// through ResourceClaims gets a Binding without GPUs, and the ledger
+// reserves none for it: DynamicResources allocated the claims' devices
+// before the bind, and the ledger takes them from the claims. Its
+// request, read alone (ParsePod), counts the claims' GPUs; a pod that
+// asks for GPUs neither way is still refused.
+func TestExtenderBindOfAClaimPodWritesAPlainBinding(t *testing.T) {
+	api := newMemAPI()
+	cfg := configv1alpha1.DefaultExtenderConfiguration()
+	cfg.TopologyMaxAge = &metav1.Duration{Duration: -1}
+	x, err := New(Options{Config: cfg, API: api, ClaimGPUs: func(p *corev1.Pod) int {
+		if len(p.Spec.ResourceClaims) > 0 {
+			return 4
+		}
+		return 0
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x.setClock(func() time.Time { return groupEpoch })
+	names := feedNodes(t, x, "dgx1-v100", 1, func(int) map[string]string { return nil })
+	p := bindPod("claims", 0, reqAnn(`{"requireNVLink":true}`))
+	p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpus", ResourceClaimName: ptr.To("claims-gpus")}}
+	api.add(p)
+	pr, err := x.ParsePod(p)
+	if err != nil || pr.Count != 4 || !pr.claims || !pr.req.RequireNVLink {
+		t.Fatalf("ParsePod: count %d, claims %v, requirement %+v, err %v; want 4 through claims, NVLink required", pr.Count, pr.claims, pr.req, err)
+	}
+	res := x.Bind(context.Background(), bindReq(p, names[0]))
+	if res.Outcome != Bound || res.Err != nil || len(res.UUIDs) != 0 {
+		t.Fatalf("bind: outcome %d, GPUs %v, %v; want Bound without GPUs of its own", res.Outcome, res.UUIDs, res.Err)
+	}
+	got, _ := api.pod(bindReq(p, "").Key)
+	if got.Spec.NodeName != names[0] || got.Annotations[v1alpha1.AnnotationAssignedGPUs] != "" {
+		t.Errorf("bound pod: node %q, assigned %q; want %s and no GPUs on the Binding", got.Spec.NodeName, got.Annotations[v1alpha1.AnnotationAssignedGPUs], names[0])
+	}
+	if c := x.ledger.Report().Counts(); c.Held != 0 || c.Reserved != 0 {
+		t.Errorf("ledger after bind: %s, want nothing held by the bind (the claims hold)", c)
+	}
+	if again := x.Bind(context.Background(), bindReq(got, names[0])); again.Outcome != Bound || again.Err != nil || api.binds != 1 {
+		t.Errorf("bind again: outcome %d, %v, %d Bindings; want Bound without a second Binding", again.Outcome, again.Err, api.binds)
+	}
+	cpu := bindPod("cpu", 0, nil)
+	api.add(cpu)
+	if res := x.Bind(context.Background(), bindReq(cpu, names[0])); res.Err == nil || !strings.Contains(res.Err.Error(), "no GPUs through ResourceClaims") {
+		t.Errorf("bind of a pod without GPUs: %v; want refused", res.Err)
 	}
 }
 

@@ -42,7 +42,7 @@ func (x *Core) admitBind(ctx context.Context, p *corev1.Pod, gpus int, node stri
 			key, p.Spec.SchedulerName, strings.Join(x.opts.SchedulerNames, ", "))
 	}
 	if gpus <= 0 {
-		return failed(Released, ErrRefused, "refusing to bind pod %s: it requests no %s; pods without GPUs are bound by kube-scheduler itself", key, x.cfg.GPUResource())
+		return failed(Released, ErrRefused, "refusing to bind pod %s: it requests no %s and no GPUs through ResourceClaims of class %s; pods without GPUs are bound by kube-scheduler itself (schedulerName %s)", key, x.cfg.GPUResource(), strings.Join(x.cfg.DRA.DeviceClasses, " or "), corev1.DefaultSchedulerName)
 	}
 	n, err := x.api.Node(ctx, node)
 	switch {

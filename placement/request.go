@@ -75,12 +75,28 @@ func (r Request) Group() string { return r.group }
 // the pods that do need them. A malformed annotation is an error naming
 // the field.
 func ParseRequest(pod *corev1.Pod, resource corev1.ResourceName, now time.Time) (Request, error) {
-	r, err := requestOf(ledger.NewPodInfo(pod, resource), pod.CreationTimestamp.Time, now)
+	return parseRequest(pod, ledger.NewPodInfo(pod, resource), now)
+}
+
+// parseRequest is ParseRequest with the pod's reading given.
+func parseRequest(pod *corev1.Pod, info *ledger.PodInfo, now time.Time) (Request, error) {
+	r, err := requestOf(info, pod.CreationTimestamp.Time, now)
 	if err == nil && r.wantsBandwidth() {
 		rules := NodeRulesOf(pod)
 		r.rules = &rules
 	}
 	return r, err
+}
+
+// ParsePod is ParseRequest at the core's now, with the GPUs a pod that
+// asks none of the resource asks through its ResourceClaims
+// (Options.ClaimGPUs): the request of a front end that gets the pod
+// alone, as the HTTP extender does. Its node is then gputopo's choice;
+// its devices are the allocator's (docs/dra.md).
+func (x *Core) ParsePod(pod *corev1.Pod) (Request, error) {
+	info := ledger.NewPodInfo(pod, x.cfg.GPUResource())
+	ledger.AddClaimGPUs(pod, info, x.opts.ClaimGPUs)
+	return parseRequest(pod, info, x.now())
 }
 
 // requestOf is the request of a pod the ledger has read.

@@ -103,11 +103,16 @@ func (l *Ledger) releaseClaimLocked(uid types.UID) {
 
 // viaClaims fills in the GPUs pod p asks through ResourceClaims, when it
 // asks none of the ledger's resource and the ledger can read claims.
-func (l *Ledger) viaClaims(p *corev1.Pod, info *PodInfo) {
-	if info.GPUs != 0 || info.DemandErr != nil || len(p.Spec.ResourceClaims) == 0 || l.claimGPUs == nil {
+func (l *Ledger) viaClaims(p *corev1.Pod, info *PodInfo) { AddClaimGPUs(p, info, l.claimGPUs) }
+
+// AddClaimGPUs fills in info, pod p's reading, with the GPUs p asks
+// through ResourceClaims as claimGPUs counts them (Options.ClaimGPUs),
+// when it asks none of the resource; nil claimGPUs reads no claims.
+func AddClaimGPUs(p *corev1.Pod, info *PodInfo, claimGPUs func(*corev1.Pod) int) {
+	if info.GPUs != 0 || info.DemandErr != nil || len(p.Spec.ResourceClaims) == 0 || claimGPUs == nil {
 		return
 	}
-	if n := l.claimGPUs(p); n > 0 {
+	if n := claimGPUs(p); n > 0 {
 		info.GPUs, info.ViaClaims = n, true
 		if info.HasRequirement && n > 1 {
 			if r, err := v1alpha1.ParseRequirement(info.Requirement); err == nil {

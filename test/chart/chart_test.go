@@ -99,6 +99,8 @@ shadowExtender:
 var plainHTTPRelease = release{name: "gputopo-plain", namespace: "gputopo-test", values: `
 extender:
   tls: {enabled: false}
+scheduler:
+  extenderForClaimPods: true
 shadowExtender:
   enabled: true
 networkPolicy:
@@ -114,7 +116,10 @@ type want struct {
 	// kube-system/kube-scheduler peer may call the extender.
 	networkPolicy, scrapers, extenderFrom bool
 	// resourceName every component is given.
-	resourceName     string
+	resourceName string
+	// claimPods: kube-scheduler calls the extender for every pod of the
+	// profile (no managedResources), claim pods included.
+	claimPods        bool
 	weights          [7]int32 // utilization, affinity, thermal, fragmentation, bandwidth fit, conservation, island fit
 	ignorable        bool
 	httpTimeout      time.Duration
@@ -180,8 +185,8 @@ func wants() map[string]struct {
 			prometheus:  &configv1alpha1.PrometheusTelemetry{URL: "http://prometheus.monitoring:9090", Selector: `job="dcgm-exporter"`},
 			shadow:      true, shadowImage: "ghcr.io/gputopo/gputopo:v0.2.0", shadowWeights: withFragmentation(placementWeights(), 40), shadowLogRate: 0.25,
 		}},
-		"plain HTTP opt-out with a shadow extender and NetworkPolicies": {rel: plainHTTPRelease, want: want{
-			networkPolicy: true, resourceName: v1alpha1.ResourceGPU,
+		"plain HTTP opt-out with a shadow extender, NetworkPolicies and the extender for claim pods": {rel: plainHTTPRelease, want: want{
+			networkPolicy: true, resourceName: v1alpha1.ResourceGPU, claimPods: true,
 			weights: placementWeights(), httpTimeout: 5 * time.Second, extenderReplicas: 2,
 			issuerName: "gputopo-plain-ca", issuerKind: "Issuer", ownCA: true,
 			excludedNamespaces: []string{"cert-manager"}, timeoutSeconds: 5, kubeletRoot: "/var/lib/kubelet",
@@ -244,6 +249,9 @@ func checkSchedulerConfig(t *testing.T, r release, w want, objs []*unstructured.
 		ManagedResources: []schedconfigv1.ExtenderManagedResource{{Name: w.resourceName, IgnoredByScheduler: false}},
 		Ignorable:        w.ignorable,
 	}}
+	if w.claimPods {
+		wantExt[0].ManagedResources = nil
+	}
 	if w.tls {
 		// Files of the client Secret; checkExtenderTLS checks the mount.
 		dir := "/etc/kubernetes/gputopo-scheduler-tls/"

@@ -15,6 +15,7 @@ import (
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	schedconfigv1 "k8s.io/kube-scheduler/config/v1"
 	"k8s.io/utils/ptr"
 
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
@@ -314,6 +315,72 @@ func TestDRAClaimPodPreemptsForAnNVLinkQuad(t *testing.T) {
 		}
 	}
 	harness.WaitCore(t, e.sched, func(g map[string]float64) bool { return g["held"] == 8 && g["reserved"] == 0 })
+}
+
+// TestDRAExtenderChoosesTheNodeByTopology: extender mode, kube-scheduler
+// calling the extender for every pod of the profile (the chart's
+// scheduler.extenderForClaimPods). Two DGX-1 V100 nodes a DRA driver
+// serves, each with four GPUs free: a's are 2-5, across both NVLink
+// quads; b's are 4-7, a quad. A 4-GPU claim pod that requires NVLink
+// goes to b, where upstream's first fit takes the quad; a claim pod
+// pinned to a stays Pending with gputopo's reason; the extender's ledger
+// holds what every claim allocated.
+func TestDRAExtenderChoosesTheNodeByTopology(t *testing.T) {
+	f, err := machine.FixtureByName("dgx1-v100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, localcluster.ModeExtender, envOptions{
+		nodes: func(t *testing.T, e *env) {
+			e.addDRANode(t, "a", f)
+			e.addDRANode(t, "b", f)
+		},
+		start:       func(*env, *testing.T) {},
+		controllers: []string{"resourceclaim-controller"},
+		configure: func(c *schedconfigv1.KubeSchedulerConfiguration) {
+			c.Extenders[0].ManagedResources = nil // as scheduler.extenderForClaimPods renders it
+		},
+	})
+	ctx := harness.Context(t)
+	publishGPUs(t, e, f, "a", "b")
+	e.cp.StartScheduler(t, nil) // plain kube-scheduler places the fillers, first fit
+	for _, fill := range []struct {
+		name, node string
+		gpus       int
+		want       []int
+	}{
+		{"fill-a0", "a", 2, []int{0, 1}}, {"fill-a1", "a", 4, []int{2, 3, 4, 5}}, {"fill-a2", "a", 2, []int{6, 7}},
+		{"fill-b", "b", 4, []int{0, 1, 2, 3}},
+	} {
+		gpuClaimPod(t, e, fill.name, corev1.DefaultSchedulerName, fill.node, fill.gpus, nil, func(p *corev1.Pod) { p.Spec.TerminationGracePeriodSeconds = ptr.To[int64](0) })
+		if got := allocatedIndices(t, e, fill.name); !slices.Equal(got, fill.want) {
+			t.Fatalf("filler %s got GPUs %v, want %v (first fit)", fill.name, got, fill.want)
+		}
+	}
+	if err := e.cp.Clientset.CoreV1().Pods(nsDRA).Delete(ctx, "fill-a1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	harness.Poll(t, time.Minute, "the extender's ledger to free a's GPUs 2-5", func() (bool, string) {
+		h := e.held(t)
+		return h == 8, fmt.Sprintf("held %d", h)
+	})
+
+	model := map[string]string{v1alpha1.AnnotationRequirement: `{"requireNVLink":true,"strategy":"highest_bandwidth"}`}
+	gpuClaimPod(t, e, "model", v1alpha1.DefaultSchedulerName, "", 4, model)
+	got := allocatedIndices(t, e, "model")
+	p, err := e.cp.Clientset.CoreV1().Pods(nsDRA).Get(ctx, "model", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Spec.NodeName != "b" || !slices.Equal(got, []int{4, 5, 6, 7}) {
+		t.Errorf("model claim pod on %s with GPUs %v; want b's NVLink quad 4-7", p.Spec.NodeName, got)
+	}
+	gpuClaimPod(t, e, "pinned", v1alpha1.DefaultSchedulerName, "a", 4, model)
+	podReason(t, e, "pinned", "NVLink")
+	harness.Poll(t, time.Minute, "the extender's ledger to hold the model pod's claim", func() (bool, string) {
+		h := e.held(t)
+		return h == 12, fmt.Sprintf("held %d", h)
+	})
 }
 
 // podReason waits for pod name to be refused and returns its

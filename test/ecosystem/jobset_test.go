@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	schedconfigv1 "k8s.io/kube-scheduler/config/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -70,6 +71,8 @@ type envOptions struct {
 	controllers []string
 	// start runs the workload controllers; nil: JobSet's.
 	start func(e *env, t *testing.T)
+	// configure, when set, changes the deciding scheduler's configuration.
+	configure func(*schedconfigv1.KubeSchedulerConfiguration)
 }
 
 // eachMode runs f once per mode, each on its own environment of two
@@ -170,7 +173,7 @@ func newEnv(t *testing.T, mode localcluster.Mode, opts envOptions) *env {
 		if err := localcluster.GrantExtenderRole(ctx, e.cp.Client, harness.SchedulerUser); err != nil {
 			t.Fatal(err)
 		}
-		e.sched = e.cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModePlugin})
+		e.sched = e.cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModePlugin, Configure: opts.configure})
 		harness.WaitCore(t, e.sched, localcluster.TotalGPUs(e.gpus))
 	} else {
 		if err := localcluster.GrantExtenderRole(ctx, e.cp.Client, extenderUser); err != nil {
@@ -183,7 +186,7 @@ func newEnv(t *testing.T, mode localcluster.Mode, opts envOptions) *env {
 		x := harness.StartExtender(t, context.Background(), e.cp.UserConfig(t, extenderUser),
 			extender.Options{Port: port, BindAddress: "127.0.0.1", MetricsBindAddress: "0", Config: configv1alpha1.DefaultExtenderConfiguration()})
 		e.ext = x
-		e.sched = e.cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModeExtender, ExtenderURL: x.URL()})
+		e.sched = e.cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModeExtender, ExtenderURL: x.URL(), Configure: opts.configure})
 	}
 	if opts.start == nil {
 		opts.start = (*env).startJobSet

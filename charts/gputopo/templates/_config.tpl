@@ -177,5 +177,8 @@ its metrics on extender.metricsPort).
 {{- range $ext.managedResources }}
 {{- $_ := set . "name" (include "gputopo.gpuResourceName" $) }}
 {{- end }}
+{{- if .Values.scheduler.extenderForClaimPods }}
+{{- $_ := unset $ext "managedResources" }}
+{{- end }}
 {{- toYaml $cfg }}
 {{- end }}
