@@ -56,7 +56,7 @@ func claimGPUs(pod *corev1.Pod, dra fwk.SharedDRAManager, cfg configv1alpha1.DRA
 			only = false
 			continue
 		}
-		n, err := clusterrt.ServedGPUs(c.Spec.Devices.Requests, cfg)
+		n, err := configv1alpha1.ServedGPUs(c.Spec.Devices.Requests, cfg.DeviceClasses)
 		if err != nil {
 			return 0, false, fmt.Errorf("ResourceClaim %s/%s %w", c.Namespace, c.Name, err)
 		}

@@ -27,7 +27,7 @@ func newHandler(cfg configv1alpha1.WebhookConfiguration, reader client.Reader) h
 // reader (a cache in the server; the reader is asked for
 // PartialObjectMetadata only).
 func NewPodMutator(cfg configv1alpha1.WebhookConfiguration, reader client.Reader) *PodMutator {
-	return &PodMutator{newHandler(cfg, reader)}
+	return &PodMutator{handler: newHandler(cfg, reader)}
 }
 
 // NewJobMutator returns a JobMutator reading Namespaces through reader.

@@ -3,17 +3,21 @@ package webhook
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 )
 
@@ -43,7 +47,24 @@ var voidEnvEntry = json.RawMessage(`{"name":"` + v1alpha1.EnvVisibleDevices + `"
 // object after every mutating webhook has run. On UPDATE of the
 // ephemeralcontainers subresource it hides GPUs from the new ephemeral
 // containers.
-type PodMutator struct{ handler }
+//
+// A pod that asks for GPUs through ResourceClaims of the configured
+// classes (ClaimDeviceClasses) instead of the resource is a GPU pod here
+// too: its count is its claims' (ReadClaimsWith), its requirement is
+// derived and it is routed the same way.
+type PodMutator struct {
+	handler
+	// claims reads ResourceClaims and ResourceClaimTemplates whole (the
+	// API server, not a cache); nil: claim pods are left alone.
+	claims client.Reader
+}
+
+// ReadClaimsWith makes m count the GPUs of pods that ask for them through
+// ResourceClaims, read through r, and returns m.
+func (m *PodMutator) ReadClaimsWith(r client.Reader) *PodMutator {
+	m.claims = r
+	return m
+}
 
 // Handle implements admission.Handler.
 func (m *PodMutator) Handle(ctx context.Context, req admission.Request) admission.Response {
@@ -97,7 +118,15 @@ func (m *PodMutator) mutateCreate(ctx context.Context, pod *corev1.Pod, shape *r
 		return ops
 	}
 	if gpus == 0 {
-		return ops
+		n, why := m.claimGPUs(ctx, pod)
+		if why != "" {
+			log.V(1).Info("not routing a pod whose GPU claims cannot be counted", "reason", why)
+		}
+		if n == 0 {
+			return ops
+		}
+		gpus = int64(n)
+		log = log.WithValues("throughClaims", true)
 	}
 	log = log.WithValues("gpus", gpus)
 
@@ -131,6 +160,47 @@ func (m *PodMutator) mutateCreate(ctx context.Context, pod *corev1.Pod, shape *r
 		ops = append(ops, opSet("/spec/schedulerName", m.cfg.SchedulerName))
 	}
 	return ops
+}
+
+// claimGPUs is how many GPUs pod asks through its ResourceClaims of the
+// configured classes (configv1alpha1.ServedGPUs over each claim's, or
+// its template's, requests); 0 with the reason when a claim or template
+// cannot be read or asks in a way gputopo cannot choose for (the
+// scheduler refuses such a pod with the claim and the fix). A claim pod
+// that is not counted is left as it is: not routed, no requirement.
+func (m *PodMutator) claimGPUs(ctx context.Context, pod *corev1.Pod) (int, string) {
+	if m.claims == nil || len(m.cfg.ClaimDeviceClasses) == 0 || len(pod.Spec.ResourceClaims) == 0 {
+		return 0, ""
+	}
+	total := 0
+	for _, pc := range pod.Spec.ResourceClaims {
+		var reqs []resourcev1.DeviceRequest
+		var what string
+		switch {
+		case pc.ResourceClaimTemplateName != nil:
+			what = "ResourceClaimTemplate " + pod.Namespace + "/" + *pc.ResourceClaimTemplateName
+			var t resourcev1.ResourceClaimTemplate
+			if err := m.claims.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: *pc.ResourceClaimTemplateName}, &t); err != nil {
+				return 0, fmt.Sprintf("read %s: %v", what, err)
+			}
+			reqs = t.Spec.Spec.Devices.Requests
+		case pc.ResourceClaimName != nil:
+			what = "ResourceClaim " + pod.Namespace + "/" + *pc.ResourceClaimName
+			var c resourcev1.ResourceClaim
+			if err := m.claims.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: *pc.ResourceClaimName}, &c); err != nil {
+				return 0, fmt.Sprintf("read %s: %v", what, err)
+			}
+			reqs = c.Spec.Devices.Requests
+		default:
+			continue
+		}
+		n, err := configv1alpha1.ServedGPUs(reqs, m.cfg.ClaimDeviceClasses)
+		if err != nil {
+			return 0, fmt.Sprintf("%s %v", what, err)
+		}
+		total += n
+	}
+	return total, ""
 }
 
 // intent finds the pod's intent: its own annotation, else its controlling

@@ -8,7 +8,10 @@ import (
 	"github.com/google/go-cmp/cmp"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -442,5 +445,78 @@ func TestLabelValue(t *testing.T) {
 	}
 	if labelValue(long) == labelValue(long+"b") {
 		t.Errorf("two long names sharing a prefix got the same label %q", labelValue(long))
+	}
+}
+
+// gpuClaimTemplate is a ResourceClaimTemplate in the opted-in namespace
+// asking for count devices of class.
+func gpuClaimTemplate(name, class string, count int64, mode resourcev1.DeviceAllocationMode) *resourcev1.ResourceClaimTemplate {
+	return &resourcev1.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: nsOptedIn},
+		Spec: resourcev1.ResourceClaimTemplateSpec{Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{{
+			Name: "gpus", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: class, Count: count, AllocationMode: mode}}}}}}}
+}
+
+// A pod that asks for GPUs through a ResourceClaimTemplate or a
+// ResourceClaim of a served class is a GPU pod to the mutator: its
+// requirement is derived from its intent and its claims' count, and it is
+// routed to the gputopo scheduler. A claim of another class, a template
+// that does not exist yet, an all-devices request, or a mutator that
+// reads no claims leave it as it is.
+func TestPodMutatorCountsGPUsThroughClaims(t *testing.T) {
+	cfg := configv1alpha1.DefaultWebhookConfiguration()
+	objs := []client.Object{
+		gpuClaimTemplate("four-gpus", "gpu.nvidia.com", 4, resourcev1.DeviceAllocationModeExactCount),
+		gpuClaimTemplate("nics", "nic.example.com", 2, resourcev1.DeviceAllocationModeExactCount),
+		gpuClaimTemplate("every-gpu", "gpu.nvidia.com", 0, resourcev1.DeviceAllocationModeAll),
+		&resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "shared", Namespace: nsOptedIn}, Spec: gpuClaimTemplate("", "gpu.nvidia.com", 2, "").Spec.Spec},
+	}
+	claimPod := func(name string, claims ...corev1.PodResourceClaim) *corev1.Pod {
+		p := MakePod(name, nsOptedIn).Annotation(v1alpha1.AnnotationParallelism, "model").Obj()
+		p.Spec.ResourceClaims = claims
+		for _, c := range claims {
+			p.Spec.Containers[0].Resources.Claims = append(p.Spec.Containers[0].Resources.Claims, corev1.ResourceClaim{Name: c.Name})
+		}
+		return p
+	}
+	tmpl := func(name string) corev1.PodResourceClaim {
+		return corev1.PodResourceClaim{Name: name, ResourceClaimTemplateName: ptr.To(name)}
+	}
+	for name, tc := range map[string]struct {
+		pod       *corev1.Pod
+		noClaims  bool
+		wantGPUs  int
+		wantRoute bool
+	}{
+		"a template of 4 GPUs":              {pod: claimPod("t", tmpl("four-gpus")), wantGPUs: 4, wantRoute: true},
+		"a template and a shared claim":     {pod: claimPod("ts", tmpl("four-gpus"), corev1.PodResourceClaim{Name: "s", ResourceClaimName: ptr.To("shared")}), wantGPUs: 6, wantRoute: true},
+		"GPUs beside another class's claim": {pod: claimPod("tn", tmpl("four-gpus"), tmpl("nics")), wantGPUs: 4, wantRoute: true},
+		"another class only":                {pod: claimPod("n", tmpl("nics"))},
+		"a template not created yet":        {pod: claimPod("m", tmpl("missing"))},
+		"all devices of a served class":     {pod: claimPod("a", tmpl("every-gpu"))},
+		"a mutator that reads no claims":    {pod: claimPod("x", tmpl("four-gpus")), noClaims: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			m := NewPodMutator(cfg, fakeReader(t))
+			if !tc.noClaims {
+				m.ReadClaimsWith(fakeReader(t, objs...))
+			}
+			req := request(t, admissionv1.Create, "pods", "", tc.pod, nil, userAlice)
+			resp := handle(m, req)
+			if !resp.Allowed {
+				t.Fatalf("denied: %v", resp.Result)
+			}
+			got := decodePodBytes(t, applyPatch(t, req.Object.Raw, resp))
+			routed := got.Spec.SchedulerName == cfg.SchedulerName
+			if routed != tc.wantRoute {
+				t.Errorf("schedulerName %q; routed %v, want %v", got.Spec.SchedulerName, routed, tc.wantRoute)
+			}
+			wantReq := ""
+			if tc.wantGPUs > 0 {
+				wantReq = cfg.PolicyTable.For(v1alpha1.ParallelismModel).Requirement(int64(tc.wantGPUs)).String()
+			}
+			if r := got.Annotations[v1alpha1.AnnotationRequirement]; r != wantReq {
+				t.Errorf("requirement %q, want %q", r, wantReq)
+			}
+		})
 	}
 }

@@ -159,11 +159,15 @@ func celGputopoAnnotationChanged() string {
 // (opted-in namespaces only): the pod requests the GPU resource, sets an
 // NVIDIA_ variable, takes an envFrom source that could set one (the
 // mutator gives the containers without GPUs NVIDIA_VISIBLE_DEVICES=void,
-// which beats envFrom), or carries a system annotation.
+// which beats envFrom), carries a system annotation, or uses
+// ResourceClaims (which may ask for GPUs; the mutator reads them).
 func mutatingPodMatchExpression(resource string) string {
 	return celRequests("object.spec", resource) + " || " + celSetsNVIDIAEnv(allContainers) + " || " +
-		celEnvFromCanSetNVIDIA(allContainers) + " || " + celCarriesSystemAnnotation()
+		celEnvFromCanSetNVIDIA(allContainers) + " || " + celCarriesSystemAnnotation() + " || " + celUsesClaims
 }
+
+// celUsesClaims is true when the pod lists ResourceClaims.
+const celUsesClaims = "size(object.spec.?resourceClaims.orValue([])) > 0"
 
 // validatingPodMatchExpression is the match condition of the pod validator
 // (every namespace but the excluded ones). On CREATE: the pod requests the

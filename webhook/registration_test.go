@@ -128,7 +128,7 @@ const (
 	annChangedExpr = `[object.metadata.?annotations.orValue({}), oldObject.metadata.?annotations.orValue({})].exists(m, m.exists(k,` +
 		` k.startsWith('gputopo.io/') && object.metadata.?annotations[?k] != oldObject.metadata.?annotations[?k]))`
 
-	mutatingPodExprDefault   = requestsGPUExpr + ` || ` + allContainersExpr + nvidiaEnvExpr + ` || ` + allContainersExpr + envFromExpr + ` || ` + systemAnnExpr
+	mutatingPodExprDefault   = requestsGPUExpr + ` || ` + allContainersExpr + nvidiaEnvExpr + ` || ` + allContainersExpr + envFromExpr + ` || ` + systemAnnExpr + ` || size(object.spec.?resourceClaims.orValue([])) > 0`
 	validatingPodExprDefault = `request.operation == 'CREATE' ? (` + requestsGPUExpr + ` || ` + allContainersExpr + nvidiaEnvExpr + ` || ` + systemAnnExpr +
 		`) : (` + annChangedExpr + ` || (request.?subResource.orValue('') == 'ephemeralcontainers' && (` + ephemeralExpr + nvidiaEnvExpr + ` || ` + ephemeralExpr + envFromExpr + `)))`
 )

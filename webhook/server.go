@@ -135,7 +135,9 @@ func Setup(mgr manager.Manager, cfg configv1alpha1.WebhookConfiguration) error {
 	}
 	reader := mgr.GetCache()
 	server := mgr.GetWebhookServer()
-	server.Register(PathMutatePod, &admission.Webhook{Handler: NewPodMutator(cfg, reader)})
+	// Claims and their templates are read whole, from the API server,
+	// for claim pods only: a cache would hold every claim's spec.
+	server.Register(PathMutatePod, &admission.Webhook{Handler: NewPodMutator(cfg, reader).ReadClaimsWith(mgr.GetAPIReader())})
 	server.Register(PathMutateJob, &admission.Webhook{Handler: NewJobMutator(cfg, reader)})
 	server.Register(PathValidatePod, &admission.Webhook{Handler: NewPodValidator(cfg, reader)})
 

@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -249,35 +248,6 @@ func (t *draTracker) feedLocked(c *resourcev1.ResourceClaim) {
 	t.feed.UpsertClaim(a)
 }
 
-// ServedGPUs is how many GPUs requests ask of the DRA driver's served
-// DeviceClasses (cfg.DeviceClasses): the sum of their exact counts
-// (count 0 is 1), admin access counting none. A request gputopo cannot
-// choose for is an error naming the request and the fix: all devices of
-// a served class, or a served class in a firstAvailable list.
-func ServedGPUs(reqs []resourcev1.DeviceRequest, cfg configv1alpha1.DRA) (int, error) {
-	total := 0
-	for _, r := range reqs {
-		switch {
-		case r.Exactly != nil && slices.Contains(cfg.DeviceClasses, r.Exactly.DeviceClassName):
-			e := r.Exactly
-			if e.AdminAccess != nil && *e.AdminAccess {
-				continue // admin access takes no GPU from anyone
-			}
-			if e.AllocationMode == resourcev1.DeviceAllocationModeAll {
-				return 0, fmt.Errorf("request %q asks all devices of class %s: gputopo chooses GPUs for an exact count; set allocationMode: ExactCount and count", r.Name, e.DeviceClassName)
-			}
-			total += int(max(e.Count, 1))
-		case r.Exactly == nil:
-			for _, sr := range r.FirstAvailable {
-				if slices.Contains(cfg.DeviceClasses, sr.DeviceClassName) {
-					return 0, fmt.Errorf("request %q lists class %s among firstAvailable: gputopo chooses GPUs for one exact request; ask them with exactly", r.Name, sr.DeviceClassName)
-				}
-			}
-		}
-	}
-	return total, nil
-}
-
 // claimGPUs is how many GPUs pod p asks through its ResourceClaims, read
 // from the informer cache: a claim from a template counts the template's
 // requests (its claim may not exist yet), a named claim its own. 0 while
@@ -306,7 +276,7 @@ func (r *Runtime) claimGPUs(p *corev1.Pod) int {
 			}
 			reqs = rc.Spec.Devices.Requests
 		}
-		n, err := ServedGPUs(reqs, r.cfg.DRA)
+		n, err := configv1alpha1.ServedGPUs(reqs, r.cfg.DRA.DeviceClasses)
 		if err != nil {
 			return 0
 		}

@@ -383,6 +383,72 @@ func TestDRAExtenderChoosesTheNodeByTopology(t *testing.T) {
 	})
 }
 
+// TestDRAWebhookRoutesClaimPods: in a namespace opted in to gputopo's
+// webhook, a pod that states the model intent and asks for 4 GPUs
+// through a ResourceClaimTemplate, with no schedulerName, gets the
+// requirement the policy table gives 4 model-parallel GPUs and
+// gputopo's scheduler, and its generated claim is allocated an NVLink
+// quad on a DGX-1 V100 node whose GPUs 0 and 1 are taken. Plugin mode.
+func TestDRAWebhookRoutesClaimPods(t *testing.T) {
+	f, err := machine.FixtureByName("dgx1-v100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, localcluster.ModePlugin, envOptions{
+		nodes:       func(t *testing.T, e *env) { e.addDRANode(t, "dgx1", f) },
+		start:       func(*env, *testing.T) {},
+		controllers: []string{"resourceclaim-controller"}, // claims from templates
+	})
+	ctx := harness.Context(t)
+	publishGPUs(t, e, f, "dgx1")
+	e.cp.StartScheduler(t, nil)
+	gpuClaimPod(t, e, "filler", corev1.DefaultSchedulerName, "dgx1", 2, nil)
+	if got := allocatedIndices(t, e, "filler"); !slices.Equal(got, []int{0, 1}) {
+		t.Fatalf("filler got GPUs %v, want 0 and 1 (first fit)", got)
+	}
+	tmpl := &resourcev1.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: "four-gpus", Namespace: nsTeam}, Spec: resourcev1.ResourceClaimTemplateSpec{
+		Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{{Name: "gpus", Exactly: &resourcev1.ExactDeviceRequest{
+			DeviceClassName: gpuDriver, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 4}}}}}}}
+	if _, err := e.cp.Clientset.ResourceV1().ResourceClaimTemplates(nsTeam).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: nsTeam, Name: "model", Annotations: map[string]string{v1alpha1.AnnotationParallelism: string(v1alpha1.ParallelismModel)}},
+		Spec: corev1.PodSpec{
+			Containers:     []corev1.Container{{Name: "main", Image: "registry.k8s.io/pause:3.10", Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpus"}}}}},
+			ResourceClaims: []corev1.PodResourceClaim{{Name: "gpus", ResourceClaimTemplateName: &tmpl.Name}}}}
+	if err := e.cp.Client.Create(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	want := configv1alpha1.DefaultWebhookConfiguration().PolicyTable.For(v1alpha1.ParallelismModel).Requirement(4).String()
+	if p.Spec.SchedulerName != v1alpha1.DefaultSchedulerName || p.Annotations[v1alpha1.AnnotationRequirement] != want {
+		t.Fatalf("admitted claim pod: schedulerName %q, requirement %q; want %s and %s", p.Spec.SchedulerName, p.Annotations[v1alpha1.AnnotationRequirement], v1alpha1.DefaultSchedulerName, want)
+	}
+	var got []int
+	harness.Poll(t, time.Minute, "the pod's generated claim allocated", func() (bool, string) {
+		bound, err := e.cp.Clientset.CoreV1().Pods(nsTeam).Get(ctx, "model", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		if len(bound.Status.ResourceClaimStatuses) == 0 || bound.Status.ResourceClaimStatuses[0].ResourceClaimName == nil || bound.Spec.NodeName == "" {
+			return false, fmt.Sprintf("node %q, claim statuses %v", bound.Spec.NodeName, bound.Status.ResourceClaimStatuses)
+		}
+		c, err := e.cp.Clientset.ResourceV1().ResourceClaims(nsTeam).Get(ctx, *bound.Status.ResourceClaimStatuses[0].ResourceClaimName, metav1.GetOptions{})
+		if err != nil || c.Status.Allocation == nil {
+			return false, fmt.Sprintf("claim %v, err %v", c.Status.Allocation, err)
+		}
+		got = got[:0]
+		for _, r := range c.Status.Allocation.Devices.Results {
+			i, _ := strconv.Atoi(strings.TrimPrefix(r.Device, "gpu-"))
+			got = append(got, i)
+		}
+		slices.Sort(got)
+		return true, ""
+	})
+	if !slices.Equal(got, []int{4, 5, 6, 7}) {
+		t.Errorf("the routed claim pod got GPUs %v; want the free NVLink quad 4-7", got)
+	}
+}
+
 // podReason waits for pod name to be refused and returns its
 // PodScheduled message.
 func podReason(t *testing.T, e *env, name, want string) string {

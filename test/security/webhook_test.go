@@ -455,6 +455,19 @@ func TestWebhook(t *testing.T) {
 		envFromCPU.Namespace = whOptedIn
 		refusedBy(t, "a pod without GPUs taking envFrom in the opted-in namespace", c.Create(ctx, envFromCPU, client.DryRunAll), webhook.WebhookMutatePod)
 
+		// A pod that uses ResourceClaims may ask for GPUs through them:
+		// where gputopo serves, it waits for the mutator, which counts
+		// them; elsewhere the validator's condition leaves it alone.
+		claimPod := cpuPod(whPlain, "claims")
+		claimPod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpus", ResourceClaimTemplateName: ptr.To("four-gpus")}}
+		claimPod.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpus"}}
+		if err := c.Create(ctx, claimPod, client.DryRunAll); err != nil {
+			t.Errorf("a pod using ResourceClaims in a namespace that did not opt in (not matched): %v", err)
+		}
+		claimPod = claimPod.DeepCopy()
+		claimPod.Namespace = whOptedIn
+		refusedBy(t, "a pod using ResourceClaims in the opted-in namespace", c.Create(ctx, claimPod, client.DryRunAll), webhook.WebhookMutatePod)
+
 		// Jobs wait only when they state an intent or request GPUs.
 		cpuJob := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Namespace: whOptedIn, Name: "etl"},
 			Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: cpuPod(whOptedIn, "").Spec}}}

@@ -216,9 +216,15 @@ func (d *DRA) validate(path *field.Path) field.ErrorList {
 	if bad {
 		errs = append(errs, field.Invalid(path.Child("uuidAttribute"), d.UUIDAttribute, "name the device attribute that carries the GPU's UUID: an identifier, optionally after a domain and a slash, e.g. uuid or gpu.nvidia.com/uuid"))
 	}
+	return append(errs, validateDeviceClasses(path.Child("deviceClasses"), d.DeviceClasses)...)
+}
+
+// validateDeviceClasses checks a list of DeviceClass names.
+func validateDeviceClasses(path *field.Path, classes []string) field.ErrorList {
+	var errs field.ErrorList
 	seen := map[string]bool{}
-	for i, c := range d.DeviceClasses {
-		p := path.Child("deviceClasses").Index(i)
+	for i, c := range classes {
+		p := path.Index(i)
 		for _, msg := range validation.IsDNS1123Subdomain(c) {
 			errs = append(errs, field.Invalid(p, c, msg+" (a DeviceClass name)"))
 		}

@@ -109,6 +109,15 @@ type WebhookConfiguration struct {
 	// and have no controlling Job that does. Default
 	// "gputopo.io/parallelism".
 	NamespaceDefaultAnnotation string `json:"namespaceDefaultAnnotation"`
+
+	// ClaimDeviceClasses are the DeviceClasses whose ResourceClaim
+	// requests ask for GPUs: a pod that asks for GPUs through claims of
+	// these classes gets its requirement derived and is routed as a pod
+	// that requests the resource is (docs/dra.md). Keep equal to the
+	// extender's dra.deviceClasses; the chart sets both from
+	// extender.dra.deviceClasses. Default [gpu.nvidia.com]; empty: claim
+	// pods are left alone.
+	ClaimDeviceClasses []string `json:"claimDeviceClasses"`
 }
 
 // EnvFromPolicy is the value of WebhookConfiguration.GPUContainerEnvFrom.
@@ -200,6 +209,7 @@ func DefaultWebhookConfiguration() WebhookConfiguration {
 		GPUContainerEnvFrom:        EnvFromRefuse,
 		ExcludedNamespaces:         []string{"kube-system", DefaultCertManagerNamespace},
 		NamespaceDefaultAnnotation: v1alpha1.AnnotationParallelism,
+		ClaimDeviceClasses:         []string{DefaultDRADriver},
 	}
 }
 
@@ -280,6 +290,8 @@ func (c WebhookConfiguration) Validate() field.ErrorList {
 			errs = append(errs, field.Invalid(p.Index(i), ns, msg))
 		}
 	}
+
+	errs = append(errs, validateDeviceClasses(field.NewPath("claimDeviceClasses"), c.ClaimDeviceClasses)...)
 
 	p = field.NewPath("namespaceDefaultAnnotation")
 	if c.NamespaceDefaultAnnotation == "" {

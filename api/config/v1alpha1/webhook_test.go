@@ -79,6 +79,11 @@ func TestParseWebhook(t *testing.T) {
 				`excludedNamespaces[0]: Invalid value: "Bad NS": a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?'), ` +
 				`namespaceDefaultAnnotation: Invalid value: "not a key!": name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')]`,
 		},
+		"a DeviceClass name that is not one is refused, with its path": {
+			in: "claimDeviceClasses: [gpu.nvidia.com, GPU_Class, gpu.nvidia.com]\n",
+			wantErr: `invalid WebhookConfiguration: [claimDeviceClasses[1]: Invalid value: "GPU_Class": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*') (a DeviceClass name), ` +
+				`claimDeviceClasses[2]: Duplicate value: "gpu.nvidia.com"]`,
+		},
 		"a key written twice is refused, naming the key": {
 			in:      "schedulerName: a\nexcludedNamespaces: [kube-system]\nschedulerName: b\n",
 			wantErr: "decode WebhookConfiguration document 1: yaml: unmarshal errors:\n  line 3: key \"schedulerName\" already set in map",

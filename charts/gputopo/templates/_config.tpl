@@ -31,6 +31,7 @@ resourceName: {{ include "gputopo.gpuResourceName" . | quote }}
 gpuContainerEnvFrom: {{ .Values.webhook.gpuContainerEnvFrom | quote }}
 excludedNamespaces: {{ include "gputopo.webhook.excludedNamespaces" . }}
 namespaceDefaultAnnotation: {{ .Values.webhook.namespaceDefaultAnnotation | quote }}
+claimDeviceClasses: {{ ((.Values.extender.dra | default dict).deviceClasses) | default (list "gpu.nvidia.com") | toJson }}
 {{- end }}
 
 {{/*
