@@ -118,8 +118,10 @@ func (o *Options) nodeCommands() (nodes, node *cobra.Command) {
 		Args:  cobra.NoArgs,
 		RunE: o.withSnapshot(func(s *Snapshot, _ []string) error {
 			rows := s.NodeSummaries()
-			if s.PlansUnread != "" {
-				fmt.Fprintln(o.ErrOut, s.PlansUnread)
+			for _, unread := range []string{s.PlansUnread, s.ClaimsUnread} {
+				if unread != "" {
+					fmt.Fprintln(o.ErrOut, unread)
+				}
 			}
 			if err := writeSVGFile(nodesSVG, s, s.gpuNodeNames()); err != nil {
 				return err
@@ -153,6 +155,9 @@ func (o *Options) podsCommand() *cobra.Command {
 		Short: "GPU pods: intent, requirement, group and its domain, node, GPUs, tier, ring bandwidth, plan against truth",
 		Args:  cobra.NoArgs,
 		RunE: o.withSnapshot(func(s *Snapshot, _ []string) error {
+			if s.ClaimsUnread != "" {
+				fmt.Fprintln(o.ErrOut, s.ClaimsUnread)
+			}
 			rows := []PodRow{}
 			for _, r := range s.PodRows() {
 				if o.AllNamespaces || r.Namespace == o.Namespace {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/placement"
+	clusterrt "github.com/gputopo/gputopo/placement/cluster"
 	"github.com/gputopo/gputopo/topology"
 )
 
@@ -172,7 +173,10 @@ type BoundView struct {
 	// not bound by gputopo.
 	Placement *v1alpha1.Placement `json:"placement,omitempty"`
 	Assigned  []string            `json:"assignedGPUs,omitempty"`
-	Allocated []string            `json:"allocatedGPUs,omitempty"`
+	// Allocated is the allocated-gpus annotation, or for a pod that asks
+	// for GPUs through DRA its Claims' allocation.
+	Allocated []string `json:"allocatedGPUs,omitempty"`
+	Claims    []string `json:"claims,omitempty"`
 	// Truth is matches, drift, not-recorded or no-plan.
 	Truth string `json:"truth"`
 	// Achieved is the tier and bandwidth of the GPUs the pod really holds.
@@ -207,8 +211,12 @@ func (s *Snapshot) Explain(namespace, name string, profiles ...string) (*Explana
 	if err != nil {
 		return nil, fmt.Errorf("pod %s/%s: %w", namespace, name, err)
 	}
+	claimed := s.claimsOf(p)
 	if want == 0 {
-		return nil, fmt.Errorf("pod %s/%s requests no %s: gputopo does not place it", namespace, name, s.resource())
+		want = int64(claimed.asked)
+	}
+	if want == 0 {
+		return nil, fmt.Errorf("pod %s/%s requests no %s and no GPUs through ResourceClaims of class %s: gputopo does not place it", namespace, name, s.resource(), strings.Join(s.Config.DRA.DeviceClasses, " or "))
 	}
 	e := &Explanation{Namespace: namespace, Name: name, Phase: string(p.Status.Phase), Requested: int(want),
 		Requirement: p.Annotations[v1alpha1.AnnotationRequirement], ConfigSource: s.ConfigSource}
@@ -250,11 +258,12 @@ func (s *Snapshot) Explain(namespace, name string, profiles ...string) (*Explana
 // offlineCore is a core fed with the snapshot, as its informers would
 // feed it.
 func (s *Snapshot) offlineCore() (*placement.Core, error) {
-	x, err := placement.New(placement.Options{Config: s.Config})
+	x, err := placement.New(placement.Options{Config: s.Config, ClaimGPUs: func(p *corev1.Pod) int { return s.claimsOf(p).asked }})
 	if err != nil {
 		return nil, err
 	}
 	l := x.Feed()
+	clusterrt.FeedDRA(l, s.Config.DRA, s.Slices, s.Claims)
 	for i := range s.Topologies {
 		l.UpsertTopology(&s.Topologies[i])
 	}
@@ -328,7 +337,7 @@ func (s *Snapshot) group(p *corev1.Pod) (*GroupView, error) {
 	if err != nil {
 		return nil, err
 	}
-	pr, err := placement.ParseRequest(pending, s.resource(), x.Now())
+	pr, err := x.ParsePod(pending)
 	if err != nil {
 		// The scheduler refuses that pod with the same error.
 		g.Wait = err.Error()
@@ -371,7 +380,7 @@ func (s *Snapshot) verdicts(p *corev1.Pod) ([]NodeVerdict, error) {
 		return nil, err
 	}
 	names := s.gpuNodeNames()
-	pr, err := placement.ParseRequest(p, s.Config.GPUResource(), x.Now())
+	pr, err := x.ParsePod(p)
 	if err != nil {
 		return nil, fmt.Errorf("extender filter: %w", err)
 	}
@@ -479,6 +488,10 @@ func (s *Snapshot) schedulerVerdict(p *corev1.Pod, name string) string {
 
 func (s *Snapshot) bound(p *corev1.Pod, req v1alpha1.Requirement) *BoundView {
 	b := &BoundView{Node: p.Spec.NodeName, Assigned: gpuList(p, v1alpha1.AnnotationAssignedGPUs), Allocated: gpuList(p, v1alpha1.AnnotationAllocatedGPUs)}
+	if c := s.claimsOf(p); len(c.claims) > 0 {
+		// Through DRA the claims' allocation is the truth.
+		b.Allocated, b.Claims = c.gpus, c.claims
+	}
 	if pl, err := v1alpha1.ParsePlacement(p.Annotations[v1alpha1.AnnotationPlacement]); err == nil {
 		b.Placement = &pl
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -15,9 +16,11 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stypes "k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/placement"
@@ -364,5 +367,113 @@ func TestNodesShowPlannedAndKeptGPUs(t *testing.T) {
 		if !strings.Contains(text, want) {
 			t.Errorf("node pcie lacks %q:\n%s", want, text)
 		}
+	}
+}
+
+// claimCluster: a DGX-1 V100 node whose GPUs a DRA driver publishes (no
+// nvidia.com/gpu), a pod whose claim is allocated GPUs 4-7 and a Pending
+// pod whose claim asks for 2.
+func claimCluster(t *testing.T) *Snapshot {
+	s := &Snapshot{Now: now, Config: configv1alpha1.DefaultExtenderConfiguration(), ConfigSource: "defaults"}
+	s.Topologies = []v1alpha1.NodeGPUTopology{topo(t, "dgx1-v100", "dra", now)}
+	s.Nodes = []corev1.Node{{ObjectMeta: metav1.ObjectMeta{Name: "dra"}}}
+	var devices []resourcev1.Device
+	for i := range 8 {
+		u := topomachine.FixtureUUID("dra", i)
+		devices = append(devices, resourcev1.Device{Name: fmt.Sprintf("gpu-%d", i), Attributes: map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{"uuid": {StringValue: &u}}})
+	}
+	nodeName := "dra"
+	s.Slices = []resourcev1.ResourceSlice{{ObjectMeta: metav1.ObjectMeta{Name: "dra-gpus"}, Spec: resourcev1.ResourceSliceSpec{
+		Driver: "gpu.nvidia.com", NodeName: &nodeName, Pool: resourcev1.ResourcePool{Name: "dra", ResourceSliceCount: 1}, Devices: devices}}}
+	claim := func(name string, count int64, alloc ...int) resourcev1.ResourceClaim {
+		c := resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: name}, Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{
+			Requests: []resourcev1.DeviceRequest{{Name: "gpus", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: "gpu.nvidia.com", Count: count}}}}}}
+		if alloc != nil {
+			c.Status.Allocation = &resourcev1.AllocationResult{}
+			for _, i := range alloc {
+				c.Status.Allocation.Devices.Results = append(c.Status.Allocation.Devices.Results, resourcev1.DeviceRequestAllocationResult{
+					Request: "gpus", Driver: "gpu.nvidia.com", Pool: "dra", Device: fmt.Sprintf("gpu-%d", i)})
+			}
+		}
+		return c
+	}
+	s.Claims = []resourcev1.ResourceClaim{claim("quad-gpus", 4, 4, 5, 6, 7), claim("pair-gpus", 2)}
+	claimPod := func(name, nodeName string) corev1.Pod {
+		p := pod(name, nodeName, 0, nil)
+		p.Spec.Containers[0].Resources = corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpus"}}}
+		p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpus", ResourceClaimName: ptr.To(name + "-gpus")}}
+		return p
+	}
+	pending := claimPod("pair", "")
+	pending.Status.Phase = corev1.PodPending
+	s.Pods = []corev1.Pod{claimPod("quad", "dra"), pending}
+	s.sort()
+
+	return s
+}
+
+// A DGX-1 V100 node whose GPUs a DRA driver publishes (no nvidia.com/gpu),
+// a pod whose claim is allocated GPUs 4-7 and a Pending pod whose claim
+// asks for 2: the pods view shows each with its claim and the bound one's
+// GPUs, tier and ring from the allocation; the nodes view counts the four
+// as held; the node view names the claim beside the pod.
+func TestClaimPodsShowTheirClaimsAndGPUs(t *testing.T) {
+	s := claimCluster(t)
+	rows := s.PodRows()
+	if len(rows) != 2 {
+		t.Fatalf("pod rows %+v; want the two claim pods", rows)
+	}
+	if r := rows[0]; r.Name != "quad" || r.Requested != 4 || !slices.Equal(r.GPUs, []int{4, 5, 6, 7}) || !slices.Equal(r.Claims, []string{"team/quad-gpus"}) || r.Tier != string(v1alpha1.TierNVLink) || r.RingBandwidthGBps == 0 {
+		t.Errorf("bound claim pod's row %+v; want 4 requested, GPUs 4-7 on NVLink, its claim", r)
+	}
+	if r := rows[1]; r.Name != "pair" || r.Requested != 2 || r.GPUs != nil || !slices.Equal(r.Claims, []string{"team/pair-gpus"}) {
+		t.Errorf("pending claim pod's row %+v; want 2 requested, no GPUs, its claim", r)
+	}
+	var out bytes.Buffer
+	if err := writePods(&out, painter{}, rows, true); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"CLAIMS", "team/quad-gpus", "claim"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("pods table lacks %q:\n%s", want, out.String())
+		}
+	}
+	if sum := s.NodeSummaries(); len(sum) != 1 || sum[0].Free != 4 || sum[0].Status != StatusFresh {
+		t.Errorf("node summaries %+v; want dra fresh with 4 free", sum)
+	}
+	d, err := s.NodeDetail("dra")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := d.GPUList[6].Holders; !slices.Equal(got, []string{"team/quad (claim team/quad-gpus)"}) {
+		t.Errorf("GPU 6 held by %v; want the pod with its claim", got)
+	}
+}
+
+// explain of a Pending claim pod runs the decision core with its claims'
+// count and the GPUs other claims hold; of a bound one, it compares the
+// plan with the claims' allocation.
+func TestExplainClaimPods(t *testing.T) {
+	s := claimCluster(t)
+	e, err := s.Explain("team", "pair")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Requested != 2 || len(e.Nodes) != 1 || e.Nodes[0].Verdict != VerdictFits || len(e.Nodes[0].GPUs) != 2 || slices.ContainsFunc(e.Nodes[0].GPUs, func(i int) bool { return i >= 4 }) {
+		t.Errorf("explain of the Pending claim pod: requested %d, verdicts %+v; want 2 GPUs that fit outside the claimed 4-7", e.Requested, e.Nodes)
+	}
+	e, err = s.Explain("team", "quad")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := e.Bound; b == nil || !slices.Equal(b.Claims, []string{"team/quad-gpus"}) || len(b.Allocated) != 4 || b.Truth != TruthNoPlan || b.AchievedTier != string(v1alpha1.TierNVLink) {
+		t.Errorf("explain of the bound claim pod: %+v; want its claim's 4 GPUs on NVLink, no plan", e.Bound)
+	}
+	var out bytes.Buffer
+	if err := writeExplanation(&out, painter{}, e); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "claims:    team/quad-gpus") {
+		t.Errorf("explain lacks the claim:\n%s", out.String())
 	}
 }

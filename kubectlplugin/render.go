@@ -266,9 +266,13 @@ func writeNode(w io.Writer, p painter, d *NodeDetail) error {
 func writePods(w io.Writer, p painter, rows []PodRow, withNode bool) error {
 	t := newTable(w)
 	grouped := slices.ContainsFunc(rows, func(r PodRow) bool { return r.Group != "" })
-	head := "POD\tPHASE\tINTENT\tGPUS REQ\tREQUIREMENT\tGROUP\tDOMAIN\tNODE\tGPUS\tTIER\tRING GB/S\tTRUTH"
+	claimed := slices.ContainsFunc(rows, func(r PodRow) bool { return len(r.Claims) > 0 })
+	head := "POD\tPHASE\tINTENT\tGPUS REQ\tREQUIREMENT\tGROUP\tDOMAIN\tNODE\tGPUS\tTIER\tRING GB/S\tTRUTH\tCLAIMS"
 	if !grouped {
 		head = strings.Replace(head, "\tGROUP\tDOMAIN", "", 1)
+	}
+	if !claimed {
+		head = strings.TrimSuffix(head, "\tCLAIMS")
 	}
 	if !withNode {
 		head = strings.Replace(head, "\tNODE", "", 1)
@@ -279,6 +283,8 @@ func writePods(w io.Writer, p painter, rows []PodRow, withNode bool) error {
 		switch {
 		case r.Drift:
 			truth = p.c(red, "drift")
+		case r.Node != "" && len(r.GPUs) > 0 && len(r.Claims) > 0:
+			truth = "claim" // the claims' allocation is the truth
 		case r.Node != "" && len(r.GPUs) > 0:
 			truth = "ok"
 		}
@@ -302,6 +308,9 @@ func writePods(w io.Writer, p painter, rows []PodRow, withNode bool) error {
 			cols = append(cols, dash(r.Node))
 		}
 		cols = append(cols, ints(r.GPUs), p.c(tierColour(r.Tier), dash(r.Tier)), ring, truth)
+		if claimed {
+			cols = append(cols, dash(strings.Join(r.Claims, ",")))
+		}
 		fmt.Fprintln(t, strings.Join(cols, "\t"))
 	}
 	return t.Flush()

@@ -49,15 +49,24 @@ func writeExplanation(w io.Writer, p painter, e *Explanation) error {
 		}
 		fmt.Fprintf(w, "assigned:  %s\n", dash(strings.Join(b.Assigned, ",")))
 		fmt.Fprintf(w, "allocated: %s\n", dash(strings.Join(b.Allocated, ",")))
+		allocator := "kubelet"
+		if len(b.Claims) > 0 {
+			fmt.Fprintf(w, "claims:    %s (their allocation is the truth)\n", strings.Join(b.Claims, ","))
+			allocator = "DRA"
+		}
 		truth := b.Truth
 		switch b.Truth {
 		case TruthMatches:
-			truth = p.c(green, truth) + ": kubelet allocated the GPUs gputopo planned"
+			truth = p.c(green, truth) + ": " + allocator + " allocated the GPUs gputopo planned"
 		case TruthDrift:
-			truth = p.c(red, truth) + ": kubelet allocated other GPUs than gputopo planned (see docs/troubleshooting.md, Drift)"
+			truth = p.c(red, truth) + ": " + allocator + " allocated other GPUs than gputopo planned (see docs/troubleshooting.md, Drift)"
 		case TruthNotRecorded:
 			truth = p.c(yellow, truth) + ": the node agent has not recorded allocated-gpus yet (is the container started, is the agent running?)"
 		case TruthNoPlan:
+			if len(b.Claims) > 0 {
+				truth = p.c(yellow, truth) + ": the pod has no assigned-gpus; its claims' devices were DRA's choice on the node (extender mode, or another scheduler)"
+				break
+			}
 			truth = p.c(yellow, truth) + ": the pod has no assigned-gpus; it was not bound by the gputopo extender"
 		}
 		fmt.Fprintf(w, "truth:     %s\n", truth)

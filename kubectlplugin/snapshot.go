@@ -9,10 +9,13 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
@@ -37,6 +40,16 @@ type Snapshot struct {
 	// PlansUnread says why they could not be read ("" when they were).
 	Plans       []v1alpha1.GroupPlan
 	PlansUnread string
+	// Claims and Slices are the cluster's ResourceClaims and
+	// ResourceSlices: the GPUs of pods that ask for them through claims
+	// (Config.DRA, docs/dra.md). ClaimsUnread says why they could not be
+	// read ("" when they were).
+	Claims       []resourcev1.ResourceClaim
+	Slices       []resourcev1.ResourceSlice
+	ClaimsUnread string
+	// claimDevices maps the DRA driver's pool and device names to GPU
+	// UUIDs, built from Slices on first use.
+	claimDevices map[[2]string]string
 }
 
 // ConfigFrom says where the extender's configuration is read from: a file
@@ -90,6 +103,17 @@ func LoadWith(ctx context.Context, c client.Reader, from ConfigFrom) (*Snapshot,
 		s.PlansUnread = fmt.Sprintf("GPUs planned or kept for groups not shown: list groupplans.gputopo.io: %v", err)
 	}
 	s.Plans = plans.Items
+	var claims resourcev1.ResourceClaimList
+	var slices resourcev1.ResourceSliceList
+	if err := c.List(ctx, &claims); meta.IsNoMatchError(err) {
+		// The cluster serves no DRA: there are no claims to show.
+	} else if err != nil {
+		s.ClaimsUnread = fmt.Sprintf("GPUs held through DRA ResourceClaims not shown: list resourceclaims.resource.k8s.io: %v", err)
+	} else if err := c.List(ctx, &slices); err != nil {
+		s.ClaimsUnread = fmt.Sprintf("GPUs held through DRA ResourceClaims not shown: list resourceslices.resource.k8s.io: %v", err)
+	} else {
+		s.Claims, s.Slices = claims.Items, slices.Items
+	}
 	cfg, src, err := loadConfig(ctx, c, from)
 	if err != nil {
 		return nil, err
@@ -186,6 +210,67 @@ func demand(p *corev1.Pod, resource corev1.ResourceName) int {
 		return 0
 	}
 	return int(n)
+}
+
+// claimHold is what a pod asks and holds through its ResourceClaims of
+// the served classes: asked, the exact counts of their requests; gpus,
+// the UUIDs of the driver's devices allocated to them; claims, the
+// claims (namespace/name) that ask for GPUs.
+type claimHold struct {
+	asked  int
+	gpus   []string
+	claims []string
+}
+
+// claimsOf reads pod p's ResourceClaims (a claim from a template once
+// the claim exists) as the scheduler counts them.
+func (s *Snapshot) claimsOf(p *corev1.Pod) claimHold {
+	var h claimHold
+	if len(p.Spec.ResourceClaims) == 0 || len(s.Claims) == 0 {
+		return h
+	}
+	if s.claimDevices == nil {
+		s.claimDevices = map[[2]string]string{}
+		for i := range s.Slices {
+			sl := &s.Slices[i]
+			if sl.Spec.Driver != s.Config.DRA.Driver {
+				continue
+			}
+			for j := range sl.Spec.Devices {
+				if u := s.Config.DRA.DeviceUUID(&sl.Spec.Devices[j]); u != "" {
+					s.claimDevices[[2]string{sl.Spec.Pool.Name, sl.Spec.Devices[j].Name}] = u
+				}
+			}
+		}
+	}
+	for _, pc := range p.Spec.ResourceClaims {
+		name, _, err := resourceclaim.Name(p, &pc)
+		if err != nil || name == nil {
+			continue
+		}
+		for i := range s.Claims {
+			c := &s.Claims[i]
+			if c.Namespace != p.Namespace || c.Name != *name {
+				continue
+			}
+			n, err := configv1alpha1.ServedGPUs(c.Spec.Devices.Requests, s.Config.DRA.DeviceClasses)
+			if err != nil || n == 0 {
+				break
+			}
+			h.asked += n
+			h.claims = append(h.claims, c.Namespace+"/"+c.Name)
+			if c.Status.Allocation == nil {
+				break
+			}
+			for _, r := range c.Status.Allocation.Devices.Results {
+				if u, ok := s.claimDevices[[2]string{r.Pool, r.Device}]; ok && r.Driver == s.Config.DRA.Driver {
+					h.gpus = append(h.gpus, u)
+				}
+			}
+			break
+		}
+	}
+	return h
 }
 
 // gpuNodeNames are the nodes gputopo places on: those with a

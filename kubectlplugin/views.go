@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -57,10 +58,16 @@ type NodeSummary struct {
 type holder struct {
 	pod  *corev1.Pod
 	gpus []int // indices; empty when the pod records none yet
-	// source is allocated-gpus (truth) or assigned-gpus (plan).
+	// source is allocated-gpus (truth), assigned-gpus (plan) or
+	// sourceClaims; claims are the pod's claims that ask for GPUs.
 	source string
 	drift  bool
+	claims []string
 }
+
+// sourceClaims is a holder's source when its GPUs are its ResourceClaims'
+// allocation.
+const sourceClaims = "resourceclaims"
 
 // nodeState is what the views know of one node.
 type nodeState struct {
@@ -89,15 +96,24 @@ func (s *Snapshot) nodeState(name string) *nodeState {
 			continue
 		}
 		want := demand(p, s.resource())
+		var claimed claimHold
+		if want == 0 {
+			claimed = s.claimsOf(p)
+			want = claimed.asked
+		}
 		if want == 0 {
 			continue
 		}
-		h := holder{pod: p}
+		h := holder{pod: p, claims: claimed.claims}
 		assigned := gpuList(p, v1alpha1.AnnotationAssignedGPUs)
 		allocated := gpuList(p, v1alpha1.AnnotationAllocatedGPUs)
 		uuids := assigned
 		h.source = v1alpha1.AnnotationAssignedGPUs
-		if allocated != nil {
+		switch {
+		case len(claimed.claims) > 0:
+			// The claims' allocation is the truth for GPUs through DRA.
+			uuids, h.source = claimed.gpus, sourceClaims
+		case allocated != nil:
 			uuids, h.source = allocated, v1alpha1.AnnotationAllocatedGPUs
 			h.drift = assigned != nil && !slices.Equal(v1alpha1.SortedGPUList(assigned), v1alpha1.SortedGPUList(allocated))
 		}
@@ -347,8 +363,12 @@ func (s *Snapshot) NodeDetail(name string) (*NodeDetail, error) {
 			Health: string(g.Health), HealthReason: g.HealthReason, PCIeGroup: groups[g.Index],
 			PlannedFor: n.planned[g.Index], KeptFor: n.kept[g.Index]}
 		for _, hi := range n.owner[g.Index] {
-			p := n.holders[hi].pod
-			v.Holders = append(v.Holders, p.Namespace+"/"+p.Name)
+			h := n.holders[hi]
+			holder := h.pod.Namespace + "/" + h.pod.Name
+			if len(h.claims) > 0 {
+				holder += " (claim " + strings.Join(h.claims, ", ") + ")"
+			}
+			v.Holders = append(v.Holders, holder)
 		}
 		d.GPUList = append(d.GPUList, v)
 	}
@@ -412,6 +432,9 @@ type PodRow struct {
 	RingBandwidthGBps int    `json:"ringBandwidthGBps,omitempty"`
 	// Drift is true when allocated-gpus differ from assigned-gpus.
 	Drift bool `json:"drift,omitempty"`
+	// Claims are the pod's ResourceClaims (namespace/name) that ask for
+	// its GPUs, when it asks through DRA; GPUs are then their allocation.
+	Claims []string `json:"claims,omitempty"`
 	// Group is the pod's group (namespace/name) when it is placed with
 	// others (docs/groups.md): the placement record's for a bound pod,
 	// else its annotations' (or its Kubernetes PodGroup's); "invalid"
@@ -461,10 +484,15 @@ func (s *Snapshot) PodRows() []PodRow {
 	for i := range s.Pods {
 		p := &s.Pods[i]
 		want := demand(p, s.resource())
+		var claimed claimHold
+		if want == 0 {
+			claimed = s.claimsOf(p)
+			want = claimed.asked
+		}
 		if want == 0 {
 			continue
 		}
-		r := PodRow{Namespace: p.Namespace, Name: p.Name, Phase: string(p.Status.Phase), Requested: want, Node: p.Spec.NodeName,
+		r := PodRow{Claims: claimed.claims, Namespace: p.Namespace, Name: p.Name, Phase: string(p.Status.Phase), Requested: want, Node: p.Spec.NodeName,
 			Intent: p.Annotations[v1alpha1.AnnotationParallelism], Requirement: p.Annotations[v1alpha1.AnnotationRequirement]}
 		if r.Phase == "" {
 			r.Phase = string(corev1.PodPending)
@@ -487,8 +515,10 @@ func (s *Snapshot) PodRows() []PodRow {
 				if h.pod == p {
 					r.GPUs, r.Drift = slices.Clone(h.gpus), h.drift
 					slices.Sort(r.GPUs)
-					if h.drift && n.graph != nil && len(h.gpus) > 0 {
-						// The placement describes the plan; describe the truth.
+					if (h.drift || len(h.claims) > 0) && n.graph != nil && len(h.gpus) > 0 {
+						// The placement describes the plan (none for a
+						// claim pod bound in extender mode); describe the
+						// truth.
 						m := n.graph.Metrics(topology.MaskOf(h.gpus...), topology.Mask{})
 						r.Tier, r.RingBandwidthGBps = string(m.Tier), m.RingGBps
 					}

@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"slices"
-	"strings"
 	"sync"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -49,13 +48,22 @@ type nodeGPU struct{ node, uuid string }
 
 func newDRATracker(feed placement.Feed, cfg configv1alpha1.DRA) *draTracker {
 	t := &draTracker{feed: feed, driver: cfg.Driver, devices: map[poolDevice]nodeGPU{}, bySlice: map[string][]poolDevice{}, nodeOf: map[string]string{}, claims: map[types.UID]*resourcev1.ResourceClaim{}}
-	t.attr = []string{cfg.UUIDAttribute}
-	if domain, name, ok := strings.Cut(cfg.UUIDAttribute, "/"); ok && domain == cfg.Driver {
-		t.attr = append(t.attr, name)
-	} else if !ok {
-		t.attr = append(t.attr, cfg.Driver+"/"+cfg.UUIDAttribute)
-	}
+	t.attr = cfg.UUIDAttributes()
 	return t
+}
+
+// FeedDRA feeds feed what the DRA objects say, as the runtime's
+// informers would: each slice of cfg's driver (SetDRADevices), then each
+// allocated claim's GPUs (UpsertClaim). For a core fed from a snapshot
+// (kubectl gputopo explain).
+func FeedDRA(feed placement.Feed, cfg configv1alpha1.DRA, slices []resourcev1.ResourceSlice, claims []resourcev1.ResourceClaim) {
+	t := newDRATracker(feed, cfg)
+	for i := range slices {
+		t.upsertSlice(&slices[i])
+	}
+	for i := range claims {
+		t.upsertClaim(&claims[i])
+	}
 }
 
 // UUIDReader reads the UUID a device of cfg's driver carries in its UUID

@@ -21,6 +21,7 @@ import (
 	configv1alpha1 "github.com/gputopo/gputopo/api/config/v1alpha1"
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/internal/localcluster"
+	"github.com/gputopo/gputopo/kubectlplugin"
 	"github.com/gputopo/gputopo/test/harness"
 	"github.com/gputopo/gputopo/topology/machine"
 )
@@ -315,6 +316,27 @@ func TestDRAClaimPodPreemptsForAnNVLinkQuad(t *testing.T) {
 		}
 	}
 	harness.WaitCore(t, e.sched, func(g map[string]float64) bool { return g["held"] == 8 && g["reserved"] == 0 })
+
+	// kubectl gputopo shows the claim pods' GPUs with their claims.
+	snap, err := kubectlplugin.Load(ctx, e.cp.Config, kubectlplugin.ConfigFrom{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.ClaimsUnread != "" {
+		t.Fatal(snap.ClaimsUnread)
+	}
+	shown := 0
+	for _, r := range snap.PodRows() {
+		if r.Name == "high" {
+			shown++
+			if !slices.Equal(r.GPUs, got) || !slices.Equal(r.Claims, []string{nsDRA + "/high-gpus"}) {
+				t.Errorf("kubectl gputopo pods shows the preemptor with GPUs %v and claims %v; want %v and its claim", r.GPUs, r.Claims, got)
+			}
+		}
+	}
+	if sum := snap.NodeSummaries(); shown != 1 || len(sum) != 1 || sum[0].Free != 0 {
+		t.Errorf("kubectl gputopo: preemptor shown %d times, nodes %+v; want it once and no GPU free", shown, sum)
+	}
 }
 
 // TestDRAExtenderChoosesTheNodeByTopology: extender mode, kube-scheduler

@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	resourcev1 "k8s.io/api/resource/v1"
 )
@@ -34,4 +35,29 @@ func ServedGPUs(reqs []resourcev1.DeviceRequest, classes []string) (int, error) 
 		}
 	}
 	return total, nil
+}
+
+// UUIDAttributes are the names a device of d's driver may carry its UUID
+// under: UUIDAttribute as written, and as the driver's domain qualifies
+// it (uuid and gpu.nvidia.com/uuid name the same attribute of driver
+// gpu.nvidia.com).
+func (d DRA) UUIDAttributes() []string {
+	out := []string{d.UUIDAttribute}
+	if domain, name, ok := strings.Cut(d.UUIDAttribute, "/"); ok && domain == d.Driver {
+		out = append(out, name)
+	} else if !ok {
+		out = append(out, d.Driver+"/"+d.UUIDAttribute)
+	}
+	return out
+}
+
+// DeviceUUID is the UUID device dev of d's driver carries in its UUID
+// attribute ("" when none).
+func (d DRA) DeviceUUID(dev *resourcev1.Device) string {
+	for _, a := range d.UUIDAttributes() {
+		if v, ok := dev.Attributes[resourcev1.QualifiedName(a)]; ok && v.StringValue != nil {
+			return *v.StringValue
+		}
+	}
+	return ""
 }
