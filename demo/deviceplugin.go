@@ -79,3 +79,24 @@ func (s *stockDevicePlugin) release(node string, uuids []string) {
 		}
 	}
 }
+
+// DevicePlugin is NVIDIA's device plugin choosing the GPUs of pods that
+// a scheduler bound without choosing them (stockDevicePlugin), for
+// comparisons outside the demo (make bench-peers).
+type DevicePlugin struct{ s *stockDevicePlugin }
+
+// NewDevicePlugin is the device plugin of every node of nodes, their
+// GPUs all free.
+func NewDevicePlugin(nodes []NodeSpec) (*DevicePlugin, error) {
+	s, err := newStockDevicePlugin(nodes)
+	if err != nil {
+		return nil, err
+	}
+	return &DevicePlugin{s: s}, nil
+}
+
+// Allocate takes count of node's free GPUs as the plugin would for a pod
+// kubelet admits there, and returns their UUIDs.
+func (d *DevicePlugin) Allocate(node string, count int) ([]string, error) {
+	return d.s.allocate(node, count)
+}

@@ -73,6 +73,9 @@ type envOptions struct {
 	start func(e *env, t *testing.T)
 	// configure, when set, changes the deciding scheduler's configuration.
 	configure func(*schedconfigv1.KubeSchedulerConfiguration)
+	// noDecider: gputopo decides nothing (no gputopo-scheduler, extender
+	// or its kube-scheduler profile); the mode is then ignored.
+	noDecider bool
 }
 
 // eachMode runs f once per mode, each on its own environment of two
@@ -169,13 +172,15 @@ func newEnv(t *testing.T, mode localcluster.Mode, opts envOptions) *env {
 	// The Job controller creates the pods; the garbage collector deletes
 	// them with their Job when JobSet restarts.
 	e.cp.StartControllerManager(t, append([]string{"job", "garbagecollector"}, opts.controllers...)...)
-	if mode == localcluster.ModePlugin {
+	switch {
+	case opts.noDecider:
+	case mode == localcluster.ModePlugin:
 		if err := localcluster.GrantExtenderRole(ctx, e.cp.Client, harness.SchedulerUser); err != nil {
 			t.Fatal(err)
 		}
 		e.sched = e.cp.StartDecider(t, harness.DeciderOptions{Mode: harness.ModePlugin, Configure: opts.configure})
 		harness.WaitCore(t, e.sched, localcluster.TotalGPUs(e.gpus))
-	} else {
+	default:
 		if err := localcluster.GrantExtenderRole(ctx, e.cp.Client, extenderUser); err != nil {
 			t.Fatal(err)
 		}

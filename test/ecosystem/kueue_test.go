@@ -163,6 +163,13 @@ func (e *env) kueueQueue(t *testing.T, queue string, gpus int, topology string) 
 			t.Fatalf("create %s %s: %v", o.GetKind(), o.GetName(), err)
 		}
 	}
+	e.waitClusterQueueActive(t, queue)
+}
+
+// waitClusterQueueActive waits for Kueue to mark ClusterQueue queue
+// Active.
+func (e *env) waitClusterQueueActive(t *testing.T, queue string) {
+	t.Helper()
 	harness.Poll(t, time.Minute, "ClusterQueue "+queue+" active", func() (bool, string) {
 		cq := &unstructured.Unstructured{}
 		cq.SetAPIVersion("kueue.x-k8s.io/v1beta2")
@@ -419,10 +426,16 @@ func (e *env) waitJobSetPlaced(t *testing.T, name string) {
 // object named owner, in words.
 func (e *env) workloadCondition(t *testing.T, owner, typ string) string {
 	t.Helper()
+	return e.workloadConditionIn(t, nsTeam, owner, typ)
+}
+
+// workloadConditionIn is workloadCondition in namespace ns.
+func (e *env) workloadConditionIn(t *testing.T, ns, owner, typ string) string {
+	t.Helper()
 	l := &unstructured.UnstructuredList{}
 	l.SetAPIVersion("kueue.x-k8s.io/v1beta2")
 	l.SetKind("WorkloadList")
-	if err := e.cp.Client.List(harness.Context(t), l, client.InNamespace(nsTeam)); err != nil {
+	if err := e.cp.Client.List(harness.Context(t), l, client.InNamespace(ns)); err != nil {
 		return err.Error()
 	}
 	for _, w := range l.Items {

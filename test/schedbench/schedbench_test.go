@@ -115,8 +115,6 @@ type phase struct {
 	unscheduled int
 }
 
-// procCPU is the CPU time (user + system) of the processes whose
-// executable is bin/<name> for one of names, from /proc.
 // schedulerBinaries are the binaries whose CPU counts as the scheduler's.
 func schedulerBinaries() []string {
 	names := []string{"kube-scheduler", "gputopo-scheduler"}
@@ -124,66 +122,6 @@ func schedulerBinaries() []string {
 		names = append(names, b)
 	}
 	return names
-}
-
-func procCPU(names ...string) time.Duration {
-	var total time.Duration
-	for _, pid := range procs(names...) {
-		stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-		if err != nil {
-			continue
-		}
-		// Fields after the command (which may hold spaces) in ")".
-		f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-		if len(f) < 13 {
-			continue
-		}
-		ut, _ := strconv.ParseInt(f[11], 10, 64)
-		st, _ := strconv.ParseInt(f[12], 10, 64)
-		total += time.Duration(ut+st) * time.Second / 100 // USER_HZ
-	}
-	return total
-}
-
-// procs are the processes whose executable is bin/<name> for one of
-// names.
-func procs(names ...string) []int {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	var out []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		exe, err := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
-		if err != nil || !slices.Contains(names, filepath.Base(exe)) || filepath.Dir(exe) != harness.BinDir() {
-			continue
-		}
-		out = append(out, pid)
-	}
-	return out
-}
-
-// peakRSS is the largest peak resident memory (VmHWM, bytes) of the
-// processes named.
-func peakRSS(names ...string) int64 {
-	var peak int64
-	for _, pid := range procs(names...) {
-		st, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
-		if err != nil {
-			continue
-		}
-		for line := range strings.SplitSeq(string(st), "\n") {
-			if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-				kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-				peak = max(peak, kb<<10)
-			}
-		}
-	}
-	return peak
 }
 
 // startMode starts the scheduler of mode for a cluster of n nodes: a
@@ -580,7 +518,7 @@ func runPhase(t *testing.T, cp *harness.ControlPlane, name string, nodes int, ns
 	}
 	runtime.GC()
 	cpu0 := cpuTime()
-	sched0, api0 := procCPU(schedulerBinaries()...), procCPU("kube-apiserver", "etcd")
+	sched0, api0 := harness.ProcessCPU(schedulerBinaries()...), harness.ProcessCPU("kube-apiserver", "etcd")
 	start := time.Now()
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 32)
@@ -637,8 +575,8 @@ wait:
 		}
 	}
 	cpu := cpuTime() - cpu0
-	schedCPU, apiCPU := procCPU(schedulerBinaries()...)-sched0, procCPU("kube-apiserver", "etcd")-api0
-	rss := peakRSS(schedulerBinaries()...)
+	schedCPU, apiCPU := harness.ProcessCPU(schedulerBinaries()...)-sched0, harness.ProcessCPU("kube-apiserver", "etcd")-api0
+	rss := harness.PeakRSS(schedulerBinaries()...)
 	mu.Lock()
 	var last time.Time
 	lat := make([]time.Duration, 0, len(bound))

@@ -1,0 +1,433 @@
+//go:build integration && peers
+
+package ecosystem
+
+import (
+	"cmp"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/demo"
+	"github.com/gputopo/gputopo/internal/localcluster"
+	"github.com/gputopo/gputopo/simulator"
+	"github.com/gputopo/gputopo/test/harness"
+	"github.com/gputopo/gputopo/topology"
+	"github.com/gputopo/gputopo/topology/machine"
+)
+
+// The peers on the same cluster (make bench-peers, docs/benchmarks.md):
+// one node set and one burst of Jobs, the gang suite's mix, through each
+// scheduler in turn on a fresh real control plane, each given the
+// topology in its own form. GPUs inside a node, where a peer leaves them
+// to the device plugin, are NVIDIA's device plugin's choice on the
+// node's simulated NVML (demo.DevicePlugin), in bind order.
+//
+// PEERS_MODE=quick (default: 16 nodes, 4 leaves) or full (64 nodes, 8
+// leaves); PEERS selects schedulers (comma-separated, default all);
+// PEERS_OUT is the report (default _out/peers.md).
+
+const nsPeers = "peers" // not opted in to gputopo's webhook
+
+// Schedulers of the bench.
+const (
+	peerPlain           = "kube-scheduler"
+	peerGputopoPlugin   = "gputopo (plugin)"
+	peerGputopoExtender = "gputopo (extender)"
+	peerKueueTAS        = "Kueue TAS + kube-scheduler"
+)
+
+var peerNames = []string{peerPlain, peerKueueTAS, peerGputopoExtender, peerGputopoPlugin}
+
+// peerMachines are the suites' machine mix, in leaf-sized runs.
+var peerMachines = []string{"dgx-a100", "dgx1-v100", "pcie-8x", "pcie-8x-nvlink-pairs"}
+
+// peerJob is one Job of the burst.
+type peerJob struct {
+	name    string
+	pods    int
+	gpus    int // per pod
+	intent  v1alpha1.Parallelism
+	grouped bool
+}
+
+// peerWorkload draws the gang suite's mix (simulator's gang-fleet
+// generator: half groups of 2-16 pods × 4 or 8 GPUs, half single pods
+// of 1-8 GPUs, half model-, half data-parallel) until the next job would
+// take the burst over 85% of capacity GPUs.
+func peerWorkload(t *testing.T, capacity int) []peerJob {
+	t.Helper()
+	tr, err := simulator.Generate("gen:gang-fleet:seed=11:jobs=400")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []peerJob
+	used := 0
+	for _, j := range tr.Jobs {
+		pods := j.PodCount()
+		if used+pods*j.GPUs > capacity*85/100 {
+			continue
+		}
+		used += pods * j.GPUs
+		out = append(out, peerJob{name: fmt.Sprintf("j%02d-%s", len(out), j.Parallelism), pods: pods, gpus: j.GPUs, intent: j.Parallelism, grouped: pods > 1})
+	}
+	return out
+}
+
+// peerRow is one scheduler's line of the report.
+type peerRow struct {
+	name                       string
+	pods, bound                int
+	groups, groupsPlaced       int
+	groupsOneLeaf              int
+	modelPods, modelPodsNVLink int
+	slowestRings               []int // per model job placed whole: its slowest pod's ring GB/s
+	wall                       time.Duration
+	cpu                        time.Duration
+	rss                        int64
+	note                       string
+}
+
+func TestPeers(t *testing.T) {
+	full := os.Getenv("PEERS_MODE") == "full"
+	perMachine, leafSize := 4, 4
+	if full {
+		perMachine, leafSize = 16, 8
+	}
+	var specs []demo.NodeSpec
+	for _, m := range peerMachines {
+		for i := range perMachine {
+			specs = append(specs, demo.NodeSpec{Name: fmt.Sprintf("%s-%02d", m, i), Fixture: m})
+		}
+	}
+	leafOf := map[string]string{}
+	for i, s := range specs {
+		leafOf[s.Name] = fmt.Sprintf("leaf-%d", i/leafSize)
+	}
+	jobs := peerWorkload(t, 8*len(specs))
+	want := peerNames
+	if v := os.Getenv("PEERS"); v != "" {
+		want = strings.Split(v, ",")
+	}
+	var rows []peerRow
+	for _, name := range peerNames {
+		if !slices.Contains(want, name) {
+			continue
+		}
+		t.Run(strings.NewReplacer(" ", "-", "(", "", ")", "", "+", "").Replace(name), func(t *testing.T) {
+			rows = append(rows, runPeer(t, name, specs, leafOf, jobs))
+		})
+	}
+	report := writePeers(len(specs), len(leafOf)/leafSize, jobs, rows)
+	t.Log("\n" + report)
+	out := cmp.Or(os.Getenv("PEERS_OUT"), filepath.Join(harness.RepoRoot(), "_out", "peers.md"))
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(out, []byte(report), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// runPeer places jobs on a fresh cluster of specs through scheduler name
+// and measures the result.
+func runPeer(t *testing.T, name string, specs []demo.NodeSpec, leafOf map[string]string, jobs []peerJob) peerRow {
+	mode := localcluster.ModePlugin
+	if name == peerGputopoExtender {
+		mode = localcluster.ModeExtender
+	}
+	gputopo := name == peerGputopoPlugin || name == peerGputopoExtender
+	ns := nsPeers
+	if gputopo {
+		ns = nsTeam // opted in: the webhook derives requirements and groups
+	}
+	graphs := map[string]*topology.Graph{}
+	e := newEnv(t, mode, envOptions{
+		noDecider: !gputopo,
+		nodes: func(t *testing.T, e *env) {
+			for _, s := range specs {
+				f, err := machine.FixtureByName(s.Fixture)
+				if err != nil {
+					t.Fatal(err)
+				}
+				graphs[s.Name] = f.Graph(s.Name)
+				e.addNode(t, s.Name, f, map[string]string{leafLabel: leafOf[s.Name], spineLabel: "s"})
+			}
+		},
+		start: func(e *env, t *testing.T) {
+			if name == peerKueueTAS {
+				e.startKueue(t)
+			}
+		},
+	})
+	ctx := harness.Context(t)
+	if !gputopo {
+		for _, obj := range []*corev1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: nsPeers}}} {
+			if err := e.cp.Client.Create(ctx, obj); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := e.cp.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: nsPeers, Name: "default"}}); err != nil {
+			t.Fatal(err)
+		}
+		e.cp.StartScheduler(t, nil)
+	}
+	if name == peerKueueTAS {
+		peerKueueQueue(t, e, 8*len(specs))
+	}
+	procs := map[string][]string{
+		peerPlain: {"kube-scheduler"}, peerKueueTAS: {"kube-scheduler", "kueue"},
+		peerGputopoExtender: {"kube-scheduler"}, peerGputopoPlugin: {"gputopo-scheduler"},
+	}[name]
+
+	// Bind order, as kubelet's device plugin would see pods arrive.
+	var mu sync.Mutex
+	var order []corev1.Pod
+	seen := map[string]bool{}
+	w, err := e.cp.Clientset.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	var lastBind time.Time
+	go func() {
+		for ev := range w.ResultChan() {
+			p, ok := ev.Object.(*corev1.Pod)
+			if !ok || ev.Type == watch.Deleted || p.Spec.NodeName == "" {
+				continue
+			}
+			mu.Lock()
+			if !seen[p.Name] {
+				seen[p.Name] = true
+				order = append(order, *p)
+				lastBind = time.Now()
+			}
+			mu.Unlock()
+		}
+	}()
+
+	total := 0
+	for _, j := range jobs {
+		total += j.pods
+	}
+	cpu0 := harness.ProcessCPU(procs...)
+	start := time.Now()
+	for _, j := range jobs {
+		ann := map[string]string{}
+		if j.grouped && name == peerKueueTAS {
+			ann[kueuePreferredTopology] = leafLabel
+		}
+		job := indexedJob(j.name, j.pods, j.gpus, ann)
+		job.SetNamespace(ns)
+		if gputopo {
+			job.SetAnnotations(map[string]string{v1alpha1.AnnotationParallelism: string(j.intent)})
+		}
+		if name == peerKueueTAS {
+			job = queued(job, "gpus")
+		}
+		if err := e.cp.Client.Create(ctx, job); err != nil {
+			t.Fatalf("create Job %s: %v", j.name, err)
+		}
+	}
+	// Until every pod is bound, or nothing binds for 20 s.
+	deadline := time.Now().Add(5 * time.Minute)
+	for time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+		mu.Lock()
+		n, last := len(order), lastBind
+		mu.Unlock()
+		if n == total || n > 0 && time.Since(last) > 20*time.Second || n == 0 && time.Since(start) > time.Minute {
+			break
+		}
+	}
+	mu.Lock()
+	bound := slices.Clone(order)
+	wall := lastBind.Sub(start)
+	mu.Unlock()
+	row := peerRow{name: name, pods: total, bound: len(bound), wall: wall, cpu: harness.ProcessCPU(procs...) - cpu0, rss: harness.PeakRSS(procs...)}
+	if name == peerGputopoExtender {
+		row.note = "scheduler CPU and RSS are kube-scheduler's; the extender runs in the test process"
+	}
+
+	// Each bound pod's GPUs: gputopo's assigned-gpus, else the device
+	// plugin's choice in bind order.
+	dp, err := demo.NewDevicePlugin(specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	podGPUs := map[string][]int{}
+	jobOf := map[string]string{}
+	for _, p := range bound {
+		jobOf[p.Name] = p.Labels["batch.kubernetes.io/job-name"]
+		var uuids []string
+		if gputopo {
+			fresh, err := e.cp.Clientset.CoreV1().Pods(ns).Get(ctx, p.Name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fresh.Annotations[v1alpha1.AnnotationPlacement] == "" {
+				t.Errorf("pod %s bound without gputopo's placement record: gputopo did not decide it", p.Name)
+			}
+			uuids = harness.PodGPUs(t, fresh, v1alpha1.AnnotationAssignedGPUs)
+		} else {
+			if p.Spec.SchedulerName != corev1.DefaultSchedulerName {
+				t.Errorf("pod %s has schedulerName %q; want kube-scheduler's", p.Name, p.Spec.SchedulerName)
+			}
+			n, err := v1alpha1.PodGPUDemand(&p.Spec, v1alpha1.ResourceGPU)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if uuids, err = dp.Allocate(p.Spec.NodeName, int(n)); err != nil {
+				t.Fatalf("device plugin on %s for pod %s: %v", p.Spec.NodeName, p.Name, err)
+			}
+		}
+		for _, u := range uuids {
+			if i, ok := graphs[p.Spec.NodeName].IndexOf(u); ok {
+				podGPUs[p.Name] = append(podGPUs[p.Name], i)
+			}
+		}
+	}
+	if name == peerKueueTAS {
+		// Kueue decided: every Job placed was admitted by it.
+		for _, j := range jobs {
+			if c := e.workloadConditionIn(t, ns, j.name, "Admitted"); !strings.HasPrefix(c, "Admitted=True") && slices.ContainsFunc(bound, func(p corev1.Pod) bool { return jobOf[p.Name] == j.name }) {
+				t.Errorf("Job %s has pods bound but its Workload is not Admitted (%s): Kueue did not decide it", j.name, c)
+			}
+		}
+	}
+	nodeOf := map[string]string{}
+	for _, p := range bound {
+		nodeOf[p.Name] = p.Spec.NodeName
+	}
+	for _, j := range jobs {
+		var pods []string
+		for _, p := range bound {
+			if jobOf[p.Name] == j.name {
+				pods = append(pods, p.Name)
+			}
+		}
+		if j.grouped {
+			row.groups++
+		}
+		whole := len(pods) == j.pods
+		if j.grouped && whole {
+			row.groupsPlaced++
+			leaves := map[string]bool{}
+			for _, p := range pods {
+				leaves[leafOf[nodeOf[p]]] = true
+			}
+			if len(leaves) == 1 {
+				row.groupsOneLeaf++
+			}
+		}
+		if j.intent != v1alpha1.ParallelismModel || j.gpus < 2 {
+			continue
+		}
+		slowest := -1
+		for _, p := range pods {
+			g := graphs[nodeOf[p]]
+			m := g.Metrics(topology.MaskOf(podGPUs[p]...), topology.Mask{})
+			row.modelPods++
+			if m.Tier == v1alpha1.TierNVLink || m.Tier == v1alpha1.TierNVSwitch {
+				row.modelPodsNVLink++
+			}
+			if slowest < 0 || m.RingGBps < slowest {
+				slowest = m.RingGBps
+			}
+		}
+		if whole && slowest >= 0 {
+			row.slowestRings = append(row.slowestRings, slowest)
+		}
+	}
+	return row
+}
+
+// peerKueueQueue is Kueue's topology-aware setup for the bench, as its
+// documentation gives it: a Topology of the fabric's levels (spine, leaf,
+// host), a ResourceFlavor of that topology, a ClusterQueue holding every
+// GPU and a LocalQueue "gpus" in nsPeers.
+func peerKueueQueue(t *testing.T, e *env, gpus int) {
+	t.Helper()
+	objs := []*unstructured.Unstructured{
+		kueueObject("Topology", "", "fabric", map[string]any{"levels": []any{
+			map[string]any{"nodeLabel": spineLabel}, map[string]any{"nodeLabel": leafLabel}, map[string]any{"nodeLabel": corev1.LabelHostname},
+		}}),
+		kueueObject("ResourceFlavor", "", "gpus", map[string]any{"nodeLabels": map[string]any{spineLabel: "s"}, "topologyName": "fabric"}),
+		kueueObject("ClusterQueue", "", "gpus", map[string]any{
+			"namespaceSelector": map[string]any{},
+			"resourceGroups": []any{map[string]any{
+				"coveredResources": []any{string(v1alpha1.ResourceGPU)},
+				"flavors": []any{map[string]any{"name": "gpus", "resources": []any{
+					map[string]any{"name": string(v1alpha1.ResourceGPU), "nominalQuota": strconv.Itoa(gpus)},
+				}}},
+			}},
+		}),
+		kueueObject("LocalQueue", nsPeers, "gpus", map[string]any{"clusterQueue": "gpus"}),
+	}
+	for _, o := range objs {
+		if err := e.cp.Client.Create(harness.Context(t), o); err != nil {
+			t.Fatalf("create %s %s: %v", o.GetKind(), o.GetName(), err)
+		}
+	}
+	e.waitClusterQueueActive(t, "gpus")
+}
+
+// writePeers is the report: the cluster, the workload and one line per
+// scheduler.
+func writePeers(nodes, leaves int, jobs []peerJob, rows []peerRow) string {
+	var b strings.Builder
+	groups, pods, gpus := 0, 0, 0
+	for _, j := range jobs {
+		if j.grouped {
+			groups++
+		}
+		pods += j.pods
+		gpus += j.pods * j.gpus
+	}
+	fmt.Fprintf(&b, "%d nodes (%s, equally many of each) in %d leaves under one spine; %d Jobs at once (%d groups), %d pods, %d GPUs of %d.\n\n",
+		nodes, strings.Join(peerMachines, ", "), leaves, len(jobs), groups, pods, gpus, 8*nodes)
+	b.WriteString("| scheduler | pods bound | groups placed | groups in one leaf | model pods on NVLink | slowest pod's ring per model job, mean GB/s | time to place | pods/s | scheduler CPU/pod | peak RSS |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rows {
+		ring := "-"
+		if len(r.slowestRings) > 0 {
+			sum := 0
+			for _, g := range r.slowestRings {
+				sum += g
+			}
+			ring = fmt.Sprintf("%.1f (%d jobs)", float64(sum)/float64(len(r.slowestRings)), len(r.slowestRings))
+		}
+		rate, cpu := "-", "-"
+		if r.wall > 0 && r.bound > 0 {
+			rate = fmt.Sprintf("%.1f", float64(r.bound)/r.wall.Seconds())
+			cpu = (r.cpu / time.Duration(r.bound)).Round(10 * time.Microsecond).String()
+		}
+		fmt.Fprintf(&b, "| %s | %d/%d | %d/%d | %d | %s | %s | %s | %s | %s | %d MiB |\n", r.name, r.bound, r.pods, r.groupsPlaced, r.groups, r.groupsOneLeaf,
+			pct(r.modelPodsNVLink, r.modelPods), ring, r.wall.Round(100*time.Millisecond), rate, cpu, r.rss>>20)
+	}
+	for _, r := range rows {
+		if r.note != "" {
+			fmt.Fprintf(&b, "\n%s: %s.\n", r.name, r.note)
+		}
+	}
+	return b.String()
+}
+
+func pct(a, b int) string {
+	if b == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%d/%d (%.0f%%)", a, b, 100*float64(a)/float64(b))
+}
