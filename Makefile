@@ -16,7 +16,7 @@ export KUBEBUILDER_ASSETS := $(BIN)
 
 GENERATED := api/v1alpha1/zz_generated.deepcopy.go charts/gputopo/crds charts/gputopo/values.schema.json
 
-.PHONY: all build image demo-plugin gputopo-scheduler kubectl-gputopo tools kubectl prometheus generate verify test test-unit test-integration test-security bench bench-scheduler bench-scheduler-quick demo clean help
+.PHONY: all build image demo-plugin gputopo-scheduler kubectl-gputopo tools kubectl prometheus generate verify test test-unit test-integration test-security bench bench-scheduler bench-scheduler-quick bench-peers demo clean help
 
 all: build
 
@@ -155,6 +155,19 @@ bench-scheduler-quick: tools gputopo-scheduler ## kube-scheduler pods/s at 1000 
 	  $(GO) test -tags schedbench -run TestSchedulerThroughput -count=1 -v -timeout 30m ./test/schedbench/ > _out/schedbench-quick.log 2>&1 \
 	  || { tail -40 _out/schedbench-quick.log; exit 1; }
 	cat _out/schedbench-quick.md
+
+# The peers on one node set and one burst of Jobs (test/ecosystem/peers_test.go):
+# plain kube-scheduler, Kueue TAS with kube-scheduler, koord-scheduler (built
+# here from its own module, hack/tools/koordinator.sh) and gputopo in both
+# modes. PEERS_MODE=full: 64 nodes instead of 16. PEERS=<names> picks some.
+PEERS_MODE ?= quick
+bench-peers: tools gputopo-scheduler ## The peers measured beside gputopo on one real control plane each: kube-scheduler, Kueue TAS, koord-scheduler, gputopo extender and plugin (quick: 16 nodes, about 5 minutes after the builds; PEERS_MODE=full: 64 nodes); regenerates docs/benchmarks.md
+	@mkdir -p _out
+	hack/tools/koordinator.sh
+	PEERS_MODE=$(PEERS_MODE) $(GO) test -tags integration,peers -run TestPeers -count=1 -p 1 -v -timeout 60m ./test/ecosystem/ > _out/peers.log 2>&1 \
+	  || { tail -60 _out/peers.log; exit 1; }
+	cat _out/peers.md
+	$(GO) run ./test/schedbench/docsplice -doc docs/benchmarks.md peers-$(PEERS_MODE)=_out/peers.md
 
 # The image as an OCI archive, without a container engine: Debian's libc6
 # as the base layer, the binaries on top, assembled by hack/image (its own

@@ -47,9 +47,10 @@ const (
 	peerGputopoPlugin   = "gputopo (plugin)"
 	peerGputopoExtender = "gputopo (extender)"
 	peerKueueTAS        = "Kueue TAS + kube-scheduler"
+	peerKoord           = "koord-scheduler"
 )
 
-var peerNames = []string{peerPlain, peerKueueTAS, peerGputopoExtender, peerGputopoPlugin}
+var peerNames = []string{peerPlain, peerKueueTAS, peerKoord, peerGputopoExtender, peerGputopoPlugin}
 
 // peerMachines are the suites' machine mix, in leaf-sized runs.
 var peerMachines = []string{"dgx-a100", "dgx1-v100", "pcie-8x", "pcie-8x-nvlink-pairs"}
@@ -98,6 +99,9 @@ type peerRow struct {
 	cpu                        time.Duration
 	rss                        int64
 	note                       string
+	// waiting names, per Job with pods not bound, why (the first such
+	// pod's PodScheduled message).
+	waiting []string
 }
 
 func TestPeers(t *testing.T) {
@@ -182,14 +186,20 @@ func runPeer(t *testing.T, name string, specs []demo.NodeSpec, leafOf map[string
 		if err := e.cp.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: nsPeers, Name: "default"}}); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if name == peerPlain || name == peerKueueTAS {
 		e.cp.StartScheduler(t, nil)
 	}
 	if name == peerKueueTAS {
 		peerKueueQueue(t, e, 8*len(specs))
 	}
+	var koord *localcluster.Process
+	if name == peerKoord {
+		koord = startKoord(t, e, specs, graphs)
+	}
 	procs := map[string][]string{
 		peerPlain: {"kube-scheduler"}, peerKueueTAS: {"kube-scheduler", "kueue"},
-		peerGputopoExtender: {"kube-scheduler"}, peerGputopoPlugin: {"gputopo-scheduler"},
+		peerGputopoExtender: {"kube-scheduler"}, peerGputopoPlugin: {"gputopo-scheduler"}, peerKoord: {"koord-scheduler"},
 	}[name]
 
 	// Bind order, as kubelet's device plugin would see pods arrive.
@@ -237,18 +247,22 @@ func runPeer(t *testing.T, name string, specs []demo.NodeSpec, leafOf map[string
 		if name == peerKueueTAS {
 			job = queued(job, "gpus")
 		}
+		if name == peerKoord {
+			koordJob(job, j)
+		}
 		if err := e.cp.Client.Create(ctx, job); err != nil {
 			t.Fatalf("create Job %s: %v", j.name, err)
 		}
 	}
-	// Until every pod is bound, or nothing binds for 20 s.
+	// Until every pod is bound, or nothing binds for 45 s (more than the
+	// 30 s period of kube-scheduler's flush of unschedulable pods).
 	deadline := time.Now().Add(5 * time.Minute)
 	for time.Now().Before(deadline) {
 		time.Sleep(200 * time.Millisecond)
 		mu.Lock()
 		n, last := len(order), lastBind
 		mu.Unlock()
-		if n == total || n > 0 && time.Since(last) > 20*time.Second || n == 0 && time.Since(start) > time.Minute {
+		if n == total || n > 0 && time.Since(last) > 45*time.Second || n == 0 && time.Since(start) > time.Minute {
 			break
 		}
 	}
@@ -257,8 +271,42 @@ func runPeer(t *testing.T, name string, specs []demo.NodeSpec, leafOf map[string
 	wall := lastBind.Sub(start)
 	mu.Unlock()
 	row := peerRow{name: name, pods: total, bound: len(bound), wall: wall, cpu: harness.ProcessCPU(procs...) - cpu0, rss: harness.PeakRSS(procs...)}
-	if name == peerGputopoExtender {
+	switch name {
+	case peerGputopoExtender:
 		row.note = "scheduler CPU and RSS are kube-scheduler's; the extender runs in the test process"
+	case peerKoord:
+		row.note = "run with --pod-max-in-unschedulable-pods-duration=15s (default 5m), so that gang pods its Coscheduling turned away before their gang was complete are retried within the bench's 45 s wait (the flush runs every 30 s)"
+	}
+
+	// Why the pods not bound wait.
+	all, err := e.cp.Clientset.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	said := map[string]bool{}
+	for _, p := range all.Items {
+		job := p.Labels["batch.kubernetes.io/job-name"]
+		if p.Spec.NodeName != "" || said[job] {
+			continue
+		}
+		said[job] = true
+		msg := "no PodScheduled condition"
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled {
+				msg = c.Message
+			}
+		}
+		if len(p.Spec.SchedulingGates) > 0 {
+			msg = fmt.Sprintf("scheduling gate %s", p.Spec.SchedulingGates[0].Name)
+		}
+		if len(msg) > 240 {
+			msg = msg[:240] + "..."
+		}
+		row.waiting = append(row.waiting, job+": "+msg)
+	}
+	slices.Sort(row.waiting)
+	if koord != nil && len(row.waiting) > 0 && os.Getenv("PEERS_DEBUG") != "" {
+		t.Log(koord.Tail(300))
 	}
 
 	// Each bound pod's GPUs: gputopo's assigned-gpus, else the device
@@ -272,7 +320,23 @@ func runPeer(t *testing.T, name string, specs []demo.NodeSpec, leafOf map[string
 	for _, p := range bound {
 		jobOf[p.Name] = p.Labels["batch.kubernetes.io/job-name"]
 		var uuids []string
-		if gputopo {
+		switch {
+		case name == peerKoord:
+			fresh, err := e.cp.Clientset.CoreV1().Pods(ns).Get(ctx, p.Name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fresh.Spec.SchedulerName != koordScheduler {
+				t.Errorf("pod %s has schedulerName %q; want %s", p.Name, fresh.Spec.SchedulerName, koordScheduler)
+			}
+			// koord-scheduler chooses the GPUs itself (DeviceShare).
+			minors, err := koordMinors(fresh)
+			if err != nil {
+				t.Errorf("pod %s bound without Koordinator's device allocation: %v", p.Name, err)
+			}
+			podGPUs[p.Name] = minors
+			continue
+		case gputopo:
 			fresh, err := e.cp.Clientset.CoreV1().Pods(ns).Get(ctx, p.Name, metav1.GetOptions{})
 			if err != nil {
 				t.Fatal(err)
@@ -281,7 +345,7 @@ func runPeer(t *testing.T, name string, specs []demo.NodeSpec, leafOf map[string
 				t.Errorf("pod %s bound without gputopo's placement record: gputopo did not decide it", p.Name)
 			}
 			uuids = harness.PodGPUs(t, fresh, v1alpha1.AnnotationAssignedGPUs)
-		} else {
+		default:
 			if p.Spec.SchedulerName != corev1.DefaultSchedulerName {
 				t.Errorf("pod %s has schedulerName %q; want kube-scheduler's", p.Name, p.Spec.SchedulerName)
 			}
@@ -420,6 +484,14 @@ func writePeers(nodes, leaves int, jobs []peerJob, rows []peerRow) string {
 	for _, r := range rows {
 		if r.note != "" {
 			fmt.Fprintf(&b, "\n%s: %s.\n", r.name, r.note)
+		}
+	}
+	for _, r := range rows {
+		if len(r.waiting) > 0 {
+			fmt.Fprintf(&b, "\nNot placed by %s, per Job (the scheduler's words):\n\n", r.name)
+			for _, w := range r.waiting {
+				fmt.Fprintf(&b, "- %s\n", strings.ReplaceAll(w, "\n", " "))
+			}
 		}
 	}
 	return b.String()
