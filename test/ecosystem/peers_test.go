@@ -35,8 +35,8 @@ import (
 // to the device plugin, are NVIDIA's device plugin's choice on the
 // node's simulated NVML (demo.DevicePlugin), in bind order.
 //
-// PEERS_MODE=quick (default: 16 nodes, 4 leaves) or full (64 nodes, 8
-// leaves); PEERS selects schedulers (comma-separated, default all);
+// PEERS_MODE=quick (default: 16 nodes, 4 leaves), full (64 nodes, 8
+// leaves) or nvl72 (two GB200 NVL72 racks); PEERS selects schedulers (comma-separated, default all);
 // PEERS_OUT is the report (default _out/peers.md).
 
 const nsPeers = "peers" // not opted in to gputopo's webhook
@@ -64,13 +64,14 @@ type peerJob struct {
 	grouped bool
 }
 
-// peerWorkload draws the gang suite's mix (simulator's gang-fleet
-// generator: half groups of 2-16 pods × 4 or 8 GPUs, half single pods
-// of 1-8 GPUs, half model-, half data-parallel) until the next job would
-// take the burst over 85% of capacity GPUs.
-func peerWorkload(t *testing.T, capacity int) []peerJob {
+// peerWorkload draws the gang suite's mix from trace (the simulator's
+// gang-fleet or gang-nvl72 generator: half groups of 2-16 pods × 4 or 8
+// GPUs, 8 only where machines have 8, half single pods of 1-8 GPUs, half
+// model-, half data-parallel), skipping a job that would take the burst
+// over 85% of capacity GPUs.
+func peerWorkload(t *testing.T, trace string, capacity int) []peerJob {
 	t.Helper()
-	tr, err := simulator.Generate("gen:gang-fleet:seed=11:jobs=400")
+	tr, err := simulator.Generate(trace)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,23 +105,66 @@ type peerRow struct {
 	waiting []string
 }
 
-func TestPeers(t *testing.T) {
-	full := os.Getenv("PEERS_MODE") == "full"
-	perMachine, leafSize := 4, 4
-	if full {
-		perMachine, leafSize = 16, 8
-	}
-	var specs []demo.NodeSpec
-	for _, m := range peerMachines {
-		for i := range perMachine {
-			specs = append(specs, demo.NodeSpec{Name: fmt.Sprintf("%s-%02d", m, i), Fixture: m})
+// peerCluster is the node set of a bench mode: its nodes, the fabric
+// domain that groups should stay inside (label and word) and each node's
+// domain, and the generator its burst is drawn from.
+type peerCluster struct {
+	specs    []demo.NodeSpec
+	domainOf map[string]string
+	label    string
+	word     string
+	domains  int
+	machines string
+	gpus     int
+	trace    string
+}
+
+// peerClusterFor is the node set of mode: quick (16 nodes, 4 leaves),
+// full (64 nodes, 8 leaves) or nvl72 (two GB200 NVL72 racks of 18 trays,
+// each rack one NVLink clique).
+func peerClusterFor(t *testing.T, mode string) peerCluster {
+	t.Helper()
+	c := peerCluster{domainOf: map[string]string{}, label: leafLabel, word: "leaf", trace: "gen:gang-fleet:seed=11:jobs=400"}
+	switch mode {
+	case "", "quick", "full":
+		perMachine, leafSize := 4, 4
+		if mode == "full" {
+			perMachine, leafSize = 16, 8
 		}
+		for _, m := range peerMachines {
+			for i := range perMachine {
+				c.specs = append(c.specs, demo.NodeSpec{Name: fmt.Sprintf("%s-%02d", m, i), Fixture: m})
+			}
+		}
+		for i, s := range c.specs {
+			c.domainOf[s.Name] = fmt.Sprintf("leaf-%d", i/leafSize)
+		}
+		c.domains = len(c.specs) / leafSize
+		c.machines = strings.Join(peerMachines, ", ") + ", equally many of each"
+	case "nvl72":
+		for i := range 36 {
+			name := fmt.Sprintf("rack-%d-%02d", i/18, i%18)
+			c.specs = append(c.specs, demo.NodeSpec{Name: name, Fixture: "gb200-nvl72-tray"})
+			c.domainOf[name] = fmt.Sprintf("clique-%d", i/18)
+		}
+		c.label, c.word, c.domains, c.machines = cliqueLabel, "NVLink clique", 2, "GB200 NVL72 trays of 4 GPUs"
+		c.trace = "gen:gang-nvl72:seed=11:jobs=400"
+	default:
+		t.Fatalf("PEERS_MODE=%q: want quick, full or nvl72", mode)
 	}
-	leafOf := map[string]string{}
-	for i, s := range specs {
-		leafOf[s.Name] = fmt.Sprintf("leaf-%d", i/leafSize)
+	for _, s := range c.specs {
+		f, err := machine.FixtureByName(s.Fixture)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.gpus += f.GPUs
 	}
-	jobs := peerWorkload(t, 8*len(specs))
+	return c
+}
+
+func TestPeers(t *testing.T) {
+	c := peerClusterFor(t, os.Getenv("PEERS_MODE"))
+	jobs := peerWorkload(t, c.trace, c.gpus)
 	want := peerNames
 	if v := os.Getenv("PEERS"); v != "" {
 		want = strings.Split(v, ",")
@@ -131,10 +175,10 @@ func TestPeers(t *testing.T) {
 			continue
 		}
 		t.Run(strings.NewReplacer(" ", "-", "(", "", ")", "", "+", "").Replace(name), func(t *testing.T) {
-			rows = append(rows, runPeer(t, name, specs, leafOf, jobs))
+			rows = append(rows, runPeer(t, name, c, jobs))
 		})
 	}
-	report := writePeers(len(specs), len(leafOf)/leafSize, jobs, rows)
+	report := writePeers(c, jobs, rows)
 	t.Log("\n" + report)
 	out := cmp.Or(os.Getenv("PEERS_OUT"), filepath.Join(harness.RepoRoot(), "_out", "peers.md"))
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
@@ -147,7 +191,8 @@ func TestPeers(t *testing.T) {
 
 // runPeer places jobs on a fresh cluster of specs through scheduler name
 // and measures the result.
-func runPeer(t *testing.T, name string, specs []demo.NodeSpec, leafOf map[string]string, jobs []peerJob) peerRow {
+func runPeer(t *testing.T, name string, c peerCluster, jobs []peerJob) peerRow {
+	specs, leafOf := c.specs, c.domainOf
 	mode := localcluster.ModePlugin
 	if name == peerGputopoExtender {
 		mode = localcluster.ModeExtender
@@ -167,7 +212,7 @@ func runPeer(t *testing.T, name string, specs []demo.NodeSpec, leafOf map[string
 					t.Fatal(err)
 				}
 				graphs[s.Name] = f.Graph(s.Name)
-				e.addNode(t, s.Name, f, map[string]string{leafLabel: leafOf[s.Name], spineLabel: "s"})
+				e.addNode(t, s.Name, f, map[string]string{c.label: leafOf[s.Name], spineLabel: "s"})
 			}
 		},
 		start: func(e *env, t *testing.T) {
@@ -191,7 +236,7 @@ func runPeer(t *testing.T, name string, specs []demo.NodeSpec, leafOf map[string
 		e.cp.StartScheduler(t, nil)
 	}
 	if name == peerKueueTAS {
-		peerKueueQueue(t, e, 8*len(specs))
+		peerKueueQueue(t, e, c.gpus, c.label)
 	}
 	var koord *localcluster.Process
 	if name == peerKoord {
@@ -237,7 +282,7 @@ func runPeer(t *testing.T, name string, specs []demo.NodeSpec, leafOf map[string
 	for _, j := range jobs {
 		ann := map[string]string{}
 		if j.grouped && name == peerKueueTAS {
-			ann[kueuePreferredTopology] = leafLabel
+			ann[kueuePreferredTopology] = c.label
 		}
 		job := indexedJob(j.name, j.pods, j.gpus, ann)
 		job.SetNamespace(ns)
@@ -422,11 +467,11 @@ func runPeer(t *testing.T, name string, specs []demo.NodeSpec, leafOf map[string
 // documentation gives it: a Topology of the fabric's levels (spine, leaf,
 // host), a ResourceFlavor of that topology, a ClusterQueue holding every
 // GPU and a LocalQueue "gpus" in nsPeers.
-func peerKueueQueue(t *testing.T, e *env, gpus int) {
+func peerKueueQueue(t *testing.T, e *env, gpus int, domain string) {
 	t.Helper()
 	objs := []*unstructured.Unstructured{
 		kueueObject("Topology", "", "fabric", map[string]any{"levels": []any{
-			map[string]any{"nodeLabel": spineLabel}, map[string]any{"nodeLabel": leafLabel}, map[string]any{"nodeLabel": corev1.LabelHostname},
+			map[string]any{"nodeLabel": spineLabel}, map[string]any{"nodeLabel": domain}, map[string]any{"nodeLabel": corev1.LabelHostname},
 		}}),
 		kueueObject("ResourceFlavor", "", "gpus", map[string]any{"nodeLabels": map[string]any{spineLabel: "s"}, "topologyName": "fabric"}),
 		kueueObject("ClusterQueue", "", "gpus", map[string]any{
@@ -450,7 +495,7 @@ func peerKueueQueue(t *testing.T, e *env, gpus int) {
 
 // writePeers is the report: the cluster, the workload and one line per
 // scheduler.
-func writePeers(nodes, leaves int, jobs []peerJob, rows []peerRow) string {
+func writePeers(c peerCluster, jobs []peerJob, rows []peerRow) string {
 	var b strings.Builder
 	groups, pods, gpus := 0, 0, 0
 	for _, j := range jobs {
@@ -460,9 +505,10 @@ func writePeers(nodes, leaves int, jobs []peerJob, rows []peerRow) string {
 		pods += j.pods
 		gpus += j.pods * j.gpus
 	}
-	fmt.Fprintf(&b, "%d nodes (%s, equally many of each) in %d leaves under one spine; %d Jobs at once (%d groups), %d pods, %d GPUs of %d.\n\n",
-		nodes, strings.Join(peerMachines, ", "), leaves, len(jobs), groups, pods, gpus, 8*nodes)
-	b.WriteString("| scheduler | pods bound | groups placed | groups in one leaf | model pods on NVLink | slowest pod's ring per model job, mean GB/s | time to place | pods/s | scheduler CPU/pod | peak RSS |\n")
+	fmt.Fprintf(&b, "%d nodes (%s) in %d %ss under one spine; %d Jobs at once (%d groups), %d pods, %d GPUs of %d.\n\n",
+		len(c.specs), c.machines, c.domains, strings.TrimPrefix(c.word, "NVLink "), len(jobs), groups, pods, gpus, c.gpus)
+	fmt.Fprintf(&b, "| scheduler | pods bound | groups placed | groups in one %s |", c.word)
+	b.WriteString(" model pods on NVLink | slowest pod's ring per model job, mean GB/s | time to place | pods/s | scheduler CPU/pod | peak RSS |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		ring := "-"
