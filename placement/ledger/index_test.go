@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
 
@@ -128,4 +129,15 @@ func TestOnUsableFollowsWhatTheTopologyAndNodeOffer(t *testing.T) {
 		l.UpsertTopology(o)
 	})
 	step("its topology deleted", 0, func() { l.DeleteTopology("b") })
+	// A pending group member that a queue pins to a node by its
+	// nodeSelector: told once, when the pin appears or changes.
+	member := pod("m", "", "", 2)
+	member.Annotations = map[string]string{v1alpha1.AnnotationGroup: "g", v1alpha1.AnnotationGroupSize: "2"}
+	step("a group member created unpinned", 0, func() { l.UpsertPod(member) })
+	member.Spec.NodeSelector = map[string]string{corev1.LabelHostname: "a"}
+	step("the member pinned", 1, func() { l.UpsertPod(member) })
+	step("the same member again", 0, func() { l.UpsertPod(member) })
+	alone := pod("s", "", "", 2)
+	alone.Spec.NodeSelector = map[string]string{corev1.LabelHostname: "a"}
+	step("a pinned pod of no group", 0, func() { l.UpsertPod(alone) })
 }

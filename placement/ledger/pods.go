@@ -226,9 +226,18 @@ func (l *Ledger) UpsertPod(p *corev1.Pod) {
 		l.forgetPodLocked(p.UID, info.Key)
 		return
 	}
-	if old, ok := l.pods[info.Key]; ok {
+	old, had := l.pods[info.Key]
+	if had {
 		l.jobDeltaLocked(old, -1)
 		l.groupLeaveLocked(old, old.UID != info.UID || old.Group != info.Group)
+	}
+	if info.Node == "" && info.Group != "" && info.Pinned != "" && (!had || old.Pinned != info.Pinned) && l.onUsable != nil {
+		// A pending group member pinned to a node (a queue's
+		// topology-aware assignment ungating it): its group's other pods,
+		// refused while the scheduler's copy of the group was not all
+		// pinned yet, are decided on the whole group's pins. kube-scheduler
+		// may have retried them on this update before the ledger saw it.
+		defer l.onUsable()
 	}
 	l.pods[info.Key] = info
 	l.jobDeltaLocked(info, +1)

@@ -27,7 +27,8 @@ func (r Report) OnTelemetry(fn func(node string, g *topology.Graph, tel []v1alph
 // not, from its topology's or its Node's side: a node that joins, a
 // topology published, valid, trusted, no longer marked stale or no longer
 // too old (Options.TopologyMaxAge) again, a larger allocatable, GPUs a
-// waiting group kept given back. Nothing kube-scheduler watches says so
+// waiting group kept given back, a pending group member newly pinned to a
+// node by its nodeSelector. Nothing kube-scheduler watches says so
 // (the topology is gputopo's own object), so the plugin build tries its
 // waiting pods again on it. It is called under the ledger's lock: it must
 // not block or call back into the ledger.
