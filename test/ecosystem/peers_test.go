@@ -313,6 +313,11 @@ func runPeer(t *testing.T, name string, c peerCluster, jobs []peerJob) peerRow {
 	}
 	mu.Lock()
 	bound := slices.Clone(order)
+	if len(bound) == 0 {
+		// A scheduler, or a queue in front of it, that places nothing is a
+		// broken setup, not a slow peer.
+		t.Errorf("%s bound none of the %d pods within a minute: is it running and configured?", name, total)
+	}
 	wall := lastBind.Sub(start)
 	mu.Unlock()
 	row := peerRow{name: name, pods: total, bound: len(bound), wall: wall, cpu: harness.ProcessCPU(procs...) - cpu0, rss: harness.PeakRSS(procs...)}
