@@ -7,6 +7,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/klog/v2"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/gputopo/gputopo/placement"
@@ -139,6 +140,10 @@ func (x *Extender) Preempt(ctx context.Context, args *extenderv1.ExtenderPreempt
 				res.Pods = append(res.Pods, &extenderv1.MetaPod{UID: string(uid)})
 			}
 			out.NodeNameToMetaVictims[node] = res
+		}
+		if gp != nil {
+			klog.FromContext(ctx).V(2).Info("group preemption: the pod's place in its group's plan", "pod", klog.KObj(args.Pod), "group", gp.Group, "node", node,
+				"domain", gp.Domain, "victims", len(gp.Victims[node]), "candidate", meta[node] != nil)
 		}
 		return out, nil
 	}

@@ -53,6 +53,9 @@ type Core struct {
 	// refusedTold is, per group, when it was last told that
 	// fabric.reserveMaxPercent refuses it a reservation (tellRefused).
 	refusedTold sync.Map
+	// preempting is, per waiting group, the nodes of the preemption plan
+	// its pods last evicted for (keptPreemption).
+	preempting sync.Map
 }
 
 // Options are a core's settings besides its configuration file.

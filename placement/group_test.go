@@ -439,3 +439,33 @@ func TestGroupPlannedAroundAMemberWhoseBindIsInFlight(t *testing.T) {
 		t.Errorf("train-1 may go to %v; want node-3 only, the other node of train-0's leaf (%s)", ans.Passed, anyReason(ans))
 	}
 }
+
+// TestGroupPodLeavesTheNodeAnotherIsNominatedTo: a group's pod that
+// claims its place in the plan leaves the node another pending pod of the
+// group is nominated to (kube-scheduler would refuse it there while that
+// nomination stands), which that pod then takes.
+func TestGroupPodLeavesTheNodeAnotherIsNominatedTo(t *testing.T) {
+	run := func(nominate string) []string {
+		x, names := cliqueCore(t, 1)
+		var pods []*corev1.Pod
+		for i := range 3 {
+			pods = append(pods, groupPod("trio", i, 3, 4, map[string]string{v1alpha1.AnnotationGroupRequiredTopology: "nvlink"}))
+		}
+		pods[2].Status.NominatedNodeName = nominate
+		nodes, why, _ := placeAll(t, x, names, pods)
+		for i, n := range nodes {
+			if n == "" {
+				t.Fatalf("trio-%d not placed: %s", i, why)
+			}
+		}
+		return nodes
+	}
+	first := run("")[0]
+	nodes := run(first)
+	if nodes[2] != first {
+		t.Errorf("trio-2, nominated to %s, placed on %s", first, nodes[2])
+	}
+	if nodes[0] == first || nodes[1] == first {
+		t.Errorf("placed on %v: trio-0 or trio-1 took %s, which trio-2 is nominated to", nodes, first)
+	}
+}

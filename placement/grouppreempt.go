@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 
@@ -49,7 +50,9 @@ func (g *GroupPreemption) Slot(uid types.UID) string {
 // group is planned as usual once the GPUs are free.
 func (p Preemption) PlanGroup(ctx context.Context, pr Request, priority int32, candidates []string) *GroupPreemption {
 	x := p.x
-	return x.planWaitingGroup(pr, func(v ledger.View, g ledger.GroupView, need int) *GroupPreemption {
+	kept := x.keptPreemption(pr.group, candidates)
+	gp := x.planWaitingGroup(pr, func(v ledger.View, g ledger.GroupView, need int) *GroupPreemption {
+		g = kept.nominate(g)
 		over := map[string]*WhatIf{}
 		evictable := map[string][]ledger.Holder{}
 		v.EachNode(func(n *ledger.Node) {
@@ -68,6 +71,17 @@ func (p Preemption) PlanGroup(ctx context.Context, pr Request, priority int32, c
 		})
 		if len(over) == 0 {
 			return nil
+		}
+		// The plan its pods already evict for, while it still holds the
+		// group: its victims leave one by one, each making its domains
+		// cheaper, and a plan made afresh for each pod would move the
+		// group (or swap its slices) midway, evicting in both places.
+		if kept != nil {
+			if slots, domain, level, err := x.planGroup(ctx, v, pr, g, need, kept.nodes, over); err == nil {
+				gp, _ := victimsOf(slots, evictable)
+				gp.Group, gp.Domain, gp.Level = pr.group, domain, level
+				return gp
+			}
 		}
 		// The planner's own plan (its tightest, best-fitting domain),
 		// then one plan per domain of the group's required level; the
@@ -89,6 +103,84 @@ func (p Preemption) PlanGroup(ctx context.Context, pr Request, priority int32, c
 		}
 		return best
 	})
+	x.keepPreemption(pr.group, gp)
+	return gp
+}
+
+// preemptionKept is how long a group's preemption plan is kept for its
+// other pods: their victims terminate within their grace period (30 s by
+// default), and the group is planned once they are gone.
+const preemptionKept = 5 * time.Minute
+
+// keptPlan is a group's last preemption plan: its nodes, the node it kept
+// for each pending pod, and when it was made.
+type keptPlan struct {
+	nodes []string
+	slots map[types.UID]string
+	at    time.Time
+}
+
+// nominate is g with each pending pod not nominated yet counted as
+// nominated to the node k kept for it: kube-scheduler nominates it there
+// once it has evicted, and the ledger may not have seen that yet. The
+// ledger's members are not changed.
+func (k *keptPlan) nominate(g ledger.GroupView) ledger.GroupView {
+	if k == nil {
+		return g
+	}
+	pending := make([]*ledger.PodInfo, len(g.Pending))
+	for i, m := range g.Pending {
+		pending[i] = m
+		if n := k.slots[m.UID]; n != "" && m.Nominated == "" {
+			c := *m
+			c.Nominated = n
+			pending[i] = &c
+		}
+	}
+	g.Pending = pending
+	return g
+}
+
+// keptPreemption is group's last preemption plan, nil when it has none of
+// the last preemptionKept or one with a node outside candidates (nil:
+// every node).
+func (x *Core) keptPreemption(group string, candidates []string) *keptPlan {
+	v, ok := x.preempting.Load(group)
+	if !ok {
+		return nil
+	}
+	kp := v.(*keptPlan)
+	if x.now().Sub(kp.at) > preemptionKept {
+		x.preempting.CompareAndDelete(group, v)
+		return nil
+	}
+	if candidates != nil && slices.ContainsFunc(kp.nodes, func(n string) bool { return !slices.Contains(candidates, n) }) {
+		return nil
+	}
+	return kp
+}
+
+// keepPreemption records gp as group's preemption plan, or forgets the
+// group's plan when gp is nil (the group is planned, or no eviction lets
+// it fit).
+func (x *Core) keepPreemption(group string, gp *GroupPreemption) {
+	if group == "" {
+		return
+	}
+	if gp == nil {
+		x.preempting.Delete(group)
+		return
+	}
+	kp := &keptPlan{slots: make(map[types.UID]string, len(gp.pending)), at: x.now()}
+	for i, uid := range gp.pending {
+		if i < len(gp.Slots) {
+			kp.slots[uid] = gp.Slots[i]
+		}
+	}
+	kp.nodes = slices.Clone(gp.Slots)
+	slices.Sort(kp.nodes)
+	kp.nodes = slices.Compact(kp.nodes)
+	x.preempting.Store(group, kp)
 }
 
 // preemptCost orders group preemption plans: jobs disrupted, victims,

@@ -136,9 +136,18 @@ func (x *Core) fillSlices(e *evaluator, v ledger.View, pr Request, g ledger.Grou
 		return out
 	}
 	// Slices whose pods are bound somewhere first: their domain is fixed.
+	// Then those with more pods nominated (nominatedIn): they keep the
+	// domain their preemption evicts in before another slice, cheaper
+	// there now that some victims are gone, takes it.
 	order := slices.Clone(parts)
+	nominated := map[int]int{}
+	for _, m := range g.Pending {
+		if j, err := m.Slice(pr.groupSpec); err == nil && j >= 0 && m.Nominated != "" {
+			nominated[j]++
+		}
+	}
 	slices.SortStableFunc(order, func(a, b *groupSlice) int {
-		return cmp.Compare(boolInt(a.domain == ""), boolInt(b.domain == ""))
+		return cmp.Or(cmp.Compare(boolInt(a.domain == ""), boolInt(b.domain == "")), cmp.Compare(nominated[b.index], nominated[a.index]))
 	})
 	bySlice := map[int][]ledger.Slot{}
 	for _, s := range order {
@@ -167,12 +176,25 @@ func (x *Core) fillSlices(e *evaluator, v ledger.View, pr Request, g ledger.Grou
 			anc := ancestorsFree(nodes, lvl, top)
 			best := -1
 			costs := make([]int, len(doms))
+			noms := make([]int, len(doms))
 			for i, c := range doms {
 				costs[i] = evictions(c, s.need)
+				noms[i] = nominatedIn(c, g, pr.groupSpec, s.index)
+			}
+			// The domain most of the slice's pods are nominated to, then
+			// the one that evicts least, then the tightest fit.
+			better := func(i, j int) bool {
+				if noms[i] != noms[j] {
+					return noms[i] > noms[j]
+				}
+				if costs[i] != costs[j] {
+					return costs[i] < costs[j]
+				}
+				return fitsTighter(doms[i], doms[j], anc)
 			}
 			for i, c := range doms {
 				roomiest = max(roomiest, c.slots)
-				if c.slots >= s.need && (best < 0 || costs[i] < costs[best] || costs[i] == costs[best] && fitsTighter(c, doms[best], anc)) {
+				if c.slots >= s.need && (best < 0 || better(i, best)) {
 					best = i
 				}
 			}
@@ -194,6 +216,32 @@ func (x *Core) fillSlices(e *evaluator, v ledger.View, pr Request, g ledger.Grou
 		}
 	}
 	return slotsForPending(pr, g, bySlice, need), ""
+}
+
+// nominatedIn is how many of g's pending pods of slice index are
+// nominated to a node of d: the slice's preemption evicted there for them.
+// A slice goes where most of its pods are nominated, before any domain
+// that would evict less. Its preemption plan is made again for each of
+// its pods while their victims leave one by one, and every eviction makes
+// its domain cheaper, so by cost alone the slices would swap domains
+// midway, some pods of each nominated in both. kube-scheduler counts a
+// nominated pod against every pod of no higher priority on its node, the
+// group's others included: a plan that puts a slice's slots on nodes the
+// other slice's pods are nominated to leaves pods waiting on each other.
+func nominatedIn(d domain, g ledger.GroupView, spec v1alpha1.GroupSpec, index int) int {
+	k := 0
+	for _, m := range g.Pending {
+		if m.Nominated == "" {
+			continue
+		}
+		if j, err := m.Slice(spec); err != nil || j != index && j >= 0 {
+			continue
+		}
+		if slices.ContainsFunc(d.nodes, func(gn *groupNode) bool { return gn.n.Name() == m.Nominated }) {
+			k++
+		}
+	}
+	return k
 }
 
 // countOn is how many of slots lie on node.
@@ -228,16 +276,33 @@ func slotsForPending(pr Request, g ledger.GroupView, bySlice map[int][]ledger.Sl
 		bySlice[j] = bySlice[j][1:]
 		return &s
 	}
+	// A pod nominated to a node (its preemption made room there) takes
+	// the slot there when its slice has one.
 	for i, m := range g.Pending {
-		if j, err := m.Slice(pr.groupSpec); err == nil && j >= 0 {
+		if m.Nominated == "" {
+			continue
+		}
+		j, err := m.Slice(pr.groupSpec)
+		if err != nil {
+			continue
+		}
+		for _, k := range sliceKeys(bySlice, j) {
+			if at[i] != nil {
+				break
+			}
+			if n := slices.IndexFunc(bySlice[k], func(s ledger.Slot) bool { return s.Node == m.Nominated }); n >= 0 {
+				s := bySlice[k][n]
+				bySlice[k] = slices.Delete(bySlice[k], n, n+1)
+				at[i] = &s
+			}
+		}
+	}
+	for i, m := range g.Pending {
+		if j, err := m.Slice(pr.groupSpec); err == nil && j >= 0 && at[i] == nil {
 			at[i] = take(j)
 		}
 	}
-	keys := make([]int, 0, len(bySlice))
-	for j := range bySlice {
-		keys = append(keys, j)
-	}
-	slices.Sort(keys)
+	keys := sliceKeys(bySlice, -1)
 	for i := range at {
 		for _, j := range keys {
 			if at[i] != nil {
@@ -262,6 +327,20 @@ func slotsForPending(pr Request, g ledger.GroupView, bySlice map[int][]ledger.Sl
 		}
 	}
 	return out
+}
+
+// sliceKeys are the slices a pod of slice j (-1: it names none) may take
+// a slot of: j, else every slice of bySlice.
+func sliceKeys(bySlice map[int][]ledger.Slot, j int) []int {
+	if j >= 0 {
+		return []int{j}
+	}
+	keys := make([]int, 0, len(bySlice))
+	for k := range bySlice {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
 }
 
 // slicesWord describes a sliced group's shape for messages.

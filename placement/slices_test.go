@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
 	"github.com/gputopo/gputopo/topology/machine"
@@ -240,19 +241,19 @@ func TestSlicesOnHGXLeaves(t *testing.T) {
 	}
 }
 
-// TestSlicedGroupPreemptsWhereItEvictsLeast: three GB200 racks full of
-// low-priority 4-GPU pods, but for two free trays in rack 0 and four in
-// rack 1. A high-priority group of 2 slices × 16 trays (by rank), each in
-// one clique, plans on racks 0 and 1, the cliques where it evicts least:
-// 14 + 12 victims, all on the trays it takes, each slice in one rack.
-func TestSlicedGroupPreemptsWhereItEvictsLeast(t *testing.T) {
-	x, names := cliqueCore(t, 3)
+// fillRacksLow binds a low-priority (100) pod to every tray of names but
+// node-3 and node-10 (rack 0) and node-20, 25, 30, 35 (rack 1): a sliced
+// group of 2 × 16 trays evicts least in racks 0 and 1. It returns the low
+// pods by node.
+func fillRacksLow(t *testing.T, x *Core, names []string) map[string]*corev1.Pod {
+	t.Helper()
 	free := map[string]bool{"node-3": true, "node-10": true, "node-20": true, "node-25": true, "node-30": true, "node-35": true}
 	f, err := machine.FixtureByName("gb200-nvl72-tray")
 	if err != nil {
 		t.Fatal(err)
 	}
 	low := int32(100)
+	out := map[string]*corev1.Pod{}
 	for _, n := range names {
 		if free[n] {
 			continue
@@ -265,7 +266,56 @@ func TestSlicedGroupPreemptsWhereItEvictsLeast(t *testing.T) {
 		p := gpuPod("low-"+n, 4, map[string]string{v1alpha1.AnnotationAssignedGPUs: strings.Join(uuids, ",")})
 		p.Spec.NodeName, p.Spec.Priority = n, &low
 		x.ledger.UpsertPod(p)
+		out[n] = p
 	}
+	return out
+}
+
+// TestSlicedGroupIsPlacedWhereItPreempted: once the victims of a sliced
+// group's preemption are gone, the group's plan puts each pod on the node
+// its preemption nominated it to. The two racks it evicted in are then
+// equally free, and a plan that swapped its slices between them would put
+// each pod on a node another pod of the group is nominated to, which
+// kube-scheduler's resource fit refuses it (a nominated pod counts there
+// against every pod of no higher priority), pods waiting on each other.
+func TestSlicedGroupIsPlacedWhereItPreempted(t *testing.T) {
+	x, names := cliqueCore(t, 3)
+	low := fillRacksLow(t, x, names)
+	pods := slicedPods("llm", 32, 16, true)
+	high := int32(1000)
+	for _, p := range pods {
+		p.Spec.Priority = &high
+		x.ledger.UpsertPod(p)
+	}
+	gp := x.Preemption().PlanGroup(context.Background(), request(t, x, pods[0]), high, nil)
+	if gp == nil {
+		t.Fatal("no preemption plan")
+	}
+	for n, vs := range gp.Victims {
+		for range vs {
+			p := low[n]
+			x.ledger.DeletePod(types.NamespacedName{Namespace: p.Namespace, Name: p.Name}, p.UID)
+		}
+	}
+	for _, p := range pods {
+		p.Status.NominatedNodeName = gp.Slot(p.UID)
+	}
+	nodes, why, _ := placeAll(t, x, names, pods)
+	for i, n := range nodes {
+		if want := pods[i].Status.NominatedNodeName; n != want {
+			t.Errorf("llm-%d (slice %d) placed on %q, nominated to %s (rack %d) by its preemption; %s", i, i/16, n, want, rackOf(want), why)
+		}
+	}
+}
+
+// TestSlicedGroupPreemptsWhereItEvictsLeast: three GB200 racks full of
+// low-priority 4-GPU pods, but for two free trays in rack 0 and four in
+// rack 1. A high-priority group of 2 slices × 16 trays (by rank), each in
+// one clique, plans on racks 0 and 1, the cliques where it evicts least:
+// 14 + 12 victims, all on the trays it takes, each slice in one rack.
+func TestSlicedGroupPreemptsWhereItEvictsLeast(t *testing.T) {
+	x, names := cliqueCore(t, 3)
+	fillRacksLow(t, x, names)
 	pods := slicedPods("llm", 32, 16, true)
 	var prs []Request
 	for _, p := range pods {
@@ -378,5 +428,90 @@ func TestKubernetesPodGroupWithSlices(t *testing.T) {
 	_, why, _ = placeAll(t, x, names, members("bad")[:1])
 	if want := `PodGroup ml/bad: metadata.annotations[gputopo.io/slice-size]: Invalid value: "12": must divide the group's size 32`; !strings.Contains(why, want) {
 		t.Errorf("reason %q, want %q", why, want)
+	}
+}
+
+// TestSlicedGroupPreemptionKeepsItsSlicesWhereItsPodsAreNominated: the
+// preemption plan of a sliced group is made again for each pod while the
+// victims leave one by one. Once six pods of one slice have their
+// victims gone and are nominated in its rack, that rack is the cheaper
+// for either slice (by cost alone the slices would swap racks); the plan
+// still keeps each slice in its rack and each nominated pod on its node,
+// so no pod is nominated into the other slice's rack. Either slice; and
+// with the victims gone before their preemptors' nominations reach the
+// ledger (the core keeps the plan its pods evict for).
+func TestSlicedGroupPreemptionKeepsItsSlicesWhereItsPodsAreNominated(t *testing.T) {
+	for c := range 4 {
+		s, seen := c%2, c < 2
+		t.Run(fmt.Sprintf("slice %d, nominations seen %v", s, seen), func(t *testing.T) {
+			x, names := cliqueCore(t, 3)
+			low := fillRacksLow(t, x, names)
+			pods := slicedPods("llm", 32, 16, true)
+			high := int32(1000)
+			for _, p := range pods {
+				p.Spec.Priority = &high
+				x.ledger.UpsertPod(p)
+			}
+			plan := func() *GroupPreemption {
+				gp := x.Preemption().PlanGroup(context.Background(), request(t, x, pods[0]), high, nil)
+				if gp == nil {
+					t.Fatal("no preemption plan")
+				}
+				return gp
+			}
+			first := plan()
+			rackOfSlice := map[int]int{}
+			for i, p := range pods {
+				rackOfSlice[i/16] = rackOf(first.Slot(p.UID))
+			}
+			for _, p := range pods[16*s : 16*s+6] {
+				n := first.Slot(p.UID)
+				if v := low[n]; v != nil {
+					x.ledger.DeletePod(types.NamespacedName{Namespace: v.Namespace, Name: v.Name}, v.UID)
+				}
+				if seen {
+					p.Status.NominatedNodeName = n
+					x.ledger.UpsertPod(p)
+				}
+			}
+			again := plan()
+			for i, p := range pods {
+				n := again.Slot(p.UID)
+				if rackOf(n) != rackOfSlice[i/16] {
+					t.Errorf("llm-%d (slice %d) planned on %s, rack %d; the first plan had its slice in rack %d", i, i/16, n, rackOf(n), rackOfSlice[i/16])
+				}
+				if nom := p.Status.NominatedNodeName; nom != "" && n != nom {
+					t.Errorf("llm-%d planned on %s, nominated to %s", i, n, nom)
+				}
+			}
+		})
+	}
+}
+
+// TestKeptPreemptionPlanIsForgotten: the preemption plan a group's pods
+// evict for is kept while they use it, and forgotten by the periodic
+// sweep once unused for preemptionKept.
+func TestKeptPreemptionPlanIsForgotten(t *testing.T) {
+	x, names := cliqueCore(t, 3)
+	fillRacksLow(t, x, names)
+	pods := slicedPods("llm", 32, 16, true)
+	high := int32(1000)
+	for _, p := range pods {
+		p.Spec.Priority = &high
+		x.ledger.UpsertPod(p)
+	}
+	if x.Preemption().PlanGroup(context.Background(), request(t, x, pods[0]), high, nil) == nil {
+		t.Fatal("no preemption plan")
+	}
+	if x.keptPreemption("ml/llm", nil) == nil {
+		t.Fatal("the group's preemption plan is not kept")
+	}
+	now := x.now()
+	x.now = func() time.Time { return now.Add(preemptionKept + time.Second) }
+	x.Upkeep().Sweep()
+	n := 0
+	x.preempting.Range(func(any, any) bool { n++; return true })
+	if n != 0 {
+		t.Errorf("%d preemption plans kept after %v unused", n, preemptionKept)
 	}
 }

@@ -24,7 +24,8 @@ func (u Upkeep) OnNodeUsable(fn func()) { u.x.ledger.Report().OnUsable(fn) }
 func (u Upkeep) BindsInFlight() int64 { return u.x.binding.Load() }
 
 // Sweep releases GPU reservations and group plans that outlived their
-// TTLs; a runtime calls it periodically (SweepPeriod).
+// TTLs, and forgets group preemption plans unused for preemptionKept; a
+// runtime calls it periodically (SweepPeriod).
 func (u Upkeep) Sweep() {
 	x := u.x
 	if n := x.ledger.SweepReservations(x.cfg.ReservationTTL.Duration); n > 0 {
@@ -33,6 +34,13 @@ func (u Upkeep) Sweep() {
 	if n := x.ledger.SweepGroups(x.cfg.Fabric.GroupReservationTTL.Duration); n > 0 {
 		x.log.Info("group plans whose pods did not all come were released", "count", n)
 	}
+	now := x.now()
+	x.preempting.Range(func(k, v any) bool {
+		if now.Sub(v.(*keptPlan).at) > preemptionKept {
+			x.preempting.CompareAndDelete(k, v)
+		}
+		return true
+	})
 }
 
 // SweepPeriod is how often Sweep should run: a quarter of the shorter

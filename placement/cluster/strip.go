@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"encoding/binary"
+	"slices"
 	"sync"
 	"unique"
 
@@ -10,6 +11,7 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
+	"github.com/gputopo/gputopo/placement/ledger"
 )
 
 // maxLinkTables bounds the link tables stripTopology shares: a fleet has a
@@ -131,9 +133,10 @@ func StripPod(resource corev1.ResourceName) toolscache.TransformFunc {
 }
 
 // keptAnnotations are the annotations the stripped pod cache keeps: what
-// the ledger reads (ledger.NewPodInfo).
-var keptAnnotations = append([]string{v1alpha1.AnnotationRequirement, v1alpha1.AnnotationAssignedGPUs,
-	v1alpha1.AnnotationPlacement, v1alpha1.AnnotationAllocatedGPUs}, v1alpha1.GroupAnnotations...)
+// the ledger reads (ledger.NewPodInfo), a group pod's rank (its slice)
+// included.
+var keptAnnotations = slices.Concat([]string{v1alpha1.AnnotationRequirement, v1alpha1.AnnotationAssignedGPUs,
+	v1alpha1.AnnotationPlacement, v1alpha1.AnnotationAllocatedGPUs}, v1alpha1.GroupAnnotations, ledger.IndexKeys)
 
 func stripPodOf(obj any, resource corev1.ResourceName) (any, error) {
 	p, ok := obj.(*corev1.Pod)
@@ -168,8 +171,14 @@ func stripPodOf(obj any, resource corev1.ResourceName) (any, error) {
 			out.Status.Conditions = append(out.Status.Conditions, corev1.PodCondition{Type: c.Type, Status: c.Status, Reason: c.Reason})
 		}
 	}
-	if j, ok := p.Labels[v1alpha1.LabelJob]; ok {
-		out.Labels = map[string]string{v1alpha1.LabelJob: j}
+	// The job, and a group pod's rank where a label carries it.
+	for _, k := range append([]string{v1alpha1.LabelJob}, ledger.IndexKeys...) {
+		if v, ok := p.Labels[k]; ok {
+			if out.Labels == nil {
+				out.Labels = map[string]string{}
+			}
+			out.Labels[k] = v
+		}
 	}
 	for _, k := range keptAnnotations {
 		if v, ok := p.Annotations[k]; ok {

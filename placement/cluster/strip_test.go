@@ -162,3 +162,38 @@ func TestStripPodKeepsTheLabelsOfGPUPods(t *testing.T) {
 		}
 	}
 }
+
+// A group pod keeps what its slice follows from: its rank annotation, its
+// Job completion index, or its JobSet Job's index label, with or without
+// GPU containers (a pod asking its GPUs
+// through ResourceClaims has none). Stripped, the ledger would put every
+// pod of a sliced group in no slice, and its preemption plan would deal
+// the slices' places out by pod name.
+func TestStripPodKeepsAGroupPodsRank(t *testing.T) {
+	spec := v1alpha1.GroupSpec{Name: "llm", Size: 32, SliceSize: 16}
+	gpus := []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{v1alpha1.ResourceGPU: resource.MustParse("4")}}}}
+	for _, c := range []struct {
+		name        string
+		annotations map[string]string
+		labels      map[string]string
+		containers  []corev1.Container
+	}{
+		{"rank", map[string]string{v1alpha1.AnnotationRank: "20"}, nil, gpus},
+		{"completion-index", map[string]string{v1alpha1.AnnotationCompletionIndex: "20"}, nil, gpus},
+		{"jobset-index", nil, map[string]string{v1alpha1.LabelJobSetJobIndex: "1"}, nil},
+	} {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: c.name, Namespace: "ns", UID: types.UID(c.name), Annotations: c.annotations, Labels: c.labels},
+			Spec: corev1.PodSpec{Containers: c.containers}}
+		before := ledger.NewPodInfo(p, v1alpha1.ResourceGPU)
+		obj, err := StripPod(v1alpha1.ResourceGPU)(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		after := ledger.NewPodInfo(obj.(*corev1.Pod), v1alpha1.ResourceGPU)
+		sb, errb := before.Slice(spec)
+		sa, erra := after.Slice(spec)
+		if sb != 1 || errb != nil || sa != sb || erra != nil {
+			t.Errorf("%s: slice %d (%v) stripped, %d (%v) whole; want 1", c.name, sa, erra, sb, errb)
+		}
+	}
+}

@@ -364,7 +364,11 @@ func (v View) Group(key string) (GroupView, bool) {
 // before, else a free one, preferring one on prefer. The slot's GPUs
 // become the pod's reservation (Reserve then hands them to it). A pod of
 // slice slice (-1: it names none) claims a slot of its slice when the
-// plan has any. ok is false when the group has no plan or no slot left.
+// plan has any. Among the others it prefers a slot on a node no other
+// pending member is nominated to: kube-scheduler counts a nominated pod
+// against every pod of no higher priority on its node, the group's own
+// included, so such a slot waits until that member is bound. ok is false
+// when the group has no plan or no slot left.
 func (l *Ledger) ClaimSlot(key string, uid types.UID, pod types.NamespacedName, prefer string, slice int) (node string, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -375,12 +379,30 @@ func (l *Ledger) ClaimSlot(key string, uid types.UID, pod types.NamespacedName, 
 	if slice >= 0 && !slices.ContainsFunc(g.plan.slots, func(s *slot) bool { return s.slice == slice }) {
 		slice = -1 // a plan without the pod's slice (one adopted from an older decider)
 	}
+	var others map[string]bool // nodes other pending members are nominated to
+	for _, m := range g.members {
+		if m.UID != uid && m.Node == "" && m.Nominated != "" {
+			if others == nil {
+				others = map[string]bool{}
+			}
+			others[m.Nominated] = true
+		}
+	}
+	rank := func(s *slot) int {
+		switch {
+		case s.node == prefer:
+			return 0
+		case !others[s.node]:
+			return 1
+		}
+		return 2
+	}
 	var free *slot
 	for _, s := range g.plan.slots {
 		if s.claim == uid {
 			return s.node, true
 		}
-		if s.claim == "" && (slice < 0 || s.slice == slice) && (free == nil || s.node == prefer && free.node != prefer) {
+		if s.claim == "" && (slice < 0 || s.slice == slice) && (free == nil || rank(s) < rank(free)) {
 			free = s
 		}
 	}

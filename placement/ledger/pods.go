@@ -97,8 +97,10 @@ func SliceOf(key types.NamespacedName, spec v1alpha1.GroupSpec, indexes map[stri
 	return s, nil
 }
 
-// indexKeys are the annotations and labels PodInfo.Indexes keeps.
-var indexKeys = []string{v1alpha1.AnnotationRank, v1alpha1.LabelJobSetJobIndex, v1alpha1.AnnotationCompletionIndex}
+// IndexKeys are the annotations and labels PodInfo.Indexes keeps: a
+// group's pod's rank, from which its slice follows. A front end that
+// trims the pods it feeds the ledger keeps them.
+var IndexKeys = []string{v1alpha1.AnnotationRank, v1alpha1.LabelJobSetJobIndex, v1alpha1.AnnotationCompletionIndex}
 
 // GPUCount is the number of devices of resource (the configuration's
 // GPUResource) the pod needs, by v1alpha1.PodGPUDemand: app containers and
@@ -166,7 +168,7 @@ func NewPodInfo(p *corev1.Pod, resource corev1.ResourceName) *PodInfo {
 		info.Group, info.GroupNative = p.Namespace+"/"+*p.Spec.SchedulingGroup.PodGroupName, true
 		info.GroupSpec = v1alpha1.GroupSpec{Name: *p.Spec.SchedulingGroup.PodGroupName}
 	}
-	for _, k := range indexKeys {
+	for _, k := range IndexKeys {
 		v, ok := p.Annotations[k]
 		if !ok {
 			v, ok = p.Labels[k]

@@ -131,10 +131,11 @@ func kueueObject(kind, namespace, name string, spec map[string]any) *unstructure
 	}}
 }
 
-// kueueQueue creates a ResourceFlavor (of topology when it is not ""),
-// a ClusterQueue of gpus nvidia.com/gpu in it, and a LocalQueue named
-// queue in nsTeam.
-func (e *env) kueueQueue(t *testing.T, queue string, gpus int, topology string) {
+// kueueQueue creates ClusterQueue queue with gpus GPUs of quota, its
+// ResourceFlavor and a LocalQueue of the same name in ns. With topology
+// the flavor holds the spine's nodes under Topology topology, whose levels
+// are the node labels levels, then the hostname.
+func (e *env) kueueQueue(t *testing.T, ns, queue string, gpus int, topology string, levels ...string) {
 	t.Helper()
 	flavor := map[string]any{}
 	if topology != "" {
@@ -151,12 +152,14 @@ func (e *env) kueueQueue(t *testing.T, queue string, gpus int, topology string) 
 				}}},
 			}},
 		}),
-		kueueObject("LocalQueue", nsTeam, queue, map[string]any{"clusterQueue": queue}),
+		kueueObject("LocalQueue", ns, queue, map[string]any{"clusterQueue": queue}),
 	}
 	if topology != "" {
-		objs = append([]*unstructured.Unstructured{kueueObject("Topology", "", topology, map[string]any{
-			"levels": []any{map[string]any{"nodeLabel": cliqueLabel}, map[string]any{"nodeLabel": corev1.LabelHostname}},
-		})}, objs...)
+		var lv []any
+		for _, l := range append(levels, corev1.LabelHostname) {
+			lv = append(lv, map[string]any{"nodeLabel": l})
+		}
+		objs = append([]*unstructured.Unstructured{kueueObject("Topology", "", topology, map[string]any{"levels": lv})}, objs...)
 	}
 	for _, o := range objs {
 		if err := e.cp.Client.Create(harness.Context(t), o); err != nil {
@@ -241,7 +244,7 @@ func TestKueueAdmitsThenGputopoPlaces(t *testing.T) {
 func testKueueAdmitsThenGputopoPlaces(t *testing.T, e *env) {
 	ctx := harness.Context(t)
 	e.actAsKubelet(t)
-	e.kueueQueue(t, "quota", 32, "")
+	e.kueueQueue(t, nsTeam, "quota", 32, "")
 	sliced := map[string]string{
 		v1alpha1.AnnotationParallelism:           string(v1alpha1.ParallelismModel),
 		v1alpha1.AnnotationGroupRequiredTopology: "spine",
@@ -289,7 +292,7 @@ func testKueueAdmitsThenGputopoPlaces(t *testing.T, e *env) {
 	})
 
 	// Topology-aware scheduling: Kueue chooses the hosts, gputopo the GPUs.
-	e.kueueQueue(t, "tas", 64, "cliques")
+	e.kueueQueue(t, nsTeam, "tas", 64, "cliques", cliqueLabel)
 	job := queued(indexedJob("tas", 4, 4, map[string]string{
 		v1alpha1.AnnotationParallelism: string(v1alpha1.ParallelismModel),
 		kueueRequiredTopology:          cliqueLabel,

@@ -21,9 +21,7 @@ func StartProcess(t testing.TB, name, bin string, args ...string) *Process {
 	}
 	t.Cleanup(func() {
 		p.Stop()
-		if t.Failed() {
-			t.Logf("last lines of %s log (%s):\n%s", name, p.LogPath, p.Tail(40))
-		}
+		reportLog(t, name, p.LogPath, p.Tail)
 	})
 	return p
 }

@@ -40,9 +40,7 @@ func (cp *ControlPlane) StartSchedulerBinary(t testing.TB, name string, cfg *sch
 	}
 	t.Cleanup(func() {
 		p.Stop()
-		if t.Failed() {
-			t.Logf("last lines of %s log (%s):\n%s", name, p.LogPath, p.Tail(40))
-		}
+		reportLog(t, name, p.LogPath, p.Tail)
 	})
 	return p
 }
@@ -74,9 +72,7 @@ func (cp *ControlPlane) StartControllerManagerWith(t testing.TB, flags []string,
 	}
 	t.Cleanup(func() {
 		p.Stop()
-		if t.Failed() {
-			t.Logf("last lines of kube-controller-manager log (%s):\n%s", p.LogPath, p.Tail(40))
-		}
+		reportLog(t, "kube-controller-manager", p.LogPath, p.Tail)
 	})
 	return p
 }
@@ -151,9 +147,7 @@ func (cp *ControlPlane) StartDecider(t testing.TB, o DeciderOptions) *Decider {
 	}
 	t.Cleanup(func() {
 		d.Stop()
-		if t.Failed() {
-			t.Logf("last lines of %s log (%s):\n%s", d.Name, d.LogPath, d.Tail(40))
-		}
+		reportLog(t, d.Name, d.LogPath, d.Tail)
 	})
 	return d
 }
