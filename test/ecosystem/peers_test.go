@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -16,7 +15,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/gputopo/gputopo/api/v1alpha1"
@@ -48,9 +46,10 @@ const (
 	peerGputopoExtender = "gputopo (extender)"
 	peerKueueTAS        = "Kueue TAS + kube-scheduler"
 	peerKoord           = "koord-scheduler"
+	peerKAI             = "KAI-Scheduler"
 )
 
-var peerNames = []string{peerPlain, peerKueueTAS, peerKoord, peerGputopoExtender, peerGputopoPlugin}
+var peerNames = []string{peerPlain, peerKueueTAS, peerKoord, peerKAI, peerGputopoExtender, peerGputopoPlugin}
 
 // peerMachines are the suites' machine mix, in leaf-sized runs.
 var peerMachines = []string{"dgx-a100", "dgx1-v100", "pcie-8x", "pcie-8x-nvlink-pairs"}
@@ -236,15 +235,20 @@ func runPeer(t *testing.T, name string, c peerCluster, jobs []peerJob) peerRow {
 		e.cp.StartScheduler(t, nil)
 	}
 	if name == peerKueueTAS {
-		peerKueueQueue(t, e, c.gpus, c.label)
+		e.kueueQueue(t, nsPeers, "gpus", c.gpus, "fabric", spineLabel, c.label)
 	}
 	var koord *localcluster.Process
 	if name == peerKoord {
 		koord = startKoord(t, e, specs, graphs)
 	}
+	var kai *kaiRun
+	if name == peerKAI {
+		kai = startKAI(t, e, specs, graphs, spineLabel, c.label)
+	}
 	procs := map[string][]string{
 		peerPlain: {"kube-scheduler"}, peerKueueTAS: {"kube-scheduler", "kueue"},
 		peerGputopoExtender: {"kube-scheduler"}, peerGputopoPlugin: {"gputopo-scheduler"}, peerKoord: {"koord-scheduler"},
+		peerKAI: {kaiScheduler, kaiBinder, kaiGrouper},
 	}[name]
 
 	// Bind order, as kubelet's device plugin would see pods arrive.
@@ -295,6 +299,9 @@ func runPeer(t *testing.T, name string, c peerCluster, jobs []peerJob) peerRow {
 		if name == peerKoord {
 			koordJob(job, j)
 		}
+		if name == peerKAI {
+			kaiJob(t, e, job, j, c.label)
+		}
 		if err := e.cp.Client.Create(ctx, job); err != nil {
 			t.Fatalf("create Job %s: %v", j.name, err)
 		}
@@ -324,6 +331,8 @@ func runPeer(t *testing.T, name string, c peerCluster, jobs []peerJob) peerRow {
 	switch name {
 	case peerGputopoExtender:
 		row.note = "scheduler CPU and RSS are kube-scheduler's; the extender runs in the test process"
+	case peerKAI:
+		row.note = "its scheduler (the operator's default SchedulingShard configuration), binder and pod grouper, a Topology of spine, " + c.word + " and host labels, KAI's default queues; a Job of several pods is a PodGroup of its own (minMember = its pods, preferred in one " + c.word + "), a single pod the pod grouper's; KAI places whole GPUs on a node, not which ones, so its pods' GPUs are the device plugin's; scheduler CPU/pod is its scheduler's, binder's and pod grouper's together, peak RSS the largest of them"
 	case peerKoord:
 		row.note = "run with --pod-max-in-unschedulable-pods-duration=15s (default 5m), so that gang pods its Coscheduling turned away before their gang was complete are retried within the bench's 45 s wait (the flush runs every 30 s)"
 	}
@@ -357,6 +366,9 @@ func runPeer(t *testing.T, name string, c peerCluster, jobs []peerJob) peerRow {
 	slices.Sort(row.waiting)
 	if koord != nil && len(row.waiting) > 0 && os.Getenv("PEERS_DEBUG") != "" {
 		t.Log(koord.Tail(300))
+	}
+	if kai != nil && len(row.waiting) > 0 && os.Getenv("PEERS_DEBUG") != "" {
+		t.Log(kai.scheduler.Tail(300))
 	}
 
 	// Each bound pod's GPUs: gputopo's assigned-gpus, else the device
@@ -396,7 +408,12 @@ func runPeer(t *testing.T, name string, c peerCluster, jobs []peerJob) peerRow {
 			}
 			uuids = harness.PodGPUs(t, fresh, v1alpha1.AnnotationAssignedGPUs)
 		default:
-			if p.Spec.SchedulerName != corev1.DefaultSchedulerName {
+			if kai != nil {
+				// KAI decided: its scheduler asked for this binding.
+				if err := kai.decided(&p); err != nil {
+					t.Errorf("pod %s: %v: KAI-Scheduler did not decide it", p.Name, err)
+				}
+			} else if p.Spec.SchedulerName != corev1.DefaultSchedulerName {
 				t.Errorf("pod %s has schedulerName %q; want kube-scheduler's", p.Name, p.Spec.SchedulerName)
 			}
 			n, err := v1alpha1.PodGPUDemand(&p.Spec, v1alpha1.ResourceGPU)
@@ -466,36 +483,6 @@ func runPeer(t *testing.T, name string, c peerCluster, jobs []peerJob) peerRow {
 		}
 	}
 	return row
-}
-
-// peerKueueQueue is Kueue's topology-aware setup for the bench, as its
-// documentation gives it: a Topology of the fabric's levels (spine, leaf,
-// host), a ResourceFlavor of that topology, a ClusterQueue holding every
-// GPU and a LocalQueue "gpus" in nsPeers.
-func peerKueueQueue(t *testing.T, e *env, gpus int, domain string) {
-	t.Helper()
-	objs := []*unstructured.Unstructured{
-		kueueObject("Topology", "", "fabric", map[string]any{"levels": []any{
-			map[string]any{"nodeLabel": spineLabel}, map[string]any{"nodeLabel": domain}, map[string]any{"nodeLabel": corev1.LabelHostname},
-		}}),
-		kueueObject("ResourceFlavor", "", "gpus", map[string]any{"nodeLabels": map[string]any{spineLabel: "s"}, "topologyName": "fabric"}),
-		kueueObject("ClusterQueue", "", "gpus", map[string]any{
-			"namespaceSelector": map[string]any{},
-			"resourceGroups": []any{map[string]any{
-				"coveredResources": []any{string(v1alpha1.ResourceGPU)},
-				"flavors": []any{map[string]any{"name": "gpus", "resources": []any{
-					map[string]any{"name": string(v1alpha1.ResourceGPU), "nominalQuota": strconv.Itoa(gpus)},
-				}}},
-			}},
-		}),
-		kueueObject("LocalQueue", nsPeers, "gpus", map[string]any{"clusterQueue": "gpus"}),
-	}
-	for _, o := range objs {
-		if err := e.cp.Client.Create(harness.Context(t), o); err != nil {
-			t.Fatalf("create %s %s: %v", o.GetKind(), o.GetName(), err)
-		}
-	}
-	e.waitClusterQueueActive(t, "gpus")
 }
 
 // writePeers is the report: the cluster, the workload and one line per
