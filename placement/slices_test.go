@@ -271,14 +271,11 @@ func fillRacksLow(t *testing.T, x *Core, names []string) map[string]*corev1.Pod 
 	return out
 }
 
-// TestSlicedGroupIsPlacedWhereItPreempted: once the victims of a sliced
-// group's preemption are gone, the group's plan puts each pod on the node
-// its preemption nominated it to. The two racks it evicted in are then
-// equally free, and a plan that swapped its slices between them would put
-// each pod on a node another pod of the group is nominated to, which
-// kube-scheduler's resource fit refuses it (a nominated pod counts there
-// against every pod of no higher priority), pods waiting on each other.
-func TestSlicedGroupIsPlacedWhereItPreempted(t *testing.T) {
+// preemptingSlicedGroup is three GB200 racks filled by fillRacksLow and
+// a group of 2 slices × 16 pods of priority 1000 in the ledger, pending;
+// the nodes' names, the low pods by node and the group's pods.
+func preemptingSlicedGroup(t *testing.T) (*Core, []string, map[string]*corev1.Pod, []*corev1.Pod) {
+	t.Helper()
 	x, names := cliqueCore(t, 3)
 	low := fillRacksLow(t, x, names)
 	pods := slicedPods("llm", 32, 16, true)
@@ -287,6 +284,19 @@ func TestSlicedGroupIsPlacedWhereItPreempted(t *testing.T) {
 		p.Spec.Priority = &high
 		x.ledger.UpsertPod(p)
 	}
+	return x, names, low, pods
+}
+
+// TestSlicedGroupIsPlacedWhereItPreempted: once the victims of a sliced
+// group's preemption are gone, the group's plan puts each pod on the node
+// its preemption nominated it to. The two racks it evicted in are then
+// equally free, and a plan that swapped its slices between them would put
+// each pod on a node another pod of the group is nominated to, which
+// kube-scheduler's resource fit refuses it (a nominated pod counts there
+// against every pod of no higher priority), pods waiting on each other.
+func TestSlicedGroupIsPlacedWhereItPreempted(t *testing.T) {
+	x, names, low, pods := preemptingSlicedGroup(t)
+	high := *pods[0].Spec.Priority
 	gp := x.Preemption().PlanGroup(context.Background(), request(t, x, pods[0]), high, nil)
 	if gp == nil {
 		t.Fatal("no preemption plan")
@@ -444,14 +454,8 @@ func TestSlicedGroupPreemptionKeepsItsSlicesWhereItsPodsAreNominated(t *testing.
 	for c := range 4 {
 		s, seen := c%2, c < 2
 		t.Run(fmt.Sprintf("slice %d, nominations seen %v", s, seen), func(t *testing.T) {
-			x, names := cliqueCore(t, 3)
-			low := fillRacksLow(t, x, names)
-			pods := slicedPods("llm", 32, 16, true)
-			high := int32(1000)
-			for _, p := range pods {
-				p.Spec.Priority = &high
-				x.ledger.UpsertPod(p)
-			}
+			x, _, low, pods := preemptingSlicedGroup(t)
+			high := *pods[0].Spec.Priority
 			plan := func() *GroupPreemption {
 				gp := x.Preemption().PlanGroup(context.Background(), request(t, x, pods[0]), high, nil)
 				if gp == nil {
@@ -492,14 +496,8 @@ func TestSlicedGroupPreemptionKeepsItsSlicesWhereItsPodsAreNominated(t *testing.
 // evict for is kept while they use it, and forgotten by the periodic
 // sweep once unused for preemptionKept.
 func TestKeptPreemptionPlanIsForgotten(t *testing.T) {
-	x, names := cliqueCore(t, 3)
-	fillRacksLow(t, x, names)
-	pods := slicedPods("llm", 32, 16, true)
-	high := int32(1000)
-	for _, p := range pods {
-		p.Spec.Priority = &high
-		x.ledger.UpsertPod(p)
-	}
+	x, _, _, pods := preemptingSlicedGroup(t)
+	high := *pods[0].Spec.Priority
 	if x.Preemption().PlanGroup(context.Background(), request(t, x, pods[0]), high, nil) == nil {
 		t.Fatal("no preemption plan")
 	}
