@@ -23,20 +23,9 @@ root=$(cd "$here/../.." && pwd)
 bin="${BIN_DIR:-$root/bin}"
 mkdir -p "$bin"
 
-src="${KAI_SRC:-}"
-if [ -z "$src" ]; then
-  src="$root/_out/src/kai-scheduler"
-  if [ "$(git -C "$src" rev-parse HEAD 2>/dev/null || true)" != "$KAI_COMMIT" ]; then
-    rm -rf "$src"
-    mkdir -p "$(dirname "$src")"
-    git clone --quiet --filter=blob:none --no-checkout "$KAI_REPO" "$src"
-    git -C "$src" checkout --quiet "$KAI_COMMIT"
-  fi
-fi
-if [ ! -f "$src/go.mod" ] || ! grep -q '^module github.com/NVIDIA/KAI-scheduler$' "$src/go.mod"; then
-  echo "kai: $src is not KAI-Scheduler's source (no go.mod of github.com/NVIDIA/KAI-scheduler)" >&2
-  exit 1
-fi
+# shellcheck source=peer-source.sh
+. "$here/peer-source.sh"
+src=$(peer_source kai-scheduler "${KAI_SRC:-}" "$KAI_REPO" "$KAI_COMMIT" github.com/NVIDIA/KAI-scheduler)
 
 stamp="$bin/.kai-stamp"
 want=$( { echo "$KAI_COMMIT"; cat "$here/kai.sh" "$src/go.mod" "$src/go.sum"; } | sha256sum | cut -d' ' -f1)

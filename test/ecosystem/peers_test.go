@@ -47,9 +47,10 @@ const (
 	peerKueueTAS        = "Kueue TAS + kube-scheduler"
 	peerKoord           = "koord-scheduler"
 	peerKAI             = "KAI-Scheduler"
+	peerVolcano         = "Volcano"
 )
 
-var peerNames = []string{peerPlain, peerKueueTAS, peerKoord, peerKAI, peerGputopoExtender, peerGputopoPlugin}
+var peerNames = []string{peerPlain, peerKueueTAS, peerKoord, peerKAI, peerVolcano, peerGputopoExtender, peerGputopoPlugin}
 
 // peerMachines are the suites' machine mix, in leaf-sized runs.
 var peerMachines = []string{"dgx-a100", "dgx1-v100", "pcie-8x", "pcie-8x-nvlink-pairs"}
@@ -245,10 +246,14 @@ func runPeer(t *testing.T, name string, c peerCluster, jobs []peerJob) peerRow {
 	if name == peerKAI {
 		kai = startKAI(t, e, specs, graphs, spineLabel, c.label)
 	}
+	var volcano *volcanoRun
+	if name == peerVolcano {
+		volcano = startVolcano(t, e, leafOf)
+	}
 	procs := map[string][]string{
 		peerPlain: {"kube-scheduler"}, peerKueueTAS: {"kube-scheduler", "kueue"},
 		peerGputopoExtender: {"kube-scheduler"}, peerGputopoPlugin: {"gputopo-scheduler"}, peerKoord: {"koord-scheduler"},
-		peerKAI: {kaiScheduler, kaiBinder, kaiGrouper},
+		peerKAI: {kaiScheduler, kaiBinder, kaiGrouper}, peerVolcano: {vcScheduler, vcControllers},
 	}[name]
 
 	// Bind order, as kubelet's device plugin would see pods arrive.
@@ -302,6 +307,9 @@ func runPeer(t *testing.T, name string, c peerCluster, jobs []peerJob) peerRow {
 		if name == peerKAI {
 			kaiJob(t, e, job, j, c.label)
 		}
+		if name == peerVolcano {
+			volcanoJob(t, e, job, j)
+		}
 		if err := e.cp.Client.Create(ctx, job); err != nil {
 			t.Fatalf("create Job %s: %v", j.name, err)
 		}
@@ -333,6 +341,8 @@ func runPeer(t *testing.T, name string, c peerCluster, jobs []peerJob) peerRow {
 		row.note = "scheduler CPU and RSS are kube-scheduler's; the extender runs in the test process"
 	case peerKAI:
 		row.note = "its scheduler (the operator's default SchedulingShard configuration), binder and pod grouper, a Topology of spine, " + c.word + " and host labels, KAI's default queues; a Job of several pods is a PodGroup of its own (minMember = its pods, preferred in one " + c.word + "), a single pod the pod grouper's; KAI places whole GPUs on a node, not which ones, so its pods' GPUs are the device plugin's; scheduler CPU/pod is its scheduler's, binder's and pod grouper's together, peak RSS the largest of them"
+	case peerVolcano:
+		row.note = "vc-scheduler with its installer's configuration (actions enqueue, allocate, backfill; plugins priority, gang, conformance, overcommit, drf, predicates, proportion, nodeorder, binpack) plus its network-topology-aware plugin as its user guide enables it, and vc-controller-manager (PodGroup and queue controllers among its defaults), both at -v=2 (the installer's 3 and 4 log more), no admission webhooks, its default queue, HyperNodes of tier 1 per " + c.word + " (its label's nodes) and tier 2 for the spine; a Job of several pods is a PodGroup of its own (minMember = its pods, network topology hard up to tier 2: one " + c.word + " tried before the spine), a single pod the PodGroup controller's; Volcano counts whole GPUs per node (nvidia.com/gpu), not which ones, so its pods' GPUs are the device plugin's; scheduler CPU/pod is vc-scheduler's and vc-controller-manager's together, peak RSS the larger"
 	case peerKoord:
 		row.note = "run with --pod-max-in-unschedulable-pods-duration=15s (default 5m), so that gang pods its Coscheduling turned away before their gang was complete are retried within the bench's 45 s wait (the flush runs every 30 s)"
 	}
@@ -369,6 +379,9 @@ func runPeer(t *testing.T, name string, c peerCluster, jobs []peerJob) peerRow {
 	}
 	if kai != nil && len(row.waiting) > 0 && os.Getenv("PEERS_DEBUG") != "" {
 		t.Log(kai.scheduler.Tail(300))
+	}
+	if volcano != nil && len(row.waiting) > 0 && os.Getenv("PEERS_DEBUG") != "" {
+		t.Log(volcano.scheduler.Tail(300))
 	}
 
 	// Each bound pod's GPUs: gputopo's assigned-gpus, else the device
@@ -412,6 +425,10 @@ func runPeer(t *testing.T, name string, c peerCluster, jobs []peerJob) peerRow {
 				// KAI decided: its scheduler asked for this binding.
 				if err := kai.decided(&p); err != nil {
 					t.Errorf("pod %s: %v: KAI-Scheduler did not decide it", p.Name, err)
+				}
+			} else if volcano != nil {
+				if err := volcano.decided(&p); err != nil {
+					t.Errorf("pod %s: %v: Volcano did not decide it", p.Name, err)
 				}
 			} else if p.Spec.SchedulerName != corev1.DefaultSchedulerName {
 				t.Errorf("pod %s has schedulerName %q; want kube-scheduler's", p.Name, p.Spec.SchedulerName)
