@@ -25,7 +25,7 @@ mkdir -p "$bin"
 
 # shellcheck source=peer-source.sh
 . "$here/peer-source.sh"
-src=$(peer_source kai-scheduler "${KAI_SRC:-}" "$KAI_REPO" "$KAI_COMMIT" github.com/NVIDIA/KAI-scheduler)
+src=$(peer_source kai-scheduler KAI_SRC "$KAI_REPO" "$KAI_COMMIT" github.com/NVIDIA/KAI-scheduler)
 
 stamp="$bin/.kai-stamp"
 want=$( { echo "$KAI_COMMIT"; cat "$here/kai.sh" "$src/go.mod" "$src/go.sum"; } | sha256sum | cut -d' ' -f1)

@@ -28,7 +28,7 @@ mkdir -p "$bin"
 
 # shellcheck source=peer-source.sh
 . "$here/peer-source.sh"
-src=$(peer_source volcano "${VOLCANO_SRC:-}" "$VOLCANO_REPO" "$VOLCANO_COMMIT" volcano.sh/volcano)
+src=$(peer_source volcano VOLCANO_SRC "$VOLCANO_REPO" "$VOLCANO_COMMIT" volcano.sh/volcano)
 
 stamp="$bin/.volcano-stamp"
 want=$( { echo "$VOLCANO_COMMIT"; cat "$here/volcano.sh" "$src/go.mod" "$src/go.sum"; } | sha256sum | cut -d' ' -f1)
