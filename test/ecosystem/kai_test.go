@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"sync"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -84,18 +83,10 @@ type kaiRun struct {
 	requested map[string]string // namespace/pod: the node of its BindRequest
 }
 
-// kaiSource is KAI-Scheduler's source tree: KAI_SRC, else where
-// hack/tools/kai.sh clones it.
+// kaiSource is KAI-Scheduler's source tree (peerSource).
 func kaiSource(t *testing.T) string {
 	t.Helper()
-	dir := os.Getenv("KAI_SRC")
-	if dir == "" {
-		dir = filepath.Join(harness.RepoRoot(), "_out", "src", "kai-scheduler")
-	}
-	if _, err := os.Stat(filepath.Join(dir, "deployments", "kai-scheduler", "crds")); err != nil {
-		t.Fatalf("KAI-Scheduler's source (KAI_SRC, else _out/src/kai-scheduler; hack/tools/kai.sh fetches it): %v", err)
-	}
-	return dir
+	return peerSource(t, "KAI_SRC", "kai-scheduler", "hack/tools/kai.sh", "deployments", "kai-scheduler", "crds")
 }
 
 // startKAI installs KAI-Scheduler's CRDs and objects on e, labels the
@@ -175,18 +166,7 @@ func startKAI(t *testing.T, e *env, specs []demo.NodeSpec, graphs map[string]*to
 	// loader), as a cluster admin; metrics, probes and leader election off.
 	kubeconfig := "KUBECONFIG=" + e.cp.Kubeconfig(t, kaiScheduler, "system:masters")
 	start := func(name, ready string, args ...string) *localcluster.Process {
-		bin, err := localcluster.Binary(name)
-		if err != nil {
-			t.Fatalf("%v (hack/tools/kai.sh builds it; make bench-peers runs it)", err)
-		}
-		p := harness.StartProcess(t, name, "/usr/bin/env", append([]string{kubeconfig, bin}, args...)...)
-		harness.Poll(t, 2*time.Minute, name+" to start", func() (bool, string) {
-			if exited, err := p.Exited(); exited {
-				t.Fatalf("%s exited: %v\n%s", name, err, p.Tail(40))
-			}
-			return p.LogContains(ready), p.Tail(3)
-		})
-		return p
+		return startPeerProcess(t, name, ready, "hack/tools/kai.sh", []string{kubeconfig}, args...)
 	}
 	start(kaiBinder, "starting manager", "--scheduler-name="+kaiScheduler, "--resource-reservation-namespace="+kaiReservationSpace,
 		"--metrics-bind-address=0", "--health-probe-bind-address=0", "--leader-elect=false")

@@ -227,6 +227,40 @@ func missingPeerBinaries(name string) string {
 	return fmt.Sprintf("%s missing (%s builds it from a clone of its pinned commit, or from %s=<a checkout of it>)", strings.Join(missing, ", "), script, env)
 }
 
+// peerSource is the source tree of a peer built from a fetched source
+// (KAI-Scheduler, Volcano): the directory in variable env, else
+// _out/src/name, where its build script clones it; marker is a path
+// inside it the bench reads (its CRDs).
+func peerSource(t *testing.T, env, name, script string, marker ...string) string {
+	t.Helper()
+	dir := os.Getenv(env)
+	if dir == "" {
+		dir = filepath.Join(harness.RepoRoot(), "_out", "src", name)
+	}
+	if _, err := os.Stat(filepath.Join(append([]string{dir}, marker...)...)); err != nil {
+		t.Fatalf("%s's source (%s, else _out/src/%s; %s fetches it): %v", name, env, name, script, err)
+	}
+	return dir
+}
+
+// startPeerProcess starts bin/name (built by script) with env added to
+// its environment and args, and waits until its log says ready.
+func startPeerProcess(t *testing.T, name, ready, script string, env []string, args ...string) *localcluster.Process {
+	t.Helper()
+	bin, err := localcluster.Binary(name)
+	if err != nil {
+		t.Fatalf("%v (%s builds it; make bench-peers runs it)", err, script)
+	}
+	p := harness.StartProcess(t, name, "/usr/bin/env", append(append(slices.Clone(env), bin), args...)...)
+	harness.Poll(t, 2*time.Minute, name+" to start", func() (bool, string) {
+		if exited, err := p.Exited(); exited {
+			t.Fatalf("%s exited: %v\n%s", name, err, p.Tail(40))
+		}
+		return p.LogContains(ready), p.Tail(3)
+	})
+	return p
+}
+
 // runPeer places jobs on a fresh cluster of specs through scheduler name
 // and measures the result.
 func runPeer(t *testing.T, name string, c peerCluster, jobs []peerJob) peerRow {

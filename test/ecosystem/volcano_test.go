@@ -5,7 +5,6 @@ package ecosystem
 import (
 	"fmt"
 	"maps"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -87,18 +86,10 @@ type volcanoRun struct {
 	settled time.Time
 }
 
-// volcanoSource is Volcano's source tree: VOLCANO_SRC, else where
-// hack/tools/volcano.sh clones it.
+// volcanoSource is Volcano's source tree (peerSource).
 func volcanoSource(t *testing.T) string {
 	t.Helper()
-	dir := os.Getenv("VOLCANO_SRC")
-	if dir == "" {
-		dir = filepath.Join(harness.RepoRoot(), "_out", "src", "volcano")
-	}
-	if _, err := os.Stat(filepath.Join(dir, "config", "crd", "volcano", "bases")); err != nil {
-		t.Fatalf("Volcano's source (VOLCANO_SRC, else _out/src/volcano; hack/tools/volcano.sh fetches it): %v", err)
-	}
-	return dir
+	return peerSource(t, "VOLCANO_SRC", "volcano", "hack/tools/volcano.sh", "config", "crd", "volcano", "bases")
 }
 
 // startVolcano installs Volcano's CRDs and the HyperNodes of the fabric
@@ -166,18 +157,7 @@ func startVolcano(t *testing.T, e *env, domainOf map[string]string) *volcanoRun 
 	// otherwise go to /tmp/klog-socks, shared by every run on the machine.
 	env := []string{"DEBUG_SOCKET_DIR=" + t.TempDir()}
 	start := func(name, ready string, args ...string) *localcluster.Process {
-		bin, err := localcluster.Binary(name)
-		if err != nil {
-			t.Fatalf("%v (hack/tools/volcano.sh builds it; make bench-peers runs it)", err)
-		}
-		p := harness.StartProcess(t, name, "/usr/bin/env", append(append(slices.Clone(env), bin), args...)...)
-		harness.Poll(t, 2*time.Minute, name+" to start", func() (bool, string) {
-			if exited, err := p.Exited(); exited {
-				t.Fatalf("%s exited: %v\n%s", name, err, p.Tail(40))
-			}
-			return p.LogContains(ready), p.Tail(3)
-		})
-		return p
+		return startPeerProcess(t, name, ready, "hack/tools/volcano.sh", env, args...)
 	}
 	// The installer's flags, less TLS, health and metrics endpoints; -v=2
 	// as the bench's other schedulers log (the installer's 3 and 4 cost
